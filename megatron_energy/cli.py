@@ -1,0 +1,48 @@
+"""The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report`` and ``patch``.
+
+Each subcommand lives in its own module under ``megatron_energy/commands/`` and exposes
+``register(subparsers)``; this module only assembles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the ``megatron-energy`` parser with every available subcommand registered.
+
+    Returns:
+        The top-level parser.
+    """
+    parser = argparse.ArgumentParser(
+        prog="megatron-energy",
+        description="Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module = importlib.import_module(f"megatron_energy.commands.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``megatron-energy`` command line.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` when ``None``.
+
+    Returns:
+        The process exit status.
+    """
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The ``--energy-*`` flags and the ``EnergyConfig`` they fill.
+
+``add_energy_args`` has the signature of Megatron's ``extra_args_provider``: pass it to
+``megatron.training.arguments.parse_args`` (or ``parse_and_validate_args``) and the flags become ordinary
+Megatron arguments. Bad values and contradictory combinations are rejected while parsing, with a message
+that says what to do instead. ``EnergyConfig.from_args`` turns the parsed namespace into the typed config the
+rest of the package uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+Mode = Literal["perseus", "kareus", "kernel", "all"]
+Backend = Literal["auto", "zeus", "simulated"]
+
+MODES: tuple[str, ...] = ("perseus", "kareus", "kernel", "all")
+AVAILABLE_MODES: tuple[str, ...] = ("perseus",)
+BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
+MIN_GRID_MHZ = 100
+MAX_GRID_MHZ = 4000
+
+
+@dataclass(frozen=True)
+class EnergyTarget:
+    """Where on the time–energy frontier the planner should land.
+
+    ``iso-time`` keeps the iteration time of all-maximum clocks, ``min-energy`` takes the frontier's
+    minimum-energy point, and ``slowdown:X`` allows the iteration to become ``(1 + X)`` times longer.
+    """
+
+    kind: Literal["iso-time", "min-energy", "slowdown"]
+    """Which target this is."""
+
+    slowdown: float = 0.0
+    """The allowed relative slowdown for ``slowdown`` (0 < X < 1); 0 for the other kinds."""
+
+    def __str__(self) -> str:
+        return f"slowdown:{self.slowdown:g}" if self.kind == "slowdown" else self.kind
+
+
+def parse_target(text: str) -> EnergyTarget:
+    """Parse an ``--energy-target`` value.
+
+    Args:
+        text: ``iso-time``, ``min-energy`` or ``slowdown:X`` with 0 < X < 1.
+
+    Returns:
+        The parsed target.
+
+    Raises:
+        argparse.ArgumentTypeError: the value is not one of the accepted forms.
+    """
+    value = text.strip().lower()
+    if value in ("iso-time", "min-energy"):
+        return EnergyTarget(kind=value)  # type: ignore[arg-type]
+    if value.startswith("slowdown:"):
+        number = value.removeprefix("slowdown:")
+        try:
+            slowdown = float(number)
+        except ValueError:
+            slowdown = float("nan")
+        if 0.0 < slowdown < 1.0:
+            return EnergyTarget(kind="slowdown", slowdown=slowdown)
+        raise argparse.ArgumentTypeError(
+            f"'{text}': the slowdown must be a number strictly between 0 and 1, e.g. slowdown:0.05 "
+            "for at most 5 % longer iterations"
+        )
+    raise argparse.ArgumentTypeError(
+        f"'{text}' is not a target; use iso-time (same iteration time, the default), min-energy, "
+        "or slowdown:X with 0 < X < 1"
+    )
+
+
+def parse_freq_grid(text: str) -> tuple[int, ...] | None:
+    """Parse an ``--energy-freq-grid`` value.
+
+    Args:
+        text: ``auto`` or a comma-separated list of SM clocks in MHz, e.g. ``1980,1800,1500``.
+
+    Returns:
+        ``None`` for ``auto`` (the GPU's own supported clocks), else the distinct clocks, highest first.
+
+    Raises:
+        argparse.ArgumentTypeError: the list is malformed, has fewer than two clocks or an implausible clock.
+    """
+    if text.strip().lower() == "auto":
+        return None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        clocks = sorted({int(part) for part in parts}, reverse=True)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a clock list; give 'auto' or comma-separated MHz values such as 1980,1605,1410"
+        ) from None
+    if len(clocks) < 2:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' has fewer than two distinct clocks; a frontier needs at least two, or use 'auto'"
+        )
+    bad = [c for c in clocks if not MIN_GRID_MHZ <= c <= MAX_GRID_MHZ]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"clock(s) {bad} MHz are outside {MIN_GRID_MHZ}-{MAX_GRID_MHZ} MHz; give SM clocks in MHz "
+            "(see `nvidia-smi -q -d SUPPORTED_CLOCKS`) or 'auto'"
+        )
+    return tuple(clocks)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a whole number >= 1")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a fraction strictly between 0 and 1, e.g. 0.05")
+    return value
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    """Everything the ``--energy-*`` flags set; one field per flag."""
+
+    optimise: bool = False
+    """``--energy-optimise`` (alias ``--energy-optimize``): profile, plan and apply energy-saving clocks."""
+
+    mode: Mode = "perseus"
+    """``--energy-mode``: which optimiser plans the clocks (``perseus`` per pipeline instruction)."""
+
+    target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
+    """``--energy-target``: ``iso-time`` (default), ``min-energy`` or ``slowdown:X``."""
+
+    backend: Backend = "auto"
+    """``--energy-backend``: ``zeus`` (real GPUs), ``simulated`` (model-driven GPUs) or ``auto``."""
+
+    gpu_spec: str | None = None
+    """``--energy-gpu-spec``: the GPU spec (``configs/gpus/<name>.yaml``) the simulated backend models."""
+
+    dry_run: bool = False
+    """``--energy-dry-run``: record the clocks that would be set but never touch the GPU settings."""
+
+    dir: Path = Path("energy")
+    """``--energy-dir``: where profiles, plans, reports and traces are written (keyed by job fingerprint)."""
+
+    profile_iters: int = 2
+    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid."""
+
+    freq_grid: tuple[int, ...] | None = None
+    """``--energy-freq-grid``: SM clocks (MHz) to profile, highest first; ``None``: the GPU's own list."""
+
+    trace: Path | None = None
+    """``--energy-trace``: write every observed hook event to this file as JSON lines (one file per rank)."""
+
+    safety_tolerance: float = 0.05
+    """``--energy-safety-tolerance``: relative slowdown over the target that counts as a violation."""
+
+    safety_steps: int = 3
+    """``--energy-safety-steps``: consecutive violating steps after which clocks revert to stock."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EnergyConfig:
+        """Build the config from a namespace parsed by a parser that ``add_energy_args`` extended.
+
+        Args:
+            args: The parsed arguments (Megatron's ``args`` or our own parser's namespace).
+
+        Returns:
+            The typed configuration, defaults filled in.
+        """
+        values = {}
+        for spec in fields(cls):
+            value = getattr(args, f"energy_{spec.name}", None)
+            if value is not None:
+                values[spec.name] = value
+        for name in ("dir", "trace"):
+            if name in values:
+                values[name] = Path(values[name])
+        return cls(**values)
+
+
+def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``--energy-*`` flags to ``parser``; usable as Megatron's ``extra_args_provider``.
+
+    The parser's ``parse_known_args`` (which ``parse_args`` calls) is wrapped so that contradictory
+    combinations are rejected through ``parser.error`` once all flags are known.
+
+    Args:
+        parser: Megatron's argument parser, or any ``argparse.ArgumentParser``.
+
+    Returns:
+        The same parser, extended.
+    """
+    group = parser.add_argument_group("energy", "megatron_energy: same throughput, less GPU energy")
+    group.add_argument(
+        "--energy-optimise",
+        "--energy-optimize",
+        dest="energy_optimise",
+        action="store_true",
+        default=None,
+        help="Profile, plan and apply per-instruction GPU clocks that save energy at the target speed.",
+    )
+    group.add_argument(
+        "--energy-mode",
+        choices=MODES,
+        default=None,
+        help="Optimiser: perseus (clock per pipeline instruction). kareus, kernel and all are reserved.",
+    )
+    group.add_argument(
+        "--energy-target",
+        type=parse_target,
+        default=None,
+        help="iso-time (default: no slower than stock clocks), min-energy, or slowdown:X with 0<X<1.",
+    )
+    group.add_argument(
+        "--energy-backend",
+        choices=BACKENDS,
+        default=None,
+        help="GPU backend: zeus (real GPUs through NVML/amdsmi/zeusd), simulated, or auto (default).",
+    )
+    group.add_argument(
+        "--energy-gpu-spec",
+        default=None,
+        metavar="NAME",
+        help="GPU spec for the simulated backend, e.g. h100-sxm or h200 (configs/gpus/NAME.yaml).",
+    )
+    group.add_argument(
+        "--energy-dry-run",
+        action="store_true",
+        default=None,
+        help="Record the clocks that would be set, never change GPU settings (for shared machines).",
+    )
+    group.add_argument(
+        "--energy-dir", default=None, metavar="PATH", help="Where profiles, plans and reports go."
+    )
+    group.add_argument(
+        "--energy-profile-iters",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="Training steps measured at each profiled clock (default 2).",
+    )
+    group.add_argument(
+        "--energy-freq-grid",
+        type=parse_freq_grid,
+        default=None,
+        metavar="MHZ,MHZ,...|auto",
+        help="SM clocks to profile (MHz, comma-separated) or auto (the GPU's supported clocks).",
+    )
+    group.add_argument(
+        "--energy-trace",
+        default=None,
+        metavar="FILE",
+        help="Write every observed schedule event as a JSON line (FILE.rankN when world size > 1).",
+    )
+    group.add_argument(
+        "--energy-safety-tolerance",
+        type=_fraction,
+        default=None,
+        metavar="X",
+        help="Relative slowdown over the target that counts as a violation (default 0.05).",
+    )
+    group.add_argument(
+        "--energy-safety-steps",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="Consecutive violating steps after which clocks revert to stock (default 3).",
+    )
+    _validate_after_parsing(parser)
+    return parser
+
+
+OPTIMISATION_FLAGS = {
+    "energy_mode": "--energy-mode",
+    "energy_target": "--energy-target",
+    "energy_backend": "--energy-backend",
+    "energy_gpu_spec": "--energy-gpu-spec",
+    "energy_dry_run": "--energy-dry-run",
+    "energy_profile_iters": "--energy-profile-iters",
+    "energy_freq_grid": "--energy-freq-grid",
+    "energy_safety_tolerance": "--energy-safety-tolerance",
+    "energy_safety_steps": "--energy-safety-steps",
+}
+
+
+def check_energy_args(args: argparse.Namespace) -> str | None:
+    """Find a contradictory combination of ``--energy-*`` flags.
+
+    Args:
+        args: A namespace parsed with the flags of ``add_energy_args``.
+
+    Returns:
+        A message saying what is wrong and what to do instead, or ``None`` when the flags are consistent.
+    """
+    if not getattr(args, "energy_optimise", None):
+        given = [flag for dest, flag in OPTIMISATION_FLAGS.items() if getattr(args, dest, None) is not None]
+        if given:
+            return (
+                f"{', '.join(given)}: no effect without --energy-optimise; add --energy-optimise "
+                "or drop them (--energy-trace alone is fine)"
+            )
+        return None
+    mode = getattr(args, "energy_mode", None)
+    if mode is not None and mode not in AVAILABLE_MODES:
+        return (
+            f"--energy-mode {mode} is not available in this release; use --energy-mode perseus (the default)"
+        )
+    backend = getattr(args, "energy_backend", None)
+    spec = getattr(args, "energy_gpu_spec", None)
+    if backend == "zeus" and spec is not None:
+        return (
+            "--energy-gpu-spec describes a simulated GPU, but --energy-backend zeus drives real GPUs; "
+            "drop --energy-gpu-spec, or use --energy-backend simulated"
+        )
+    if backend == "simulated" and spec is None:
+        return "--energy-backend simulated needs --energy-gpu-spec NAME (e.g. h100-sxm, h200, a100-sxm-80gb)"
+    return None
+
+
+def _validate_after_parsing(parser: argparse.ArgumentParser) -> None:
+    """Wrap this parser's ``parse_known_args`` so cross-flag checks run once all flags are parsed."""
+    parse_known_args = parser.parse_known_args
+
+    def parse_and_check(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = parse_known_args(args, namespace)
+        problem = check_energy_args(parsed)
+        if problem is not None:
+            parser.error(problem)
+        return parsed, extras
+
+    parser.parse_known_args = parse_and_check  # type: ignore[method-assign]
