@@ -1,0 +1,295 @@
+"""Time and power of GPU work as a function of the SM clock (*modelled*, never measured).
+
+A piece of work (e.g. the forward pass of one microbatch on one stage) is a :class:`WorkProfile`: its time
+at the maximum clock ``f_max``, split into a clock-sensitive (compute-bound) part ``C``, a memory-bound part
+``M`` and a fixed, clock-independent part ``F`` (launch gaps, tensor-parallel communication). The parts are
+kernels that run one after another, so their times add (the per-kernel two-domain model of kernel-dvfs.md
+section 8 takes the max instead; an instruction is hundreds of kernels, each mostly one or the other).
+
+Time at an effective SM clock ``f`` (``f_sat`` = ``spec.memory_saturation_mhz``)::
+
+    t(f) = F + C * f_max / f + M * max(1, f_sat / f)
+
+Compute-bound time scales with the clock. Memory-bound time is flat down to ``f_sat``, below which the issue
+rate and L2 (in the core clock domain) cannot keep HBM busy (Spaan et al., CF'26; the two-domain model of
+kernel-dvfs.md section 8).
+
+Core voltage (Kernel Tuner / Schoonhoven et al., PMBS'22)::
+
+    V(f) = V_min                                                      for f <= f_knee
+    V(f) = V_min + (V_max - V_min) * (f - f_knee) / (f_max - f_knee)  above
+
+Energy and power at clock ``f`` with ``v(f) = V(f) / V_max``::
+
+    E(f) = P_idle * t(f)                                              static, paid for all busy time
+         + P_dyn * v(f)^2 * (C + a * M * max(f, f_sat) / f_max)       core switching: P_dyn * f/f_max * v^2
+                                                                      while computing, a times that while
+                                                                      streaming memory
+         + P_mem * M                                                  HBM traffic, fixed energy per byte
+    P(f) = E(f) / t(f)
+
+``P_idle`` = ``idle_power_w``, ``P_dyn`` = ``dynamic_power_max_w``, ``P_mem`` = ``memory_power_w`` and
+``a`` = ``memory_core_activity``. ``P(f)`` rises with ``f``.
+
+Power cap: when the power of the kernels, ``P_k(f) = (E(f) - P_idle * F) / (t(f) - F)``, exceeds
+``power_limit_w`` the GPU lowers its clock, as real GPUs do. The fixed part (communication, launch gaps) draws
+static power only and does not let the kernels around it run faster: the power controller reacts within
+milliseconds, not over a whole instruction. The effective clock is the highest clock ``f <= f_requested`` with
+``P_k(f) <= power_limit_w`` (continuous: the average of the clocks the controller dithers between), and time
+and energy are those at that clock, so ``P(f) <= P_k(f) <= power_limit_w``.
+Requested clocks outside the supported range are clamped to it, as the driver does for locked clocks.
+The memory clock is taken to be at its maximum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import brentq, least_squares, nnls
+
+from megatron_energy.dvfs.spec import GpuSpec
+
+_CAP_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class WorkProfile:
+    """One computation, as times at the maximum SM clock (see the module docstring for the equations).
+
+    Attributes:
+        compute_s: Clock-sensitive (compute-bound) time at the maximum clock; scales as f_max / f.
+        memory_s: Memory-bound time at the maximum clock; flat down to the saturation clock, then f_sat / f.
+        fixed_s: Clock-independent time (launch gaps, communication).
+    """
+
+    compute_s: float
+    memory_s: float
+    fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("compute_s", "memory_s", "fixed_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"WorkProfile.{name} must be finite and non-negative, got {value!r}")
+
+    def __add__(self, other: WorkProfile) -> WorkProfile:
+        return WorkProfile(
+            self.compute_s + other.compute_s, self.memory_s + other.memory_s, self.fixed_s + other.fixed_s
+        )
+
+    def scaled(self, factor: float) -> WorkProfile:
+        """Return this work repeated ``factor`` times (all parts scaled)."""
+        return WorkProfile(self.compute_s * factor, self.memory_s * factor, self.fixed_s * factor)
+
+
+class GpuPowerModel:
+    """Time, power and energy of work on one GPU model at a requested SM clock."""
+
+    def __init__(self, spec: GpuSpec):
+        """Create the model for ``spec``; every parameter comes from the spec."""
+        self.spec = spec
+        self._f_max = float(spec.max_sm_clock_mhz)
+        self._f_min = float(spec.min_sm_clock_mhz)
+        self.saturation_clock_mhz = float(spec.memory_saturation_mhz or self._f_min)
+        """f_sat: below this clock memory-bound work slows down."""
+        self._cap_clocks: dict[WorkProfile, float] = {}
+
+    def describe(self) -> str:
+        """One line naming the spec and every model parameter, for reports of *modelled* figures."""
+        spec = self.spec
+        return (
+            f"modelled ({spec.name}: f {spec.min_sm_clock_mhz}-{spec.max_sm_clock_mhz} MHz, "
+            f"f_sat {self.saturation_clock_mhz:g} MHz, V {spec.voltage_min_v:g}-{spec.voltage_max_v:g} V "
+            f"knee {spec.voltage_knee_mhz:g} MHz, P_idle {spec.idle_power_w:g} W, "
+            f"P_dyn {spec.dynamic_power_max_w:g} W, P_mem {spec.memory_power_w:g} W, "
+            f"memory core activity {spec.memory_core_activity:g}, "
+            f"cap {spec.power_limit_w:g} W)"
+        )
+
+    def voltage_v(self, clock_mhz: float) -> float:
+        """Core voltage at ``clock_mhz``: flat at V_min up to the knee, then linear to V_max at f_max."""
+        spec = self.spec
+        if clock_mhz <= spec.voltage_knee_mhz:
+            return spec.voltage_min_v
+        rise = (clock_mhz - spec.voltage_knee_mhz) / (self._f_max - spec.voltage_knee_mhz)
+        return spec.voltage_min_v + (spec.voltage_max_v - spec.voltage_min_v) * rise
+
+    def uncapped_time_s(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Time of ``work`` if it ran at exactly ``clock_mhz`` (no power cap)."""
+        return (
+            work.fixed_s
+            + work.compute_s * self._f_max / clock_mhz
+            + work.memory_s * max(1.0, self.saturation_clock_mhz / clock_mhz)
+        )
+
+    def uncapped_energy_j(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Energy of ``work`` if it ran at exactly ``clock_mhz`` (no power cap)."""
+        spec = self.spec
+        v_rel = self.voltage_v(clock_mhz) / spec.voltage_max_v
+        core_work_s = work.compute_s + spec.memory_core_activity * work.memory_s * (
+            max(clock_mhz, self.saturation_clock_mhz) / self._f_max
+        )
+        return (
+            spec.idle_power_w * self.uncapped_time_s(work, clock_mhz)
+            + spec.dynamic_power_max_w * v_rel**2 * core_work_s
+            + spec.memory_power_w * work.memory_s
+        )
+
+    def uncapped_power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Average busy power of ``work`` at exactly ``clock_mhz``, possibly above the power limit."""
+        time_s = self.uncapped_time_s(work, clock_mhz)
+        if time_s == 0.0:
+            return self.spec.idle_power_w
+        return self.uncapped_energy_j(work, clock_mhz) / time_s
+
+    def kernel_power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Power while the kernels of ``work`` run (its fixed part excluded) at exactly ``clock_mhz``."""
+        kernel_s = self.uncapped_time_s(work, clock_mhz) - work.fixed_s
+        if kernel_s <= 0.0:
+            return self.spec.idle_power_w
+        return (self.uncapped_energy_j(work, clock_mhz) - self.spec.idle_power_w * work.fixed_s) / kernel_s
+
+    def effective_clock_mhz(self, work: WorkProfile, requested_mhz: float) -> float:
+        """The clock ``work`` really runs at: the request clamped to range, lowered to fit the power cap."""
+        if not math.isfinite(requested_mhz) or requested_mhz <= 0:
+            raise ValueError(f"requested clock must be a positive number of MHz, got {requested_mhz!r}")
+        clock = min(max(float(requested_mhz), self._f_min), self._f_max)
+        return min(clock, self.power_cap_clock_mhz(work))
+
+    def power_cap_clock_mhz(self, work: WorkProfile) -> float:
+        """The highest clock at which the kernels of ``work`` fit the power limit (f_max if they always do).
+
+        Kernel power rises with the clock, so this is the root of ``P_k(f) = power_limit_w``; every request
+        above it runs at it. When even the minimum clock exceeds the limit, the minimum clock.
+        """
+        cached = self._cap_clocks.get(work)
+        if cached is None:
+            limit = self.spec.power_limit_w
+            if self.kernel_power_w(work, self._f_max) <= limit:
+                cached = self._f_max
+            elif self.kernel_power_w(work, self._f_min) >= limit:
+                cached = self._f_min
+            else:
+                cached = brentq(lambda f: self.kernel_power_w(work, f) - limit, self._f_min, self._f_max)
+            if len(self._cap_clocks) >= _CAP_CACHE_SIZE:
+                self._cap_clocks.clear()
+            self._cap_clocks[work] = cached
+        return cached
+
+    def time_s(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Time of ``work`` at requested clock ``clock_mhz``, including power-cap throttling."""
+        return self.uncapped_time_s(work, self.effective_clock_mhz(work, clock_mhz))
+
+    def power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Average busy power of ``work`` at requested clock ``clock_mhz``; never above the power limit."""
+        power = self.uncapped_power_w(work, self.effective_clock_mhz(work, clock_mhz))
+        return min(power, self.spec.power_limit_w)
+
+    def energy_j(self, work: WorkProfile, clock_mhz: float) -> float:
+        """Energy of ``work`` at requested clock ``clock_mhz`` (busy power x time)."""
+        return self.power_w(work, clock_mhz) * self.time_s(work, clock_mhz)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Outcome of :func:`fit_work_profile`.
+
+    Attributes:
+        work: The fitted (or prior-derived) work profile.
+        source: ``"fitted"`` (least squares over several clocks) or ``"prior"`` (one clock only; the
+            compute/memory split is the spec's ``prior_compute_fraction``).
+        message: Human-readable account of how the profile was obtained and how well it matches.
+        rms_time_error: Root-mean-square relative error of modelled vs measured time over the points.
+        rms_energy_error: Root-mean-square relative error of modelled vs measured energy over the points.
+    """
+
+    work: WorkProfile
+    source: Literal["fitted", "prior"]
+    message: str
+    rms_time_error: float
+    rms_energy_error: float
+
+
+def fit_work_profile(spec: GpuSpec, points: Sequence[tuple[float, float, float]]) -> FitResult:
+    """Fit a :class:`WorkProfile` to measured ``(clock_mhz, time_s, energy_j)`` points.
+
+    With two or more distinct clocks, ``compute_s``, ``memory_s`` and ``fixed_s`` are fitted by bounded least
+    squares on the relative errors of both time and energy (time alone cannot tell memory-bound from fixed
+    time above the saturation clock; energy can). With one clock, the split comes from the spec's prior
+    (``prior_compute_fraction`` compute-bound, the rest memory-bound), scaled to the measured time.
+
+    Args:
+        spec: The GPU the points were measured on.
+        points: Measurements; clocks are the *requested* (locked) clocks.
+
+    Returns:
+        The fit, with ``source`` saying whether it was fitted or taken from the prior.
+
+    Raises:
+        ValueError: If there are no points or a point is not positive and finite.
+    """
+    if not points:
+        raise ValueError("fit_work_profile needs at least one (clock_mhz, time_s, energy_j) point")
+    data = np.asarray(points, dtype=float)
+    if data.ndim != 2 or data.shape[1] != 3:
+        raise ValueError("each point must be a (clock_mhz, time_s, energy_j) triple")
+    if not np.all(np.isfinite(data)) or np.any(data <= 0):
+        raise ValueError("every clock, time and energy must be positive and finite")
+    model = GpuPowerModel(spec)
+    clocks = np.unique(data[:, 0])
+    if len(clocks) == 1:
+        work = _prior_work(model, clock_mhz=float(clocks[0]), time_s=float(np.mean(data[:, 1])))
+        source: Literal["fitted", "prior"] = "prior"
+        how = (
+            f"only one clock ({clocks[0]:.0f} MHz) measured: compute/memory split taken from the {spec.name} "
+            f"prior ({spec.prior_compute_fraction:.0%} compute-bound), scaled to the measured time"
+        )
+    else:
+        work = _least_squares_work(model, data)
+        source = "fitted"
+        how = f"fitted to {len(data)} points at {len(clocks)} clocks"
+    time_error, energy_error = _rms_errors(model, work, data)
+    message = f"{how}; RMS relative error: time {time_error:.1%}, energy {energy_error:.1%} (modelled)"
+    return FitResult(work, source, message, time_error, energy_error)
+
+
+def _prior_work(model: GpuPowerModel, clock_mhz: float, time_s: float) -> WorkProfile:
+    """The prior compute/memory split, scaled so that its modelled time at ``clock_mhz`` is ``time_s``."""
+    fraction = model.spec.prior_compute_fraction
+    unit = WorkProfile(compute_s=fraction, memory_s=1.0 - fraction)
+    # Power is intensive, so scaling all parts scales the (possibly capped) time by the same factor.
+    return unit.scaled(time_s / model.time_s(unit, clock_mhz))
+
+
+def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
+    """Bounded least squares on relative time and energy errors, started from an NNLS fit of the times."""
+    clocks, times, energies = data[:, 0], data[:, 1], data[:, 2]
+    f_max, f_sat = float(model.spec.max_sm_clock_mhz), model.saturation_clock_mhz
+    design = np.column_stack([f_max / clocks, np.maximum(1.0, f_sat / clocks), np.ones_like(clocks)])
+    start, _ = nnls(design / times[:, None], np.ones_like(times))
+    scale = float(np.max(times))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        work = WorkProfile(*(scale * x))
+        modelled_t = np.array([model.time_s(work, c) for c in clocks])
+        modelled_e = np.array([model.energy_j(work, c) for c in clocks])
+        return np.concatenate([modelled_t / times - 1.0, modelled_e / energies - 1.0])
+
+    best = None
+    for initial in (start / scale, np.array([0.5, 0.3, 0.2]), np.array([0.1, 0.8, 0.1])):
+        guess = np.clip(initial, 1e-9, None)
+        result = least_squares(residuals, guess, bounds=(0.0, np.inf), x_scale=1.0)
+        if best is None or result.cost < best.cost:
+            best = result
+    return WorkProfile(*(float(v) for v in scale * best.x))
+
+
+def _rms_errors(model: GpuPowerModel, work: WorkProfile, data: np.ndarray) -> tuple[float, float]:
+    """Root-mean-square relative errors of modelled time and energy over the measured points."""
+    time_errors = [model.time_s(work, c) / t - 1.0 for c, t, _ in data]
+    energy_errors = [model.energy_j(work, c) / e - 1.0 for c, _, e in data]
+    return float(np.sqrt(np.mean(np.square(time_errors)))), float(np.sqrt(np.mean(np.square(energy_errors))))

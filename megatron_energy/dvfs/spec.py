@@ -1,0 +1,292 @@
+"""GPU specifications: clock grids, power figures and time/power-model parameters, loaded from YAML.
+
+Each supported GPU has one file ``configs/gpus/<name>.yaml`` holding every :class:`GpuSpec` field and a
+``sources`` map that says where each number comes from (datasheet, paper, measurement or an explicit
+assumption). ``sm_clocks_mhz`` may be written either as an explicit list (as ``nvidia-smi -q -d
+SUPPORTED_CLOCKS`` prints it) or as a regular grid ``{max: 1980, min: 345, step: 15}``.
+
+Pure Python + PyYAML: no torch, megatron, zeus or NVML imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR_ENV = "MEGATRON_ENERGY_CONFIG_DIR"
+
+# Default memory saturation clock as a fraction of the maximum: Spaan et al. found memory-bound kernels lose
+# (almost) nothing down to 30-60 % of f_max.
+DEFAULT_SATURATION_FRACTION = 0.45
+
+# Fields that describe the GPU in words and so need no source.
+_UNSOURCED_FIELDS = frozenset({"name", "display_name", "sources"})
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Static description of one GPU model, plus the parameters of the time/power model.
+
+    The power-model parameters are explained in :mod:`megatron_energy.dvfs.model`.
+
+    Attributes:
+        name: Short name, the YAML file stem (e.g. ``"h200"``).
+        display_name: Marketing name (e.g. ``"NVIDIA H200 SXM 141GB"``).
+        sm_clocks_mhz: Supported SM clocks, descending (maximum first).
+        memory_clocks_mhz: Supported memory clocks, descending.
+        default_sm_clock_mhz: The clock the GPU runs "stock" (maximum boost).
+        power_limit_w: Default power limit (the cap the power controller enforces).
+        idle_power_w: Power when nothing runs (warm, P0); also the static part of busy power.
+        blocked_power_w: Power while blocked in an NCCL/P2P wait (a spinning kernel).
+        switch_latency_s: SM-clock switch latency (request issued -> new clock in effect).
+        energy_counter_period_s: Update period of the cumulative energy counter.
+        peak_bf16_tflops: Dense BF16 tensor-core peak at the maximum SM clock.
+        memory_bandwidth_gbps: Peak memory bandwidth, GB/s.
+        p2p_bandwidth_gbps: Bandwidth of pipeline send/recv between stages, GB/s per direction.
+        p2p_latency_s: Latency of one pipeline send/recv.
+        voltage_min_v: Core voltage at and below ``voltage_knee_mhz``.
+        voltage_max_v: Core voltage at the maximum SM clock.
+        voltage_knee_mhz: Clock above which voltage rises linearly from voltage_min_v to voltage_max_v.
+        dynamic_power_max_w: Dynamic power of fully compute-bound work at the maximum clock and voltage.
+        sources: Field name -> where its value comes from.
+        memory_saturation_mhz: SM clock below which memory-bound work slows down (issue rate and L2 live in
+            the core clock domain); defaults to 0.45 x the maximum clock.
+        memory_power_w: Extra (above idle) memory power while memory-bound work streams at full bandwidth;
+            0 folds it into the core terms.
+        memory_core_activity: Core activity of memory-bound work relative to compute-bound work (0..1).
+        prior_compute_fraction: Default fraction of busy time that is compute-bound, used when a work
+            profile cannot be fitted (measurements at a single clock only).
+    """
+
+    name: str
+    display_name: str
+    sm_clocks_mhz: tuple[int, ...]
+    memory_clocks_mhz: tuple[int, ...]
+    default_sm_clock_mhz: int
+    power_limit_w: float
+    idle_power_w: float
+    blocked_power_w: float
+    switch_latency_s: float
+    energy_counter_period_s: float
+    peak_bf16_tflops: float
+    memory_bandwidth_gbps: float
+    p2p_bandwidth_gbps: float
+    p2p_latency_s: float
+    voltage_min_v: float
+    voltage_max_v: float
+    voltage_knee_mhz: float
+    dynamic_power_max_w: float
+    sources: Mapping[str, str] = field(compare=False, hash=False)
+    memory_saturation_mhz: float | None = None
+    memory_power_w: float = 0.0
+    memory_core_activity: float = 0.3
+    prior_compute_fraction: float = 0.7
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sm_clocks_mhz", tuple(int(c) for c in self.sm_clocks_mhz))
+        object.__setattr__(self, "memory_clocks_mhz", tuple(int(c) for c in self.memory_clocks_mhz))
+        object.__setattr__(self, "sources", dict(self.sources))
+        if self.memory_saturation_mhz is None and self.sm_clocks_mhz:
+            object.__setattr__(
+                self, "memory_saturation_mhz", DEFAULT_SATURATION_FRACTION * self.max_sm_clock_mhz
+            )
+        problem = _first_problem(self)
+        if problem is not None:
+            raise ValueError(f"GPU spec {self.name!r}: {problem}")
+
+    @property
+    def max_sm_clock_mhz(self) -> int:
+        """The highest supported SM clock."""
+        return self.sm_clocks_mhz[0]
+
+    @property
+    def min_sm_clock_mhz(self) -> int:
+        """The lowest supported SM clock."""
+        return self.sm_clocks_mhz[-1]
+
+    def snap_sm_clock(self, mhz: float) -> int:
+        """Return the supported SM clock nearest to ``mhz`` (ties go to the higher clock)."""
+        return min(self.sm_clocks_mhz, key=lambda clock: (abs(clock - mhz), -clock))
+
+
+def _first_problem(spec: GpuSpec) -> str | None:
+    """Return a description of the first inconsistency in ``spec``, or None if it is sound."""
+    clocks = spec.sm_clocks_mhz
+    checks: list[tuple[bool, str]] = [
+        (len(clocks) > 0, "sm_clocks_mhz is empty"),
+        (
+            all(a > b for a, b in itertools.pairwise(clocks)),
+            "sm_clocks_mhz must be strictly descending",
+        ),
+        (all(c > 0 for c in clocks), "sm_clocks_mhz must be positive"),
+        (len(spec.memory_clocks_mhz) > 0, "memory_clocks_mhz is empty"),
+        (spec.default_sm_clock_mhz in clocks, "default_sm_clock_mhz must be one of sm_clocks_mhz"),
+        (0 < spec.idle_power_w < spec.power_limit_w, "need 0 < idle_power_w < power_limit_w"),
+        (
+            spec.idle_power_w <= spec.blocked_power_w < spec.power_limit_w,
+            "need idle <= blocked < limit power",
+        ),
+        (0 < spec.voltage_min_v <= spec.voltage_max_v, "need 0 < voltage_min_v <= voltage_max_v"),
+    ]
+    if clocks:
+        checks += [
+            (
+                clocks[-1] <= spec.voltage_knee_mhz < clocks[0],
+                "voltage_knee_mhz must lie in [min, max) clock",
+            ),
+            (
+                clocks[-1] <= (spec.memory_saturation_mhz or 0) <= clocks[0],
+                "memory_saturation_mhz must lie in [min, max] clock",
+            ),
+        ]
+    positive = (
+        "switch_latency_s",
+        "energy_counter_period_s",
+        "peak_bf16_tflops",
+        "memory_bandwidth_gbps",
+        "p2p_bandwidth_gbps",
+        "dynamic_power_max_w",
+    )
+    checks += [(getattr(spec, name) > 0, f"{name} must be positive") for name in positive]
+    checks += [
+        (spec.p2p_latency_s >= 0, "p2p_latency_s must be non-negative"),
+        (spec.memory_power_w >= 0, "memory_power_w must be non-negative"),
+        (0 <= spec.memory_core_activity <= 1, "memory_core_activity must lie in [0, 1]"),
+        (0 < spec.prior_compute_fraction <= 1, "prior_compute_fraction must lie in (0, 1]"),
+    ]
+    return next((message for ok, message in checks if not ok), None)
+
+
+def config_root() -> Path:
+    """Return the ``configs/`` directory holding ``gpus/*.yaml``.
+
+    Looked up in order: the directory named by ``$MEGATRON_ENERGY_CONFIG_DIR``; the repository's ``configs/``
+    next to the package (editable install or source checkout); ``<sys.prefix>/share/megatron_energy/configs``
+    (wheel install).
+
+    Raises:
+        FileNotFoundError: If none of these exists.
+    """
+    override = os.environ.get(CONFIG_DIR_ENV)
+    if override:
+        path = Path(override)
+        if not path.is_dir():
+            raise FileNotFoundError(f"${CONFIG_DIR_ENV}={override} is not a directory")
+        return path
+    candidates = [
+        Path(__file__).resolve().parents[2] / "configs",
+        Path(sys.prefix) / "share" / "megatron_energy" / "configs",
+    ]
+    for path in candidates:
+        if (path / "gpus").is_dir():
+            return path
+    raise FileNotFoundError(f"no GPU config directory found; looked in {[str(p) for p in candidates]}")
+
+
+def available_gpu_specs() -> list[str]:
+    """Return the names of all GPU specs under ``config_root()/gpus``, sorted."""
+    return sorted(path.stem for path in (config_root() / "gpus").glob("*.yaml"))
+
+
+def load_gpu_spec(name: str) -> GpuSpec:
+    """Load a GPU spec by name (``configs/gpus/<name>.yaml``) or from a path to a YAML file.
+
+    Args:
+        name: A spec name such as ``"h200"``, or a path ending in ``.yaml``/``.yml``.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        ValueError: If the name is unknown (the message lists the known names) or the file is malformed
+            (the message names the file and the offending field).
+    """
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name)
+        if not path.is_file():
+            raise ValueError(f"GPU spec file {path} does not exist")
+    else:
+        path = config_root() / "gpus" / f"{name}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown GPU spec {name!r}; known: {', '.join(available_gpu_specs())}")
+    return _spec_from_file(path)
+
+
+def _spec_from_file(path: Path) -> GpuSpec:
+    """Parse and validate one spec YAML file."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of GpuSpec fields at the top level")
+    fields = {f.name: f for f in dataclasses.fields(GpuSpec)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {unknown}")
+    missing = [name for name in fields if name not in raw]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {missing}")
+    values = {name: _convert_field(path, name, raw[name]) for name in fields}
+    unsourced = [name for name in fields if name not in _UNSOURCED_FIELDS and name not in values["sources"]]
+    if unsourced:
+        raise ValueError(f"{path}: field 'sources' lacks an entry for {unsourced}")
+    if values["name"] != path.stem:
+        raise ValueError(f"{path}: field 'name' is {values['name']!r} but the file is named {path.stem!r}")
+    try:
+        return GpuSpec(**values)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+def _convert_field(path: Path, name: str, value: Any) -> Any:
+    """Convert one YAML value to the type of GpuSpec field ``name``; ValueError names file and field."""
+    try:
+        if name in ("name", "display_name"):
+            if not isinstance(value, str) or not value:
+                raise TypeError("expected a non-empty string")
+            return value
+        if name == "sources":
+            if not isinstance(value, dict) or not all(isinstance(v, str) and v for v in value.values()):
+                raise TypeError("expected a mapping of field name to a non-empty description")
+            return {str(k): v for k, v in value.items()}
+        if name == "sm_clocks_mhz":
+            return _clock_grid(value)
+        if name == "memory_clocks_mhz":
+            return tuple(sorted((_integer(v) for v in value), reverse=True))
+        if name == "default_sm_clock_mhz":
+            return _integer(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"expected a number, got {value!r}")
+        return float(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path}: field {name!r}: {error}") from error
+
+
+def _integer(value: Any) -> int:
+    """Return ``value`` as an int, rejecting booleans, fractions and non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _clock_grid(value: Any) -> tuple[int, ...]:
+    """Expand a clock list or a ``{max, min, step}`` grid to a descending tuple of MHz."""
+    if isinstance(value, dict):
+        if set(value) != {"max", "min", "step"}:
+            raise TypeError(f"a clock grid needs exactly the keys max, min, step; got {sorted(value)}")
+        top, bottom, step = (_integer(value[key]) for key in ("max", "min", "step"))
+        if step <= 0 or bottom > top or (top - bottom) % step:
+            raise ValueError(f"grid max={top} min={bottom} step={step} is not a whole number of steps")
+        return tuple(range(top, bottom - 1, -step))
+    if isinstance(value, list):
+        return tuple(sorted((_integer(v) for v in value), reverse=True))
+    raise TypeError(f"expected a list of clocks or a {{max, min, step}} grid, got {value!r}")

@@ -1,0 +1,1 @@
+"""Pipeline frequency planning (Perseus-style): profiles, the pipeline DAG and the time-energy frontier."""

@@ -1,0 +1,326 @@
+"""Per-instruction time and energy at each SM clock: the input of the pipeline frequency planner.
+
+A :class:`Profile` maps every pipeline instruction ``(stage, kind, chunk)`` to its :class:`ClockOption` list.
+It comes either from measurement (``source="measured"``, e.g. a Perseus/lowtime CSV) or from the time/power
+model (``source="modelled"``, :meth:`Profile.synthetic`).
+
+CSV format (interoperable with Perseus/lowtime): columns ``stage,instruction,frequency,time,energy`` (seconds,
+joules; ``instruction`` is ``forward`` or ``backward``), plus an optional ``chunk`` column (virtual-pipeline
+model chunk, 0 when absent). Other columns are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import numbers
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+from megatron_energy.dvfs.model import GpuPowerModel
+from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.perseus.workload import InstructionKey, TransformerShape, instruction_work
+
+__all__ = ["ClockOption", "InstructionKey", "Kind", "Profile", "ProfileSource", "TransformerShape"]
+
+Kind = Literal["forward", "backward"]
+ProfileSource = Literal["measured", "modelled"]
+KINDS: tuple[str, ...] = get_args(Kind)
+CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+
+
+@dataclass(frozen=True)
+class ClockOption:
+    """One way to run an instruction: at ``clock_mhz`` it takes ``time_s`` and uses ``energy_j``."""
+
+    clock_mhz: int
+    time_s: float
+    energy_j: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clock_mhz, bool) or not isinstance(self.clock_mhz, numbers.Integral):
+            raise ValueError(f"clock_mhz must be an integer, got {self.clock_mhz!r}")
+        object.__setattr__(self, "clock_mhz", int(self.clock_mhz))
+        if self.clock_mhz <= 0:
+            raise ValueError(f"clock_mhz must be positive, got {self.clock_mhz}")
+        if not math.isfinite(self.time_s) or self.time_s <= 0:
+            raise ValueError(f"time_s must be positive and finite, got {self.time_s!r}")
+        if not math.isfinite(self.energy_j) or self.energy_j < 0:
+            raise ValueError(f"energy_j must be non-negative and finite, got {self.energy_j!r}")
+
+
+def _sort_key(option: ClockOption) -> tuple[float, float, int]:
+    """Order options by time, then energy, then clock (ascending)."""
+    return option.time_s, option.energy_j, option.clock_mhz
+
+
+class Profile:
+    """Clock options of every pipeline instruction, plus the powers of a blocked and an idle GPU.
+
+    Attributes:
+        gpu_name: The GPU the profile belongs to (a spec name such as ``"h200"``).
+        source: ``"measured"`` or ``"modelled"``.
+        blocked_power_w: Power while blocked on pipeline communication.
+        idle_power_w: Power while idle (after the last instruction of an iteration).
+        num_stages: Pipeline stages covered.
+        num_chunks: Virtual-pipeline chunks per stage (1 without VPP).
+    """
+
+    def __init__(
+        self,
+        options: Mapping[InstructionKey, Sequence[ClockOption]],
+        gpu_name: str,
+        source: str,
+        blocked_power_w: float,
+        idle_power_w: float,
+    ):
+        """Validate and store the options.
+
+        Raises:
+            ValueError: On an unknown source, non-positive powers, malformed keys, empty option lists,
+                repeated clocks for one key, or a key set that is not every (stage, kind, chunk) combination.
+        """
+        if source not in get_args(ProfileSource):
+            raise ValueError(f"profile source must be 'measured' or 'modelled', got {source!r}")
+        if not (blocked_power_w > 0 and idle_power_w > 0):
+            raise ValueError(f"powers must be positive, got blocked {blocked_power_w}, idle {idle_power_w}")
+        if not options:
+            raise ValueError("a profile needs at least one instruction")
+        self.gpu_name = gpu_name
+        self.source: ProfileSource = source  # type: ignore[assignment]
+        self.blocked_power_w = float(blocked_power_w)
+        self.idle_power_w = float(idle_power_w)
+        self._options = {_checked_key(key): _checked_options(key, opts) for key, opts in options.items()}
+        self.num_stages = 1 + max(stage for stage, _, _ in self._options)
+        self.num_chunks = 1 + max(chunk for _, _, chunk in self._options)
+        expected = {(s, k, c) for s in range(self.num_stages) for k in KINDS for c in range(self.num_chunks)}
+        missing = sorted(expected - set(self._options))
+        if missing:
+            raise ValueError(
+                f"profile lacks instruction(s) {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Profile(gpu={self.gpu_name!r}, source={self.source!r}, stages={self.num_stages}, "
+            f"chunks={self.num_chunks}, blocked={self.blocked_power_w:g} W, idle={self.idle_power_w:g} W)"
+        )
+
+    def keys(self) -> list[InstructionKey]:
+        """All instruction keys, sorted by (stage, kind, chunk)."""
+        return sorted(self._options)
+
+    def __iter__(self) -> Iterator[InstructionKey]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def options(self, key: InstructionKey) -> list[ClockOption]:
+        """All options of ``key``, sorted by time ascending (then energy, then clock)."""
+        return list(self._lookup(key))
+
+    def pareto(self, key: InstructionKey) -> list[ClockOption]:
+        """The Pareto-optimal (time, energy) options of ``key``, time ascending, energy strictly descending.
+
+        Of options with equal time and energy (e.g. clocks above the power-cap clock) the lowest clock is
+        kept.
+        """
+        frontier: list[ClockOption] = []
+        for option in self._lookup(key):
+            if not frontier or option.energy_j < frontier[-1].energy_j:
+                frontier.append(option)
+        return frontier
+
+    def fastest(self, key: InstructionKey) -> ClockOption:
+        """The quickest option of ``key`` (least energy among equally quick ones)."""
+        return self._lookup(key)[0]
+
+    def option_at(self, key: InstructionKey, clock_mhz: int) -> ClockOption:
+        """The option of ``key`` at exactly ``clock_mhz``.
+
+        Raises:
+            KeyError: If ``key`` has no option at that clock.
+        """
+        for option in self._lookup(key):
+            if option.clock_mhz == clock_mhz:
+                return option
+        raise KeyError(f"instruction {key} has no option at {clock_mhz} MHz")
+
+    def _lookup(self, key: InstructionKey) -> tuple[ClockOption, ...]:
+        try:
+            return self._options[key]
+        except KeyError:
+            raise KeyError(f"profile has no instruction {key}") from None
+
+    def to_csv(self, path: str | Path) -> None:
+        """Write the profile as a Perseus/lowtime CSV (with a ``chunk`` column when there are several)."""
+        with_chunk = self.num_chunks > 1
+        with Path(path).open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
+            for stage, kind, chunk in self.keys():
+                for option in sorted(self._options[(stage, kind, chunk)], key=lambda o: -o.clock_mhz):
+                    row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
+                    writer.writerow(row + ([chunk] if with_chunk else []))
+
+    @classmethod
+    def from_csv(
+        cls,
+        path: str | Path,
+        *,
+        gpu_name: str,
+        source: str = "measured",
+        blocked_power_w: float | None = None,
+        idle_power_w: float | None = None,
+    ) -> Profile:
+        """Read a Perseus/lowtime CSV.
+
+        Args:
+            path: The CSV file.
+            gpu_name: The GPU it was measured on.
+            source: ``"measured"`` (default) or ``"modelled"``.
+            blocked_power_w: Blocked power; taken from the GPU spec ``gpu_name`` when omitted.
+            idle_power_w: Idle power; taken from the GPU spec ``gpu_name`` when omitted.
+
+        Raises:
+            ValueError: If the file is malformed (the message names the line and the problem), or a power
+                is omitted and ``gpu_name`` is not a known GPU spec.
+        """
+        if blocked_power_w is None or idle_power_w is None:
+            spec = load_gpu_spec(gpu_name)
+            blocked_power_w = spec.blocked_power_w if blocked_power_w is None else blocked_power_w
+            idle_power_w = spec.idle_power_w if idle_power_w is None else idle_power_w
+        options = _read_csv_options(Path(path))
+        return cls(options, gpu_name, source, blocked_power_w, idle_power_w)
+
+    @classmethod
+    def synthetic(
+        cls,
+        shape: TransformerShape,
+        spec: GpuSpec,
+        num_stages: int,
+        num_chunks: int = 1,
+        clocks_mhz: Iterable[int] | None = None,
+    ) -> Profile:
+        """A *modelled* profile: FLOP/byte counts of ``shape`` priced by :class:`GpuPowerModel` at each clock.
+
+        See :mod:`megatron_energy.perseus.workload` for the work model (embedding on stage 0 chunk 0, LM head
+        and loss on the last stage's last chunk, layers split evenly).
+
+        Args:
+            shape: Model shape and microbatch.
+            spec: The GPU.
+            num_stages: Pipeline stages.
+            num_chunks: Virtual-pipeline chunks per stage.
+            clocks_mhz: Clocks to price (default: all the spec's SM clocks); each must be supported.
+
+        Raises:
+            ValueError: If a clock is not supported by the spec or the layers do not split evenly.
+        """
+        clocks = spec.sm_clocks_mhz if clocks_mhz is None else tuple(clocks_mhz)
+        unsupported = sorted(set(clocks) - set(spec.sm_clocks_mhz))
+        if unsupported or not clocks:
+            raise ValueError(f"clocks {unsupported or '[]'} are not supported SM clocks of {spec.name}")
+        model = GpuPowerModel(spec)
+        options = {
+            key: [
+                ClockOption(clock, model.time_s(work, clock), model.energy_j(work, clock)) for clock in clocks
+            ]
+            for key, work in instruction_work(shape, spec, num_stages, num_chunks).items()
+        }
+        return cls(options, spec.name, "modelled", spec.blocked_power_w, spec.idle_power_w)
+
+
+def _checked_key(key: InstructionKey) -> InstructionKey:
+    """Validate an instruction key ``(stage, kind, chunk)``."""
+    if not (isinstance(key, tuple) and len(key) == 3):
+        raise ValueError(f"instruction key must be (stage, kind, chunk), got {key!r}")
+    stage, kind, chunk = key
+    if not (isinstance(stage, int) and stage >= 0 and isinstance(chunk, int) and chunk >= 0):
+        raise ValueError(f"stage and chunk must be non-negative integers in key {key!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} in key {key!r}")
+    return key
+
+
+def _checked_options(key: InstructionKey, options: Sequence[ClockOption]) -> tuple[ClockOption, ...]:
+    """Validate one instruction's options and sort them by time."""
+    if not options:
+        raise ValueError(f"instruction {key} has no clock options")
+    clocks = [option.clock_mhz for option in options]
+    if len(set(clocks)) != len(clocks):
+        raise ValueError(f"instruction {key} lists a clock more than once: {sorted(clocks)}")
+    return tuple(sorted(options, key=_sort_key))
+
+
+def _read_csv_options(path: Path) -> dict[InstructionKey, list[ClockOption]]:
+    """Parse a profile CSV; every problem raises ValueError naming ``path:line``."""
+    options: dict[InstructionKey, list[ClockOption]] = {}
+    first_seen: dict[tuple[InstructionKey, int], int] = {}
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames
+        if not header:
+            raise ValueError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}")
+        missing = [column for column in CSV_COLUMNS if column not in header]
+        if missing:
+            raise ValueError(f"{path}:1: missing column(s) {missing}; header is {header}")
+        for row in reader:
+            line = reader.line_num
+            where = f"{path}:{line}"
+            if None in row or any(row[column] is None for column in header):
+                raise ValueError(f"{where}: expected {len(header)} fields")
+            key = (
+                _parse_int(row["stage"], "stage", where),
+                _parse_kind(row["instruction"], where),
+                _parse_int(row["chunk"], "chunk", where) if "chunk" in header else 0,
+            )
+            clock = _parse_int(row["frequency"], "frequency", where)
+            if (key, clock) in first_seen:
+                raise ValueError(
+                    f"{where}: duplicate {key} at {clock} MHz (first at line {first_seen[key, clock]})"
+                )
+            first_seen[key, clock] = line
+            time_s = _parse_float(row["time"], "time", where)
+            energy_j = _parse_float(row["energy"], "energy", where)
+            try:
+                option = ClockOption(clock, time_s, energy_j)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from error
+            options.setdefault(key, []).append(option)
+    if not options:
+        raise ValueError(f"{path}: no data rows")
+    return options
+
+
+def _parse_int(text: str, column: str, where: str) -> int:
+    """Parse a non-negative integer cell."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{where}: column {column!r}: expected an integer, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{where}: column {column!r}: must not be negative, got {value}")
+    return value
+
+
+def _parse_float(text: str, column: str, where: str) -> float:
+    """Parse a finite number cell."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{where}: column {column!r}: expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: column {column!r}: must be finite, got {text!r}")
+    return value
+
+
+def _parse_kind(text: str, where: str) -> str:
+    """Parse the instruction column."""
+    kind = text.strip()
+    if kind not in KINDS:
+        raise ValueError(f"{where}: column 'instruction': expected 'forward' or 'backward', got {text!r}")
+    return kind

@@ -1,0 +1,229 @@
+"""Work of transformer pipeline instructions from FLOP and byte counts (*modelled*).
+
+Per transformer layer and microbatch (``b`` micro-batch size, ``s`` sequence length, ``h`` hidden size,
+``f`` FFN hidden size, ``g·d`` key/value width with ``g`` query groups of head size ``d``), on one
+tensor-parallel rank (everything below divided by the TP degree unless marked replicated):
+
+* GEMM FLOPs, forward: ``2bsh(h + 2gd)`` (QKV) + ``2bsh²`` (projection) + ``2bshf·k`` (MLP, k = 2, or 3 with a
+  gated MLP). With ``g·d = h``, ``f = 4h`` this is the standard ``24bsh²``.
+* Attention FLOPs, forward: ``4bs²h`` (scores and values).
+* Memory-bound bytes, forward (bf16): norms, residual adds, bias/dropout and rotary ``16bsh`` elements
+  (replicated, no sequence parallelism) plus the activation function ``2bsf`` (``3bsf`` gated).
+* Backward: twice the forward FLOPs and bytes.
+* Fixed time: tensor-parallel all-reduces (two per layer and pass, ring, over the spec's NVLink bandwidth) and
+  kernel launch gaps.
+
+The embedding (gather, and its gradient) runs on the first stage's first chunk; the final norm, LM head GEMM
+(``2bshV``) and the vocab-parallel cross-entropy (fp32 passes over ``bsV`` logits) on the last stage's last
+chunk. So first and last stages carry more work than the middle ones, as in real pipelines.
+
+Achieved-efficiency assumptions (relative to the peak at the clock the work runs at; the power cap is applied
+separately by :class:`~megatron_energy.dvfs.model.GpuPowerModel`):
+
+* ``GEMM_EFFICIENCY`` 0.80: the measured H200 bf16 8192³ GEMM reached ~678 TFLOP/s at ~1515 MHz, i.e. ~0.90 of
+  the clock-scaled 989 TFLOP/s peak; transformer GEMMs are smaller. With power-cap throttling this gives
+  ~60-65 % of the nominal peak, the usual training GEMM figure.
+* ``ATTENTION_EFFICIENCY`` 0.60: fused (flash) attention reaches roughly 50-70 % of peak on Hopper.
+* ``MEMORY_EFFICIENCY`` 0.80: the measured H200 copy loop reached 4.25 of 4.8 TB/s (0.89); elementwise
+  kernels do a little worse.
+* ``LAUNCH_GAP_S`` 2 µs per kernel, ~12 kernels per layer forward and ~24 backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.spec import GpuSpec
+
+GEMM_EFFICIENCY = 0.80
+ATTENTION_EFFICIENCY = 0.60
+MEMORY_EFFICIENCY = 0.80
+LAUNCH_GAP_S = 2e-6
+KERNELS_PER_LAYER = {"forward": 12, "backward": 24}
+BACKWARD_TO_FORWARD = 2.0
+BF16_BYTES = 2
+FP32_BYTES = 4
+
+InstructionKey = tuple[int, str, int]
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """Shape of a GPT/Llama-style decoder and the per-rank microbatch it processes.
+
+    Attributes:
+        num_layers: Transformer layers in the whole model.
+        hidden_size: Model width ``h``.
+        ffn_hidden_size: MLP inner width ``f``.
+        num_attention_heads: Attention heads.
+        seq_length: Tokens per sequence ``s``.
+        micro_batch_size: Sequences per microbatch ``b``.
+        vocab_size: Vocabulary size ``V``.
+        tensor_parallel: Tensor-parallel degree (FLOPs and sharded bytes are divided by it).
+        num_query_groups: Key/value heads for grouped-query attention; None means one per attention head.
+        gated_mlp: Whether the MLP is gated (SwiGLU: three weight matrices instead of two).
+    """
+
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    micro_batch_size: int
+    vocab_size: int
+    tensor_parallel: int = 1
+    num_query_groups: int | None = None
+    gated_mlp: bool = False
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"TransformerShape.{item.name} must be positive, got {value}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.query_groups:
+            raise ValueError("num_attention_heads must be divisible by num_query_groups")
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads (equal to the attention heads without grouped-query attention)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> TransformerShape:
+        """Return a known model shape, optionally with fields overridden (e.g. ``micro_batch_size=2``).
+
+        Args:
+            name: One of :data:`KNOWN_SHAPES` (``"gpt3-1.3b"``, ``"llama-7b"``, ``"llama-70b"``, ...).
+            **overrides: TransformerShape fields to replace.
+
+        Raises:
+            ValueError: If the name is unknown (the message lists the known names).
+        """
+        if name not in KNOWN_SHAPES:
+            raise ValueError(f"unknown model shape {name!r}; known: {', '.join(sorted(KNOWN_SHAPES))}")
+        return dataclasses.replace(KNOWN_SHAPES[name], **overrides)
+
+    def layer_forward_gemm_flops(self) -> float:
+        """GEMM FLOPs of one layer's forward pass on one TP rank."""
+        b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
+        kv_width = self.query_groups * (h // self.num_attention_heads)
+        mlp_matrices = 3 if self.gated_mlp else 2
+        total = 2 * b * s * h * (h + 2 * kv_width) + 2 * b * s * h * h + 2 * b * s * h * f * mlp_matrices
+        return total / self.tensor_parallel
+
+    def layer_forward_attention_flops(self) -> float:
+        """Attention (scores and values) FLOPs of one layer's forward pass on one TP rank."""
+        b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
+        return 4 * b * s * s * h / self.tensor_parallel
+
+    def layer_forward_memory_bytes(self) -> float:
+        """Bytes moved by memory-bound kernels of one layer's forward pass on one TP rank."""
+        b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
+        activation_elements = (3 if self.gated_mlp else 2) * b * s * f / self.tensor_parallel
+        return BF16_BYTES * (16 * b * s * h + activation_elements)
+
+    def activation_bytes(self) -> int:
+        """Bytes of one microbatch's hidden states sent between pipeline stages (bf16)."""
+        return BF16_BYTES * self.micro_batch_size * self.seq_length * self.hidden_size
+
+
+KNOWN_SHAPES: dict[str, TransformerShape] = {
+    "gpt3-1.3b": TransformerShape(24, 2048, 8192, 16, 2048, 1, 50257),
+    "gpt3-2.7b": TransformerShape(32, 2560, 10240, 32, 2048, 1, 50257),
+    "gpt3-6.7b": TransformerShape(32, 4096, 16384, 32, 2048, 1, 50257),
+    "llama-7b": TransformerShape(32, 4096, 11008, 32, 4096, 1, 32000, gated_mlp=True),
+    "llama-13b": TransformerShape(40, 5120, 13824, 40, 4096, 1, 32000, gated_mlp=True),
+    "llama-70b": TransformerShape(80, 8192, 28672, 64, 4096, 1, 32000, num_query_groups=8, gated_mlp=True),
+}
+
+
+def instruction_work(
+    shape: TransformerShape, spec: GpuSpec, num_stages: int, num_chunks: int = 1
+) -> dict[InstructionKey, WorkProfile]:
+    """Work of every pipeline instruction ``(stage, kind, chunk)`` at the spec's maximum clock.
+
+    Layers are split evenly over ``num_stages x num_chunks`` model chunks (as Megatron requires).
+
+    Raises:
+        ValueError: If the layers do not split evenly or the counts are not positive.
+    """
+    if num_stages <= 0 or num_chunks <= 0:
+        raise ValueError(f"num_stages and num_chunks must be positive, got {num_stages}, {num_chunks}")
+    if shape.num_layers % (num_stages * num_chunks):
+        raise ValueError(
+            f"{shape.num_layers} layers do not split evenly over {num_stages} stages x {num_chunks} chunks"
+        )
+    layers = shape.num_layers // (num_stages * num_chunks)
+    work: dict[InstructionKey, WorkProfile] = {}
+    for stage in range(num_stages):
+        for chunk in range(num_chunks):
+            for kind in ("forward", "backward"):
+                total = _layer_work(shape, spec, kind).scaled(layers)
+                if stage == 0 and chunk == 0:
+                    total = total + _embedding_work(shape, spec, kind)
+                if stage == num_stages - 1 and chunk == num_chunks - 1:
+                    total = total + _head_work(shape, spec, kind)
+                work[(stage, kind, chunk)] = total
+    return work
+
+
+def _pass_factor(kind: str) -> float:
+    """How many forward-equivalents of FLOPs and bytes a pass of ``kind`` costs."""
+    return BACKWARD_TO_FORWARD if kind == "backward" else 1.0
+
+
+def _gemm_s(spec: GpuSpec, flops: float, efficiency: float) -> float:
+    """Time of ``flops`` of tensor-core work at the maximum clock."""
+    return flops / (spec.peak_bf16_tflops * 1e12 * efficiency)
+
+
+def _memory_s(spec: GpuSpec, num_bytes: float) -> float:
+    """Time to stream ``num_bytes`` through HBM."""
+    return num_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
+
+
+def _tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
+    """Time of one ring all-reduce of the hidden states over the tensor-parallel group."""
+    if shape.tensor_parallel == 1:
+        return 0.0
+    traffic = 2 * (shape.tensor_parallel - 1) / shape.tensor_parallel * shape.activation_bytes()
+    return spec.p2p_latency_s + traffic / (spec.p2p_bandwidth_gbps * 1e9)
+
+
+def _layer_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile:
+    """Work of one transformer layer's forward or backward pass."""
+    factor = _pass_factor(kind)
+    compute_s = _gemm_s(spec, shape.layer_forward_gemm_flops(), GEMM_EFFICIENCY) + _gemm_s(
+        spec, shape.layer_forward_attention_flops(), ATTENTION_EFFICIENCY
+    )
+    fixed_s = 2 * _tp_all_reduce_s(shape, spec) + KERNELS_PER_LAYER[kind] * LAUNCH_GAP_S
+    return WorkProfile(
+        compute_s=factor * compute_s,
+        memory_s=factor * _memory_s(spec, shape.layer_forward_memory_bytes()),
+        fixed_s=fixed_s,
+    )
+
+
+def _embedding_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile:
+    """Embedding lookup (forward) or gradient accumulation (backward): ~3 memory-bound passes over bsh."""
+    hidden_bytes = shape.activation_bytes()
+    return WorkProfile(compute_s=0.0, memory_s=_pass_factor(kind) * _memory_s(spec, 3 * hidden_bytes))
+
+
+def _head_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile:
+    """Final norm, LM head GEMM and vocab-parallel cross-entropy (about 4 fp32 passes over the logits)."""
+    b, s, h, vocab = shape.micro_batch_size, shape.seq_length, shape.hidden_size, shape.vocab_size
+    factor = _pass_factor(kind)
+    head_flops = 2 * b * s * h * vocab / shape.tensor_parallel
+    logits_bytes = 4 * FP32_BYTES * b * s * vocab / shape.tensor_parallel
+    norm_bytes = 2 * shape.activation_bytes()
+    return WorkProfile(
+        compute_s=factor * _gemm_s(spec, head_flops, GEMM_EFFICIENCY),
+        memory_s=factor * _memory_s(spec, logits_bytes + norm_bytes),
+        fixed_s=_tp_all_reduce_s(shape, spec),
+    )
