@@ -1,0 +1,1 @@
+"""Subcommands of ``megatron-energy``; each module defines ``register(subparsers)`` and ``run(args)``."""

@@ -1,0 +1,313 @@
+"""A training job described in YAML: model shape, parallelism, batch and GPU (``configs/examples/*.yaml``).
+
+Example::
+
+    name: gpt3-xl-pp4-h100
+    gpu: h100-sxm                # a spec in configs/gpus/
+    model: gpt3-1.3b             # a known shape, or a mapping of TransformerShape fields
+    pipeline_stages: 4
+    virtual_stages: 1            # model chunks per stage (interleaved schedule when > 1)
+    tensor_parallel: 1
+    data_parallel: 8
+    micro_batch_size: 4
+    global_batch_size: 512       # or num_microbatches (per pipeline)
+
+Optional keys: ``description``, ``seq_length`` (overrides the model's), ``sequence_parallel`` (default
+false), ``pipeline_bandwidth_gbps`` and ``data_parallel_bandwidth_gbps`` (GB/s per GPU of the links that
+pipeline transfers and the data-parallel gradient sync cross; both default to the GPU spec's
+``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes).
+
+:class:`JobConfig` also derives what the simulator needs: Megatron's instruction orders, the pipeline DAG with
+its transfer cost and iteration tail, and a modelled profile. The transfer and tail figures are *modelled*:
+
+* a pipeline transfer is one microbatch's hidden states in bf16 (split over the tensor-parallel group with
+  sequence parallelism), at the spec's P2P latency plus bytes over ``pipeline_bandwidth_gbps``;
+* the data-parallel sync is a reduce-scatter plus all-gather (distributed optimizer, no overlap with the
+  backward pass) of bf16 gradients of the largest stage, ``2 (dp-1)/dp`` times its bytes over
+  ``data_parallel_bandwidth_gbps``;
+* the optimizer step is Adam over the rank's 1/dp shard: ``ADAM_BYTES_PER_PARAMETER`` bytes of HBM traffic per
+  parameter (fp32 parameter, gradient and two moments read, three written, bf16 copy written).
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
+from megatron_energy.perseus.dag import CommSpec, IterationTail, PipelineDag, RankOrder
+from megatron_energy.perseus.profile import Profile, TransformerShape
+from megatron_energy.perseus.workload import MEMORY_EFFICIENCY
+
+GRADIENT_BYTES = 2
+ADAM_BYTES_PER_PARAMETER = 30
+
+_REQUIRED = ("name", "gpu", "model", "pipeline_stages", "micro_batch_size")
+_OPTIONAL = (
+    "description",
+    "seq_length",
+    "virtual_stages",
+    "tensor_parallel",
+    "data_parallel",
+    "sequence_parallel",
+    "num_microbatches",
+    "global_batch_size",
+    "pipeline_bandwidth_gbps",
+    "data_parallel_bandwidth_gbps",
+)
+_BANDWIDTH_KEYS = ("pipeline_bandwidth_gbps", "data_parallel_bandwidth_gbps")
+_JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel")
+
+
+class JobConfigError(ValueError):
+    """A job config is invalid; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One Megatron training job.
+
+    Attributes:
+        name: Job name.
+        gpu: GPU spec name (``configs/gpus/<gpu>.yaml``).
+        shape: Model shape with this job's micro-batch size and tensor-parallel degree.
+        pipeline_stages: Pipeline-parallel size.
+        virtual_stages: Model chunks per pipeline stage (virtual pipeline size); 1 without interleaving.
+        data_parallel: Data-parallel size.
+        num_microbatches: Microbatches per pipeline per iteration.
+        sequence_parallel: Whether Megatron's sequence parallelism is on (splits pipeline transfers by TP).
+        pipeline_bandwidth_gbps: Bandwidth of pipeline transfers; None = the spec's P2P figure.
+        data_parallel_bandwidth_gbps: Bandwidth of the gradient sync; None = the spec's P2P figure.
+        model_name: The known shape the model came from, if any.
+        description: Free text.
+    """
+
+    name: str
+    gpu: str
+    shape: TransformerShape
+    pipeline_stages: int
+    virtual_stages: int = 1
+    data_parallel: int = 1
+    num_microbatches: int = 1
+    sequence_parallel: bool = False
+    pipeline_bandwidth_gbps: float | None = None
+    data_parallel_bandwidth_gbps: float | None = None
+    model_name: str | None = None
+    description: str = ""
+
+    @property
+    def tensor_parallel(self) -> int:
+        """Tensor-parallel size."""
+        return self.shape.tensor_parallel
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences per microbatch."""
+        return self.shape.micro_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per iteration over all data-parallel replicas."""
+        return self.micro_batch_size * self.num_microbatches * self.data_parallel
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of the whole job."""
+        return self.pipeline_stages * self.tensor_parallel * self.data_parallel
+
+    @classmethod
+    def load(cls, path: str | Path) -> "JobConfig":
+        """Read a job from YAML.
+
+        Args:
+            path: The YAML file.
+
+        Returns:
+            The job.
+
+        Raises:
+            JobConfigError: If the file is missing, not YAML, or describes an invalid job.
+        """
+        source = Path(path)
+        try:
+            data = yaml.safe_load(source.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise JobConfigError(f"cannot read job config {source}: {error.strerror}") from None
+        except yaml.YAMLError as error:
+            raise JobConfigError(f"job config {source} is not valid YAML: {error}") from None
+        return cls.from_dict(data, source=str(source))
+
+    @classmethod
+    def from_dict(cls, data: object, source: str = "<job config>") -> "JobConfig":
+        """Build a job from the mapping a YAML file holds (see the module docstring for the keys).
+
+        Args:
+            data: The parsed YAML.
+            source: Where the data came from, for error messages.
+
+        Returns:
+            The job.
+
+        Raises:
+            JobConfigError: On unknown or missing keys, wrong types or values, or a job Megatron would refuse.
+        """
+        try:
+            return _parse(data)
+        except (ValueError, TypeError) as error:
+            raise JobConfigError(f"job config {source}: {error}") from None
+
+    def spec(self) -> GpuSpec:
+        """The GPU spec named by ``gpu``."""
+        return load_gpu_spec(self.gpu)
+
+    def orders(self) -> list[RankOrder]:
+        """Megatron's instruction order on every pipeline rank (imports megatron-core)."""
+        return pipeline_orders(self.pipeline_stages, self.num_microbatches, self.virtual_stages)
+
+    def comm_spec(self, spec: GpuSpec | None = None) -> CommSpec:
+        """Modelled cost of one pipeline transfer (see the module docstring)."""
+        spec = spec or self.spec()
+        split = self.tensor_parallel if self.sequence_parallel else 1
+        return CommSpec(
+            latency_s=spec.p2p_latency_s,
+            bandwidth_gbps=self.pipeline_bandwidth_gbps or spec.p2p_bandwidth_gbps,
+            activation_bytes=self.shape.activation_bytes() // split,
+        )
+
+    def iteration_tail(self, spec: GpuSpec | None = None) -> IterationTail:
+        """Modelled data-parallel gradient sync and optimizer step (see the module docstring)."""
+        spec = spec or self.spec()
+        parameters = _largest_stage_parameters(self.shape, self.pipeline_stages) / self.tensor_parallel
+        dp = self.data_parallel
+        dp_sync_s = 0.0
+        if dp > 1:
+            traffic = 2 * (dp - 1) / dp * parameters * GRADIENT_BYTES
+            bandwidth_gbps = self.data_parallel_bandwidth_gbps or spec.p2p_bandwidth_gbps
+            dp_sync_s = spec.p2p_latency_s + traffic / (bandwidth_gbps * 1e9)
+        optimizer_bytes = ADAM_BYTES_PER_PARAMETER * parameters / dp
+        optimizer_s = optimizer_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
+        return IterationTail(dp_sync_s=dp_sync_s, optimizer_s=optimizer_s)
+
+    def build_dag(self, orders: list[RankOrder] | None = None, spec: GpuSpec | None = None) -> PipelineDag:
+        """The iteration DAG with modelled transfers and tail.
+
+        Args:
+            orders: Instruction orders; Megatron's (:meth:`orders`) when ``None``.
+            spec: The GPU spec; loaded from ``gpu`` when ``None``.
+        """
+        spec = spec or self.spec()
+        return PipelineDag.build(
+            orders if orders is not None else self.orders(),
+            num_chunks=self.virtual_stages,
+            comm=self.comm_spec(spec),
+            tail=self.iteration_tail(spec),
+        )
+
+    def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:
+        """A modelled profile of this job's instructions at every clock of the GPU spec."""
+        return Profile.synthetic(self.shape, spec or self.spec(), self.pipeline_stages, self.virtual_stages)
+
+
+def _largest_stage_parameters(shape: TransformerShape, num_stages: int) -> float:
+    """Parameters of the largest pipeline stage (its layers plus the embedding or output layer)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv_width = shape.query_groups * (h // shape.num_attention_heads)
+    attention = h * (h + 2 * kv_width) + h * h
+    mlp = h * f * (3 if shape.gated_mlp else 2)
+    layers_per_stage = shape.num_layers / num_stages
+    return layers_per_stage * (attention + mlp) + shape.vocab_size * h
+
+
+def _positive_int(data: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _optional_positive_float(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _shape(data: dict[str, Any], tensor_parallel: int, micro_batch_size: int) -> TransformerShape:
+    """The model shape from ``model`` (a known name or a mapping of fields) and the job's batch and TP."""
+    model = data["model"]
+    overrides: dict[str, Any] = {"tensor_parallel": tensor_parallel, "micro_batch_size": micro_batch_size}
+    if "seq_length" in data:
+        overrides["seq_length"] = _positive_int(data, "seq_length")
+    if isinstance(model, str):
+        return TransformerShape.from_name(model, **overrides)
+    if not isinstance(model, dict):
+        raise ValueError(f"model must be a known model name or a mapping of shape fields, got {model!r}")
+    fields = {item.name for item in dataclasses.fields(TransformerShape)} - set(_JOB_OWNED_SHAPE_FIELDS)
+    unknown = sorted(set(model) - fields)
+    if unknown:
+        raise ValueError(f"model has unknown field(s) {unknown}; allowed: {sorted(fields)}")
+    return TransformerShape(**{**model, **overrides})
+
+
+def _num_microbatches(data: dict[str, Any], micro_batch_size: int, data_parallel: int) -> int:
+    """Microbatches per pipeline from ``num_microbatches`` or ``global_batch_size`` (exactly one)."""
+    if ("num_microbatches" in data) == ("global_batch_size" in data):
+        raise ValueError("give exactly one of num_microbatches and global_batch_size")
+    if "num_microbatches" in data:
+        return _positive_int(data, "num_microbatches")
+    global_batch = _positive_int(data, "global_batch_size")
+    per_iteration = micro_batch_size * data_parallel
+    if global_batch % per_iteration:
+        raise ValueError(
+            f"global_batch_size {global_batch} is not a multiple of micro_batch_size x data_parallel "
+            f"= {per_iteration}"
+        )
+    return global_batch // per_iteration
+
+
+def _parse(data: object) -> JobConfig:
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping of job settings")
+    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; allowed: {sorted(_REQUIRED + _OPTIONAL)}")
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise ValueError(f"missing key(s) {missing}")
+    for key in ("name", "gpu"):
+        if not isinstance(data[key], str) or not data[key]:
+            raise ValueError(f"{key} must be a non-empty string, got {data[key]!r}")
+    load_gpu_spec(data["gpu"])
+    stages = _positive_int(data, "pipeline_stages")
+    chunks = _positive_int(data, "virtual_stages", 1)
+    data_parallel = _positive_int(data, "data_parallel", 1)
+    micro_batch_size = _positive_int(data, "micro_batch_size")
+    shape = _shape(data, _positive_int(data, "tensor_parallel", 1), micro_batch_size)
+    num_microbatches = _num_microbatches(data, micro_batch_size, data_parallel)
+    if shape.num_layers % (stages * chunks):
+        raise ValueError(
+            f"{shape.num_layers} layers do not split evenly over {stages} stages x {chunks} virtual stages"
+        )
+    check_schedule_arguments(stages, num_microbatches, chunks)
+    sequence_parallel = data.get("sequence_parallel", False)
+    if not isinstance(sequence_parallel, bool):
+        raise ValueError(f"sequence_parallel must be true or false, got {sequence_parallel!r}")
+    bandwidths = {key: _optional_positive_float(data, key) for key in _BANDWIDTH_KEYS}
+    return JobConfig(
+        name=data["name"],
+        gpu=data["gpu"],
+        shape=shape,
+        pipeline_stages=stages,
+        virtual_stages=chunks,
+        data_parallel=data_parallel,
+        num_microbatches=num_microbatches,
+        sequence_parallel=sequence_parallel,
+        **bandwidths,
+        model_name=data["model"] if isinstance(data["model"], str) else None,
+        description=str(data.get("description", "")),
+    )

@@ -1,0 +1,134 @@
+"""Per-rank pipeline instruction order, taken from megatron-core's own schedule helpers.
+
+Megatron-core decides the order of forward and backward passes on every pipeline rank inside
+``forward_backward_pipelining_with_interleaving`` / ``..._without_interleaving``. Two pure helpers in
+``megatron.core.pipeline_parallel.schedules`` carry that decision: ``get_pp_rank_microbatches`` (how many
+warm-up forwards a rank runs) and ``get_schedule_table`` (which microbatch and model chunk each virtual
+microbatch id maps to). :func:`pipeline_orders` calls both and replays the schedule's loop structure
+(warm-up forwards, steady one-forward-one-backward, cool-down backwards), so the order is Megatron's, not a
+re-derivation of 1F1B.
+"""
+
+import warnings
+from dataclasses import dataclass
+
+from megatron_energy.perseus.dag import RankOrder
+
+
+@dataclass(frozen=True)
+class _PipelineGroupView:
+    """The two methods of a process group that ``get_pp_rank_microbatches`` reads."""
+
+    world_size: int
+    rank_id: int
+
+    def size(self) -> int:
+        return self.world_size
+
+    def rank(self) -> int:
+        return self.rank_id
+
+
+@dataclass(frozen=True)
+class _CommunicatorView:
+    """The attributes of ``P2PCommunicator`` that ``get_pp_rank_microbatches`` reads; no process group."""
+
+    pp_group: _PipelineGroupView
+    virtual_pipeline_model_parallel_size: int | None
+
+
+def check_schedule_arguments(
+    num_stages: int, num_microbatches: int, num_chunks: int = 1, group_size: int | None = None
+) -> None:
+    """Reject pipeline shapes megatron-core refuses at run time, with the reason spelled out.
+
+    Needs no megatron import, so configs can be checked early.
+
+    Args:
+        num_stages: Pipeline-parallel size.
+        num_microbatches: Microbatches per iteration.
+        num_chunks: Model chunks per rank (virtual pipeline size).
+        group_size: ``microbatch_group_size_per_vp_stage``; ``num_stages`` when ``None``.
+
+    Raises:
+        ValueError: If megatron-core would refuse the combination.
+    """
+    group_size = num_stages if group_size is None else group_size
+    if num_stages < 1 or num_microbatches < 1 or num_chunks < 1:
+        raise ValueError(
+            f"num_stages ({num_stages}), num_microbatches ({num_microbatches}) and num_chunks ({num_chunks}) "
+            "must all be >= 1"
+        )
+    if num_chunks == 1:
+        return
+    if num_stages < 2:
+        raise ValueError(
+            f"an interleaved schedule ({num_chunks} chunks per rank) needs at least 2 pipeline stages, "
+            f"got {num_stages}"
+        )
+    if not num_stages <= group_size <= num_microbatches:
+        raise ValueError(
+            f"megatron-core needs the microbatch group size per virtual stage ({group_size}) to lie in "
+            f"[pipeline stages={num_stages}, microbatches={num_microbatches}]; use at least {num_stages} "
+            "microbatches with an interleaved schedule"
+        )
+    remainder = num_microbatches % group_size
+    if 0 < remainder < num_stages:
+        raise ValueError(
+            f"megatron-core refuses {num_microbatches} microbatches in groups of {group_size} with "
+            f"{num_stages} pipeline stages: the last group has {remainder} < {num_stages} microbatches; "
+            f"use a multiple of {group_size} microbatches"
+        )
+
+
+def pipeline_orders(
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int = 1,
+    *,
+    microbatch_group_size: int | None = None,
+) -> list[RankOrder]:
+    """Return every pipeline rank's instruction order for one training iteration.
+
+    ``num_chunks == 1`` gives Megatron's non-interleaved 1F1B schedule (or plain forward-backward alternation
+    when ``num_stages == 1``); ``num_chunks > 1`` gives the interleaved (virtual pipeline) schedule, whose
+    backward passes visit model chunks from the last down to the first.
+
+    Args:
+        num_stages: Pipeline-parallel size (number of ranks in the pipeline).
+        num_microbatches: Microbatches per iteration.
+        num_chunks: Model chunks per rank (virtual pipeline size); 1 without interleaving.
+        microbatch_group_size: Megatron's ``microbatch_group_size_per_vp_stage``; defaults to ``num_stages``
+            like ``ModelParallelConfig``. Ignored without interleaving.
+
+    Returns:
+        One list per pipeline rank of ``(kind, microbatch, chunk)`` tuples in execution order.
+
+    Raises:
+        ValueError: If megatron-core would refuse the combination (for instance an interleaved schedule whose
+            microbatch count is not a multiple of the pipeline size).
+    """
+    group_size = num_stages if microbatch_group_size is None else microbatch_group_size
+    check_schedule_arguments(num_stages, num_microbatches, num_chunks, group_size)
+    with warnings.catch_warnings():
+        # megatron-core warns at import about fused kernels (TE, Apex) that the schedule does not use.
+        warnings.simplefilter("ignore")
+        from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
+
+    schedule_table = get_schedule_table(num_microbatches, num_chunks, group_size)
+    forwards = [("forward", microbatch, chunk) for microbatch, chunk in schedule_table]
+    backwards = [("backward", microbatch, num_chunks - 1 - chunk) for microbatch, chunk in schedule_table]
+    virtual_size = num_chunks if num_chunks > 1 else None
+    orders = []
+    for rank in range(num_stages):
+        communicator = _CommunicatorView(_PipelineGroupView(num_stages, rank), virtual_size)
+        total, _, num_warmup, _ = get_pp_rank_microbatches(
+            num_microbatches, num_chunks, group_size, p2p_communicator=communicator
+        )
+        order = forwards[:num_warmup]
+        for k in range(num_warmup, total):
+            order.append(forwards[k])
+            order.append(backwards[k - num_warmup])
+        order.extend(backwards[total - num_warmup :])
+        orders.append(order)
+    return orders

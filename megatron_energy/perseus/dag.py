@@ -1,0 +1,445 @@
+"""The pipeline-parallel training iteration as a DAG of instructions, communication and the iteration tail.
+
+A node is one piece of work with a duration: a forward or backward pass of one microbatch on one pipeline
+stage and model chunk (``("forward", stage, chunk, microbatch)``), one point-to-point transfer between stages
+(``("send", kind, stage, chunk, microbatch)``, named after the instruction that sends), a per-stage tail node
+(``("dp_sync", stage)``, ``("optimizer", stage)``) or the dummy ``"source"`` / ``"sink"``. Edges are
+dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
+its neighbour's activation (forward) or gradient (backward) has arrived.
+
+The graph is kept as a ``networkx.DiGraph`` for inspection and for solvers that want one. The longest-path
+passes (ASAP schedule, latest start, slack) run on integer arrays built once: every node has an index, and
+indices are a topological order, so one sweep over ``range(n)`` is a valid schedule pass.
+"""
+
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import networkx as nx
+import numpy as np
+
+NodeId = Hashable
+"""A node of the DAG: a tuple (compute, comm and tail nodes) or the strings ``"source"`` / ``"sink"``."""
+
+RankOrder = list[tuple[str, int, int]]
+"""One pipeline rank's instructions in execution order: ``(kind, microbatch, chunk)``."""
+
+SOURCE = "source"
+SINK = "sink"
+KINDS = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    """Point-to-point transfer between adjacent pipeline stages.
+
+    Attributes:
+        latency_s: Fixed cost of one transfer.
+        bandwidth_gbps: Link bandwidth in GB/s (1e9 bytes per second).
+        activation_bytes: Bytes of one transfer (activation forward, its gradient backward).
+    """
+
+    latency_s: float
+    bandwidth_gbps: float
+    activation_bytes: int
+
+    @property
+    def duration_s(self) -> float:
+        """Time of one transfer: latency plus bytes over bandwidth."""
+        return self.latency_s + self.activation_bytes / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class IterationTail:
+    """Work after a stage's last backward pass, the same on every stage.
+
+    Attributes:
+        dp_sync_s: Data-parallel gradient synchronisation.
+        optimizer_s: Optimizer step.
+    """
+
+    dp_sync_s: float
+    optimizer_s: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An ASAP schedule: start and end of every node, indexed like ``PipelineDag.nodes``.
+
+    Attributes:
+        nodes: The DAG's nodes, position = node index.
+        index: Node -> index.
+        start_s: Earliest start of each node.
+        end_s: Earliest end of each node.
+        makespan_s: End of the sink: the iteration time.
+    """
+
+    nodes: Sequence[NodeId]
+    index: Mapping[NodeId, int]
+    start_s: np.ndarray
+    end_s: np.ndarray
+    makespan_s: float
+
+    def start(self, node: NodeId) -> float:
+        """Earliest start of ``node``."""
+        return float(self.start_s[self.index[node]])
+
+    def end(self, node: NodeId) -> float:
+        """Earliest end of ``node``."""
+        return float(self.end_s[self.index[node]])
+
+
+def _compute_id(kind: str, stage: int, chunk: int, microbatch: int) -> tuple[str, int, int, int]:
+    return (kind, stage, chunk, microbatch)
+
+
+def _receiver(
+    kind: str, stage: int, chunk: int, microbatch: int, num_stages: int, num_chunks: int
+) -> tuple[str, int, int, int] | None:
+    """The compute node that consumes what ``(kind, stage, chunk, microbatch)`` produces, if any."""
+    if kind == "forward":
+        if stage < num_stages - 1:
+            return _compute_id("forward", stage + 1, chunk, microbatch)
+        if chunk < num_chunks - 1:
+            return _compute_id("forward", 0, chunk + 1, microbatch)
+        return _compute_id("backward", stage, chunk, microbatch)
+    if stage > 0:
+        return _compute_id("backward", stage - 1, chunk, microbatch)
+    if chunk > 0:
+        return _compute_id("backward", num_stages - 1, chunk - 1, microbatch)
+    return None
+
+
+def _validate_orders(orders: Sequence[RankOrder], num_chunks: int) -> None:
+    """Check that every rank runs exactly one forward and one backward per (microbatch, chunk)."""
+    if not orders:
+        raise ValueError("orders is empty: need one instruction order per pipeline stage")
+    if num_chunks < 1:
+        raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
+    expected = None
+    for stage, order in enumerate(orders):
+        seen = set(order)
+        if len(seen) != len(order):
+            raise ValueError(f"stage {stage} runs an instruction twice")
+        for kind, microbatch, chunk in seen:
+            if kind not in KINDS or not 0 <= chunk < num_chunks or microbatch < 0:
+                raise ValueError(
+                    f"stage {stage}: bad instruction ({kind!r}, {microbatch}, {chunk}); kind must be one of "
+                    f"{KINDS}, chunk in [0, {num_chunks}), microbatch >= 0"
+                )
+        if expected is None:
+            microbatches = {microbatch for _, microbatch, _ in seen}
+            expected = {(k, m, c) for k in KINDS for m in microbatches for c in range(num_chunks)}
+        if seen != expected:
+            missing = sorted(expected - seen)[:3]
+            raise ValueError(
+                f"stage {stage} does not run one forward and one backward per microbatch and chunk "
+                f"(missing e.g. {missing}; every stage must run the same set of instructions)"
+            )
+
+
+class PipelineDag:
+    """The DAG of one training iteration of a pipeline-parallel job.
+
+    Build it with :meth:`build`. Node indices (``index``, ``nodes``) are a topological order.
+
+    Attributes:
+        graph: The DAG; node attributes ``type`` ("compute", "comm", "tail", "source", "sink"), ``stage``,
+            ``kind``, ``chunk``, ``microbatch`` (where they apply) and ``duration_s`` for non-compute nodes.
+        num_stages: Pipeline stages.
+        num_chunks: Model chunks per stage (virtual pipeline size).
+        nodes: Node at each index (topological order).
+        index: Node -> index.
+    """
+
+    def __init__(
+        self,
+        graph: nx.DiGraph,
+        nodes: list[NodeId],
+        edges: list[tuple[int, int]],
+        stage_orders: list[list[NodeId]],
+        num_chunks: int,
+    ):
+        """Store a graph whose ``nodes`` are already in topological order; use :meth:`build` instead."""
+        self.graph = graph
+        self.num_stages = len(stage_orders)
+        self.num_chunks = num_chunks
+        self.nodes = nodes
+        self.index = {node: i for i, node in enumerate(nodes)}
+        self._stage_orders = stage_orders
+        self._edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+        self._preds: list[list[int]] = [[] for _ in nodes]
+        self._succs: list[list[int]] = [[] for _ in nodes]
+        for u, v in edges:
+            self._preds[v].append(u)
+            self._succs[u].append(v)
+        attrs = graph.nodes
+        self._fixed_s = np.array([attrs[node].get("duration_s", 0.0) for node in nodes], dtype=float)
+        self._compute = np.array(
+            [i for i, node in enumerate(nodes) if attrs[node]["type"] == "compute"], dtype=np.int64
+        )
+
+    @classmethod
+    def build(
+        cls,
+        orders: Sequence[RankOrder],
+        num_chunks: int = 1,
+        comm: CommSpec | None = None,
+        tail: IterationTail | None = None,
+    ) -> "PipelineDag":
+        """Build the DAG from each rank's instruction order.
+
+        Args:
+            orders: One instruction order per pipeline stage (``pipeline_orders`` gives Megatron's).
+            num_chunks: Model chunks per stage.
+            comm: Point-to-point transfer cost; transfers take no time when ``None``.
+            tail: Data-parallel sync and optimizer step per stage; they take no time when ``None``.
+
+        Returns:
+            The DAG.
+
+        Raises:
+            ValueError: If the orders are inconsistent or deadlock (a rank waits for work scheduled after it).
+        """
+        _validate_orders(orders, num_chunks)
+        stage_orders = [
+            [_compute_id(kind, stage, chunk, microbatch) for kind, microbatch, chunk in order]
+            for stage, order in enumerate(orders)
+        ]
+        graph = nx.DiGraph()
+        graph.add_node(SOURCE, type="source", duration_s=0.0)
+        edges = _add_compute(graph, stage_orders)
+        edges += _add_transfers(graph, stage_orders, num_chunks, comm.duration_s if comm is not None else 0.0)
+        edges += _add_tail(graph, stage_orders, tail or IterationTail(dp_sync_s=0.0, optimizer_s=0.0))
+        graph.add_node(SINK, type="sink", duration_s=0.0)
+        edges = list(dict.fromkeys(edges))  # a stage's order edge may coincide with its F -> B turn-around
+        graph.add_edges_from(edges)
+
+        nodes = _topological_order(list(graph.nodes), edges)
+        position = {node: i for i, node in enumerate(nodes)}
+        index_edges = [(position[u], position[v]) for u, v in edges]
+        return cls(graph, nodes, index_edges, stage_orders, num_chunks)
+
+    # ----- structure -------------------------------------------------------------------------------------
+
+    def compute_nodes(self) -> list[NodeId]:
+        """Forward and backward nodes in topological order."""
+        return [self.nodes[i] for i in self._compute]
+
+    def stage_order(self, stage: int) -> list[NodeId]:
+        """Compute nodes of ``stage`` in that rank's execution order."""
+        return list(self._stage_orders[stage])
+
+    def topological_order(self) -> list[NodeId]:
+        """All nodes in topological order (the index order)."""
+        return list(self.nodes)
+
+    def topo_indices(self) -> np.ndarray:
+        """Node indices in topological order; indices are assigned topologically, so this is ``arange(n)``."""
+        return np.arange(len(self.nodes), dtype=np.int64)
+
+    def edges_array(self) -> np.ndarray:
+        """Edges as an ``(E, 2)`` int64 array of ``(predecessor index, successor index)``."""
+        return self._edges.copy()
+
+    def compute_indices(self) -> np.ndarray:
+        """Indices of the forward and backward nodes, ascending (topological)."""
+        return self._compute.copy()
+
+    def fixed_durations_s(self) -> np.ndarray:
+        """Duration of every node that is not a compute node (comm, tail); 0 for compute, source and sink."""
+        return self._fixed_s.copy()
+
+    # ----- timing ----------------------------------------------------------------------------------------
+
+    def durations_array(self, durations: Mapping[NodeId, float]) -> np.ndarray:
+        """Turn per-node durations into an array by index.
+
+        Args:
+            durations: Duration of every compute node; entries for comm or tail nodes override theirs.
+
+        Returns:
+            Durations indexed like ``nodes``.
+
+        Raises:
+            ValueError: If a compute node has no duration.
+            KeyError: If a key is not a node of this DAG.
+        """
+        array = self._fixed_s.copy()
+        array[self._compute] = np.nan
+        for node, value in durations.items():
+            array[self.index[node]] = value
+        missing = self._compute[np.isnan(array[self._compute])]
+        if missing.size:
+            examples = [self.nodes[i] for i in missing[:3]]
+            raise ValueError(f"{missing.size} compute nodes have no duration, e.g. {examples}")
+        return array
+
+    def schedule(self, durations: Mapping[NodeId, float]) -> Schedule:
+        """ASAP schedule: every node starts as soon as all its predecessors have ended.
+
+        Args:
+            durations: Duration of every compute node (see :meth:`durations_array`).
+
+        Returns:
+            Start and end of every node and the makespan (iteration time).
+        """
+        return self.schedule_array(self.durations_array(durations))
+
+    def schedule_array(self, durations_s: np.ndarray) -> Schedule:
+        """ASAP schedule from durations indexed like ``nodes`` (the fast path for solvers and simulator)."""
+        start, end, _ = self._forward_pass(durations_s)
+        return Schedule(self.nodes, self.index, np.array(start), np.array(end), end[-1])
+
+    def critical_path(self, durations: Mapping[NodeId, float]) -> list[NodeId]:
+        """A longest path from source to sink, without the source and sink themselves.
+
+        Where two predecessors end at the same time, the one listed first in the graph's edges is followed.
+
+        Args:
+            durations: Duration of every compute node (see :meth:`durations_array`).
+
+        Returns:
+            The nodes of the path in execution order.
+        """
+        _, _, binding = self._forward_pass(self.durations_array(durations))
+        path = []
+        node = binding[len(self.nodes) - 1]
+        while node > 0:
+            path.append(self.nodes[node])
+            node = binding[node]
+        return path[::-1]
+
+    def latest_start_s(self, durations_s: np.ndarray, makespan_s: float) -> np.ndarray:
+        """Latest start of every node that still lets the sink end by ``makespan_s``.
+
+        Args:
+            durations_s: Durations indexed like ``nodes``.
+            makespan_s: Deadline for the sink.
+
+        Returns:
+            Latest start by index.
+        """
+        durations = durations_s.tolist()
+        latest = [0.0] * len(durations)
+        succs = self._succs
+        for v in range(len(durations) - 1, -1, -1):
+            successors = succs[v]
+            latest_end = min(map(latest.__getitem__, successors)) if successors else makespan_s
+            latest[v] = latest_end - durations[v]
+        return np.array(latest)
+
+    def slack(self, durations: Mapping[NodeId, float]) -> dict[NodeId, float]:
+        """Latest start minus earliest start of every node, at the ASAP makespan.
+
+        Args:
+            durations: Duration of every compute node (see :meth:`durations_array`).
+
+        Returns:
+            Slack per node (0 on a critical path, up to floating-point rounding, never negative).
+        """
+        durations_s = self.durations_array(durations)
+        schedule = self.schedule_array(durations_s)
+        slack = self.latest_start_s(durations_s, schedule.makespan_s) - schedule.start_s
+        return dict(zip(self.nodes, np.maximum(slack, 0.0).tolist(), strict=True))
+
+    def _forward_pass(self, durations_s: np.ndarray) -> tuple[list[float], list[float], list[int]]:
+        """Earliest start and end by index, and each node's predecessor that binds its start (-1: none)."""
+        durations = durations_s.tolist()
+        n = len(durations)
+        start = [0.0] * n
+        end = [0.0] * n
+        binding = [-1] * n
+        for v, preds in enumerate(self._preds):
+            if preds:
+                ends = [end[u] for u in preds]
+                latest = max(ends)
+                start[v] = latest
+                binding[v] = preds[ends.index(latest)]
+            end[v] = start[v] + durations[v]
+        return start, end, binding
+
+
+def _add_compute(graph: nx.DiGraph, stage_orders: list[list[NodeId]]) -> list[tuple[NodeId, NodeId]]:
+    """Add the compute nodes; return the source edges and each rank's order edges."""
+    edges: list[tuple[NodeId, NodeId]] = []
+    for stage, order in enumerate(stage_orders):
+        graph.add_nodes_from(
+            (
+                node,
+                {"type": "compute", "kind": node[0], "stage": stage, "chunk": node[2], "microbatch": node[3]},
+            )
+            for node in order
+        )
+        edges.append((SOURCE, order[0]))
+        edges.extend(pairwise(order))
+    return edges
+
+
+def _add_transfers(
+    graph: nx.DiGraph, stage_orders: list[list[NodeId]], num_chunks: int, comm_s: float
+) -> list[tuple[NodeId, NodeId]]:
+    """Add a transfer node on every cross-stage dependency; return the dependency edges."""
+    num_stages = len(stage_orders)
+    edges: list[tuple[NodeId, NodeId]] = []
+    for order in stage_orders:
+        for node in order:
+            kind, stage, chunk, microbatch = node
+            receiver = _receiver(kind, stage, chunk, microbatch, num_stages, num_chunks)
+            if receiver is None:
+                continue
+            if receiver[1] == stage:
+                edges.append((node, receiver))
+                continue
+            send = ("send", kind, stage, chunk, microbatch)
+            graph.add_node(
+                send,
+                type="comm",
+                kind=kind,
+                stage=stage,
+                dst_stage=receiver[1],
+                chunk=chunk,
+                microbatch=microbatch,
+                duration_s=comm_s,
+            )
+            edges += [(node, send), (send, receiver)]
+    return edges
+
+
+def _add_tail(
+    graph: nx.DiGraph, stage_orders: list[list[NodeId]], tail: IterationTail
+) -> list[tuple[NodeId, NodeId]]:
+    """Add each stage's gradient sync and optimizer step after its last compute node; return their edges."""
+    edges: list[tuple[NodeId, NodeId]] = []
+    for stage, order in enumerate(stage_orders):
+        dp_sync, optimizer = ("dp_sync", stage), ("optimizer", stage)
+        graph.add_node(dp_sync, type="tail", kind="dp_sync", stage=stage, duration_s=tail.dp_sync_s)
+        graph.add_node(optimizer, type="tail", kind="optimizer", stage=stage, duration_s=tail.optimizer_s)
+        edges += [(order[-1], dp_sync), (dp_sync, optimizer), (optimizer, SINK)]
+    return edges
+
+
+def _topological_order(nodes: list[NodeId], edges: Iterable[tuple[NodeId, NodeId]]) -> list[NodeId]:
+    """Kahn's algorithm, first-in first-out, so the order is deterministic for a given insertion order."""
+    position = {node: i for i, node in enumerate(nodes)}
+    succs: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for u, v in edges:
+        succs[position[u]].append(position[v])
+        indegree[position[v]] += 1
+    ready = deque(i for i, d in enumerate(indegree) if d == 0)
+    order = []
+    while ready:
+        u = ready.popleft()
+        order.append(u)
+        for v in succs[u]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                ready.append(v)
+    if len(order) != len(nodes):
+        raise ValueError(
+            "the instruction orders deadlock: some stage waits for work that another stage schedules after it"
+        )
+    return [nodes[i] for i in order]

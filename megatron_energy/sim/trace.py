@@ -1,0 +1,148 @@
+"""Chrome / Perfetto trace (JSON) of a simulated iteration.
+
+Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each pipeline stage is a process with one
+``compute`` thread holding a slice per forward, backward and tail node (name like ``F3c1``; clock, energy and
+provenance in ``args``) and a ``power`` counter of the modelled power draw. Point-to-point transfers sit on a
+separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. Every name and
+``args`` entry says the figures are modelled.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
+
+_MICROSECONDS_PER_S = 1e6
+_COMPUTE_THREAD = 0
+_SHORT_KIND = {"forward": "F", "backward": "B"}
+
+
+def _slice_name(piece: Slice) -> str:
+    """``F3c1`` for compute, ``send F3c1`` for a transfer, ``dp_sync`` / ``optimizer`` for the tail."""
+    if piece.kind in _SHORT_KIND:
+        _, _, chunk, microbatch = piece.node
+        return f"{_SHORT_KIND[piece.kind]}{microbatch}c{chunk}"
+    if piece.kind == "send":
+        _, kind, _, chunk, microbatch = piece.node
+        return f"send {_SHORT_KIND[kind]}{microbatch}c{chunk}"
+    return piece.kind
+
+
+def _process_metadata(pid: int, name: str, sort_index: int) -> list[dict[str, Any]]:
+    return [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": sort_index}},
+    ]
+
+
+def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
+    return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+
+
+def _power_counter(
+    result: SimResult, stage: int, powers: StagePowers, slices: list[Slice]
+) -> Iterator[dict[str, Any]]:
+    """Modelled power of one stage: busy power in each compute slice, blocked power between, idle after.
+
+    One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
+    """
+    samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
+    for piece in slices:
+        if piece.end_s <= piece.start_s:
+            continue
+        if samples[-1][0] == piece.start_s:
+            samples.pop()
+        samples.append((piece.start_s, piece.energy_j / (piece.end_s - piece.start_s)))
+        samples.append((piece.end_s, powers.blocked_power_w))
+    samples[-1] = (samples[-1][0], powers.idle_power_w)
+    samples.append((result.iteration_time_s, powers.idle_power_w))
+    for time_s, power_w in samples:
+        yield {
+            "ph": "C",
+            "name": "power_w (modelled)",
+            "pid": stage,
+            "ts": time_s * _MICROSECONDS_PER_S,
+            "args": {"power_w": round(power_w, 3)},
+        }
+
+
+def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]:
+    """Chrome trace events for ``result``.
+
+    Args:
+        result: A simulated iteration.
+        powers: Blocked and idle power used for the power counter (the simulator's ``powers``).
+
+    Returns:
+        The ``traceEvents`` list.
+    """
+    num_stages = len(result.stages)
+    comm_pid = num_stages
+    events: list[dict[str, Any]] = []
+    for stage in range(num_stages):
+        events += _process_metadata(stage, f"stage {stage} ({result.gpu_name}, modelled)", stage)
+        events.append(_thread_metadata(stage, _COMPUTE_THREAD, "compute"))
+    events += _process_metadata(comm_pid, "p2p transfers (modelled)", num_stages)
+    comm_threads: dict[tuple[int, str], int] = {}
+    compute_by_stage: list[list[Slice]] = [[] for _ in range(num_stages)]
+    for piece in result.timeline:
+        args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
+        if piece.kind == "send":
+            direction = piece.node[1]
+            key = (piece.stage, direction)
+            if key not in comm_threads:
+                comm_threads[key] = len(comm_threads)
+                thread = f"stage {piece.stage} {direction} send"
+                events.append(_thread_metadata(comm_pid, comm_threads[key], thread))
+            pid, tid = comm_pid, comm_threads[key]
+        else:
+            pid, tid = piece.stage, _COMPUTE_THREAD
+            if piece.clock_mhz is not None:
+                args.update(clock_mhz=piece.clock_mhz, energy_j=piece.energy_j)
+                compute_by_stage[piece.stage].append(piece)
+        events.append(
+            {
+                "ph": "X",
+                "name": _slice_name(piece),
+                "cat": piece.kind,
+                "pid": pid,
+                "tid": tid,
+                "ts": piece.start_s * _MICROSECONDS_PER_S,
+                "dur": (piece.end_s - piece.start_s) * _MICROSECONDS_PER_S,
+                "args": args,
+            }
+        )
+    for stage, slices in enumerate(compute_by_stage):
+        slices.sort(key=lambda piece: piece.start_s)
+        events.extend(_power_counter(result, stage, powers, slices))
+    return events
+
+
+def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Path:
+    """Write ``result`` as a Chrome / Perfetto JSON trace.
+
+    Args:
+        result: A simulated iteration.
+        powers: Blocked and idle power (the simulator's ``powers``), for the power counter.
+        path: Destination file; parent folders are created.
+
+    Returns:
+        The path written.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "traceEvents": trace_events(result, powers),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "source": "modelled",
+            "gpu": result.gpu_name,
+            "profile_source": result.profile_source,
+            "iteration_time_s": result.iteration_time_s,
+            "total_energy_j": result.total_energy_j,
+        },
+    }
+    target.write_text(json.dumps(document), encoding="utf-8")
+    return target

@@ -1,0 +1,158 @@
+import argparse
+import json
+import random
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.commands import simulate
+from megatron_energy.job import JobConfig
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.perseus.dag import PipelineDag
+from megatron_energy.perseus.profile import ClockOption, Profile
+from megatron_energy.plan import Plan, PlannedInstruction, PlanPrediction
+from megatron_energy.sim import Simulator, StagePowers
+from megatron_energy.sim.trace import write_trace
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
+EXAMPLE = str(EXAMPLES / "gpt3-xl-pp4-h100.yaml")
+
+
+def _profile(times, stages, chunks=1, blocked_w=50.0, idle_w=30.0):
+    """Two clocks per instruction: fast (1500 MHz, time t, 100 W) and slow (1000 MHz, 1.5 t, 60 W)."""
+    options = {}
+    for stage in range(stages):
+        for kind in ("forward", "backward"):
+            for chunk in range(chunks):
+                t = times[(stage, kind)]
+                options[(stage, kind, chunk)] = [
+                    ClockOption(1500, t, 100 * t),
+                    ClockOption(1000, 1.5 * t, 90 * t),
+                ]
+    return Profile(options, "test-gpu", "modelled", blocked_w, idle_w)
+
+
+TIMES_2X2 = {(0, "forward"): 1.0, (0, "backward"): 2.0, (1, "forward"): 2.0, (1, "backward"): 3.0}
+
+
+def test_energy_accounting_by_hand():
+    dag = PipelineDag.build(pipeline_orders(2, 2))
+    result = Simulator(dag, _profile(TIMES_2X2, 2)).run()
+    assert result.iteration_time_s == 13.0
+    stage0, stage1 = result.stages
+    # Stage 0 computes 6 s and its last backward ends at 13; stage 1 computes 10 s and ends at 11.
+    assert (stage0.busy_s, stage0.blocked_s, stage0.idle_s) == (6.0, 7.0, 0.0)
+    assert (stage1.busy_s, stage1.blocked_s, stage1.idle_s) == (10.0, 1.0, 2.0)
+    assert stage0.busy_energy_j == pytest.approx(600.0)
+    assert stage0.blocked_energy_j == pytest.approx(7 * 50.0)
+    assert stage1.idle_energy_j == pytest.approx(2 * 30.0)
+    assert result.total_energy_j == pytest.approx(600 + 350 + 1000 + 50 + 60)
+    assert result.gpu_name == "test-gpu" and result.profile_source == "modelled"
+
+
+def test_slowing_work_with_slack_keeps_the_time_and_saves_energy():
+    dag = PipelineDag.build(pipeline_orders(2, 2))
+    simulator = Simulator(dag, _profile(TIMES_2X2, 2))
+    fast = simulator.run()
+    # B(0,0) has 3 s of slack and takes 2 s; at 1000 MHz it takes 3 s (+1 s) and 180 J instead of 200 J.
+    slow = simulator.run({("backward", 0, 0, 0): 1000})
+    assert slow.iteration_time_s == fast.iteration_time_s
+    assert slow.stages[0].busy_s == fast.stages[0].busy_s + 1.0
+    assert slow.stages[0].blocked_s == fast.stages[0].blocked_s - 1.0
+    assert slow.total_energy_j == pytest.approx(fast.total_energy_j - 20.0 - 1.0 * 50.0)
+    # On the critical path the same change lengthens the iteration.
+    assert simulator.run({("backward", 1, 0, 1): 1000}).iteration_time_s == fast.iteration_time_s + 1.5
+    with pytest.raises(ValueError, match="no profiled option at 1234 MHz"):
+        simulator.run({("forward", 0, 0, 0): 1234})
+
+
+@pytest.mark.parametrize(("stages", "microbatches"), [(4, 8), (2, 5)])
+def test_balanced_pipeline_simulates_to_the_textbook_time(stages, microbatches):
+    times = {
+        (s, kind): (1.0 if kind == "forward" else 2.0)
+        for s in range(stages)
+        for kind in ("forward", "backward")
+    }
+    result = Simulator(
+        PipelineDag.build(pipeline_orders(stages, microbatches)), _profile(times, stages)
+    ).run()
+    assert result.iteration_time_s == (microbatches + stages - 1) * 3.0
+
+
+def test_busy_blocked_idle_add_up_to_the_iteration_on_every_stage():
+    job = JobConfig.load(EXAMPLES / "llama-7b-pp4-tp2-h200.yaml")
+    spec = job.spec()
+    dag = job.build_dag(spec=spec)
+    profile = job.synthetic_profile(spec)
+    rng = random.Random(3)
+    clocks = {node: rng.choice(spec.sm_clocks_mhz[:40]) for node in dag.compute_nodes()}
+    for result in (Simulator(dag, profile).run(), Simulator(dag, profile).run(clocks)):
+        for stage in result.stages:
+            total = stage.busy_s + stage.blocked_s + stage.idle_s
+            assert total == pytest.approx(result.iteration_time_s, rel=1e-12)
+            assert min(stage.busy_s, stage.blocked_s, stage.idle_s) >= 0
+    powers = StagePowers(blocked_power_w=1.0, idle_power_w=2.0)
+    result = Simulator(dag, profile, powers).run()
+    assert result.stages[1].blocked_energy_j == pytest.approx(result.stages[1].blocked_s)
+    assert result.stages[1].idle_energy_j == pytest.approx(2 * result.stages[1].idle_s)
+
+
+def test_trace_is_valid_json_with_one_compute_track_per_stage(tmp_path):
+    stages, microbatches, chunks = 4, 8, 2
+    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), num_chunks=chunks)
+    times = {(s, kind): 0.01 * (1 + s) for s in range(stages) for kind in ("forward", "backward")}
+    simulator = Simulator(dag, _profile(times, stages, chunks))
+    result = simulator.run()
+    document = json.loads(write_trace(result, simulator.powers, tmp_path / "trace.json").read_text())
+    events = document["traceEvents"]
+    assert document["otherData"]["source"] == "modelled"
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert all("modelled" in name for name in names.values())
+    compute = [e for e in events if e["ph"] == "X" and e["cat"] in ("forward", "backward")]
+    assert {(e["pid"], e["tid"]) for e in compute} == {(stage, 0) for stage in range(stages)}
+    for stage in range(stages):
+        on_stage = sorted((e for e in compute if e["pid"] == stage), key=lambda e: e["ts"])
+        assert len(on_stage) == 2 * microbatches * chunks
+        assert all(e["args"]["clock_mhz"] == 1500 and e["args"]["source"] == "modelled" for e in on_stage)
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in pairwise(on_stage))
+    sends = [e for e in events if e["ph"] == "X" and e["cat"] == "send"]
+    assert len(sends) == 2 * microbatches * (stages * chunks - 1)
+    assert {e["pid"] for e in sends} == {stages}
+    assert all("modelled" in e["name"] for e in events if e["ph"] == "C")
+
+
+def _run_simulate(argv):
+    parser = argparse.ArgumentParser()
+    simulate.register(parser.add_subparsers())
+    args = parser.parse_args(["simulate", *argv])
+    return args.func(args)
+
+
+def _plan_for(job, orders, clock_mhz, stages=None):
+    ranks = tuple(
+        tuple(PlannedInstruction(kind, microbatch, chunk, clock_mhz) for kind, microbatch, chunk in order)
+        for order in orders[:stages]
+    )
+    prediction = PlanPrediction(1.0, 1.0, (1.0,) * len(ranks), 1.0, 1.0, 1.0, 1.0)
+    return Plan("test", job.gpu, "modelled", "iso-time", ranks, prediction)
+
+
+def test_simulate_command_prints_modelled_table_and_writes_trace(tmp_path, capsys):
+    assert _run_simulate(["--config", EXAMPLE, "--trace", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "modelled" in out and "h100-sxm" in out and "iteration time" in out
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["gpu"] == "h100-sxm"
+
+    job = JobConfig.load(EXAMPLE)
+    orders = job.orders()
+    slow_clock = job.spec().sm_clocks_mhz[60]
+    _plan_for(job, orders, slow_clock).save(tmp_path / "plan.json")
+    assert _run_simulate(["--config", EXAMPLE, "--plan", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "under the plan" in out and "versus every instruction at its fastest clock" in out
+
+    _plan_for(job, orders, slow_clock, stages=2).save(tmp_path / "short.json")
+    assert _run_simulate(["--config", EXAMPLE, "--plan", str(tmp_path / "short.json")]) == 2
+    assert "covers 2 pipeline stages" in capsys.readouterr().err
+    assert _run_simulate(["--config", str(tmp_path / "missing.yaml")]) == 2
