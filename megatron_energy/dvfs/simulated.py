@@ -1,0 +1,408 @@
+"""Simulated GPUs behind zeus's ``GPUs``/``GPU`` interface, driven by ``GpuPowerModel`` and a virtual clock.
+
+A :class:`SimulatedGPUs` object is what ``open_gpus("simulated", ...)`` returns when no real GPU is used. The
+session, the controller and the meter call the same zeus methods on it as on real GPUs (locked clocks,
+supported clocks, cumulative energy in mJ, power in mW), so they cannot tell the two apart.
+
+Time does not pass on its own: the owner advances each GPU's virtual clock with :meth:`SimulatedGPUs.execute`
+(run a :class:`~megatron_energy.dvfs.model.WorkProfile` at the clock in effect) and :meth:`SimulatedGPUs.wait`
+(spend time blocked in a communication wait or idle). A clock change asked for at virtual time ``t`` takes
+effect at ``t + spec.switch_latency_s``; work that straddles that instant runs partly at each clock. The
+cumulative energy counter advances in steps of ``spec.energy_counter_period_s`` like NVML's. All figures are
+*modelled*.
+
+Observable state (clock locks, clock in effect, virtual time, energy, setter call counts) lives in a small
+JSON file written atomically, so another process (the clock watchdog, a test) can read it with
+:func:`read_state` and reset it with :func:`reset_state_file`. Clock changes are written at once; time and
+energy updates at most every ``state_write_interval_s`` of wall time (call :meth:`SimulatedGPUs.write_state`
+to force one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
+
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.spec import GpuSpec
+
+STATE_SCHEMA_VERSION = 1
+SIMULATED_TEMPERATURE_C = 50
+"""Constant die temperature the simulated GPUs report (the power model has no thermal state)."""
+AVERAGE_POWER_WINDOW_S = 1.0
+"""Window of ``get_average_power_usage``, like NVML's 1 s average on Ampere and newer."""
+_TIME_TOLERANCE_S = 1e-12
+"""A pending switch this close to the current virtual time is due (guards against rounding)."""
+
+
+_instances = itertools.count()
+
+
+def default_state_path() -> Path:
+    """Return a fresh default state file, ``<tmp>/megatron_energy_sim/gpus-<pid>-<n>.json``."""
+    return Path(tempfile.gettempdir()) / "megatron_energy_sim" / f"gpus-{os.getpid()}-{next(_instances)}.json"
+
+
+@dataclass
+class _GpuState:
+    """Mutable state of one simulated GPU (serialised into the state file as is)."""
+
+    index: int
+    sm_clock_mhz: int
+    """Clock in effect now (default clock when nothing is locked)."""
+    locked_sm_clock_mhz: int | None = None
+    """Clock most recently locked (it may still be pending); None = stock clocks."""
+    pending_sm_clock_mhz: int | None = None
+    pending_at_s: float | None = None
+    """Virtual time at which ``pending_sm_clock_mhz`` takes effect; None = no change pending."""
+    virtual_time_s: float = 0.0
+    energy_mj: float = 0.0
+    """Exact modelled energy since creation."""
+    counter_mj: float = 0.0
+    """What the energy counter shows: ``energy_mj`` at the last counter update."""
+    power_w: float = 0.0
+    """Power of the most recent segment of virtual time."""
+    set_calls: int = 0
+    reset_calls: int = 0
+    recent: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
+    """(virtual time, energy) samples covering the last ``AVERAGE_POWER_WINDOW_S``; not serialised."""
+
+
+class SimulatedGPU(GPU):
+    """One simulated GPU; every query and setter goes through its owning :class:`SimulatedGPUs`."""
+
+    def __init__(self, gpu_index: int, owner: SimulatedGPUs) -> None:
+        super().__init__(gpu_index)
+        self._owner = owner
+        self._disable_sys_admin_warning = True
+
+    @property
+    def supports_nonblocking_setters(self) -> bool:
+        """Return False: setters apply at once (in virtual time they still take the switch latency)."""
+        return False
+
+    def get_name(self) -> str:
+        """Return the modelled GPU's name, marked as simulated."""
+        return f"{self._owner.spec.display_name} (simulated)"
+
+    def get_power_management_limit_constraints(self) -> tuple[int, int]:
+        """Return the modelled power limit as both bounds (the model has one fixed limit). Units: mW."""
+        limit_mw = self.get_power_management_limit()
+        return (limit_mw, limit_mw)
+
+    def get_power_management_limit(self) -> int:
+        """Return the spec's power limit. Units: mW."""
+        return round(self._owner.spec.power_limit_w * 1000)
+
+    def set_power_management_limit(self, power_limit_mw: int, block: bool = True) -> None:
+        """Refuse: the power model has a fixed power limit."""
+        raise ZeusGPUNotSupportedError("the simulated GPU models a fixed power limit")
+
+    def reset_power_management_limit(self, block: bool = True) -> None:
+        """Do nothing: the power limit is always the default."""
+
+    def set_persistence_mode(self, enabled: bool, block: bool = True) -> None:
+        """Refuse: persistence mode is not modelled."""
+        raise ZeusGPUNotSupportedError("the simulated GPU does not model persistence mode")
+
+    def get_persistence_mode(self) -> bool:
+        """Return True (a simulated GPU never unloads)."""
+        return True
+
+    def get_supported_memory_clocks(self) -> list[int]:
+        """Return the spec's memory clocks. Units: MHz."""
+        return list(self._owner.spec.memory_clocks_mhz)
+
+    def set_memory_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int, block: bool = True) -> None:
+        """Refuse: the model keeps the memory clock at its default."""
+        raise ZeusGPUNotSupportedError("the simulated GPU does not model memory clock locking")
+
+    def reset_memory_locked_clocks(self, block: bool = True) -> None:
+        """Do nothing: memory clocks are never locked."""
+
+    def get_supported_graphics_clocks(self, memory_clock_mhz: int | None = None) -> list[int]:
+        """Return the spec's SM clocks, highest first like NVML. Units: MHz."""
+        return list(self._owner.spec.sm_clocks_mhz)
+
+    def set_gpu_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int, block: bool = True) -> None:
+        """Lock the SM clock range; the GPU runs at ``max_clock_mhz`` after the switch latency. Units: MHz."""
+        self._owner.lock_clocks(self.gpu_index, min_clock_mhz, max_clock_mhz)
+
+    def reset_gpu_locked_clocks(self, block: bool = True) -> None:
+        """Return to the default SM clock after the switch latency."""
+        self._owner.reset_clocks(self.gpu_index)
+
+    def get_average_power_usage(self) -> int:
+        """Return the average power over the last second of virtual time. Units: mW."""
+        return round(self._owner.average_power_w(self.gpu_index) * 1000)
+
+    def get_instant_power_usage(self) -> int:
+        """Return the power of the latest stretch of virtual time. Units: mW."""
+        return round(self._owner.state(self.gpu_index).power_w * 1000)
+
+    def get_average_memory_power_usage(self) -> int:
+        """Refuse: the model does not split memory power out."""
+        raise ZeusGPUNotSupportedError("the simulated GPU does not model memory power separately")
+
+    def supports_get_total_energy_consumption(self) -> bool:
+        """Return True."""
+        return True
+
+    def get_total_energy_consumption(self) -> int:
+        """Return the energy counter (it advances every ``spec.energy_counter_period_s``). Units: mJ."""
+        return math.floor(self._owner.state(self.gpu_index).counter_mj)
+
+    def get_gpu_temperature(self) -> int:
+        """Return a constant temperature. Units: Celsius."""
+        return SIMULATED_TEMPERATURE_C
+
+
+class SimulatedGPUs(GPUs):
+    """A set of simulated GPUs of one spec, with a virtual clock each and a shared JSON state file.
+
+    Thread-safe: a controller thread may change clocks while the training thread advances time.
+
+    Args:
+        spec: The GPU modelled.
+        num_gpus: How many GPUs (CUDA-style indices ``0..num_gpus-1``).
+        state_path: Where the JSON state file goes; default :func:`default_state_path`.
+        state_write_interval_s: Least wall time between two writes caused by time advancing.
+    """
+
+    energy_source = "modelled"
+    """Where energy figures read from these GPUs come from (the meter labels its figures with this)."""
+
+    def __init__(
+        self,
+        spec: GpuSpec,
+        num_gpus: int = 1,
+        state_path: str | os.PathLike[str] | None = None,
+        state_write_interval_s: float = 0.05,
+    ) -> None:
+        if num_gpus < 1:
+            raise ValueError(f"num_gpus must be at least 1, got {num_gpus}")
+        self.spec = spec
+        self.model = GpuPowerModel(spec)
+        self.state_path = Path(state_path) if state_path is not None else default_state_path()
+        self._write_interval_s = state_write_interval_s
+        self._lock = threading.RLock()
+        self._last_write_s = -math.inf
+        self._states = [_GpuState(index=i, sm_clock_mhz=spec.default_sm_clock_mhz) for i in range(num_gpus)]
+        self._gpus = [SimulatedGPU(i, self) for i in range(num_gpus)]
+        self.write_state()
+
+    def __del__(self) -> None:
+        """Nothing to release (the state file stays for observers)."""
+
+    @property
+    def gpus(self) -> Sequence[GPU]:
+        """Return the simulated GPU objects."""
+        return self._gpus
+
+    def state(self, index: int) -> _GpuState:
+        """Return the live state record of GPU ``index`` (read-only use)."""
+        return self._states[index]
+
+    def virtual_time_s(self, index: int) -> float:
+        """Return GPU ``index``'s virtual time in seconds."""
+        return self._states[index].virtual_time_s
+
+    def current_clock_mhz(self, index: int) -> int:
+        """Return the SM clock in effect on GPU ``index`` now (before any pending switch). Units: MHz."""
+        return self._states[index].sm_clock_mhz
+
+    def lock_clocks(self, index: int, min_clock_mhz: int, max_clock_mhz: int) -> None:
+        """Lock GPU ``index``'s SM clock range; it takes effect after the switch latency (virtual time).
+
+        Raises:
+            ZeusGPUInvalidArgError: If the range is empty or outside the supported clocks.
+        """
+        lowest, highest = self.spec.min_sm_clock_mhz, self.spec.max_sm_clock_mhz
+        if not lowest <= min_clock_mhz <= max_clock_mhz <= highest:
+            raise ZeusGPUInvalidArgError(
+                f"locked clock range [{min_clock_mhz}, {max_clock_mhz}] MHz is not within the supported "
+                f"[{lowest}, {highest}] MHz of {self.spec.name}"
+            )
+        with self._lock:
+            state = self._states[index]
+            state.set_calls += 1
+            state.locked_sm_clock_mhz = self.spec.snap_sm_clock(max_clock_mhz)
+            self._schedule_switch(state, state.locked_sm_clock_mhz)
+
+    def reset_clocks(self, index: int) -> None:
+        """Return GPU ``index`` to its default SM clock after the switch latency."""
+        with self._lock:
+            state = self._states[index]
+            state.reset_calls += 1
+            state.locked_sm_clock_mhz = None
+            self._schedule_switch(state, self.spec.default_sm_clock_mhz)
+
+    def execute(self, index: int, work: WorkProfile) -> tuple[float, float]:
+        """Run ``work`` on GPU ``index`` at the clock in effect, advancing its virtual time and energy.
+
+        A switch that falls due while the work runs splits it: the part done so far ran at the old clock,
+        the rest runs at the new one.
+
+        Returns:
+            ``(time_s, energy_j)`` of this execution (modelled).
+        """
+        with self._lock:
+            state = self._states[index]
+            start_s, start_mj = state.virtual_time_s, state.energy_mj
+            remaining = 1.0  # fraction of the work still to do
+            while remaining > 0.0:
+                clock = state.sm_clock_mhz
+                full_time_s = self.model.time_s(work, clock)
+                needed_s = remaining * full_time_s
+                until_switch_s = self._time_to_switch(state)
+                step_s = min(needed_s, until_switch_s)
+                self._advance(state, step_s, self.model.power_w(work, clock))
+                remaining = 0.0 if step_s >= needed_s else remaining - step_s / full_time_s
+            self._persist(force=False)
+            return state.virtual_time_s - start_s, (state.energy_mj - start_mj) / 1000.0
+
+    def wait(self, index: int, duration_s: float, blocked: bool) -> float:
+        """Spend ``duration_s`` of virtual time on GPU ``index`` without work.
+
+        Args:
+            index: The GPU.
+            duration_s: How long.
+            blocked: True for a communication wait (a spinning kernel, ``spec.blocked_power_w``), False for
+                plain idle (``spec.idle_power_w``).
+
+        Returns:
+            The modelled energy of the wait in joules.
+        """
+        if duration_s < 0:
+            raise ValueError(f"duration_s must not be negative, got {duration_s}")
+        power_w = self.spec.blocked_power_w if blocked else self.spec.idle_power_w
+        with self._lock:
+            state = self._states[index]
+            start_mj = state.energy_mj
+            left_s = duration_s
+            while left_s > 0.0:
+                step_s = min(left_s, self._time_to_switch(state))
+                self._advance(state, step_s, power_w)
+                left_s -= step_s
+            self._persist(force=False)
+            return (state.energy_mj - start_mj) / 1000.0
+
+    def average_power_w(self, index: int) -> float:
+        """Return GPU ``index``'s average power over the last ``AVERAGE_POWER_WINDOW_S`` of virtual time."""
+        with self._lock:
+            state = self._states[index]
+            if not state.recent:
+                return state.power_w
+            oldest_s, oldest_mj = state.recent[0]
+            span_s = state.virtual_time_s - oldest_s
+            return state.power_w if span_s <= 0 else (state.energy_mj - oldest_mj) / 1000.0 / span_s
+
+    def write_state(self) -> None:
+        """Write the state file now (atomically: a reader never sees a partial file)."""
+        with self._lock:
+            self._persist(force=True)
+
+    def _schedule_switch(self, state: _GpuState, clock_mhz: int) -> None:
+        state.pending_sm_clock_mhz = clock_mhz
+        state.pending_at_s = state.virtual_time_s + self.spec.switch_latency_s
+        if self.spec.switch_latency_s <= 0.0:
+            self._apply_due_switch(state)
+        self._persist(force=True)
+
+    def _time_to_switch(self, state: _GpuState) -> float:
+        if state.pending_at_s is None:
+            return math.inf
+        return max(0.0, state.pending_at_s - state.virtual_time_s)
+
+    def _apply_due_switch(self, state: _GpuState) -> None:
+        if state.pending_at_s is not None and state.pending_at_s <= state.virtual_time_s + _TIME_TOLERANCE_S:
+            assert state.pending_sm_clock_mhz is not None
+            state.sm_clock_mhz = state.pending_sm_clock_mhz
+            state.pending_sm_clock_mhz = state.pending_at_s = None
+            self._persist(force=True)
+
+    def _advance(self, state: _GpuState, duration_s: float, power_w: float) -> None:
+        """Advance ``state`` by ``duration_s`` at ``power_w``; update the counter; apply a due switch."""
+        start_s = state.virtual_time_s
+        end_s = start_s + duration_s
+        period_s = self.spec.energy_counter_period_s
+        last_update_s = math.floor(end_s / period_s) * period_s if period_s > 0 else end_s
+        if last_update_s >= start_s:
+            state.counter_mj = state.energy_mj + power_w * (last_update_s - start_s) * 1000.0
+        state.energy_mj += power_w * duration_s * 1000.0
+        state.virtual_time_s = end_s
+        state.power_w = power_w
+        state.recent.append((end_s, state.energy_mj))
+        while len(state.recent) > 1 and state.recent[1][0] <= end_s - AVERAGE_POWER_WINDOW_S:
+            state.recent.popleft()
+        self._apply_due_switch(state)
+
+    def _persist(self, force: bool) -> None:
+        now_s = time.monotonic()
+        if not force and now_s - self._last_write_s < self._write_interval_s:
+            return
+        self._last_write_s = now_s
+        gpus = []
+        for state in self._states:
+            record = asdict(state)
+            del record["recent"]
+            gpus.append(record)
+        _write_json_atomically(
+            self.state_path,
+            {
+                "schema_version": STATE_SCHEMA_VERSION,
+                "spec": self.spec.name,
+                "default_sm_clock_mhz": self.spec.default_sm_clock_mhz,
+                "owner_pid": os.getpid(),
+                "source": self.energy_source,
+                "gpus": gpus,
+            },
+        )
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a simulated GPUs' state file (see the module docstring for what it holds)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None = None) -> None:
+    """Reset the locked SM clocks recorded in a state file, as a clock reset would, from another process.
+
+    Used by the clock watchdog when the process owning the simulated GPUs died without resetting them. The
+    reset takes effect at once (there is no virtual clock left to wait on).
+
+    Args:
+        path: The state file.
+        indices: GPUs to reset; None = all.
+    """
+    state = read_state(path)
+    for gpu in state["gpus"]:
+        if indices is None or gpu["index"] in indices:
+            gpu["reset_calls"] += 1
+            gpu["locked_sm_clock_mhz"] = gpu["pending_sm_clock_mhz"] = gpu["pending_at_s"] = None
+            gpu["sm_clock_mhz"] = state["default_sm_clock_mhz"]
+    _write_json_atomically(Path(path), state)
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,125 @@
+import math
+
+import pytest
+from zeus.device.gpu.common import ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
+
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated import SimulatedGPUs, read_state, reset_state_file
+from megatron_energy.dvfs.spec import load_gpu_spec
+
+WORK = WorkProfile(compute_s=0.04, memory_s=0.02, fixed_s=0.001)
+
+
+@pytest.fixture
+def spec():
+    return load_gpu_spec("h200")
+
+
+@pytest.fixture
+def gpus(spec, tmp_path):
+    return SimulatedGPUs(spec, num_gpus=2, state_path=tmp_path / "state.json")
+
+
+def test_reports_the_spec_through_the_zeus_interface(gpus, spec):
+    assert len(gpus) == 2
+    assert gpus.get_supported_graphics_clocks(0) == list(spec.sm_clocks_mhz)
+    assert gpus.get_supported_memory_clocks(1) == list(spec.memory_clocks_mhz)
+    assert gpus.get_power_management_limit(0) == round(spec.power_limit_w * 1000)
+    assert "simulated" in gpus.get_name(0)
+    assert gpus.supports_get_total_energy_consumption(0)
+    assert gpus.get_gpu_temperature(0) == gpus.get_gpu_temperature(1)
+
+
+def test_power_limit_and_memory_clocks_cannot_be_changed(gpus):
+    with pytest.raises(ZeusGPUNotSupportedError):
+        gpus.set_power_management_limit(0, 500_000)
+    with pytest.raises(ZeusGPUNotSupportedError):
+        gpus.set_memory_locked_clocks(0, 2201, 2201)
+
+
+def test_execute_at_default_clock_matches_the_model(gpus, spec):
+    model = GpuPowerModel(spec)
+    time_s, energy_j = gpus.execute(0, WORK)
+    assert time_s == pytest.approx(model.time_s(WORK, spec.default_sm_clock_mhz))
+    assert energy_j == pytest.approx(model.energy_j(WORK, spec.default_sm_clock_mhz))
+    assert gpus.virtual_time_s(0) == pytest.approx(time_s)
+    assert gpus.virtual_time_s(1) == 0.0
+
+
+def test_locked_clock_takes_effect_after_the_switch_latency(gpus, spec):
+    model = GpuPowerModel(spec)
+    f_max, f_new = spec.default_sm_clock_mhz, 1200
+    gpus.set_gpu_locked_clocks(0, f_new, f_new)
+    assert gpus.current_clock_mhz(0) == f_max  # not yet: the switch is pending
+    time_s, energy_j = gpus.execute(0, WORK)
+    latency_s = spec.switch_latency_s
+    done_before_switch = latency_s / model.time_s(WORK, f_max)
+    expected_time_s = latency_s + (1 - done_before_switch) * model.time_s(WORK, f_new)
+    expected_energy_j = latency_s * model.power_w(WORK, f_max) + (
+        expected_time_s - latency_s
+    ) * model.power_w(WORK, f_new)
+    assert time_s == pytest.approx(expected_time_s)
+    assert energy_j == pytest.approx(expected_energy_j)
+    assert gpus.current_clock_mhz(0) == f_new
+
+
+def test_lock_snaps_to_supported_clock_and_rejects_out_of_range(gpus, spec):
+    gpus.set_gpu_locked_clocks(0, 1000, 1001)
+    gpus.wait(0, spec.switch_latency_s, blocked=False)
+    assert gpus.current_clock_mhz(0) == spec.snap_sm_clock(1001)
+    with pytest.raises(ZeusGPUInvalidArgError):
+        gpus.set_gpu_locked_clocks(0, 100, 5000)
+
+
+def test_reset_returns_to_default_after_latency(gpus, spec):
+    gpus.set_gpu_locked_clocks(0, 900, 900)
+    gpus.wait(0, 1.0, blocked=True)
+    assert gpus.current_clock_mhz(0) == 900
+    gpus.reset_gpu_locked_clocks(0)
+    gpus.wait(0, spec.switch_latency_s / 2, blocked=True)
+    assert gpus.current_clock_mhz(0) == 900
+    gpus.wait(0, spec.switch_latency_s, blocked=True)
+    assert gpus.current_clock_mhz(0) == spec.default_sm_clock_mhz
+
+
+def test_energy_counter_advances_in_counter_periods(gpus, spec):
+    period_s = spec.energy_counter_period_s
+    gpus.wait(0, 0.5 * period_s, blocked=False)
+    assert gpus.get_total_energy_consumption(0) == 0
+    gpus.wait(0, period_s, blocked=False)  # now at 1.5 periods: the counter shows the first period
+    expected_mj = spec.idle_power_w * period_s * 1000
+    assert gpus.get_total_energy_consumption(0) == math.floor(expected_mj)
+
+
+def test_wait_uses_blocked_or_idle_power(gpus, spec):
+    assert gpus.wait(0, 2.0, blocked=True) == pytest.approx(2.0 * spec.blocked_power_w)
+    assert gpus.wait(1, 2.0, blocked=False) == pytest.approx(2.0 * spec.idle_power_w)
+    assert gpus.get_instant_power_usage(0) == round(spec.blocked_power_w * 1000)
+    assert gpus.get_average_power_usage(1) == round(spec.idle_power_w * 1000)
+
+
+def test_state_file_shows_clocks_and_setter_calls(gpus, tmp_path):
+    gpus.set_gpu_locked_clocks(1, 1500, 1500)
+    state = read_state(tmp_path / "state.json")
+    assert state["source"] == "modelled"
+    assert [g["locked_sm_clock_mhz"] for g in state["gpus"]] == [None, 1500]
+    assert [g["set_calls"] for g in state["gpus"]] == [0, 1]
+
+
+def test_time_and_energy_updates_reach_the_state_file_on_write(gpus, tmp_path):
+    gpus.execute(0, WORK)
+    gpus.write_state()
+    record = read_state(tmp_path / "state.json")["gpus"][0]
+    assert record["virtual_time_s"] == pytest.approx(gpus.virtual_time_s(0))
+    assert record["energy_mj"] > 0
+
+
+def test_reset_state_file_clears_locks_from_outside(gpus, spec, tmp_path):
+    gpus.set_gpu_locked_clocks(0, 1200, 1200)
+    gpus.set_gpu_locked_clocks(1, 1200, 1200)
+    reset_state_file(tmp_path / "state.json", [1])
+    state = read_state(tmp_path / "state.json")
+    assert state["gpus"][0]["locked_sm_clock_mhz"] == 1200
+    assert state["gpus"][1]["locked_sm_clock_mhz"] is None
+    assert state["gpus"][1]["sm_clock_mhz"] == spec.default_sm_clock_mhz
+    assert state["gpus"][1]["reset_calls"] == 1
