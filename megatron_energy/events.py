@@ -1,0 +1,199 @@
+"""What the Megatron hooks report, and two listeners that every run can use.
+
+A ``ScheduleListener`` receives the pipeline schedule of one rank as it executes: step boundaries,
+the begin and end of every forward/backward instruction with its microbatch and model chunk, and the
+begin and end of every pipeline send/receive. ``megatron_energy.megatron.hooks`` produces these events from
+a running Megatron job; ``EnergySession`` and ``TraceWriter`` consume them.
+
+Events arrive on the training thread at CPU launch time (not GPU completion time), only during training
+schedules (evaluation fires nothing), and in this order per step::
+
+    on_step_begin(step)
+      (on_p2p_begin(op) on_p2p_end(op))*
+      on_instruction_begin(kind, microbatch, chunk) ... on_instruction_end(kind, microbatch, chunk)
+      ...
+    on_step_end(step)
+
+Pure Python: no torch, no megatron imports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, TextIO, runtime_checkable
+
+
+@runtime_checkable
+class ScheduleListener(Protocol):
+    """Receives the events of one rank's pipeline schedule; see the module docstring for their order."""
+
+    def on_step_begin(self, step: int) -> None:
+        """A training schedule starts; ``step`` counts training schedules from 0 in this process."""
+
+    def on_step_end(self, step: int) -> None:
+        """The training schedule ``step`` returned (DP grad finalisation done, optimizer step not yet)."""
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """``kind`` (``"forward"`` or ``"backward"``) of ``microbatch`` on model chunk ``chunk`` starts."""
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """The instruction announced by the matching ``on_instruction_begin`` ended."""
+
+    def on_p2p_begin(self, op: str) -> None:
+        """A pipeline send/receive starts; ``op`` is e.g. ``"send_next"`` or ``"send_next+recv_next"``."""
+
+    def on_p2p_end(self, op: str) -> None:
+        """The send/receive ``op`` returned: done, or only posted with ``--overlap-p2p-communication``."""
+
+
+class ListenerFanout:
+    """Forwards every event to several listeners, in the order given."""
+
+    def __init__(self, listeners: Sequence[ScheduleListener]):
+        """Create the fanout.
+
+        Args:
+            listeners: The listeners that receive each event.
+        """
+        self.listeners: tuple[ScheduleListener, ...] = tuple(listeners)
+
+    def on_step_begin(self, step: int) -> None:
+        """Forward ``on_step_begin``."""
+        for listener in self.listeners:
+            listener.on_step_begin(step)
+
+    def on_step_end(self, step: int) -> None:
+        """Forward ``on_step_end``."""
+        for listener in self.listeners:
+            listener.on_step_end(step)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward ``on_instruction_begin``."""
+        for listener in self.listeners:
+            listener.on_instruction_begin(kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward ``on_instruction_end``."""
+        for listener in self.listeners:
+            listener.on_instruction_end(kind, microbatch, chunk)
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Forward ``on_p2p_begin``."""
+        for listener in self.listeners:
+            listener.on_p2p_begin(op)
+
+    def on_p2p_end(self, op: str) -> None:
+        """Forward ``on_p2p_end``."""
+        for listener in self.listeners:
+            listener.on_p2p_end(op)
+
+
+def trace_path_for_rank(path: Path, rank: int, world_size: int) -> Path:
+    """The file ``--energy-trace PATH`` names on one rank.
+
+    Args:
+        path: The path given on the command line.
+        rank: This process's global rank.
+        world_size: The number of processes in the job.
+
+    Returns:
+        ``path`` itself for a single-process job, else ``path`` with ``.rank{rank}`` appended
+        (``trace.jsonl`` -> ``trace.jsonl.rank3``), so ranks never share a file.
+    """
+    return path if world_size <= 1 else path.with_name(f"{path.name}.rank{rank}")
+
+
+class TraceWriter:
+    """Writes every event as one JSON line: the ``--energy-trace`` listener.
+
+    Each line has ``rank``, ``step``, ``event`` (``step_begin``, ``step_end``, ``instruction_begin``,
+    ``instruction_end``, ``p2p_begin``, ``p2p_end``), ``kind``, ``microbatch`` and ``chunk`` (``null``
+    where they do not apply), ``op`` for p2p events, and ``host_time_s``: measured host wall-clock time
+    (``time.time()``) when the hook fired, i.e. CPU launch time, not GPU completion time. The file is
+    line-buffered, so a crashed run keeps every event written before the crash.
+    """
+
+    def __init__(self, path: Path, rank: int = 0, world_size: int = 1):
+        """Open (truncate) this rank's trace file.
+
+        Args:
+            path: The ``--energy-trace`` path; see ``trace_path_for_rank`` for the per-rank name.
+            rank: This process's global rank.
+            world_size: The number of processes in the job.
+        """
+        self.path = trace_path_for_rank(Path(path), rank, world_size)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._step: int | None = None
+        self._file: TextIO | None = self.path.open("w", encoding="utf-8", buffering=1)
+
+    def _write(
+        self,
+        event: str,
+        kind: str | None = None,
+        microbatch: int | None = None,
+        chunk: int | None = None,
+        op: str | None = None,
+    ) -> None:
+        if self._file is None:
+            return
+        record = {
+            "rank": self.rank,
+            "step": self._step,
+            "event": event,
+            "kind": kind,
+            "microbatch": microbatch,
+            "chunk": chunk,
+            "host_time_s": time.time(),
+        }
+        if op is not None:
+            record["op"] = op
+        self._file.write(json.dumps(record) + "\n")
+
+    def on_step_begin(self, step: int) -> None:
+        """Record ``step_begin``."""
+        self._step = step
+        self._write("step_begin")
+
+    def on_step_end(self, step: int) -> None:
+        """Record ``step_end``."""
+        self._step = step
+        self._write("step_end")
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Record ``instruction_begin``."""
+        self._write("instruction_begin", kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Record ``instruction_end``."""
+        self._write("instruction_end", kind, microbatch, chunk)
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Record ``p2p_begin``."""
+        self._write("p2p_begin", op=op)
+
+    def on_p2p_end(self, op: str) -> None:
+        """Record ``p2p_end``."""
+        self._write("p2p_end", op=op)
+
+    def close(self) -> None:
+        """Close the file; later events are dropped."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_trace(path: Path) -> list[dict]:
+    """Read a trace written by ``TraceWriter``.
+
+    Args:
+        path: One rank's trace file.
+
+    Returns:
+        The events, in the order they were written.
+    """
+    with Path(path).open(encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]

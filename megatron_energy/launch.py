@@ -1,0 +1,185 @@
+"""Run a Megatron pretrain script with the ``--energy-*`` flags, on an unpatched megatron-core.
+
+Usage (one process, or one per rank under torchrun)::
+
+    python -m megatron_energy.launch pretrain_gpt.py <Megatron args> --energy-optimise [--energy-* ...]
+    torchrun --nproc-per-node 8 -m megatron_energy.launch pretrain_gpt.py <Megatron args> --energy-optimise
+
+The launcher takes its own flags out of the command line (anywhere after the launcher; the first other
+argument is the script), refuses Megatron modes whose instructions cannot be observed
+(``megatron.modes``), installs the unpatched-path hooks (``megatron.hooks.install_hooks``: timers proxy and
+P2P communicator swap) feeding the listeners of ``build_listeners``, and runs the script as ``__main__``
+with ``sys.argv`` = the script and Megatron's arguments, the script's folder first on ``sys.path`` (as
+``python SCRIPT`` would, and before megatron is imported, so a Megatron-LM checkout next to the script is
+the megatron that runs). Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
+
+A tree patched with ``patches/megatron-core-X.Y`` instead calls ``attach_to_training`` from Megatron's
+``train()`` when the (then ordinary) ``--energy-*`` flags ask for it, with the exact ids from the patch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from megatron_energy.config import EnergyConfig, add_energy_args
+from megatron_energy.events import ListenerFanout, ScheduleListener, TraceWriter
+
+
+def energy_parser() -> argparse.ArgumentParser:
+    """The launcher's parser: only the ``--energy-*`` flags (``--help`` after the script is Megatron's)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m megatron_energy.launch",
+        usage="%(prog)s SCRIPT [Megatron args] [--energy-* flags]",
+        description="Run a Megatron pretrain script with megatron_energy's hooks (no patch needed).",
+        allow_abbrev=False,
+        add_help=False,
+    )
+    return add_energy_args(parser)
+
+
+def process_rank() -> tuple[int, int]:
+    """This process's ``(rank, world_size)``: from torch.distributed once initialised, else torchrun's env."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        return distributed.get_rank(), distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def build_listeners(config: EnergyConfig) -> list[ScheduleListener]:
+    """The listeners this rank's hooks feed: the trace writer and the energy session, as the flags ask.
+
+    Called before torch.distributed and Megatron are initialised on the launcher path, and from ``train()``
+    after model setup on the patched path.
+
+    Args:
+        config: The ``--energy-*`` settings.
+
+    Returns:
+        The listeners, possibly none.
+    """
+    listeners: list[ScheduleListener] = []
+    if config.trace is not None:
+        rank, world_size = process_rank()
+        listeners.append(TraceWriter(config.trace, rank, world_size))
+    if config.optimise:
+        from megatron_energy.megatron.session_factory import create_session
+
+        listeners.append(create_session(config))
+    return listeners
+
+
+def close_listeners(listeners: Sequence[ScheduleListener]) -> None:
+    """Call ``close()`` on every listener that has one (the trace file, the session's clock reset)."""
+    for listener in listeners:
+        close = getattr(listener, "close", None)
+        if callable(close):
+            close()
+
+
+def attach_to_training(args: argparse.Namespace, model_config: Any) -> None:
+    """Patched path: what the patched ``train()`` calls for ``--energy-optimise`` or ``--energy-trace``.
+
+    Args:
+        args: Megatron's parsed arguments, which carry the ``--energy-*`` flags on a patched tree.
+        model_config: The config of model chunk 0 that the schedules read.
+
+    Raises:
+        UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
+    """
+    from megatron_energy.megatron.hooks import attach_hooks
+    from megatron_energy.megatron.modes import refused_in_args, require_supported
+
+    require_supported(refused_in_args(args))
+    listeners = build_listeners(EnergyConfig.from_args(args))
+    if listeners:
+        attach_hooks(model_config, ListenerFanout(listeners))
+        atexit.register(close_listeners, listeners)
+
+
+def split_command(argv: Sequence[str]) -> tuple[EnergyConfig, str, list[str]]:
+    """Split the launcher's command line into our settings, the script and Megatron's arguments.
+
+    Args:
+        argv: Everything after ``-m megatron_energy.launch``.
+
+    Returns:
+        ``(config, script, megatron_args)``.
+    """
+    parser = energy_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        parser.exit(0 if argv else 2)
+    namespace, rest = parser.parse_known_args(list(argv))
+    if not rest or rest[0].startswith("-"):
+        parser.error("give the pretrain script first, e.g. pretrain_gpt.py, then its arguments")
+    return EnergyConfig.from_args(namespace), rest[0], rest[1:]
+
+
+def put_script_folder_first(script: str) -> None:
+    """Put the script's folder first on ``sys.path``, as ``python SCRIPT`` does.
+
+    Done before anything imports megatron, so a Megatron-LM checkout next to ``pretrain_gpt.py`` (its
+    ``megatron/``, ``gpt_builders.py``, ``model_provider.py``) wins over an installed megatron-core exactly as
+    it would without the launcher.
+    """
+    sys.path.insert(0, str(Path(script).resolve().parent))
+
+
+def run_script(script: str, script_args: Sequence[str]) -> None:
+    """Run ``script`` as ``__main__`` with ``sys.argv`` = the script and ``script_args``."""
+    sys.argv = [script, *script_args]
+    runpy.run_path(script, run_name="__main__")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m megatron_energy.launch``.
+
+    Args:
+        argv: The launcher's arguments; ``sys.argv[1:]`` when ``None``.
+
+    Returns:
+        The exit status (the script's own ``sys.exit`` propagates unchanged).
+    """
+    config, script, megatron_args = split_command(sys.argv[1:] if argv is None else argv)
+    if not (config.optimise or config.trace is not None):
+        put_script_folder_first(script)
+        run_script(script, megatron_args)
+        return 0
+    from megatron_energy.megatron.modes import (
+        UnsupportedModeError,
+        read_megatron_settings,
+        refused_in_argv,
+        require_supported,
+    )
+
+    try:
+        require_supported(refused_in_argv(megatron_args))
+    except UnsupportedModeError as refused:
+        print(f"megatron_energy.launch: {refused}", file=sys.stderr)
+        return 2
+    put_script_folder_first(script)
+    from megatron_energy.megatron.hooks import install_hooks
+
+    listeners = build_listeners(config)
+    settings = read_megatron_settings(megatron_args)
+    installation = install_hooks(
+        ListenerFanout(listeners),
+        microbatch_group_size=settings.microbatch_group_size_per_virtual_pipeline_stage,
+    )
+    try:
+        run_script(script, megatron_args)
+    finally:
+        installation.uninstall()
+        close_listeners(listeners)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""Turn Megatron's execution into ``ScheduleListener`` events, with or without the patch set.
+
+Both paths feed one ``ScheduleHooks`` object, which decides what reaches the listener: events only flow
+during *training* schedules (a schedule run with ``forward_only=True`` or under ``torch.no_grad()``, i.e.
+evaluation, fires nothing), and it numbers the training schedules of this process as steps 0, 1, 2...
+(a Megatron iteration that the rerun state machine repeats counts twice). The timers carry no
+``forward_only``, so on the unpatched path evaluation is recognised by disabled gradients; Megatron's
+``evaluate()`` runs under ``torch.no_grad()`` and also sets ``config.timers = None``.
+
+**Unpatched path** (``install_hooks``, used by ``python -m megatron_energy.launch``): nothing in Megatron's
+files changes; two of its own extension points are used.
+
+- *Timers proxy.* ``HookedTimers`` wraps Megatron's ``Timers`` (``config.timers``). The schedules start and
+  stop ``'forward-backward'`` around every schedule call, ``'forward-compute'`` in ``forward_step`` and
+  ``'backward-compute'`` in ``backward_step``; the proxy fires hooks on those names *before* Megatron's
+  log-level filter, so hooks fire at the default ``--timing-log-level 0`` and the level is never raised
+  (a real ``Timer`` synchronises the GPU on every start/stop). The timers carry no ids, so
+  ``ExpectedOrder`` walks this rank's order from ``schedule.pipeline_orders`` (megatron-core's own schedule
+  table) and checks every observed kind against it.
+- *P2P communicator swap.* Schedules build ``P2PCommunicator(...)`` from the module-global name in
+  ``megatron.core.pipeline_parallel.schedules``; ``install_hooks`` points that name at a subclass whose
+  ``_communicate`` fires ``on_p2p_begin/end``.
+
+**Patched path** (``patches/megatron-core-0.19``): ``schedules.py`` and ``p2p_communication.py`` call
+``config.instruction_hooks`` (a ``ScheduleHooks``) with exact microbatch and chunk ids. Attach it with
+``attach_hooks(model_config, listener)`` *after* the model is built (the config is deep-copied during
+model construction, and it is not a dataclass field, so it never shows in config dumps).
+
+Hooks fire on the CPU when Megatron *launches* the work; nothing here synchronises the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from megatron_energy.events import ScheduleListener
+from megatron_energy.megatron.schedule import pipeline_orders
+
+RankOrder = Sequence[tuple[str, int, int]]
+
+FORWARD = "forward"
+BACKWARD = "backward"
+STEP_TIMER = "forward-backward"
+FORWARD_TIMER = "forward-compute"
+BACKWARD_TIMER = "backward-compute"
+
+
+def p2p_op_name(tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool) -> str:
+    """Name one ``P2PCommunicator._communicate`` call, e.g. ``"send_next+recv_next"``.
+
+    Args:
+        tensor_send_next: The tensor sent to the next stage, or ``None``.
+        tensor_send_prev: The tensor sent to the previous stage, or ``None``.
+        recv_prev: Whether a tensor is received from the previous stage.
+        recv_next: Whether a tensor is received from the next stage.
+
+    Returns:
+        The directions joined by ``+`` in the order send_next, send_prev, recv_prev, recv_next.
+    """
+    parts = []
+    if tensor_send_next is not None:
+        parts.append("send_next")
+    if tensor_send_prev is not None:
+        parts.append("send_prev")
+    if recv_prev:
+        parts.append("recv_prev")
+    if recv_next:
+        parts.append("recv_next")
+    return "+".join(parts) or "none"
+
+
+class ScheduleHooks:
+    """The one gate between Megatron and a listener; the patch set calls it as ``config.instruction_hooks``.
+
+    Attributes:
+        listener: Receives the events.
+        step: The number of the next (or current) training schedule.
+        in_training_schedule: True between the begin and end of a training (not evaluation) schedule.
+    """
+
+    p2p_op_name = staticmethod(p2p_op_name)
+
+    def __init__(self, listener: ScheduleListener):
+        """Create the gate.
+
+        Args:
+            listener: Receives the events of training schedules.
+        """
+        self.listener = listener
+        self.step = 0
+        self.in_training_schedule = False
+
+    def on_schedule_begin(self, forward_only: bool) -> None:
+        """A schedule starts; it is a training step unless ``forward_only`` or gradients are disabled."""
+        self.in_training_schedule = not forward_only and torch.is_grad_enabled()
+        if self.in_training_schedule:
+            self.listener.on_step_begin(self.step)
+
+    def on_schedule_end(self) -> None:
+        """The schedule that began last returned."""
+        if self.in_training_schedule:
+            self.in_training_schedule = False
+            self.listener.on_step_end(self.step)
+            self.step += 1
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward ``on_instruction_begin`` during a training schedule."""
+        if self.in_training_schedule:
+            self.listener.on_instruction_begin(kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward ``on_instruction_end`` during a training schedule."""
+        if self.in_training_schedule:
+            self.listener.on_instruction_end(kind, microbatch, chunk)
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Forward ``on_p2p_begin`` during a training schedule."""
+        if self.in_training_schedule:
+            self.listener.on_p2p_begin(op)
+
+    def on_p2p_end(self, op: str) -> None:
+        """Forward ``on_p2p_end`` during a training schedule."""
+        if self.in_training_schedule:
+            self.listener.on_p2p_end(op)
+
+
+class ScheduleMismatchError(RuntimeError):
+    """The instructions Megatron ran differ from the order ``pipeline_orders`` predicts for this rank."""
+
+
+def current_rank_order(num_microbatches: int, microbatch_group_size: int | None = None) -> RankOrder:
+    """This rank's expected instruction order for the next schedule, from megatron-core's parallel state.
+
+    Args:
+        num_microbatches: Microbatches in the step.
+        microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
+
+    Returns:
+        The ``(kind, microbatch, chunk)`` sequence of this pipeline rank.
+    """
+    from megatron.core import parallel_state
+
+    num_stages = parallel_state.get_pipeline_model_parallel_world_size()
+    num_chunks = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    return _rank_order(num_stages, num_microbatches, num_chunks, microbatch_group_size, rank)
+
+
+@functools.lru_cache(maxsize=16)
+def _rank_order(
+    num_stages: int, num_microbatches: int, num_chunks: int, microbatch_group_size: int | None, rank: int
+) -> RankOrder:
+    """``pipeline_orders`` for one rank, once per schedule shape (which changes only with batch ramp-up)."""
+    orders = pipeline_orders(
+        num_stages, num_microbatches, num_chunks, microbatch_group_size=microbatch_group_size
+    )
+    return tuple(orders[rank])
+
+
+class ExpectedOrder:
+    """Gives the ids of the instructions the timers report by walking this rank's expected order."""
+
+    def __init__(self, order_fn: Callable[[], RankOrder]):
+        """Create the walker.
+
+        Args:
+            order_fn: Returns this rank's order for the schedule that is starting.
+        """
+        self._order_fn = order_fn
+        self._order: RankOrder = ()
+        self._position = 0
+        self._running: dict[str, tuple[int, int]] = {}
+
+    def start(self) -> None:
+        """A training schedule starts: fetch its order."""
+        self._order = self._order_fn()
+        self._position = 0
+        self._running.clear()
+
+    def begin(self, kind: str) -> tuple[int, int]:
+        """An instruction of ``kind`` starts; return its ``(microbatch, chunk)``.
+
+        Raises:
+            ScheduleMismatchError: Megatron ran another kind, or more instructions, than expected.
+        """
+        if self._position >= len(self._order) or self._order[self._position][0] != kind:
+            expected = self._order[self._position][0] if self._position < len(self._order) else "nothing"
+            raise ScheduleMismatchError(
+                f"instruction {self._position} of this step is a {kind}, but megatron-core's schedule table "
+                f"predicts {expected} (order of {len(self._order)} instructions); this configuration changes "
+                "Megatron's schedule in a way the launcher cannot follow: apply the patch set "
+                "(`megatron-energy patch apply`) so the schedule reports its own ids"
+            )
+        _, microbatch, chunk = self._order[self._position]
+        self._position += 1
+        self._running[kind] = (microbatch, chunk)
+        return microbatch, chunk
+
+    def end(self, kind: str) -> tuple[int, int]:
+        """The running instruction of ``kind`` ends; return its ``(microbatch, chunk)``."""
+        return self._running.pop(kind)
+
+    def finish(self) -> None:
+        """The schedule ended; check that every expected instruction ran.
+
+        Raises:
+            ScheduleMismatchError: Fewer instructions ran than expected.
+        """
+        if self._position != len(self._order):
+            raise ScheduleMismatchError(
+                f"the step ran {self._position} instructions but megatron-core's schedule table predicts "
+                f"{len(self._order)}; check --num-microbatches/--global-batch-size, or apply the patch set"
+            )
+
+
+class _HookedTimer:
+    """One Megatron timer whose start/stop also fire hooks (begin after start, end before stop)."""
+
+    __slots__ = ("_on_start", "_on_stop", "timer")
+
+    def __init__(self, timer: Any, on_start: Callable[[], None], on_stop: Callable[[], None]):
+        self.timer = timer
+        self._on_start = on_start
+        self._on_stop = on_stop
+
+    def start(self, barrier: bool = False) -> None:
+        self.timer.start(barrier=barrier)
+        self._on_start()
+
+    def stop(self, barrier: bool = False) -> None:
+        self._on_stop()
+        self.timer.stop(barrier=barrier)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.timer, name)
+
+
+class HookedTimers:
+    """Megatron's ``Timers`` with hooks on the schedule's timer names; every other use passes through."""
+
+    def __init__(self, timers: Any, hooks: ScheduleHooks, expected: ExpectedOrder):
+        """Wrap ``timers``.
+
+        Args:
+            timers: Megatron's ``Timers`` (or anything callable as ``timers(name, log_level=None)``).
+            hooks: The gate the events go through.
+            expected: Supplies microbatch and chunk ids.
+        """
+        self.timers = timers
+        self.hooks = hooks
+        self.expected = expected
+        self._handlers: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+            STEP_TIMER: (self._schedule_begin, self._schedule_end),
+            FORWARD_TIMER: (self._forward_begin, self._forward_end),
+            BACKWARD_TIMER: (self._backward_begin, self._backward_end),
+        }
+        self._hooked: dict[str, _HookedTimer] = {}
+
+    def __call__(self, name: str, log_level: int | None = None) -> Any:
+        """Return Megatron's timer for ``name``, hooked when the schedule uses it to mark work."""
+        timer = self.timers(name, log_level)
+        handlers = self._handlers.get(name)
+        if handlers is None:
+            return timer
+        hooked = self._hooked.get(name)
+        if hooked is None or hooked.timer is not timer:
+            hooked = self._hooked[name] = _HookedTimer(timer, *handlers)
+        return hooked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.timers, name)
+
+    def _schedule_begin(self) -> None:
+        self.hooks.on_schedule_begin(forward_only=not torch.is_grad_enabled())
+        if self.hooks.in_training_schedule:
+            self.expected.start()
+
+    def _schedule_end(self) -> None:
+        if self.hooks.in_training_schedule:
+            self.expected.finish()
+        self.hooks.on_schedule_end()
+
+    def _forward_begin(self) -> None:
+        if self.hooks.in_training_schedule:
+            self.hooks.on_instruction_begin(FORWARD, *self.expected.begin(FORWARD))
+
+    def _forward_end(self) -> None:
+        if self.hooks.in_training_schedule:
+            self.hooks.on_instruction_end(FORWARD, *self.expected.end(FORWARD))
+
+    def _backward_begin(self) -> None:
+        if self.hooks.in_training_schedule:
+            self.hooks.on_instruction_begin(BACKWARD, *self.expected.begin(BACKWARD))
+
+    def _backward_end(self) -> None:
+        if self.hooks.in_training_schedule:
+            self.hooks.on_instruction_end(BACKWARD, *self.expected.end(BACKWARD))
+
+
+def traced_p2p_communicator(base: type, hooks: ScheduleHooks) -> type:
+    """Subclass megatron-core's ``P2PCommunicator`` so every ``_communicate`` call fires p2p hooks.
+
+    Args:
+        base: ``megatron.core.pipeline_parallel.p2p_communication.P2PCommunicator``.
+        hooks: The gate the events go through.
+
+    Returns:
+        The subclass; ``on_p2p_end`` fires on every exit of ``_communicate``.
+    """
+
+    def _communicate(self: Any, **kwargs: Any) -> Any:
+        op = p2p_op_name(
+            kwargs.get("tensor_send_next"),
+            kwargs.get("tensor_send_prev"),
+            kwargs.get("recv_prev", False),
+            kwargs.get("recv_next", False),
+        )
+        hooks.on_p2p_begin(op)
+        try:
+            return base._communicate(self, **kwargs)
+        finally:
+            hooks.on_p2p_end(op)
+
+    return type("TracedP2PCommunicator", (base,), {"_communicate": _communicate, "__module__": __name__})
+
+
+@dataclass
+class HookInstallation:
+    """What ``install_hooks`` changed, so it can be undone.
+
+    Attributes:
+        hooks: The gate all events go through (its ``step`` counts the training steps seen).
+    """
+
+    hooks: ScheduleHooks
+    _restore: list[Callable[[], None]] = field(default_factory=list)
+
+    def uninstall(self) -> None:
+        """Put back every name ``install_hooks`` replaced."""
+        while self._restore:
+            self._restore.pop()()
+
+
+def default_num_microbatches() -> int:
+    """The microbatches of the current step, from Megatron's global microbatch calculator."""
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+    return get_num_microbatches()
+
+
+def install_hooks(
+    listener: ScheduleListener,
+    *,
+    num_microbatches_fn: Callable[[], int] = default_num_microbatches,
+    microbatch_group_size: int | None = None,
+) -> HookInstallation:
+    """Install the unpatched-path hooks: the timers proxy and the P2P communicator swap.
+
+    Call before Megatron creates its global timers (``set_global_variables``, inside
+    ``parse_and_validate_args``); the launcher does. If they already exist they are wrapped in place.
+
+    Args:
+        listener: Receives the events of training schedules.
+        num_microbatches_fn: Microbatches of the step that is starting (Megatron's calculator by default).
+        microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
+
+    Returns:
+        The installation; ``uninstall()`` restores Megatron's names.
+    """
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.training import global_vars
+
+    hooks = ScheduleHooks(listener)
+    expected = ExpectedOrder(lambda: current_rank_order(num_microbatches_fn(), microbatch_group_size))
+
+    def hooked_timers(timers: Any) -> HookedTimers:
+        return HookedTimers(timers, hooks, expected)
+
+    installation = HookInstallation(hooks)
+    timers_class = global_vars.Timers
+    original_communicator = schedules.P2PCommunicator
+
+    def make_timers(log_level: int, log_option: str) -> HookedTimers:
+        return hooked_timers(timers_class(log_level, log_option))
+
+    if global_vars._GLOBAL_TIMERS is None:
+        global_vars.Timers = make_timers
+        installation._restore.append(lambda: setattr(global_vars, "Timers", timers_class))
+    else:
+        existing = global_vars._GLOBAL_TIMERS
+        global_vars._GLOBAL_TIMERS = hooked_timers(existing)
+        installation._restore.append(lambda: setattr(global_vars, "_GLOBAL_TIMERS", existing))
+    schedules.P2PCommunicator = traced_p2p_communicator(original_communicator, hooks)
+    installation._restore.append(lambda: setattr(schedules, "P2PCommunicator", original_communicator))
+    return installation
+
+
+def tree_is_patched() -> bool:
+    """Whether the imported megatron-core carries the patch set's schedule hooks."""
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    return hasattr(schedules, "_call_instruction_hook") and hasattr(p2p_communication, "_call_p2p_hook")
+
+
+def attach_hooks(model_config: Any, listener: ScheduleListener) -> ScheduleHooks:
+    """Patched path: attach the hooks the patched schedule calls, as ``model_config.instruction_hooks``.
+
+    Args:
+        model_config: The ``TransformerConfig`` of model chunk 0 (``get_model_config(model[0])``), after the
+            model is built; the schedules and the P2P communicator read this object.
+        listener: Receives the events of training schedules.
+
+    Returns:
+        The attached hooks.
+
+    Raises:
+        RuntimeError: The imported megatron-core is not patched.
+    """
+    if not tree_is_patched():
+        from megatron.core.pipeline_parallel import schedules
+
+        raise RuntimeError(
+            f"megatron-core at {schedules.__file__} is not patched, so nothing would call the hooks; run "
+            "`megatron-energy patch apply` on that tree, or start the job through `python -m "
+            "megatron_energy.launch` instead"
+        )
+    hooks = ScheduleHooks(listener)
+    model_config.instruction_hooks = hooks
+    return hooks

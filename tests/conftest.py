@@ -1,0 +1,47 @@
+"""Shared fixtures for the megatron tests: copies of the installed megatron-core tree, patched or not.
+
+The installed tree itself is never modified.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.megatron import patching
+
+PATCHED_FILES = (
+    "megatron/core/pipeline_parallel/schedules.py",
+    "megatron/core/pipeline_parallel/p2p_communication.py",
+    "megatron/training/arguments.py",
+    "megatron/training/training.py",
+    str(patching.PACKAGE_INFO),
+)
+
+
+@pytest.fixture(scope="session")
+def patched_megatron_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A full copy of the installed megatron package with the patch set applied; importable from its root."""
+    root = tmp_path_factory.mktemp("patched-megatron")
+    # copy2 keeps mtimes, so the copied __pycache__ stays valid for every file the patches leave alone
+    shutil.copytree(patching.installed_megatron_root() / "megatron", root / "megatron")
+    patching.apply(root)
+    return root
+
+
+@pytest.fixture
+def megatron_files_copy(tmp_path: Path) -> Callable[[], Path]:
+    """Make a minimal unpatched megatron root: only the files the patch set touches, plus the version file."""
+
+    def make() -> Path:
+        root = tmp_path / f"megatron-root-{len(list(tmp_path.iterdir()))}"
+        for relative in PATCHED_FILES:
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(patching.installed_megatron_root() / relative, target)
+        return root
+
+    return make

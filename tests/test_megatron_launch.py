@@ -1,0 +1,136 @@
+"""``python -m megatron_energy.launch``: flags stripped, modes refused, one trace per rank under torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megatron_harness import free_port
+
+from megatron_energy import launch
+from megatron_energy.events import read_trace
+from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
+from megatron_energy.megatron.schedule import pipeline_orders
+
+HARNESS = Path(__file__).with_name("megatron_harness.py")
+NUM_MICROBATCHES = 8
+GROUP_SIZE = 4
+# PP=2 x VPP=2, 8 microbatches (global batch 16 / micro batch 2), in groups of 4 per virtual stage
+MEGATRON_ARGS = [
+    "--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2",
+    "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
+    "--micro-batch-size", "2", "--global-batch-size", "16", "--train-iters", "2", "--lr", "1e-4",
+    "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+    "--microbatch-group-size-per-virtual-pipeline-stage", str(GROUP_SIZE),
+    "--mock-data", "--tokenizer-type", "NullTokenizer",
+]  # fmt: skip
+
+
+def test_split_command_takes_out_exactly_the_energy_flags() -> None:
+    config, script, megatron_args = launch.split_command(
+        [
+            "--energy-trace",
+            "t.jsonl",
+            "pretrain_gpt.py",
+            "--num-layers",
+            "2",
+            "--energy-optimise",
+            "--lr",
+            "1e-4",
+        ]
+    )
+    assert script == "pretrain_gpt.py"
+    assert megatron_args == ["--num-layers", "2", "--lr", "1e-4"]
+    assert config.optimise and config.trace == Path("t.jsonl")
+
+
+def test_listeners_follow_the_flags(tmp_path: Path) -> None:
+    from megatron_energy.config import EnergyConfig
+    from megatron_energy.events import TraceWriter
+    from megatron_energy.megatron.session_factory import DeferredSession
+
+    assert launch.build_listeners(EnergyConfig()) == []
+    listeners = launch.build_listeners(EnergyConfig(optimise=True, trace=tmp_path / "t.jsonl"))
+    assert [type(listener) for listener in listeners] == [TraceWriter, DeferredSession]
+    launch.close_listeners(listeners)
+
+
+def test_launcher_without_energy_flags_only_runs_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, pathlib\npathlib.Path(sys.argv[0]).with_suffix('.out').write_text(repr(sys.argv))\n"
+    )
+    assert launch.main([str(script), "--num-layers", "2"]) == 0
+    assert (tmp_path / "train.out").read_text() == repr([str(script), "--num-layers", "2"])
+
+
+@pytest.mark.parametrize(
+    ("megatron_args", "flag"),
+    [
+        (["--overlap-moe-expert-parallel-comm"], "--overlap-moe-expert-parallel-comm"),
+        (["--cuda-graph-impl", "full_iteration"], "--cuda-graph-impl full_iteration"),
+        (["--cuda-graph-impl=full_iteration"], "--cuda-graph-impl full_iteration"),
+        (["--cuda-graph-modules", "full_iteration"], "--cuda-graph-impl full_iteration"),
+        (["--hybrid-context-parallel"], "--hybrid-context-parallel"),
+    ],
+)
+def test_launcher_refuses_modes_whose_instructions_cannot_be_observed(
+    megatron_args: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert launch.main(["pretrain_gpt.py", "--num-layers", "2", *megatron_args, "--energy-optimise"]) == 2
+    message = capsys.readouterr().err
+    assert f"cannot be used with {flag}:" in message
+    assert "Use " in message or "Drop " in message
+
+
+def test_launcher_accepts_per_layer_cuda_graphs() -> None:
+    assert refused_in_argv(["--cuda-graph-impl", "local", "--cuda-graph-modules", "attn", "mlp"]) == []
+
+
+def test_patched_training_refuses_the_same_modes() -> None:
+    args = argparse.Namespace(cuda_graph_impl="full_iteration", energy_optimise=True, energy_trace=None)
+    with pytest.raises(UnsupportedModeError, match="--cuda-graph-impl full_iteration"):
+        launch.attach_to_training(args, model_config=object())
+
+
+def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> None:
+    assert {event["rank"] for event in events} == {rank}
+    assert all(
+        set(event) >= {"step", "event", "kind", "microbatch", "chunk", "host_time_s"} for event in events
+    )
+    times = [event["host_time_s"] for event in events]
+    assert times == sorted(times)
+    boundaries = [(event["event"], event["step"]) for event in events if event["event"].startswith("step_")]
+    assert boundaries == [("step_begin", 0), ("step_end", 0), ("step_begin", 1), ("step_end", 1)]
+    for step in (0, 1):
+        in_step = [event for event in events if event["step"] == step]
+        begins = [
+            (e["kind"], e["microbatch"], e["chunk"]) for e in in_step if e["event"] == "instruction_begin"
+        ]
+        ends = [(e["kind"], e["microbatch"], e["chunk"]) for e in in_step if e["event"] == "instruction_end"]
+        assert begins == ends == expected
+        p2p = [event for event in in_step if event["event"].startswith("p2p_")]
+        assert p2p and all(event["op"] for event in p2p)
+
+
+def test_torchrun_launcher_traces_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        "-m", "megatron_energy.launch", str(HARNESS), *MEGATRON_ARGS, "--energy-trace", str(trace),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not trace.exists(), "with 2 ranks every rank writes its own FILE.rankN"
+    expected = pipeline_orders(2, NUM_MICROBATCHES, 2, microbatch_group_size=GROUP_SIZE)
+    assert expected != pipeline_orders(2, NUM_MICROBATCHES, 2), "the group size must matter for this test"
+    for rank in (0, 1):
+        _check_rank_trace(read_trace(tmp_path / f"trace.jsonl.rank{rank}"), rank, expected[rank])

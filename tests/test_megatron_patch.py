@@ -1,0 +1,109 @@
+"""``megatron-energy patch``: exact-context apply/revert, already-applied detection, version pinning."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.commands import patch as patch_command
+from megatron_energy.megatron import patching
+
+SCHEDULES = Path("megatron/core/pipeline_parallel/schedules.py")
+
+
+def _patch(action: str, root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    patch_command.register(parser.add_subparsers())
+    args = parser.parse_args(["patch", action, "--megatron-root", str(root)])
+    code = args.func(args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_check_passes_on_the_unpatched_release_and_apply_revert_round_trip(
+    megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = megatron_files_copy()
+    pristine = (root / SCHEDULES).read_text()
+    code, out, _ = _patch("check", root, capsys)
+    assert code == 0 and "applies cleanly to megatron-core 0.19.2" in out
+
+    assert _patch("apply", root, capsys)[0] == 0
+    assert "_call_instruction_hook" in (root / SCHEDULES).read_text()
+    code, out, _ = _patch("check", root, capsys)
+    assert code == 0 and "already applied" in out
+    assert _patch("apply", root, capsys)[0] == 0, "applying twice is a no-op"
+
+    assert _patch("revert", root, capsys)[0] == 0
+    assert (root / SCHEDULES).read_text() == pristine
+
+
+def test_check_reports_the_full_patched_tree_as_already_applied(
+    patched_megatron_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _patch("check", patched_megatron_root, capsys)
+    assert code == 0 and "patch set already applied" in out
+    assert out.count(": applied") == len(list(patching.patch_set_dir().glob("*.patch")))
+
+
+def test_another_megatron_version_is_refused_naming_both_versions(
+    megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = megatron_files_copy()
+    info = root / patching.PACKAGE_INFO
+    info.write_text(info.read_text().replace("MINOR = 19", "MINOR = 18"))
+    code, _, err = _patch("check", root, capsys)
+    assert code == 1
+    assert "version 0.18.2" in err and "patch set is for 0.19.x" in err
+
+
+def test_a_modified_tree_is_refused_and_left_untouched(
+    megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = megatron_files_copy()
+    schedules = root / SCHEDULES
+    edited = schedules.read_text().replace(
+        "config.timers('forward-compute', log_level=2).start()", "config.timers('forward-compute').start()"
+    )
+    schedules.write_text(edited)
+    training_before = (root / "megatron/training/training.py").read_text()
+    code, out, _ = _patch("check", root, capsys)
+    assert code == 1 and "0001-" in out and "conflict" in out
+    code, _, err = _patch("apply", root, capsys)
+    assert code == 1 and "neither applies nor reverts cleanly" in err
+    assert schedules.read_text() == edited
+    assert (root / "megatron/training/training.py").read_text() == training_before, "all patches or none"
+
+
+def test_a_folder_without_megatron_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _patch("check", tmp_path, capsys)
+    assert code == 1 and "the folder that contains megatron/" in err
+
+
+def test_apply_patches_a_tree_that_sits_inside_another_git_repository(
+    megatron_files_copy: Callable[[], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # plain `git apply` inside a repository skips paths outside the current folder and still succeeds
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    root = megatron_files_copy()
+    assert _patch("apply", root, capsys)[0] == 0
+    assert "_call_p2p_hook" in (root / "megatron/core/pipeline_parallel/p2p_communication.py").read_text()
+
+
+def test_patched_megatron_parses_the_energy_flags_as_its_own(patched_megatron_root: Path) -> None:
+    program = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(patched_megatron_root)!r})\n"
+        "sys.argv = ['pretrain_gpt.py', '--energy-optimise', '--energy-trace', 't.jsonl']\n"
+        "from megatron.training.arguments import parse_args\n"
+        "args = parse_args()\n"
+        "print(args.energy_optimise, args.energy_trace)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True t.jsonl"
