@@ -74,6 +74,8 @@ class _GpuState:
     """What the energy counter shows: ``energy_mj`` at the last counter update."""
     power_w: float = 0.0
     """Power of the most recent segment of virtual time."""
+    throttle_sm_clock_mhz: int | None = None
+    """Thermal throttling ceiling (``SimulatedGPUs.throttle``): work runs no faster than this; None = none."""
     set_calls: int = 0
     reset_calls: int = 0
     recent: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
@@ -249,6 +251,16 @@ class SimulatedGPUs(GPUs):
             state.locked_sm_clock_mhz = None
             self._schedule_switch(state, self.spec.default_sm_clock_mhz)
 
+    def throttle(self, index: int, max_clock_mhz: int | None) -> None:
+        """Emulate thermal throttling of GPU ``index``: its clock stays at or below ``max_clock_mhz``.
+
+        The locked clock is unchanged (as on a real GPU, the firmware overrides it); ``None`` lifts the
+        throttle. Used to inject a straggler into simulated runs.
+        """
+        with self._lock:
+            self._states[index].throttle_sm_clock_mhz = max_clock_mhz
+            self._persist(force=True)
+
     def execute(self, index: int, work: WorkProfile) -> tuple[float, float]:
         """Run ``work`` on GPU ``index`` at the clock in effect, advancing its virtual time and energy.
 
@@ -263,7 +275,7 @@ class SimulatedGPUs(GPUs):
             start_s, start_mj = state.virtual_time_s, state.energy_mj
             remaining = 1.0  # fraction of the work still to do
             while remaining > 0.0:
-                clock = state.sm_clock_mhz
+                clock = min(state.sm_clock_mhz, state.throttle_sm_clock_mhz or state.sm_clock_mhz)
                 full_time_s = self.model.time_s(work, clock)
                 needed_s = remaining * full_time_s
                 until_switch_s = self._time_to_switch(state)

@@ -1,0 +1,40 @@
+"""``megatron-energy report``: a job's plan against stock clocks, its frontier plot and Perfetto timeline."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from megatron_energy.plan import PlanError
+from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``report`` subcommand."""
+    parser = subparsers.add_parser(
+        "report",
+        help="summarise a job's cached profile and plan: table, frontier plot, Perfetto timeline",
+    )
+    parser.add_argument("--energy-dir", type=Path, default=Path("energy"), help="the job's --energy-dir")
+    parser.add_argument("--job", default=None, help="job fingerprint (folder name); default: the latest job")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where plot and timeline go (default: job folder)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report; exit status 2 with a message when the folder holds no usable job."""
+    console = Console()
+    try:
+        folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
+        report = write_job_report(folder, args.out)
+    except (ReportError, PlanError) as problem:
+        console.print(f"[red]megatron-energy report: {problem}[/red]")
+        return 2
+    console.print(report.table)
+    console.print(f"frontier plot: {report.frontier_png}")
+    console.print(f"Perfetto timeline (ui.perfetto.dev): {report.timeline_json}")
+    return 0

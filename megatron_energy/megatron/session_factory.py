@@ -1,0 +1,136 @@
+"""Create the energy session inside a Megatron job: job context from Megatron's state, lazily.
+
+On the launcher path the listeners are built before Megatron has initialised torch.distributed and its
+parallel state, so ``create_session`` returns a ``DeferredSession`` that builds the real session at the first
+training step, from ``megatron.core.parallel_state`` and ``megatron.training.get_args()``. Anything that stops
+the session from starting (no GPU spec, an unsupported profiling grid, ...) is reported once, with what to
+do, and training goes on at stock clocks.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.perseus.profile import TransformerShape
+from megatron_energy.runtime.comms import TorchComms
+from megatron_energy.runtime.context import JobContext
+
+
+def transformer_shape(args: Any) -> TransformerShape:
+    """The model shape from Megatron's parsed arguments."""
+    return TransformerShape(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size or 4 * args.hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+        vocab_size=getattr(args, "padded_vocab_size", None) or getattr(args, "vocab_size", None) or 50304,
+        tensor_parallel=args.tensor_model_parallel_size,
+        num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False) else None,
+        gated_mlp=bool(getattr(args, "swiglu", False)),
+    )
+
+
+def metric_sinks(step_writer: Any, wandb_writer: Any) -> tuple[Any, ...]:
+    """Scalar writers for Megatron's TensorBoard and W&B writers, where enabled."""
+    sinks: list[Any] = []
+    if step_writer is not None:
+        sinks.append(lambda name, value, step: step_writer.add_scalar(name, value, step))
+    if wandb_writer is not None:
+        sinks.append(lambda name, value, step: wandb_writer.log({name: value}, step))
+    return tuple(sinks)
+
+
+def megatron_job_context() -> tuple[JobContext, TorchComms]:
+    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+    from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
+
+    args = get_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    context = JobContext(
+        pipeline_rank=ps.get_pipeline_model_parallel_rank(),
+        pipeline_size=ps.get_pipeline_model_parallel_world_size(),
+        data_parallel_rank=ps.get_data_parallel_rank(),
+        data_parallel_size=ps.get_data_parallel_world_size(),
+        num_microbatches=get_num_microbatches(),
+        num_chunks=ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        shape=transformer_shape(args),
+        global_rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
+        log_interval=args.log_interval,
+        log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
+    )
+    return context, TorchComms(ps.get_pipeline_model_parallel_group(), device=device)
+
+
+class DeferredSession:
+    """A ``ScheduleListener`` that builds the energy session at the first training step.
+
+    Args:
+        config: The ``--energy-*`` configuration.
+    """
+
+    def __init__(self, config: EnergyConfig) -> None:
+        self.config = config
+        self.session: Any = None
+        self.failed = False
+
+    def _start(self) -> None:
+        from megatron_energy.runtime.assembly import build_session
+
+        try:
+            context, comms = megatron_job_context()
+            self.session = build_session(self.config, context, comms)
+        except (ValueError, RuntimeError, OSError) as problem:
+            self.failed = True
+            print(
+                f"[energy] not optimising, training continues at stock clocks: {problem}",
+                file=sys.stderr,
+            )
+
+    def on_step_begin(self, step: int) -> None:
+        """Build the session on the first step, then forward."""
+        if self.session is None and not self.failed:
+            self._start()
+        if self.session is not None:
+            self.session.on_step_begin(step)
+
+    def on_step_end(self, step: int) -> None:
+        """Forward to the session."""
+        if self.session is not None:
+            self.session.on_step_end(step)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward to the session."""
+        if self.session is not None:
+            self.session.on_instruction_begin(kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Forward to the session."""
+        if self.session is not None:
+            self.session.on_instruction_end(kind, microbatch, chunk)
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Pipeline communication: nothing to do."""
+
+    def on_p2p_end(self, op: str) -> None:
+        """Pipeline communication: nothing to do."""
+
+    def close(self) -> None:
+        """Close the session (the controller resets the clocks it locked)."""
+        if self.session is not None:
+            self.session.close()
+
+
+def create_session(config: EnergyConfig) -> DeferredSession:
+    """The energy-session listener for a Megatron job (built at its first training step)."""
+    return DeferredSession(config)

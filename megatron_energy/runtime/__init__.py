@@ -1,0 +1,1 @@
+"""The per-rank runtime behind ``EnergySession``: context, collectives, timing, profiling, cache."""

@@ -1,0 +1,139 @@
+"""Assemble one rank's ``EnergySession`` from the config: GPUs, guard, controller, meter, timer, cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clocks_mhz
+from megatron_energy.dvfs.controller import FrequencyController
+from megatron_energy.dvfs.meter import EnergyMeter
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.perseus.dag import PipelineDag
+from megatron_energy.perseus.workload import instruction_work
+from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.timing import CudaEventTimer, InstructionTimer, SimulatedTimer
+from megatron_energy.session import EnergySession
+
+AUTO_GRID_POINTS = 6
+"""Clocks in an automatic profiling grid."""
+
+AUTO_GRID_LOWEST_FRACTION = 0.5
+"""The automatic grid spans the top half of the clock range: lower clocks rarely pay off in training."""
+
+
+class GridError(ValueError):
+    """The profiling grid does not fit the GPU."""
+
+
+def profiling_grid(requested: Sequence[int] | None, supported: Sequence[int]) -> list[int]:
+    """The clocks to profile, highest (stock) first.
+
+    Args:
+        requested: ``--energy-freq-grid`` (``None`` for auto).
+        supported: The GPU's supported SM clocks.
+
+    Returns:
+        For auto, ``AUTO_GRID_POINTS`` clocks evenly spread over the top half of the range, always including
+        the maximum; otherwise the requested clocks.
+
+    Raises:
+        GridError: A requested clock is not supported; the message lists the nearest supported ones.
+    """
+    ordered = sorted(set(supported), reverse=True)
+    if requested is None:
+        lowest = ordered[0] * AUTO_GRID_LOWEST_FRACTION
+        usable = [clock for clock in ordered if clock >= lowest]
+        step = max(1, (len(usable) - 1) // (AUTO_GRID_POINTS - 1))
+        return usable[::step][:AUTO_GRID_POINTS]
+    unsupported = [clock for clock in requested if clock not in ordered]
+    if unsupported:
+        nearest = {clock: min(ordered, key=lambda s: abs(s - clock)) for clock in unsupported}
+        hint = ", ".join(f"{clock} -> {near}" for clock, near in nearest.items())
+        raise GridError(
+            f"--energy-freq-grid has clocks this GPU does not support (nearest supported: {hint}); "
+            f"supported range {ordered[-1]}-{ordered[0]} MHz, or use --energy-freq-grid auto"
+        )
+    return sorted(requested, reverse=True)
+
+
+def build_timer(
+    handle: GpuHandle, context: JobContext, comms: RankComms, index: int, spec: GpuSpec
+) -> InstructionTimer:
+    """CUDA events on real GPUs; the virtual clock of the modelled transformer on simulated ones."""
+    if handle.backend != "simulated":
+        return CudaEventTimer(comms)
+    if context.shape is None:
+        raise ValueError(
+            "simulated GPUs time instructions from a transformer shape; the job context has none"
+        )
+    work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks)
+    stage_work = {
+        (kind, chunk): w for (stage, kind, chunk), w in work.items() if stage == context.pipeline_rank
+    }
+    orders = pipeline_orders(context.pipeline_size, context.num_microbatches, context.num_chunks)
+    dag = PipelineDag.build(orders, num_chunks=context.num_chunks)
+    return SimulatedTimer(handle.gpus, index, stage_work, comms, dag, context.pipeline_rank)
+
+
+def build_session(
+    config: EnergyConfig,
+    context: JobContext,
+    comms: RankComms,
+    *,
+    printer: Callable[[str], Any] = print,
+    handle: GpuHandle | None = None,
+) -> EnergySession:
+    """Open this rank's GPU and put its session together.
+
+    Args:
+        config: The ``--energy-*`` configuration.
+        context: This rank's job context.
+        comms: Collectives over the job's process groups.
+        printer: Where log lines go.
+        handle: Already opened GPUs (tests, the demo); opened from the config when ``None``.
+
+    Returns:
+        The session, ready for schedule events.
+
+    Raises:
+        GridError: The requested profiling grid does not fit the GPU.
+    """
+    index = context.local_device_index
+    if handle is None:
+        state = Path(config.dir) / "simulated" / f"rank{context.global_rank}.json"
+        handle = open_gpus(
+            config.backend, config.gpu_spec, config.dry_run, local_index=index, state_path=state
+        )
+    if handle.spec is None:
+        raise ValueError(
+            f"no GPU spec for {handle.gpus.get_name(index)}; pass --energy-gpu-spec with one of configs/gpus"
+        )
+    if handle.mode != "control" or context.global_rank == 0:
+        printer(f"[energy] rank {context.global_rank}: {handle.mode} ({handle.reason})")
+    guard = None
+    if handle.mode == "control":
+        from megatron_energy.dvfs.guard import ClockGuard
+
+        guard = ClockGuard(handle.gpus)
+    controller = FrequencyController.from_handle(handle, index, guard=guard)
+    grid = profiling_grid(config.freq_grid, supported_sm_clocks_mhz(handle.gpus, index))
+    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid}
+    return EnergySession(
+        config,
+        context,
+        controller=controller,
+        meter=EnergyMeter.from_handle(handle, [index]),
+        timer=build_timer(handle, context, comms, index, handle.spec),
+        comms=comms,
+        clocks_mhz=grid,
+        cache=JobCache(config.dir, parts),
+        spec=handle.spec,
+        guard=guard,
+        printer=printer,
+    )

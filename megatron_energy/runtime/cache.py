@@ -1,0 +1,127 @@
+"""Profiles and plans saved under ``--energy-dir``, keyed by a fingerprint of the job.
+
+Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.json}`` plus ``<dir>/last_job.json``,
+the facts of the most recent job, so that a miss can say what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def job_fingerprint(parts: Mapping[str, Any]) -> str:
+    """A short stable hash of the job facts (canonical JSON, sha256).
+
+    Args:
+        parts: JSON-serialisable job facts (model shape, parallelism, batch shape, GPU, ...).
+
+    Returns:
+        The first 16 hex digits of the sha256 of the canonical JSON.
+    """
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """List the job facts that differ, as ``name: old -> new``, nested keys dotted.
+
+    Args:
+        old: The facts the cache was written for.
+        new: The facts of this run.
+
+    Returns:
+        One line per changed fact, sorted.
+    """
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            changes += [f"{key}.{line}" for line in describe_changes(before, after)]
+        elif before != after:
+            changes.append(f"{key}: {before!r} -> {after!r}")
+    return changes
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """Where a job's cached files live and why the cache did or did not hit."""
+
+    folder: Path
+    """``<energy dir>/<fingerprint>``."""
+
+    hit: bool
+    """Whether a profile for exactly this job is there."""
+
+    message: str
+    """One line for the log: a hit, a first run, or what changed since the cached job."""
+
+
+class JobCache:
+    """The cache folder of one job.
+
+    Args:
+        root: The ``--energy-dir``.
+        parts: The job facts (``JobContext.fingerprint_parts``).
+    """
+
+    def __init__(self, root: Path, parts: Mapping[str, Any]) -> None:
+        self.root = Path(root)
+        self.parts = dict(parts)
+        self.fingerprint = job_fingerprint(self.parts)
+        self.folder = self.root / self.fingerprint
+
+    @property
+    def profile_path(self) -> Path:
+        """The cached profile CSV."""
+        return self.folder / "profile.csv"
+
+    @property
+    def plan_path(self) -> Path:
+        """The cached plan JSON."""
+        return self.folder / "plan.json"
+
+    @property
+    def frontier_path(self) -> Path:
+        """The cached frontier (for straggler responses)."""
+        return self.folder / "frontier.json"
+
+    def lookup(self) -> CacheLookup:
+        """Check for a cached profile of this job, and explain a miss."""
+        if self.profile_path.exists():
+            return CacheLookup(self.folder, True, f"energy cache hit: reusing {self.profile_path}")
+        last = self.root / "last_job.json"
+        if last.exists():
+            try:
+                previous = json.loads(last.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                previous = None
+            if isinstance(previous, dict) and previous.get("fingerprint") != self.fingerprint:
+                changes = describe_changes(previous.get("parts", {}), self.parts)
+                return CacheLookup(
+                    self.folder,
+                    False,
+                    "energy cache miss, profiling again: the job changed since the cached one ("
+                    + "; ".join(changes or ["unknown change"])
+                    + ")",
+                )
+        return CacheLookup(self.folder, False, "energy cache empty for this job: profiling")
+
+    def remember(self) -> None:
+        """Record this job as the most recent one (and its facts in its folder)."""
+        record = json.dumps({"fingerprint": self.fingerprint, "parts": self.parts}, indent=2, default=str)
+        write_atomically(self.folder / "job.json", record)
+        write_atomically(self.root / "last_job.json", record)

@@ -1,0 +1,81 @@
+"""What one rank knows about the training job it sits in, independent of Megatron's globals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from megatron_energy.perseus.profile import TransformerShape
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The parallel layout, batch shape and logging sinks of one rank.
+
+    Built from Megatron's parallel state and arguments by ``megatron_energy.megatron.context`` on real runs,
+    and directly by the demo and the tests.
+    """
+
+    pipeline_rank: int
+    """This rank's pipeline stage (0-based)."""
+
+    pipeline_size: int
+    """Number of pipeline stages."""
+
+    data_parallel_rank: int
+    """Which data-parallel replica this rank belongs to."""
+
+    data_parallel_size: int
+    """Number of data-parallel replicas."""
+
+    num_microbatches: int
+    """Microbatches per iteration (per replica)."""
+
+    num_chunks: int = 1
+    """Model chunks per stage (virtual pipeline size); 1 without interleaving."""
+
+    tensor_parallel_size: int = 1
+    """Tensor-parallel degree (ranks of one stage that run the same instructions)."""
+
+    shape: TransformerShape | None = None
+    """The model's transformer shape; used for fingerprints and for simulated instruction times."""
+
+    global_rank: int = 0
+    """This rank in the default process group."""
+
+    world_size: int = 1
+    """Ranks in the default process group."""
+
+    local_device_index: int = 0
+    """Index of this rank's GPU among the visible devices (``CUDA_VISIBLE_DEVICES`` order)."""
+
+    log_interval: int = 10
+    """Steps between energy log lines (Megatron's ``--log-interval``)."""
+
+    log_sinks: tuple[Callable[[str, float, int], Any], ...] = field(default_factory=tuple)
+    """Scalar writers ``(name, value, step)``: TensorBoard / W&B when Megatron has them enabled."""
+
+    @property
+    def is_logging_rank(self) -> bool:
+        """Whether this rank prints the job-wide log line (the last rank, as Megatron does)."""
+        return self.global_rank == self.world_size - 1
+
+    def fingerprint_parts(self, gpu_name: str) -> dict[str, Any]:
+        """The job facts a cached profile or plan depends on.
+
+        Args:
+            gpu_name: The GPU model the profile was taken on.
+
+        Returns:
+            A JSON-serialisable mapping; any change to it invalidates the cache.
+        """
+        return {
+            "model": None if self.shape is None else asdict(self.shape),
+            "pipeline_size": self.pipeline_size,
+            "num_chunks": self.num_chunks,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "num_microbatches": self.num_microbatches,
+            "gpu": gpu_name,
+        }

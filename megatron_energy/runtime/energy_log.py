@@ -1,0 +1,89 @@
+"""The energy log line: J/iteration per stage and in total, measured next to predicted, and the saving.
+
+Each rank keeps its own per-step energies; at a log interval the session gathers one ``StageEnergy`` per
+rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StageEnergy:
+    """One rank's energy over the last log interval."""
+
+    stage: int
+    """Pipeline stage of the rank."""
+
+    measured_j_per_iter: float
+    """Mean energy per iteration of this rank's GPU (``source`` says measured or modelled)."""
+
+    predicted_j_per_iter: float | None
+    """The plan's prediction for this rank's GPU, if a plan is running."""
+
+    stock_j_per_iter: float | None
+    """This GPU's mean energy per iteration at stock clocks, from profiling."""
+
+    iteration_s: float
+    """Mean iteration time over the interval."""
+
+    stock_iteration_s: float | None
+    """Mean iteration time at stock clocks, from profiling."""
+
+
+def format_energy_line(
+    step: int, ranks: Sequence[StageEnergy], source: str, phase: str
+) -> tuple[str, dict[str, float]]:
+    """Build the log line and the scalars for one interval.
+
+    Args:
+        step: The training iteration.
+        ranks: Every rank's figures (any order).
+        source: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
+        phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
+
+    Returns:
+        The line, and ``{scalar name: value}`` for metric writers.
+    """
+    stages = sorted({rank.stage for rank in ranks})
+    per_stage = {s: sum(r.measured_j_per_iter for r in ranks if r.stage == s) for s in stages}
+    total = sum(per_stage.values())
+    parts = [f"[energy] iteration {step} | {phase}"]
+    parts.append("J/iter " + source + ": " + " ".join(f"s{s}={per_stage[s]:.1f}" for s in stages))
+    parts.append(f"total={total:.1f}")
+    scalars = {"energy/j_per_iter_total": total}
+    scalars |= {f"energy/j_per_iter_stage{s}": value for s, value in per_stage.items()}
+    predicted = [r.predicted_j_per_iter for r in ranks]
+    if all(value is not None for value in predicted):
+        predicted_total = sum(predicted)  # type: ignore[arg-type]
+        parts.append(f"predicted (modelled)={predicted_total:.1f}")
+        scalars["energy/j_per_iter_predicted"] = predicted_total
+    stock = [r.stock_j_per_iter for r in ranks]
+    if all(value is not None for value in stock) and sum(stock) > 0:  # type: ignore[arg-type]
+        saving = 1.0 - total / sum(stock)  # type: ignore[arg-type]
+        parts.append(f"saving vs stock ({source})={100 * saving:.1f}%")
+        scalars["energy/saving_vs_stock"] = saving
+    iteration_s = max(r.iteration_s for r in ranks)
+    parts.append(f"iter {1e3 * iteration_s:.1f} ms")
+    scalars["energy/iteration_s"] = iteration_s
+    stock_s = [r.stock_iteration_s for r in ranks if r.stock_iteration_s is not None]
+    if stock_s:
+        parts.append(f"stock {1e3 * max(stock_s):.1f} ms")
+    return " | ".join(parts), scalars
+
+
+def publish(
+    line: str,
+    scalars: dict[str, float],
+    step: int,
+    sinks: Sequence[Callable[[str, float, int], Any]],
+    printer: Callable[[str], Any] = print,
+) -> None:
+    """Print the line and write each scalar to every metric sink."""
+    printer(line)
+    for sink in sinks:
+        for name, value in scalars.items():
+            sink(name, value, step)

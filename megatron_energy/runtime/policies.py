@@ -1,0 +1,97 @@
+"""Run-phase policies: follow a straggling data-parallel replica, and fall back to stock clocks when slow.
+
+Both are pure bookkeeping over per-step iteration times; the session feeds them and acts on their answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STRAGGLER_TOLERANCE = 0.03
+"""Relative excess of a replica's measured time over its plan's that marks it a straggler (3 %)."""
+
+
+@dataclass
+class StragglerPolicy:
+    """Decides the pace the data-parallel replicas should plan for.
+
+    Every replica contributes one number per step to a MAX all-reduce: its measured intrinsic iteration time
+    when it runs more than ``tolerance`` slower than its current plan predicts (an extrinsic slowdown:
+    throttling, a slow node), else the nominal plan time. The maximum is the pace of the slowest replica; the
+    others move to the frontier point at that pace, and back once it recovers.
+
+    Args:
+        nominal_time_s: The iteration time of the plan chosen for the target (predicted).
+        tolerance: Relative excess that counts as straggling, and the hysteresis for moving.
+    """
+
+    nominal_time_s: float
+    tolerance: float = STRAGGLER_TOLERANCE
+    pace_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pace_s = self.nominal_time_s
+
+    def contribution(self, measured_s: float, predicted_s: float) -> float:
+        """What this replica puts into the all-reduce this step.
+
+        Args:
+            measured_s: This replica's intrinsic iteration time this step.
+            predicted_s: What its current plan predicts for it.
+
+        Returns:
+            The measured time when straggling, else the nominal plan time.
+        """
+        if measured_s > predicted_s * (1.0 + self.tolerance):
+            return measured_s
+        return self.nominal_time_s
+
+    def update(self, slowest_s: float, straggling: bool) -> float | None:
+        """Take the all-reduced maximum; return a new pace to plan for, or ``None`` to keep the current one.
+
+        Args:
+            slowest_s: The maximum of every replica's contribution.
+            straggling: Whether this replica is itself the straggler (it keeps its own plan).
+
+        Returns:
+            The new pace in seconds (the nominal time when the straggler recovered), or ``None``.
+        """
+        recovered = slowest_s <= self.nominal_time_s * (1.0 + self.tolerance)
+        wanted = self.nominal_time_s if straggling or recovered else slowest_s
+        if wanted == self.pace_s:
+            return None
+        following = self.pace_s != self.nominal_time_s and wanted != self.nominal_time_s
+        if following and abs(wanted - self.pace_s) <= self.tolerance * self.pace_s:
+            return None
+        self.pace_s = wanted
+        return wanted
+
+
+@dataclass
+class SafetyNet:
+    """Reverts to stock clocks when the plan is slower than its target for several consecutive steps.
+
+    Args:
+        tolerance: Relative excess over the target that counts as a violation.
+        patience: Consecutive violating steps before reverting.
+    """
+
+    tolerance: float
+    patience: int
+    violations: int = 0
+    tripped: bool = False
+
+    def observe(self, measured_s: float, target_s: float) -> bool:
+        """Record one step; return ``True`` exactly once, on the step that trips the net.
+
+        Args:
+            measured_s: The step's iteration time.
+            target_s: The time the plan is allowed to take.
+        """
+        if self.tripped:
+            return False
+        self.violations = self.violations + 1 if measured_s > target_s * (1.0 + self.tolerance) else 0
+        if self.violations >= self.patience:
+            self.tripped = True
+            return True
+        return False

@@ -1,0 +1,159 @@
+"""Phase 1: walk a grid of clocks, a few steps each, and turn the samples into a ``Profile``.
+
+Each clock is held for one settling step (discarded: the switch and the thermal transient land there)
+and ``steps_per_clock`` measured steps. Per (kind, chunk) of this stage, the instruction time is the mean over
+microbatches and steps. Energy per instruction comes from the backend when it can attribute it (simulated
+GPUs); otherwise the step's measured energy, less the blocked and idle time at the spec's powers, is split
+over the instructions in proportion to their time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from megatron_energy.runtime.timing import StepTiming
+
+RowKey = tuple[int, str, int]
+"""(stage, kind, chunk)."""
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One (stage, kind, chunk, clock) mean, ready to merge across ranks."""
+
+    stage: int
+    kind: str
+    chunk: int
+    clock_mhz: int
+    time_s: float
+    energy_j: float
+    samples: int
+
+
+@dataclass
+class StepRecord:
+    """Step-level figures at one clock (for the stock-clock baseline)."""
+
+    clock_mhz: int
+    iteration_s: float
+    energy_j: float
+
+
+@dataclass
+class ProfileCollector:
+    """Accumulates instruction samples over the clock grid for one rank.
+
+    Args:
+        stage: This rank's pipeline stage.
+        clocks_mhz: The grid, highest first; the first clock is the stock baseline.
+        steps_per_clock: Measured steps per clock (after one settling step).
+        blocked_power_w: Power while blocked on communication (for energy attribution on real GPUs).
+        idle_power_w: Power while idle at the end of the step.
+    """
+
+    stage: int
+    clocks_mhz: Sequence[int]
+    steps_per_clock: int
+    blocked_power_w: float
+    idle_power_w: float
+    _step: int = 0
+    _times: dict[tuple[str, int, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    _energies: dict[tuple[str, int, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def steps_needed(self) -> int:
+        """Steps the whole grid takes."""
+        return len(self.clocks_mhz) * (self.steps_per_clock + 1)
+
+    @property
+    def done(self) -> bool:
+        """Whether every clock of the grid has been measured."""
+        return self._step >= self.steps_needed
+
+    def clock_for_next_step(self) -> int:
+        """The clock the next step runs at."""
+        return self.clocks_mhz[min(self._step, self.steps_needed - 1) // (self.steps_per_clock + 1)]
+
+    def add_step(self, timing: StepTiming, step_energy_j: float, iteration_s: float) -> None:
+        """Record one finished step that ran at ``clock_for_next_step()``.
+
+        Args:
+            timing: The step's instruction samples.
+            step_energy_j: This GPU's energy over the step.
+            iteration_s: The step's iteration time.
+        """
+        clock = self.clock_for_next_step()
+        settling = self._step % (self.steps_per_clock + 1) == 0
+        self._step += 1
+        if settling or not timing.samples:
+            return
+        self.steps.append(StepRecord(clock_mhz=clock, iteration_s=iteration_s, energy_j=step_energy_j))
+        energies = self._attribute(timing, step_energy_j, iteration_s)
+        for sample, energy in zip(timing.samples, energies, strict=True):
+            key = (sample.kind, sample.chunk, clock)
+            self._times[key].append(sample.duration_s)
+            self._energies[key].append(energy)
+
+    def _attribute(self, timing: StepTiming, step_energy_j: float, iteration_s: float) -> list[float]:
+        if all(sample.energy_j is not None for sample in timing.samples):
+            return [float(sample.energy_j) for sample in timing.samples]  # type: ignore[arg-type]
+        busy = sum(sample.duration_s for sample in timing.samples)
+        last_end = max(sample.end_s for sample in timing.samples)
+        waiting_j = self.blocked_power_w * max(0.0, last_end - busy)
+        waiting_j += self.idle_power_w * max(0.0, iteration_s - last_end)
+        busy_j = max(0.0, step_energy_j - waiting_j)
+        return [busy_j * sample.duration_s / busy for sample in timing.samples]
+
+    def rows(self) -> list[ProfileRow]:
+        """Mean time and energy per (kind, chunk, clock) of this stage."""
+        return [
+            ProfileRow(
+                stage=self.stage,
+                kind=kind,
+                chunk=chunk,
+                clock_mhz=clock,
+                time_s=sum(times) / len(times),
+                energy_j=sum(self._energies[(kind, chunk, clock)]) / len(times),
+                samples=len(times),
+            )
+            for (kind, chunk, clock), times in sorted(self._times.items())
+        ]
+
+    def stock_baseline(self) -> StepRecord | None:
+        """Mean iteration time and energy at the grid's first (stock) clock."""
+        stock = [record for record in self.steps if record.clock_mhz == self.clocks_mhz[0]]
+        if not stock:
+            return None
+        return StepRecord(
+            clock_mhz=self.clocks_mhz[0],
+            iteration_s=sum(r.iteration_s for r in stock) / len(stock),
+            energy_j=sum(r.energy_j for r in stock) / len(stock),
+        )
+
+
+def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[RowKey, dict[int, tuple[float, float]]]:
+    """Merge the rows of every rank into per-(stage, kind, chunk) options.
+
+    Ranks that run the same stage (tensor- and data-parallel peers) are merged as the pipeline sees them:
+    the slowest peer's time (the stage waits for it) and the mean energy per GPU.
+
+    Args:
+        rows_per_rank: Each rank's ``ProfileCollector.rows()``.
+
+    Returns:
+        ``{(stage, kind, chunk): {clock_mhz: (time_s, energy_j)}}``.
+    """
+    times: dict[tuple[RowKey, int], list[float]] = defaultdict(list)
+    energies: dict[tuple[RowKey, int], list[float]] = defaultdict(list)
+    for rows in rows_per_rank:
+        for row in rows:
+            key = ((row.stage, row.kind, row.chunk), row.clock_mhz)
+            times[key].append(row.time_s)
+            energies[key].append(row.energy_j)
+    merged: dict[RowKey, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for (row_key, clock), values in times.items():
+        merged[row_key][clock] = (max(values), sum(energies[(row_key, clock)]) / len(values))
+    return dict(merged)

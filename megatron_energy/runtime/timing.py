@@ -1,0 +1,231 @@
+"""Per-instruction timing on the GPU's own timeline, without host synchronisation inside the step.
+
+Two timers share one interface: ``CudaEventTimer`` records CUDA events at instruction boundaries (measured)
+and reads them once at the end of the step; ``SimulatedTimer`` runs each instruction's modelled work on a
+simulated GPU's virtual clock (modelled) and composes the replica's pipeline through the DAG so that
+waiting time is charged as the simulator charges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from megatron_energy.runtime.comms import RankComms
+
+InstructionId = tuple[str, int, int]
+"""(kind, microbatch, chunk) of one instruction on this rank."""
+
+
+@dataclass(frozen=True)
+class InstructionSample:
+    """One instruction's timing within a step."""
+
+    kind: str
+    """``forward`` or ``backward``."""
+
+    microbatch: int
+    """Microbatch id."""
+
+    chunk: int
+    """Model chunk (virtual pipeline stage); 0 without interleaving."""
+
+    start_s: float
+    """Start on the device timeline, seconds after the step began."""
+
+    end_s: float
+    """End on the device timeline, seconds after the step began."""
+
+    energy_j: float | None = None
+    """This instruction's own energy when the backend can attribute it (simulated GPUs), else ``None``."""
+
+    @property
+    def duration_s(self) -> float:
+        """Busy time of the instruction."""
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """All instruction samples of one step on this rank."""
+
+    samples: tuple[InstructionSample, ...]
+    """The step's instructions in execution order."""
+
+    intrinsic_s: float
+    """Step begin to the end of this replica's pipeline, on the device timeline (no data-parallel wait)."""
+
+    source: Literal["measured", "modelled"]
+    """``measured`` (CUDA events) or ``modelled`` (simulated GPU)."""
+
+    energy_j: float | None = None
+    """The step's exact energy on this GPU when the timer knows it (simulated GPUs: busy + blocked + idle);
+    ``None`` when only the energy meter knows (real GPUs)."""
+
+
+class InstructionTimer(Protocol):
+    """Times instructions on the device timeline; the hot-path calls must not synchronise."""
+
+    source: Literal["measured", "modelled"]
+
+    def step_begin(self) -> Any:
+        """Mark the start of a step; returns the boundary marker (a CUDA event) or ``None``."""
+        ...
+
+    def begin(self, instruction: InstructionId) -> Any:
+        """Mark an instruction's start; returns the boundary marker (a CUDA event) or ``None``."""
+        ...
+
+    def end(self, instruction: InstructionId) -> None:
+        """Mark an instruction's end."""
+        ...
+
+    def finish_step(self) -> StepTiming:
+        """Collect the step's samples (may wait for the GPU; called once per step, after the schedule)."""
+        ...
+
+
+class CudaEventTimer:
+    """Times instructions with CUDA events recorded on the current stream (measured).
+
+    Args:
+        comms: Collectives of the job, used to take the maximum of the pipeline's stage ends.
+    """
+
+    source: Literal["measured", "modelled"] = "measured"
+
+    def __init__(self, comms: RankComms) -> None:
+        import torch
+
+        self._torch = torch
+        self._comms = comms
+        self._pool: list[Any] = []
+        self._used = 0
+        self._step_start: Any = None
+        self._open: dict[InstructionId, Any] = {}
+        self._marks: list[tuple[InstructionId, Any, Any]] = []
+
+    def _event(self) -> Any:
+        if self._used == len(self._pool):
+            self._pool.append(self._torch.cuda.Event(enable_timing=True))
+        event = self._pool[self._used]
+        self._used += 1
+        event.record()
+        return event
+
+    def step_begin(self) -> Any:
+        """Record the step's start event and return it as the boundary marker."""
+        self._used = 0
+        self._marks.clear()
+        self._open.clear()
+        self._step_start = self._event()
+        return self._step_start
+
+    def begin(self, instruction: InstructionId) -> Any:
+        """Record the instruction's start event and return it as the boundary marker."""
+        event = self._event()
+        self._open[instruction] = event
+        return event
+
+    def end(self, instruction: InstructionId) -> None:
+        """Record the instruction's end event."""
+        start = self._open.pop(instruction, None)
+        if start is not None:
+            self._marks.append((instruction, start, self._event()))
+
+    def finish_step(self) -> StepTiming:
+        """Wait for the step's last event, then turn the events into samples."""
+        if self._step_start is None or not self._marks:
+            return StepTiming(samples=(), intrinsic_s=0.0, source="measured")
+        self._marks[-1][2].synchronize()
+        origin = self._step_start
+        samples = tuple(
+            InstructionSample(
+                kind=kind,
+                microbatch=microbatch,
+                chunk=chunk,
+                start_s=origin.elapsed_time(start) / 1e3,
+                end_s=origin.elapsed_time(end) / 1e3,
+            )
+            for (kind, microbatch, chunk), start, end in self._marks
+        )
+        stage_ends = self._comms.all_gather_pipeline(samples[-1].end_s)
+        return StepTiming(samples=samples, intrinsic_s=max(stage_ends), source="measured")
+
+
+class SimulatedTimer:
+    """Runs each instruction's modelled work on a simulated GPU's virtual clock (modelled).
+
+    Each instruction is executed at the GPU's current clock when it ends on the host. At the end of the step
+    the stages of the replica exchange their durations, schedule the pipeline's DAG, and every simulated GPU
+    then waits out its own blocked and idle time, so its energy counter holds the whole step.
+
+    Args:
+        gpus: The simulated GPUs (``SimulatedGPUs``).
+        gpu_index: This rank's GPU.
+        work: Modelled work per (kind, chunk) of this stage.
+        comms: Collectives of the job.
+        dag: The replica's pipeline DAG (``PipelineDag``).
+        stage: This rank's pipeline stage.
+    """
+
+    source: Literal["measured", "modelled"] = "modelled"
+
+    def __init__(
+        self,
+        gpus: Any,
+        gpu_index: int,
+        work: Mapping[tuple[str, int], Any],
+        comms: RankComms,
+        dag: Any,
+        stage: int,
+    ) -> None:
+        self._gpus = gpus
+        self._index = gpu_index
+        self._work = work
+        self._comms = comms
+        self._dag = dag
+        self._stage = stage
+        self._runs: list[tuple[InstructionId, float, float]] = []
+
+    def step_begin(self) -> Any:
+        """Start a step; there is no boundary marker on a virtual clock."""
+        self._runs.clear()
+        return None
+
+    def begin(self, instruction: InstructionId) -> Any:
+        """Nothing to record: the work runs when the instruction ends."""
+        return None
+
+    def end(self, instruction: InstructionId) -> None:
+        """Execute the instruction's modelled work at the current clock."""
+        kind, _, chunk = instruction
+        time_s, energy_j = self._gpus.execute(self._index, self._work[(kind, chunk)])
+        self._runs.append((instruction, time_s, energy_j))
+
+    def finish_step(self) -> StepTiming:
+        """Compose the replica's pipeline and charge this GPU its blocked and idle time."""
+        mine = [((kind, self._stage, chunk, mb), time_s) for (kind, mb, chunk), time_s, _ in self._runs]
+        durations: dict[Any, float] = {}
+        for stage_runs in self._comms.all_gather_pipeline(mine):
+            durations.update(stage_runs)
+        schedule = self._dag.schedule(durations)
+        samples = tuple(
+            InstructionSample(
+                kind=kind,
+                microbatch=mb,
+                chunk=chunk,
+                start_s=schedule.start((kind, self._stage, chunk, mb)),
+                end_s=schedule.end((kind, self._stage, chunk, mb)),
+                energy_j=energy_j,
+            )
+            for (kind, mb, chunk), _, energy_j in self._runs
+        )
+        energy_j = sum(energy for _, _, energy in self._runs)
+        if samples:
+            last_end = max(sample.end_s for sample in samples)
+            busy = sum(sample.duration_s for sample in samples)
+            energy_j += self._gpus.wait(self._index, max(0.0, last_end - busy), blocked=True)
+            energy_j += self._gpus.wait(self._index, max(0.0, schedule.makespan_s - last_end), blocked=False)
+        return StepTiming(samples, schedule.makespan_s, "modelled", energy_j)

@@ -1,0 +1,262 @@
+"""``EnergySession``: one rank's lifecycle, profile → plan → run, driven by Megatron's schedule events.
+
+Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps;
+the timer times every instruction on the device timeline; the meter gives each step's energy.
+Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
+planner computes the frontier and the plan for ``--energy-target``, and the result is broadcast (no server).
+Phase 3, run: before each instruction the controller is asked for that instruction's clock, at the
+instruction's boundary on the GPU timeline; energy keeps being measured and logged next to the prediction;
+data-parallel replicas follow a straggler's pace; a safety net reverts to stock clocks if the plan is slow.
+
+A cached profile for the same job (``--energy-dir``) skips phase 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.perseus.profile import Profile
+from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.planning import (
+    PlanBundle,
+    RankSchedule,
+    baseline_from_profiling,
+    load_baseline,
+    plan_on_root,
+    profile_from_rows,
+)
+from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
+from megatron_energy.runtime.profiling import ProfileCollector, merge_rows
+from megatron_energy.runtime.timing import InstructionTimer, StepTiming
+
+
+@dataclass
+class StepFigures:
+    """What one finished step measured on this rank."""
+
+    iteration_s: float
+    energy_j: float
+    timing: StepTiming
+
+
+class EnergySession:
+    """The per-rank energy optimiser; implements the ``ScheduleListener`` events.
+
+    Args:
+        config: The ``--energy-*`` configuration.
+        context: This rank's place in the job.
+        controller: The ``FrequencyController`` for this rank's GPU.
+        meter: The ``EnergyMeter`` for this rank's GPU.
+        timer: The instruction timer (CUDA events, or the simulated GPU's virtual clock).
+        comms: Collectives over the job's process groups.
+        clocks_mhz: The profiling grid, highest (stock) first.
+        cache: The job's ``JobCache``.
+        spec: The GPU's spec (name, blocked and idle power for energy attribution).
+        guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
+        printer: Where log lines go.
+    """
+
+    def __init__(
+        self,
+        config: EnergyConfig,
+        context: JobContext,
+        *,
+        controller: Any,
+        meter: Any,
+        timer: InstructionTimer,
+        comms: RankComms,
+        clocks_mhz: list[int],
+        cache: JobCache,
+        spec: GpuSpec,
+        guard: Any = None,
+        printer: Callable[[str], Any] = print,
+    ) -> None:
+        self.config = config
+        self.context = context
+        self.controller = controller
+        self.meter = meter
+        self.timer = timer
+        self.comms = comms
+        self.cache = cache
+        self.spec = spec
+        self.guard = guard
+        self.printer = printer
+        self.stock_clock_mhz = clocks_mhz[0]
+        self.collector = ProfileCollector(
+            stage=context.pipeline_rank,
+            clocks_mhz=clocks_mhz,
+            steps_per_clock=config.profile_iters,
+            blocked_power_w=spec.blocked_power_w,
+            idle_power_w=spec.idle_power_w,
+        )
+        self.phase = "profiling"
+        self.bundle: PlanBundle | None = None
+        self.schedule: RankSchedule | None = None
+        self.straggler: StragglerPolicy | None = None
+        self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
+        self.history: list[StepFigures] = []
+        self._steps_in_interval: list[StepFigures] = []
+        self._start_from_cache()
+
+    # ----------------------------------------------------------------------------------- schedule events
+
+    def on_step_begin(self, step: int) -> None:
+        """Start a step: choose its clock while profiling, and start timing and metering."""
+        boundary = self.timer.step_begin()
+        if self.phase == "profiling":
+            self.controller.request(self.collector.clock_for_next_step(), boundary)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
+        boundary = self.timer.begin((kind, microbatch, chunk))
+        if self.schedule is not None:
+            self.controller.request(self.schedule.clock(kind, microbatch, chunk), boundary)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Mark the instruction's end."""
+        self.timer.end((kind, microbatch, chunk))
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Pipeline communication needs no action: it is part of the waiting time between instructions."""
+
+    def on_p2p_end(self, op: str) -> None:
+        """See ``on_p2p_begin``."""
+
+    def on_step_end(self, step: int) -> None:
+        """Finish the step's measurements and advance the phase."""
+        timing = self.timer.finish_step()
+        window = self.meter.lap()
+        energy_j = timing.energy_j
+        if energy_j is None:
+            energy_j = window.energy_j if window is not None else math.nan
+        figures = StepFigures(iteration_s=timing.intrinsic_s, energy_j=energy_j, timing=timing)
+        self.history.append(figures)
+        if self.phase == "profiling":
+            self.collector.add_step(timing, figures.energy_j, figures.iteration_s)
+            if self.collector.done:
+                self._plan()
+        elif self.phase in ("planned", "following straggler"):
+            self._follow_stragglers(figures)
+            self._check_safety(figures)
+        self._log(step, figures)
+
+    def close(self) -> None:
+        """Stop the controller (which resets the clocks it locked) and release the clock guard."""
+        self.controller.close()
+        if self.guard is not None:
+            self.guard.close()
+
+    # ------------------------------------------------------------------------------------------- phases
+
+    def _start_from_cache(self) -> None:
+        bundle = None
+        if self.context.global_rank == 0:
+            lookup = self.cache.lookup()
+            self.printer(f"[energy] {lookup.message}")
+            if lookup.hit:
+                profile = Profile.from_csv(
+                    self.cache.profile_path,
+                    gpu_name=self.spec.name,
+                    source=self.timer.source,
+                    blocked_power_w=self.spec.blocked_power_w,
+                    idle_power_w=self.spec.idle_power_w,
+                )
+                bundle = plan_on_root(
+                    profile, self.context, self.config, self.cache, load_baseline(self.cache)
+                )
+                self.printer(bundle.summary)
+        bundle = self.comms.broadcast_from_root(bundle)
+        if bundle is not None:
+            self._adopt(bundle)
+        self.meter.lap()
+
+    def _plan(self) -> None:
+        gathered = self.comms.gather_to_root((self.collector.rows(), self.collector.stock_baseline()))
+        bundle = None
+        if gathered is not None:
+            profile = profile_from_rows(
+                merge_rows([rows for rows, _ in gathered]),
+                gpu_name=self.spec.name,
+                source=self.timer.source,
+                blocked_power_w=self.spec.blocked_power_w,
+                idle_power_w=self.spec.idle_power_w,
+            )
+            bundle = plan_on_root(
+                profile, self.context, self.config, self.cache, baseline_from_profiling(gathered)
+            )
+            self.printer(bundle.summary)
+        self._adopt(self.comms.broadcast_from_root(bundle))
+
+    def _adopt(self, bundle: PlanBundle) -> None:
+        self.bundle = bundle
+        self.schedule = bundle.rank_schedule(self.context.pipeline_rank, bundle.target_index)
+        self.straggler = StragglerPolicy(nominal_time_s=bundle.nominal_time_s)
+        self.phase = "planned"
+
+    def _follow_stragglers(self, figures: StepFigures) -> None:
+        if self.context.data_parallel_size == 1 or self.bundle is None or self.straggler is None:
+            return
+        assert self.schedule is not None
+        predicted_s = self.schedule.predicted_time_s
+        mine = self.straggler.contribution(figures.timing.intrinsic_s, predicted_s)
+        slowest_s = self.comms.all_reduce_max([mine])[0]
+        pace_s = self.straggler.update(slowest_s, straggling=mine != self.straggler.nominal_time_s)
+        if pace_s is None:
+            return
+        index = self.bundle.index_for_time(pace_s)
+        self.schedule = self.bundle.rank_schedule(self.context.pipeline_rank, index)
+        following = index != self.bundle.target_index
+        self.phase = "following straggler" if following else "planned"
+        self.printer(
+            f"[energy] rank {self.context.global_rank}: "
+            + (
+                f"a data-parallel replica runs at {1e3 * pace_s:.1f} ms/iter; moving to the frontier point "
+                f"at {1e3 * self.schedule.predicted_time_s:.1f} ms (modelled)"
+                if following
+                else "straggler recovered; back to the target plan"
+            )
+        )
+
+    def _check_safety(self, figures: StepFigures) -> None:
+        if self.bundle is None or self.schedule is None:
+            return
+        allowed_s = self.bundle.allowed_time_s(self.schedule.predicted_time_s)
+        if self.safety.observe(figures.iteration_s, allowed_s):
+            self.schedule = None
+            self.controller.request(RESET)
+            self.phase = "stock (safety net)"
+            self.printer(
+                f"[energy] rank {self.context.global_rank}: iteration time "
+                f"{1e3 * figures.iteration_s:.1f} ms exceeded the allowed {1e3 * allowed_s:.1f} ms by more "
+                f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
+                "steps; clocks reverted to stock for the rest of the run"
+            )
+
+    def _log(self, step: int, figures: StepFigures) -> None:
+        self._steps_in_interval.append(figures)
+        if (step + 1) % self.context.log_interval != 0:
+            return
+        steps, self._steps_in_interval = self._steps_in_interval, []
+        mine = StageEnergy(
+            stage=self.context.pipeline_rank,
+            measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
+            predicted_j_per_iter=None if self.schedule is None else self.schedule.predicted_energy_j,
+            stock_j_per_iter=None
+            if self.bundle is None
+            else self.bundle.stock_energy_j(self.context.global_rank),
+            iteration_s=sum(s.iteration_s for s in steps) / len(steps),
+            stock_iteration_s=None if self.bundle is None else self.bundle.stock_time_s,
+        )
+        gathered = self.comms.gather_to_root(mine)
+        if gathered is not None:
+            line, scalars = format_energy_line(step, gathered, self.timer.source, self.phase)
+            publish(line, scalars, step, self.context.log_sinks, self.printer)
