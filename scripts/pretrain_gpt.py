@@ -21,7 +21,9 @@ tensor-parallel rank 0; only the first and last pipeline stage read data at all.
 
 from __future__ import annotations
 
+import importlib.util
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -106,8 +108,24 @@ def train_valid_test_datasets_provider(
 train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
 
 
+def use_prebuilt_dataset_helpers() -> None:
+    """Skip the dataset-helper compile step when the compiled extension is already installed.
+
+    ``training/initialize.py:_compile_dependencies`` runs ``make`` in ``megatron/core/datasets``
+    (``core/datasets/utils.py:25``); the megatron-core wheel ships the compiled ``helpers_cpp`` but not that
+    Makefile, so ``make`` fails and training exits. With the extension present there is nothing to compile.
+    A Megatron-LM checkout (which has the Makefile) is left alone.
+    """
+    from megatron.core.datasets import utils as dataset_utils
+
+    folder = Path(dataset_utils.__file__).parent
+    if not (folder / "Makefile").exists() and importlib.util.find_spec("megatron.core.datasets.helpers_cpp"):
+        dataset_utils.compile_helpers = lambda: None
+
+
 def main() -> None:
     """Parse Megatron's flags and train."""
+    use_prebuilt_dataset_helpers()
     args = parse_and_validate_args(args_defaults={"tokenizer_type": "NullTokenizer"})
     full_config = pretrain_cfg_container_from_args(args, gpt_config_from_args(args))
     pretrain(full_config, train_valid_test_datasets_provider, ModelType.encoder_or_decoder, forward_step)
