@@ -7,31 +7,18 @@ from rich.table import Table
 
 from megatron_energy.demo import DemoSettings, DemoSummary
 from megatron_energy.report.job_report import latest_job_folder, write_job_report
+from megatron_energy.report.tables import stock_vs_plan_table
 
 
 def demo_table(settings: DemoSettings, summary: DemoSummary) -> Table:
     """Stock clocks (profiling) against the plan (run phase), whole job, simulated GPUs: modelled."""
-    table = Table(
-        title=(
-            f"demo: {settings.model} stage work on simulated {settings.gpu_spec}, "
-            f"PP={settings.pipeline_size}, {settings.num_microbatches} microbatches, target {settings.target} (all figures modelled)"
-        )
-    )
-    for column in ("", "stock clocks", "plan", "change"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        "iteration time (modelled)",
-        f"{1e3 * summary.stock_iteration_s:.1f} ms",
-        f"{1e3 * summary.planned_iteration_s:.1f} ms",
-        f"{100 * summary.slowdown:+.2f}%",
-    )
-    table.add_row(
+    return stock_vs_plan_table(
+        f"demo: {settings.model} stage work on simulated {settings.gpu_spec}, PP={settings.pipeline_size}, "
+        f"{settings.num_microbatches} microbatches, target {settings.target} (all figures modelled)",
+        (summary.stock_iteration_s, summary.planned_iteration_s),
+        (summary.stock_energy_j, summary.planned_energy_j),
         "energy per iteration, all GPUs (modelled)",
-        f"{summary.stock_energy_j:.1f} J",
-        f"{summary.planned_energy_j:.1f} J",
-        f"{-100 * summary.saving:+.2f}%",
     )
-    return table
 
 
 def write_demo_outputs(settings: DemoSettings, summary: DemoSummary, console: Console | None = None) -> None:

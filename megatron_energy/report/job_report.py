@@ -21,6 +21,7 @@ from megatron_energy.perseus.planner import Planner
 from megatron_energy.perseus.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.report.frontier_plot import plot_frontier
+from megatron_energy.report.tables import stock_vs_plan_table
 from megatron_energy.sim.simulator import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
@@ -103,19 +104,9 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
 def plan_table(plan: Plan, profile: Profile) -> Table:
     """Stock clocks against the plan: iteration time and energy per pipeline iteration (modelled)."""
     prediction = plan.prediction
-    table = Table(title=f"plan for {plan.target}: modelled from a {profile.source} profile ({plan.gpu_name})")
-    for column in ("", "stock clocks", "plan", "change"):
-        table.add_column(column, justify="right")
-    table.add_row(
-        "iteration time (modelled)",
-        f"{1e3 * prediction.baseline_time_s:.1f} ms",
-        f"{1e3 * prediction.iteration_time_s:.1f} ms",
-        f"{100 * (prediction.iteration_time_s / prediction.baseline_time_s - 1):+.2f}%",
-    )
-    table.add_row(
+    return stock_vs_plan_table(
+        f"plan for {plan.target}: modelled from a {profile.source} profile ({plan.gpu_name})",
+        (prediction.baseline_time_s, prediction.iteration_time_s),
+        (prediction.baseline_energy_j, prediction.energy_j),
         "energy per pipeline iteration (modelled)",
-        f"{prediction.baseline_energy_j:.1f} J",
-        f"{prediction.energy_j:.1f} J",
-        f"{100 * (prediction.energy_j / prediction.baseline_energy_j - 1):+.2f}%",
     )
-    return table
