@@ -38,7 +38,7 @@ setup(
         "zeus>=0.16,<0.17",
         "networkx>=3.2",
         "numpy>=1.26",
-        "scipy>=1.12",
+        "scipy>=1.15",
         "matplotlib>=3.8",
         "rich>=13",
         "pyyaml>=6",
