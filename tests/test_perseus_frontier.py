@@ -7,10 +7,11 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus import frontier as frontier_module
+from megatron_energy.perseus import relaxation
 from megatron_energy.perseus.dag import CommSpec, IterationTail, PipelineDag
-from megatron_energy.perseus.frontier import FrontierSolver, lower_convex_hull
+from megatron_energy.perseus.frontier import FrontierSolver
 from megatron_energy.perseus.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.perseus.relaxation import lower_convex_hull
 from megatron_energy.sim import Simulator
 
 TOY_TIMES = {(0, "forward"): 1.0, (0, "backward"): 2.0, (1, "forward"): 2.0, (1, "backward"): 3.0}
@@ -151,7 +152,7 @@ def test_cold_solver_path_gives_the_same_bound(gpt_case, monkeypatch):
     dag, profile, solver, frontier = gpt_case
     deadline_s = frontier.points[5].deadline_s
     warm = solver.relaxed(deadline_s)
-    monkeypatch.setattr(frontier_module, "_highs", None)
+    monkeypatch.setattr(relaxation, "_highs", None)
     cold = FrontierSolver(dag, profile).relaxed(deadline_s)
     assert cold.lower_bound_j == pytest.approx(warm.lower_bound_j)
     assert cold.time_s == pytest.approx(warm.time_s)

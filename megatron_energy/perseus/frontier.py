@@ -27,31 +27,24 @@ within ``TARGET_GAP`` of the lower bound or no move helps. The remaining gap is 
 
 from __future__ import annotations
 
-import bisect
 import csv
 import dataclasses
-import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import linprog
 
 from megatron_energy.perseus.dag import NodeId, PipelineDag
-from megatron_energy.perseus.profile import ClockOption, Profile
+from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
+from megatron_energy.perseus.profile import Profile
+from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
-
-try:  # HiGHS as bundled with SciPy >= 1.15: re-solves from the last basis after a bound change.
-    from scipy.optimize._highspy import _core as _highs
-except ImportError:  # pragma: no cover - exercised only on older SciPy
-    _highs = None
 
 TARGET_GAP = 1e-4
 """The local search stops once a plan is within this fraction of the relaxed lower bound."""
-_REL_TOL = 1e-12
 
 
 @dataclass(frozen=True)
@@ -103,7 +96,7 @@ class Frontier:
 
     def best_within(self, time_s: float) -> FrontierPoint | None:
         """The least-energy point whose simulated iteration time is at most ``time_s``, if any."""
-        feasible = [point for point in self.points if point.time_s <= time_s * (1 + _REL_TOL)]
+        feasible = [point for point in self.points if point.time_s <= time_s * (1 + REL_TOL)]
         return min(feasible, key=lambda point: (point.energy_j, point.time_s), default=None)
 
     def to_csv(self, path: str | Path) -> None:
@@ -121,248 +114,6 @@ class Frontier:
                         f"{100 * point.gap:.6f}",
                     ]
                 )
-
-
-def lower_convex_hull(options: Sequence[ClockOption]) -> tuple[np.ndarray, np.ndarray]:
-    """Vertices of the lower convex hull of the options' (time, energy) points, time ascending.
-
-    Args:
-        options: An instruction's clock options.
-
-    Returns:
-        ``(times_s, energies_j)`` of the hull vertices; slopes between them strictly increase.
-    """
-    best: dict[float, float] = {}
-    for option in options:
-        best[option.time_s] = min(option.energy_j, best.get(option.time_s, math.inf))
-    hull: list[tuple[float, float]] = []
-    for point in sorted(best.items()):
-        while len(hull) >= 2:
-            (t0, e0), (t1, e1) = hull[-2], hull[-1]
-            if (t1 - t0) * (point[1] - e0) - (e1 - e0) * (point[0] - t0) > 0:
-                break
-            hull.pop()
-        hull.append(point)
-    array = np.array(hull, dtype=float)
-    return array[:, 0], array[:, 1]
-
-
-class _OptionTable:
-    """An instruction's options, time ascending, and the cheapest (least ``e − λ·t``) one up to each time.
-
-    ``λ`` is the instruction's marginal power: blocked power, or idle power for a stage's last instruction.
-    """
-
-    def __init__(self, options: Sequence[ClockOption], marginal_power_w: float):
-        self.options = sorted(options, key=lambda option: (option.time_s, option.energy_j))
-        self.times_s = [option.time_s for option in self.options]
-        self.costs = [option.energy_j - marginal_power_w * option.time_s for option in self.options]
-        self._best_up_to = [0]
-        for k in range(1, len(self.options)):
-            previous = self._best_up_to[-1]
-            self._best_up_to.append(k if self.costs[k] < self.costs[previous] else previous)
-
-    def choose(self, window_s: float) -> int:
-        """Index of the cheapest option that fits ``window_s`` (the fastest one when none fits)."""
-        k = bisect.bisect_right(self.times_s, window_s * (1 + _REL_TOL)) - 1
-        return self._best_up_to[k] if k >= 0 else 0
-
-
-class _HotStartProgram:
-    """``min c·x`` s.t. ``A x ≤ b``, ``lo ≤ x ≤ hi``, re-solved from the last basis after bound changes."""
-
-    def __init__(
-        self, cost: np.ndarray, matrix: sp.csc_matrix, rhs: np.ndarray, lower: np.ndarray, upper: np.ndarray
-    ):
-        self.lower, self.upper = lower.copy(), upper.copy()
-        self._problem = (cost, matrix, rhs)
-        self._solver = None
-        if _highs is not None:
-            lp = _highs.HighsLp()
-            lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
-            lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, np.minimum(upper, _highs.kHighsInf)
-            lp.row_lower_, lp.row_upper_ = np.full(matrix.shape[0], -_highs.kHighsInf), rhs
-            lp.a_matrix_.format_ = _highs.MatrixFormat.kColwise
-            lp.a_matrix_.start_, lp.a_matrix_.index_ = matrix.indptr, matrix.indices
-            lp.a_matrix_.value_ = matrix.data
-            self._solver = _highs._Highs()
-            self._solver.setOptionValue("output_flag", False)
-            self._solver.passModel(lp)
-
-    def set_upper(self, column: int, upper: float) -> None:
-        """Change one column's upper bound (kept for the following solves)."""
-        self.upper[column] = upper
-        if self._solver is not None:
-            self._solver.changeColBounds(column, self.lower[column], min(upper, _highs.kHighsInf))
-
-    def solve(self) -> tuple[np.ndarray, float]:
-        """Solve with the current bounds; returns the solution and the objective value."""
-        if self._solver is None:
-            cost, matrix, rhs = self._problem
-            result = linprog(
-                cost, A_ub=matrix, b_ub=rhs, bounds=np.c_[self.lower, self.upper], method="highs"
-            )
-            if result.status != 0:
-                raise RuntimeError(f"the relaxed frontier program failed: {result.message}")
-            return result.x, float(result.fun)
-        self._solver.run()
-        status = self._solver.getModelStatus()
-        if status != _highs.HighsModelStatus.kOptimal:
-            message = self._solver.modelStatusToString(status)
-            raise RuntimeError(f"the relaxed frontier program failed: {message}")
-        solution = np.asarray(self._solver.getSolution().col_value)
-        return solution, float(self._solver.getInfo().objective_function_value)
-
-
-_Undo = tuple[int, int, float, list[tuple[int, float]], float]
-"""A move's node, its previous option and duration, the earliest starts it changed, and its energy change."""
-
-
-class _LocalSearch:
-    """Exact local search on a rounded plan, judged by the simulator's energy accounting.
-
-    Moves: one instruction to the option of least marginal cost that fits its float, or a pair of neighbouring
-    instructions (one a step slower, the other a step faster). A move is kept only if the deadline still holds
-    and the energy drops. Earliest starts are updated incrementally (node indices are topological), so a move
-    costs time proportional to the part of the schedule it shifts.
-    """
-
-    def __init__(
-        self,
-        preds: list[list[int]],
-        succs: list[list[int]],
-        tables: dict[int, _OptionTable],
-        last_nodes: Sequence[int],
-        sink: int,
-        powers: tuple[float, float],
-    ):
-        self.preds, self.succs, self.tables, self.sink = preds, succs, tables, sink
-        self.is_last = [False] * len(preds)
-        for i in last_nodes:
-            self.is_last[i] = True
-        self.blocked_w, self.idle_w = powers
-        self.num_stages = len(last_nodes)
-        self.neighbours = {i: sorted(self._near(i) - {i}) for i in tables}
-        self.choice: list[int] = []
-        self.durations: list[float] = []
-        self.start: list[float] = []
-
-    def _near(self, i: int) -> set[int]:
-        """Compute nodes at most two edges away from ``i`` (through a transfer node), either direction."""
-        near: set[int] = set()
-        for step in (self.preds, self.succs):
-            for j in step[i]:
-                near.add(j)
-                near.update(step[j])
-        return near & self.tables.keys()
-
-    def improve(
-        self, choice: list[int], durations: list[float], deadline_s: float, target_j: float
-    ) -> list[int]:
-        """Return an improved copy of ``choice`` that still meets ``deadline_s``.
-
-        The search stops once the energy is at most ``target_j`` or no move helps.
-        """
-        self.choice, self.durations = list(choice), list(durations)
-        self.start = [0.0] * len(durations)
-        for v, preds in enumerate(self.preds):
-            self.start[v] = max([self.start[u] + self.durations[u] for u in preds]) if preds else 0.0
-        self.deadline_s = deadline_s * (1 + _REL_TOL)
-        self.excess_j = self._energy() - target_j
-        while self.excess_j > 0 and (self._sweep(pairs=False) or self._sweep(pairs=True)):
-            pass
-        return self.choice
-
-    def _energy(self) -> float:
-        """Energy of the current plan (see the module docstring)."""
-        ends = sum(self.start[i] + self.durations[i] for i, last in enumerate(self.is_last) if last)
-        busy = sum(
-            table.options[self.choice[i]].energy_j - self.blocked_w * self.durations[i]
-            for i, table in self.tables.items()
-        )
-        iteration_s = self.start[self.sink]
-        return busy + (self.blocked_w - self.idle_w) * ends + self.num_stages * self.idle_w * iteration_s
-
-    def _moves(self, pairs: bool) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
-        """Candidate moves with their change of marginal cost (negative: promising), most promising first."""
-        latest_end = [0.0] * len(self.durations)
-        for v in range(len(self.durations) - 1, -1, -1):
-            succs = self.succs[v]
-            latest_end[v] = (
-                min([latest_end[w] - self.durations[w] for w in succs]) if succs else self.deadline_s
-            )
-        moves = []
-        for i, table in self.tables.items():
-            current = self.choice[i]
-            if not pairs:
-                best = table.choose(latest_end[i] - self.start[i])
-                if table.costs[best] < table.costs[current]:
-                    moves.append((table.costs[best] - table.costs[current], ((i, best),)))
-                continue
-            if current + 1 == len(table.costs):
-                continue
-            slower = table.costs[current + 1] - table.costs[current]
-            for j in self.neighbours[i]:
-                other, at = self.tables[j], self.choice[j]
-                if at > 0 and slower + other.costs[at - 1] - other.costs[at] < 0:
-                    moves.append(
-                        (slower + other.costs[at - 1] - other.costs[at], ((j, at - 1), (i, current + 1)))
-                    )
-        return sorted(moves)
-
-    def _sweep(self, pairs: bool) -> bool:
-        """Try every single (or pair) move once; True if any was kept."""
-        kept = False
-        for _, move in self._moves(pairs):
-            undo = [self._apply(i, k) for i, k in move if self.choice[i] != k]
-            delta_j = sum(record[-1] for record in undo)
-            if self.start[self.sink] <= self.deadline_s and delta_j < -1e-9:
-                self.excess_j += delta_j
-                kept = True
-            else:
-                for record in reversed(undo):
-                    self._undo(record)
-        return kept
-
-    def _apply(self, i: int, k: int) -> _Undo:
-        """Move node ``i`` to option ``k``, shift the earliest starts after it and account the energy."""
-        table, sink = self.tables[i], self.sink
-        old_k, old_duration = self.choice[i], self.durations[i]
-        self.choice[i], self.durations[i] = k, table.times_s[k]
-        step_s = self.durations[i] - old_duration
-        end_shift_s, time_shift_s = (step_s if self.is_last[i] else 0.0), 0.0
-        changed: list[tuple[int, float]] = []
-        heap = list(self.succs[i])
-        heapq.heapify(heap)
-        queued = set(heap)
-        while heap:
-            v = heapq.heappop(heap)
-            start = max([self.start[u] + self.durations[u] for u in self.preds[v]])
-            if start == self.start[v]:
-                continue
-            shift = start - self.start[v]
-            changed.append((v, self.start[v]))
-            self.start[v] = start
-            end_shift_s += shift if self.is_last[v] else 0.0
-            time_shift_s += shift if v == sink else 0.0
-            for w in self.succs[v]:
-                if w not in queued:
-                    queued.add(w)
-                    heapq.heappush(heap, w)
-        delta_j = (
-            table.options[k].energy_j
-            - table.options[old_k].energy_j
-            - self.blocked_w * step_s
-            + (self.blocked_w - self.idle_w) * end_shift_s
-            + self.num_stages * self.idle_w * time_shift_s
-        )
-        return i, old_k, old_duration, changed, delta_j
-
-    def _undo(self, record: _Undo) -> None:
-        i, k, duration, changed, _ = record
-        self.choice[i], self.durations[i] = k, duration
-        for v, start in changed:
-            self.start[v] = start
 
 
 @dataclass(frozen=True)
@@ -406,18 +157,18 @@ class FrontierSolver:
         marginal_w = np.full(len(dag.nodes), self._powers[0])
         marginal_w[last] = self._powers[1]
         keys = {}
-        tables: dict[tuple[tuple[int, str, int], float], _OptionTable] = {}
-        self._tables: dict[int, _OptionTable] = {}
+        tables: dict[tuple[tuple[int, str, int], float], OptionTable] = {}
+        self._tables: dict[int, OptionTable] = {}
         for i in dag.compute_indices().tolist():
             attrs = dag.graph.nodes[dag.nodes[i]]
             keys[i] = (attrs["stage"], attrs["kind"], attrs["chunk"])
             table_key = (keys[i], float(marginal_w[i]))
             if table_key not in tables:
-                tables[table_key] = _OptionTable(profile.options(keys[i]), marginal_w[i])
+                tables[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
             self._tables[i] = tables[table_key]
         hulls = {key: lower_convex_hull(profile.options(key)) for key in set(keys.values())}
         self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, last)
-        self._search = _LocalSearch(self._preds, self._succs, self._tables, last, self._sink, self._powers)
+        self._search = LocalSearch(self._preds, self._succs, self._tables, last, self._sink, self._powers)
         self.baseline = self.simulator.run({})
 
     @property
@@ -475,7 +226,7 @@ class FrontierSolver:
         upper = np.concatenate([np.full(num_nodes, np.inf), np.asarray(segment_len, dtype=float)])
         upper[self.dag.index["source"]] = 0.0
         cost = np.concatenate([node_cost, np.asarray(segment_cost, dtype=float)])
-        self._program = _HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
+        self._program = HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
 
     def relaxed(self, deadline_s: float) -> RelaxedSolution:
         """Solve the relaxed problem for one deadline (``math.inf`` for the minimum-energy point).
@@ -531,7 +282,7 @@ class FrontierSolver:
         while True:
             durations = np.asarray(self._durations(choice))
             schedule = self.dag.schedule_array(durations)
-            if schedule.makespan_s <= deadline_s * (1 + _REL_TOL):
+            if schedule.makespan_s <= deadline_s * (1 + REL_TOL):
                 return choice
             slack = self.dag.latest_start_s(durations, deadline_s) - schedule.start_s
             late = [i for i in self._tables if slack[i] < 0 and choice[i] != 0]
@@ -583,7 +334,7 @@ class FrontierSolver:
         points = []
         for point in solved:
             best = min(
-                (other for other in solved if other.time_s <= point.deadline_s * (1 + _REL_TOL)),
+                (other for other in solved if other.time_s <= point.deadline_s * (1 + REL_TOL)),
                 key=lambda other: (other.energy_j, other.time_s),
             )
             points.append(

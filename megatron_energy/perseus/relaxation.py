@@ -1,0 +1,92 @@
+"""The exact relaxation of the frontier problem: convex hulls and a linear program re-solved from its basis.
+
+Each instruction's (time, energy) options are replaced by their lower convex hull (:func:`lower_convex_hull`);
+:class:`HotStartProgram` holds the resulting linear program and re-solves it after a bound change from the
+previous basis (HiGHS as bundled with SciPy >= 1.15), or with one ``linprog`` call per solve on older SciPy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from megatron_energy.perseus.profile import ClockOption
+
+try:  # HiGHS as bundled with SciPy >= 1.15: re-solves from the last basis after a bound change.
+    from scipy.optimize._highspy import _core as _highs
+except ImportError:  # pragma: no cover - exercised only on older SciPy
+    _highs = None
+
+
+def lower_convex_hull(options: Sequence[ClockOption]) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices of the lower convex hull of the options' (time, energy) points, time ascending.
+
+    Args:
+        options: An instruction's clock options.
+
+    Returns:
+        ``(times_s, energies_j)`` of the hull vertices; slopes between them strictly increase.
+    """
+    best: dict[float, float] = {}
+    for option in options:
+        best[option.time_s] = min(option.energy_j, best.get(option.time_s, math.inf))
+    hull: list[tuple[float, float]] = []
+    for point in sorted(best.items()):
+        while len(hull) >= 2:
+            (t0, e0), (t1, e1) = hull[-2], hull[-1]
+            if (t1 - t0) * (point[1] - e0) - (e1 - e0) * (point[0] - t0) > 0:
+                break
+            hull.pop()
+        hull.append(point)
+    array = np.array(hull, dtype=float)
+    return array[:, 0], array[:, 1]
+
+
+class HotStartProgram:
+    """``min c·x`` s.t. ``A x ≤ b``, ``lo ≤ x ≤ hi``, re-solved from the last basis after bound changes."""
+
+    def __init__(
+        self, cost: np.ndarray, matrix: sp.csc_matrix, rhs: np.ndarray, lower: np.ndarray, upper: np.ndarray
+    ):
+        self.lower, self.upper = lower.copy(), upper.copy()
+        self._problem = (cost, matrix, rhs)
+        self._solver = None
+        if _highs is not None:
+            lp = _highs.HighsLp()
+            lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
+            lp.col_cost_, lp.col_lower_, lp.col_upper_ = cost, lower, np.minimum(upper, _highs.kHighsInf)
+            lp.row_lower_, lp.row_upper_ = np.full(matrix.shape[0], -_highs.kHighsInf), rhs
+            lp.a_matrix_.format_ = _highs.MatrixFormat.kColwise
+            lp.a_matrix_.start_, lp.a_matrix_.index_ = matrix.indptr, matrix.indices
+            lp.a_matrix_.value_ = matrix.data
+            self._solver = _highs._Highs()
+            self._solver.setOptionValue("output_flag", False)
+            self._solver.passModel(lp)
+
+    def set_upper(self, column: int, upper: float) -> None:
+        """Change one column's upper bound (kept for the following solves)."""
+        self.upper[column] = upper
+        if self._solver is not None:
+            self._solver.changeColBounds(column, self.lower[column], min(upper, _highs.kHighsInf))
+
+    def solve(self) -> tuple[np.ndarray, float]:
+        """Solve with the current bounds; returns the solution and the objective value."""
+        if self._solver is None:
+            cost, matrix, rhs = self._problem
+            result = linprog(
+                cost, A_ub=matrix, b_ub=rhs, bounds=np.c_[self.lower, self.upper], method="highs"
+            )
+            if result.status != 0:
+                raise RuntimeError(f"the relaxed frontier program failed: {result.message}")
+            return result.x, float(result.fun)
+        self._solver.run()
+        status = self._solver.getModelStatus()
+        if status != _highs.HighsModelStatus.kOptimal:
+            message = self._solver.modelStatusToString(status)
+            raise RuntimeError(f"the relaxed frontier program failed: {message}")
+        solution = np.asarray(self._solver.getSolution().col_value)
+        return solution, float(self._solver.getInfo().objective_function_value)
