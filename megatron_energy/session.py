@@ -133,6 +133,7 @@ class EnergySession:
 
     def on_step_end(self, step: int) -> None:
         """Finish the step's measurements and advance the phase."""
+        ran_in, ran_with = self.phase, self.schedule  # the log describes the step as it ran
         timing = self.timer.finish_step()
         window = self.meter.lap()
         energy_j = timing.energy_j
@@ -144,10 +145,12 @@ class EnergySession:
             self.collector.add_step(timing, figures.energy_j, figures.iteration_s)
             if self.collector.done:
                 self._plan()
-        elif self.phase in ("planned", "following straggler"):
-            self._follow_stragglers(figures)
-            self._check_safety(figures)
-        self._log(step, figures)
+        else:
+            # every run-phase rank joins the straggler all-reduce, the safety-netted ones too: a replica
+            # that skipped it would leave the others waiting in the collective
+            alone = self._follow_stragglers(figures)
+            self._check_safety(figures, slow_alone=alone)
+        self._log(step, figures, ran_in, ran_with)
 
     def close(self) -> None:
         """Stop the controller (which resets the clocks it locked) and release the clock guard."""
@@ -202,16 +205,27 @@ class EnergySession:
         self.straggler = StragglerPolicy(nominal_time_s=bundle.nominal_time_s)
         self.phase = "planned"
 
-    def _follow_stragglers(self, figures: StepFigures) -> None:
+    def _follow_stragglers(self, figures: StepFigures) -> bool:
+        """Exchange the replicas' paces and follow the slowest; return whether this replica alone is slow.
+
+        A replica that is slow while another replica keeps its plan's pace is slowed by something outside
+        the plan (throttling, a slow node): the plan, the same on every replica, is not to blame.
+        """
         if self.context.data_parallel_size == 1 or self.bundle is None or self.straggler is None:
-            return
-        assert self.schedule is not None
-        predicted_s = self.schedule.predicted_time_s
+            return False
+        nominal_s = self.straggler.nominal_time_s
+        predicted_s = (
+            self.bundle.predicted_stock_time_s if self.schedule is None else self.schedule.predicted_time_s
+        )
         mine = self.straggler.contribution(figures.timing.intrinsic_s, predicted_s)
-        slowest_s = self.comms.all_reduce_max([mine])[0]
-        pace_s = self.straggler.update(slowest_s, straggling=mine != self.straggler.nominal_time_s)
+        slowest_s, negated_fastest_s = self.comms.all_reduce_max([mine, -mine])
+        straggling = mine != nominal_s
+        slow_alone = straggling and -negated_fastest_s == nominal_s
+        if self.safety.tripped:
+            return slow_alone
+        pace_s = self.straggler.update(slowest_s, straggling=straggling)
         if pace_s is None:
-            return
+            return slow_alone
         index = self.bundle.index_for_time(pace_s)
         self.schedule = self.bundle.rank_schedule(self.context.pipeline_rank, index)
         following = index != self.bundle.target_index
@@ -225,9 +239,13 @@ class EnergySession:
                 else "straggler recovered; back to the target plan"
             )
         )
+        return slow_alone
 
-    def _check_safety(self, figures: StepFigures) -> None:
+    def _check_safety(self, figures: StepFigures, slow_alone: bool) -> None:
         if self.bundle is None or self.schedule is None:
+            return
+        if slow_alone:
+            self.safety.excuse()
             return
         allowed_s = self.bundle.allowed_time_s(self.schedule.predicted_time_s)
         if self.safety.observe(figures.iteration_s, allowed_s):
@@ -241,7 +259,7 @@ class EnergySession:
                 "steps; clocks reverted to stock for the rest of the run"
             )
 
-    def _log(self, step: int, figures: StepFigures) -> None:
+    def _log(self, step: int, figures: StepFigures, phase: str, schedule: RankSchedule | None) -> None:
         self._steps_in_interval.append(figures)
         if (step + 1) % self.context.log_interval != 0:
             return
@@ -249,7 +267,7 @@ class EnergySession:
         mine = StageEnergy(
             stage=self.context.pipeline_rank,
             measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
-            predicted_j_per_iter=None if self.schedule is None else self.schedule.predicted_energy_j,
+            predicted_j_per_iter=None if schedule is None else schedule.predicted_energy_j,
             stock_j_per_iter=None
             if self.bundle is None
             else self.bundle.stock_energy_j(self.context.global_rank),
@@ -258,5 +276,5 @@ class EnergySession:
         )
         gathered = self.comms.gather_to_root(mine)
         if gathered is not None:
-            line, scalars = format_energy_line(step, gathered, self.timer.source, self.phase)
+            line, scalars = format_energy_line(step, gathered, self.timer.source, phase)
             publish(line, scalars, step, self.context.log_sinks, self.printer)

@@ -33,6 +33,7 @@ global timers: the target of the launcher tests.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import os
 import pickle
@@ -47,6 +48,9 @@ import torch
 import torch.multiprocessing as mp
 
 Worker = Callable[[int, int, Any], Any]
+
+COLLECTIVE_TIMEOUT_S = 180
+"""Longest wait of a gloo collective in the test worlds."""
 
 
 def free_port() -> int:
@@ -84,7 +88,10 @@ def _rank_main(rank: int, world_size: int, port: int, worker: Worker, payload: A
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    # a short collective timeout turns a rank that stopped joining a collective into a failure, not a hang
+    torch.distributed.init_process_group(
+        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     try:
         result = worker(rank, world_size, payload)
         (Path(result_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))

@@ -1,7 +1,7 @@
 """Profiles and plans saved under ``--energy-dir``, keyed by a fingerprint of the job.
 
-Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.json}`` plus ``<dir>/last_job.json``,
-the facts of the most recent job, so that a miss can say what changed.
+Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,baseline.json}`` plus
+``<dir>/last_job.json``, the facts of the most recent job, so that a miss can say what changed.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class JobCache:
 
     @property
     def frontier_path(self) -> Path:
-        """The cached frontier (for straggler responses)."""
-        return self.folder / "frontier.json"
+        """The cached frontier (time, energy per point; for plots and reports)."""
+        return self.folder / "frontier.csv"
 
     def lookup(self) -> CacheLookup:
         """Check for a cached profile of this job, and explain a miss."""

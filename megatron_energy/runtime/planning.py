@@ -94,9 +94,9 @@ class PlanBundle:
 
         A pace faster than the target's keeps the target point.
         """
-        feasible = [i for i, t in enumerate(self.times_s) if t <= time_s * (1 + 1e-9)]
-        if not feasible:
+        if time_s <= self.nominal_time_s:
             return self.target_index
+        feasible = [i for i, t in enumerate(self.times_s) if t <= time_s * (1 + 1e-9)]
         return min(feasible, key=lambda i: (sum(self.stage_energies_j[i]), self.times_s[i]))
 
     def allowed_time_s(self, predicted_s: float) -> float:
@@ -168,7 +168,7 @@ def plan_on_root(
     )
     cache.folder.mkdir(parents=True, exist_ok=True)
     profile.to_csv(cache.profile_path)
-    frontier.to_csv(cache.folder / "frontier.csv")
+    frontier.to_csv(cache.frontier_path)
     write_atomically(cache.folder / "baseline.json", json.dumps(dict(baseline), indent=2, default=str))
     planner.to_plan(target, str(config.target)).save(cache.plan_path)
     cache.remember()

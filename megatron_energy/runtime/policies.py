@@ -81,6 +81,10 @@ class SafetyNet:
     violations: int = 0
     tripped: bool = False
 
+    def excuse(self) -> None:
+        """Record a slow step the plan is not to blame for (only this replica is slow): it ends a streak."""
+        self.violations = 0
+
     def observe(self, measured_s: float, target_s: float) -> bool:
         """Record one step; return ``True`` exactly once, on the step that trips the net.
 

@@ -1,0 +1,530 @@
+"""The parts of the energy session, one at a time, in one process: log line, policies, plan bundle, cache,
+profiling, grid; and the session's run phase on a one-stage replica whose data-parallel peer is scripted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
+from megatron_energy.runtime.cache import JobCache, describe_changes
+from megatron_energy.runtime.comms import LocalComms
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.planning import PlanBundle
+from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
+from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, merge_rows
+from megatron_energy.runtime.timing import InstructionSample, StepTiming
+from megatron_energy.session import EnergySession
+
+# ------------------------------------------------------------------------------------------- energy log
+
+
+def _stage_energy(stage: int, measured: float, **changes) -> StageEnergy:
+    fields = dict(
+        stage=stage,
+        measured_j_per_iter=measured,
+        predicted_j_per_iter=0.9 * measured,
+        stock_j_per_iter=1.25 * measured,
+        iteration_s=0.1,
+        stock_iteration_s=0.095,
+    )
+    return StageEnergy(**(fields | changes))
+
+
+def test_energy_line_sums_peers_per_stage_and_labels_every_figure():
+    # two replicas of a two-stage pipeline, gathered in rank order (not stage order)
+    ranks = [
+        _stage_energy(1, 30.0, iteration_s=0.120),
+        _stage_energy(0, 10.0),
+        _stage_energy(1, 32.0),
+        _stage_energy(0, 12.0, iteration_s=0.130),
+    ]
+    line, scalars = format_energy_line(7, ranks, "modelled", "planned")
+    total = 10.0 + 12.0 + 30.0 + 32.0
+    stock = 1.25 * total
+    predicted = 0.9 * total
+    assert line.startswith("[energy] iteration 7 | planned | ")
+    assert "J/iter modelled: s0=22.0 s1=62.0" in line
+    assert f"total={total:.1f}" in line
+    assert f"predicted (modelled)={predicted:.1f}" in line
+    assert f"saving vs stock (modelled)={100 * (1 - total / stock):.1f}%" in line
+    assert "iter 130.0 ms" in line  # the slowest rank's iteration
+    assert "stock 95.0 ms" in line
+    assert scalars == pytest.approx(
+        {
+            "energy/j_per_iter_total": total,
+            "energy/j_per_iter_stage0": 22.0,
+            "energy/j_per_iter_stage1": 62.0,
+            "energy/j_per_iter_predicted": predicted,
+            "energy/saving_vs_stock": 1 - total / stock,
+            "energy/iteration_s": 0.130,
+        }
+    )
+
+
+def test_energy_line_leaves_out_prediction_and_saving_it_cannot_compute():
+    ranks = [
+        _stage_energy(0, 10.0, stock_j_per_iter=None, stock_iteration_s=None),
+        _stage_energy(1, 20.0, predicted_j_per_iter=None),
+    ]
+    line, scalars = format_energy_line(4, ranks, "measured", "profiling")
+    assert "J/iter measured: s0=10.0 s1=20.0" in line
+    assert "predicted" not in line and "saving" not in line
+    assert "stock 95.0 ms" in line  # the one rank that knows the stock time
+    assert set(scalars) == {
+        "energy/j_per_iter_total",
+        "energy/j_per_iter_stage0",
+        "energy/j_per_iter_stage1",
+        "energy/iteration_s",
+    }
+
+
+def test_publish_prints_the_line_and_writes_every_scalar_to_every_sink():
+    printed: list[str] = []
+    first: list[tuple[str, float, int]] = []
+    second: list[tuple[str, float, int]] = []
+    scalars = {"energy/a": 1.5, "energy/b": -2.0, "energy/c": 0.0}
+
+    publish(
+        "the line", scalars, 42, [lambda *a: first.append(a), lambda *a: second.append(a)], printed.append
+    )
+
+    assert printed == ["the line"]
+    expected = sorted((name, value, 42) for name, value in scalars.items())
+    assert sorted(first) == expected
+    assert sorted(second) == expected
+
+
+# ---------------------------------------------------------------------------------------------- policies
+
+
+def test_straggler_contribution_is_the_measured_time_only_beyond_the_tolerance():
+    policy = StragglerPolicy(nominal_time_s=1.0, tolerance=0.03)
+    assert policy.contribution(1.02 * 1.2, predicted_s=1.2) == 1.0
+    assert policy.contribution(1.04 * 1.2, predicted_s=1.2) == pytest.approx(1.04 * 1.2)
+
+
+def test_straggler_policy_follows_ignores_small_drift_and_recovers():
+    policy = StragglerPolicy(nominal_time_s=1.0, tolerance=0.03)
+    assert policy.update(1.0, straggling=False) is None  # everyone on pace
+    assert policy.update(1.02, straggling=False) is None  # within tolerance of the plan: not a straggler
+    assert policy.update(1.3, straggling=False) == 1.3  # follow
+    assert policy.pace_s == 1.3
+    assert policy.update(1.32, straggling=False) is None  # drift within 3 % of the current pace
+    assert policy.update(1.27, straggling=False) is None
+    assert policy.update(1.5, straggling=False) == 1.5  # a real change of pace
+    assert policy.update(1.01, straggling=False) == 1.0  # recovered: back to the plan's own time
+    assert policy.update(1.01, straggling=False) is None
+
+
+def test_the_straggler_itself_keeps_its_plan():
+    policy = StragglerPolicy(nominal_time_s=1.0)
+    assert policy.update(1.6, straggling=True) is None
+    assert policy.pace_s == 1.0
+
+
+def test_safety_net_trips_exactly_once_after_patience_consecutive_violations():
+    net = SafetyNet(tolerance=0.05, patience=3)
+    allowed = 1.0
+    slow, fine = 1.06, 1.05  # 1.05 is exactly at the tolerance: not a violation
+    assert [net.observe(t, allowed) for t in (slow, slow, fine, slow, slow)] == [False] * 5
+    assert net.violations == 2
+    assert net.observe(slow, allowed) is True
+    assert net.tripped
+    assert [net.observe(slow, allowed) for _ in range(5)] == [False] * 5
+
+
+def test_an_excused_step_ends_a_streak_of_violations():
+    net = SafetyNet(tolerance=0.05, patience=2)
+    assert net.observe(2.0, 1.0) is False
+    net.excuse()
+    assert net.observe(2.0, 1.0) is False
+    assert net.observe(2.0, 1.0) is True
+
+
+# ------------------------------------------------------------------------------------------- plan bundle
+
+
+def _bundle(target_index: int = 1, stock_time_s: float | None = 0.5) -> PlanBundle:
+    # point energies (sum over 2 stages): 20, 18, 16, 15 (the minimum-energy point, last)
+    times = (1.0, 1.1, 1.2, 1.4)
+    energies = ((10.0, 10.0), (9.0, 9.0), (8.5, 7.5), (7.0, 8.0))
+    tables = tuple(
+        ({("forward", 0, 0): 1980 - 100 * i}, {("forward", 0, 0): 1900 - 100 * i}) for i in range(4)
+    )
+    return PlanBundle(
+        times_s=times,
+        stage_energies_j=energies,
+        stage_clocks=tables,
+        target_index=target_index,
+        predicted_stock_time_s=1.0,
+        stock_time_s=stock_time_s,
+        stock_energy_by_rank={0: 11.0, 1: 12.0},
+    )
+
+
+def test_index_for_time_picks_the_least_energy_point_at_the_pace():
+    bundle = _bundle(target_index=1)
+    assert bundle.index_for_time(1.1) == 1  # the target's own pace
+    assert bundle.index_for_time(1.25) == 2  # slower pace: the lower-energy point no slower than it
+    assert bundle.index_for_time(1.4) == 3
+    assert bundle.index_for_time(5.0) == 3  # past the minimum-energy point: stay there
+
+
+def test_a_pace_faster_than_the_target_keeps_the_target():
+    bundle = _bundle(target_index=1)
+    assert bundle.index_for_time(1.05) == 1  # point 0 would be faster and cost more energy
+    assert bundle.index_for_time(0.5) == 1
+
+
+def test_rank_schedule_is_one_stage_of_one_point():
+    schedule = _bundle().rank_schedule(stage=1, index=2)
+    assert schedule.clock("forward", 0, 0) == 1700
+    assert schedule.predicted_time_s == 1.2
+    assert schedule.predicted_energy_j == 7.5
+
+
+def test_allowed_time_scales_the_measured_stock_time_by_the_predicted_slowdown():
+    assert _bundle(stock_time_s=0.5).allowed_time_s(1.2) == pytest.approx(0.5 * 1.2 / 1.0)
+    assert _bundle(stock_time_s=None).allowed_time_s(1.2) == 1.2
+    assert _bundle().stock_energy_j(1) == 12.0
+    assert _bundle().stock_energy_j(7) is None
+
+
+# ------------------------------------------------------------------------------------------------- cache
+
+
+def _job(**changes) -> dict:
+    parts = {"model": {"hidden_size": 2048, "num_layers": 24}, "pipeline_size": 4, "num_microbatches": 8}
+    return parts | changes
+
+
+def test_describe_changes_names_each_changed_fact_dotted_and_sorted():
+    old = _job()
+    new = _job(num_microbatches=4, model={"hidden_size": 4096, "num_layers": 24}, gpu="h100-sxm")
+    assert describe_changes(old, new) == [
+        "gpu: None -> 'h100-sxm'",
+        "model.hidden_size: 2048 -> 4096",
+        "num_microbatches: 8 -> 4",
+    ]
+    assert describe_changes(old, _job()) == []
+
+
+def test_cache_lookup_empty_hit_and_changed(tmp_path):
+    cache = JobCache(tmp_path, _job())
+    first = cache.lookup()
+    assert not first.hit
+    assert "empty" in first.message
+    assert first.folder == tmp_path / cache.fingerprint
+
+    cache.folder.mkdir()
+    cache.profile_path.write_text("stage,instruction,frequency,time,energy\n")
+    cache.remember()
+    hit = JobCache(tmp_path, _job()).lookup()
+    assert hit.hit
+    assert "cache hit" in hit.message and str(cache.profile_path) in hit.message
+    assert json.loads((tmp_path / "last_job.json").read_text())["fingerprint"] == cache.fingerprint
+    assert json.loads((cache.folder / "job.json").read_text())["parts"] == _job()
+
+    changed = JobCache(tmp_path, _job(num_microbatches=4))
+    assert changed.fingerprint != cache.fingerprint
+    miss = changed.lookup()
+    assert not miss.hit
+    assert "num_microbatches: 8 -> 4" in miss.message
+    assert "pipeline_size" not in miss.message
+
+
+# --------------------------------------------------------------------------------------------- profiling
+
+
+def _timing(durations: dict[str, float], iteration_s: float, energies: dict[str, float] | None = None):
+    """Forward then backward of microbatch 0, back to back after a gap of 10 % of the iteration."""
+    samples, start = [], 0.1 * iteration_s
+    for kind, duration in durations.items():
+        energy = None if energies is None else energies[kind]
+        samples.append(InstructionSample(kind, 0, 0, start, start + duration, energy_j=energy))
+        start += duration
+    return StepTiming(tuple(samples), intrinsic_s=iteration_s, source="modelled")
+
+
+def _collector(clocks=(1980, 1500), steps_per_clock=2) -> ProfileCollector:
+    return ProfileCollector(
+        stage=1, clocks_mhz=clocks, steps_per_clock=steps_per_clock, blocked_power_w=100.0, idle_power_w=50.0
+    )
+
+
+def test_profile_collector_walks_the_grid_and_discards_each_settling_step():
+    collector = _collector()
+    assert collector.steps_needed == 6
+    walked = []
+    # per clock: settling step (wildly off, must be discarded), then two measured steps
+    plan = {1980: (9.0, 2.0, 3.0), 1500: (9.0, 3.0, 5.0)}
+    for clock in (1980, 1500):
+        for forward_s in plan[clock]:
+            assert not collector.done
+            walked.append(collector.clock_for_next_step())
+            timing = _timing(
+                {"forward": forward_s, "backward": 2 * forward_s},
+                10.0,
+                {"forward": forward_s, "backward": 1.0},
+            )
+            collector.add_step(timing, step_energy_j=100.0 + forward_s, iteration_s=10.0 + forward_s)
+    assert walked == [1980] * 3 + [1500] * 3
+    assert collector.done
+    assert collector.clock_for_next_step() == 1500  # stays on the last clock once done
+
+    rows = {(row.kind, row.clock_mhz): row for row in collector.rows()}
+    assert set(rows) == {("forward", 1980), ("backward", 1980), ("forward", 1500), ("backward", 1500)}
+    assert rows[("forward", 1980)].time_s == pytest.approx((2.0 + 3.0) / 2)
+    assert rows[("backward", 1500)].time_s == pytest.approx((6.0 + 10.0) / 2)
+    assert rows[("forward", 1500)].energy_j == pytest.approx((3.0 + 5.0) / 2)
+    assert rows[("backward", 1980)].energy_j == pytest.approx(1.0)
+    assert all(row.samples == 2 and row.stage == 1 and row.chunk == 0 for row in rows.values())
+
+    stock = collector.stock_baseline()
+    assert stock is not None and stock.clock_mhz == 1980
+    assert stock.iteration_s == pytest.approx((12.0 + 13.0) / 2)
+    assert stock.energy_j == pytest.approx((102.0 + 103.0) / 2)
+
+
+def test_measured_step_energy_less_waiting_is_split_over_instructions_by_time():
+    collector = _collector(clocks=(1980,), steps_per_clock=1)
+    timing = _timing({"forward": 0.1, "backward": 0.3}, iteration_s=1.0)  # no per-instruction energy
+    collector.add_step(timing, 0.0, 1.0)  # settling
+    step_energy_j = 200.0
+    collector.add_step(timing, step_energy_j, 1.0)
+
+    busy_s = 0.1 + 0.3
+    last_end_s = 0.1 + busy_s
+    blocked_j = 100.0 * (last_end_s - busy_s)  # the gap before the forward, at the blocked power
+    idle_j = 50.0 * (1.0 - last_end_s)  # after the last instruction, at the idle power
+    busy_j = step_energy_j - blocked_j - idle_j
+    rows = {row.kind: row for row in collector.rows()}
+    assert rows["forward"].energy_j == pytest.approx(busy_j * 0.1 / busy_s)
+    assert rows["backward"].energy_j == pytest.approx(busy_j * 0.3 / busy_s)
+
+
+def test_merge_rows_takes_the_slowest_peer_and_the_mean_energy():
+    def row(stage: int, clock: int, time_s: float, energy_j: float) -> ProfileRow:
+        return ProfileRow(stage, "forward", 0, clock, time_s, energy_j, samples=2)
+
+    merged = merge_rows(
+        [
+            [row(0, 1980, 1.0, 10.0), row(0, 1500, 1.3, 8.0)],
+            [row(1, 1980, 2.0, 20.0)],
+            [row(0, 1980, 1.2, 12.0), row(0, 1500, 1.25, 9.0)],
+        ]
+    )
+    assert merged == {
+        (0, "forward", 0): {1980: (1.2, pytest.approx(11.0)), 1500: (1.3, pytest.approx(8.5))},
+        (1, "forward", 0): {1980: (2.0, 20.0)},
+    }
+
+
+# -------------------------------------------------------------------------------------------------- grid
+
+H100_CLOCKS = list(range(1980, 209, -15))
+
+
+def test_auto_grid_spreads_over_the_top_half_and_starts_at_stock():
+    grid = profiling_grid(None, H100_CLOCKS)
+    assert len(grid) == AUTO_GRID_POINTS
+    assert grid[0] == max(H100_CLOCKS)
+    assert grid == sorted(grid, reverse=True)
+    assert all(clock in H100_CLOCKS and clock >= max(H100_CLOCKS) / 2 for clock in grid)
+    gaps = {a - b for a, b in itertools.pairwise(grid)}
+    assert len(gaps) == 1  # evenly spaced
+
+
+def test_requested_grid_is_sorted_highest_first():
+    assert profiling_grid([1305, 1980, 1530], H100_CLOCKS) == [1980, 1530, 1305]
+
+
+def test_unsupported_clock_names_the_nearest_supported_ones():
+    with pytest.raises(GridError) as refused:
+        profiling_grid([1980, 1702, 1290], H100_CLOCKS)
+    message = str(refused.value)
+    assert "1702 -> 1695" in message
+    assert "1290 ->" not in message and "1980 ->" not in message  # supported ones are not named
+    assert "210-1980 MHz" in message
+
+
+def test_an_unsupported_clock_between_two_names_the_closer():
+    with pytest.raises(GridError, match=r"1296 -> 1290"):
+        profiling_grid([1296], H100_CLOCKS)
+
+
+# ----------------------------------------------------- the run phase of a session with a scripted peer
+
+
+class _Controller:
+    """Records the clocks the session asks for."""
+
+    def __init__(self) -> None:
+        self.requests: list[int | None] = []
+
+    def request(self, clock_mhz: int | None, boundary: object = None) -> None:
+        self.requests.append(clock_mhz)
+
+    @property
+    def clock_mhz(self) -> int:
+        last = self.requests[-1] if self.requests else RESET
+        return 1980 if last is RESET else last
+
+    def close(self) -> None:
+        pass
+
+
+class _Meter:
+    def lap(self) -> None:
+        return None
+
+
+class _Timer:
+    """Each instruction runs at the last requested clock: 10 ms forward / 20 ms backward at 1980 MHz,
+    scaled by 1980 / clock (compute bound) and by ``slowdown`` (an extrinsic slowdown)."""
+
+    source = "modelled"
+
+    def __init__(self, controller: _Controller) -> None:
+        self.controller = controller
+        self.slowdown = 1.0
+        self._runs: list[tuple[str, float, float]] = []
+
+    def step_begin(self) -> None:
+        self._runs.clear()
+
+    def begin(self, instruction: tuple[str, int, int]) -> None:
+        return None
+
+    def end(self, instruction: tuple[str, int, int]) -> None:
+        kind, clock = instruction[0], self.controller.clock_mhz
+        time_s = (0.010 if kind == "forward" else 0.020) * 1980 / clock * self.slowdown
+        power_w = 100.0 + 600.0 * (clock / 1980) ** 2
+        self._runs.append((kind, time_s, power_w * time_s))
+
+    def finish_step(self) -> StepTiming:
+        samples, start = [], 0.0
+        for kind, time_s, energy_j in self._runs:
+            samples.append(InstructionSample(kind, 0, 0, start, start + time_s, energy_j=energy_j))
+            start += time_s
+        return StepTiming(tuple(samples), start, "modelled", sum(s.energy_j for s in samples))
+
+
+class _PeerComms(LocalComms):
+    """One rank of replica 0; the other replica's contribution to the all-reduce is ``peer_s``."""
+
+    def __init__(self) -> None:
+        self.peer_s: float | None = None
+        self.all_reduces = 0
+
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        # the rank sends its contribution (and possibly its negation); the peer sends the same of its own
+        self.all_reduces += 1
+        mine = values[0]
+        peer = mine if self.peer_s is None else self.peer_s
+        peer_values = [peer if value == mine else -peer for value in values]
+        return [max(a, b) for a, b in zip(values, peer_values, strict=True)]
+
+
+SAFETY_STEPS = 3
+
+
+def _session(tmp_path, data_parallel_size: int = 2):
+    controller, comms, lines = _Controller(), _PeerComms(), []
+    timer = _Timer(controller)
+    spec = load_gpu_spec("h100-sxm")
+    context = JobContext(
+        pipeline_rank=0,
+        pipeline_size=1,
+        data_parallel_rank=0,
+        data_parallel_size=data_parallel_size,
+        num_microbatches=1,
+        log_interval=1000,
+    )
+    config = EnergyConfig(
+        optimise=True, dir=tmp_path, profile_iters=1, safety_tolerance=0.05, safety_steps=SAFETY_STEPS
+    )
+    session = EnergySession(
+        config,
+        context,
+        controller=controller,
+        meter=_Meter(),
+        timer=timer,
+        comms=comms,
+        clocks_mhz=[1980, 1500],
+        cache=JobCache(tmp_path, context.fingerprint_parts(spec.name)),
+        spec=spec,
+        printer=lines.append,
+    )
+    return session, timer, comms, controller, lines
+
+
+def _step(session: EnergySession, step: int) -> None:
+    session.on_step_begin(step)
+    for kind in ("forward", "backward"):
+        session.on_instruction_begin(kind, 0, 0)
+        session.on_instruction_end(kind, 0, 0)
+    session.on_step_end(step)
+
+
+def _profile_and_plan(session: EnergySession) -> int:
+    step = 0
+    while session.phase == "profiling":
+        _step(session, step)
+        step += 1
+    assert step == session.collector.steps_needed == 4
+    assert session.phase == "planned" and session.bundle is not None
+    return step
+
+
+def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path):
+    session, timer, comms, controller, lines = _session(tmp_path)
+    step = _profile_and_plan(session)
+    assert session.bundle.stock_time_s == pytest.approx(0.030)
+    nominal_s = session.straggler.nominal_time_s
+
+    # this replica is throttled, its peer keeps the plan's pace: not the plan's fault
+    timer.slowdown = 1.5
+    comms.peer_s = nominal_s
+    for _ in range(2 * SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    assert session.phase == "planned"
+    assert not any("reverted" in line for line in lines)
+
+    # every replica as slow: the plan is to blame
+    comms.peer_s = 1.5 * nominal_s
+    for left in range(SAFETY_STEPS, 0, -1):
+        assert session.phase == "planned", left
+        _step(session, step)
+        step += 1
+    assert session.phase == "stock (safety net)"
+    assert controller.requests[-1] is RESET
+    assert sum("clocks reverted to stock" in line for line in lines) == 1
+
+    # reverted ranks keep joining the replicas' all-reduce (else the other replicas would hang in it)
+    before, requests = comms.all_reduces, len(controller.requests)
+    _step(session, step)
+    assert comms.all_reduces == before + 1
+    assert len(controller.requests) == requests  # no more plan clocks
+    assert session.phase == "stock (safety net)"
+
+
+def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
+    session, timer, comms, _, lines = _session(tmp_path, data_parallel_size=1)
+    step = _profile_and_plan(session)
+    timer.slowdown = 1.5
+    for _ in range(SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    assert session.phase == "stock (safety net)"
+    assert comms.all_reduces == 0
+    assert sum("clocks reverted to stock" in line for line in lines) == 1
