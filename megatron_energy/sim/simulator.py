@@ -13,8 +13,28 @@ frontier solver shares:
   data-parallel sync and optimizer tail included), at ``idle_power_w``.
 
 So ``busy_s + blocked_s + idle_s == iteration_time_s`` on every stage. All results are *modelled*.
+
+**Switch latency.** With ``switch_latency_s`` L > 0 a clock change is not instant, exactly as on
+:class:`~megatron_energy.dvfs.simulated.SimulatedGPUs`:
+
+* a stage asks for a compute node's clock when the node starts, and only when it differs from the stage's
+  previous request (the frequency controller drops repeats);
+* the clock takes effect L later; virtual time passes during blocked waits too, so a wait absorbs latency;
+* a newer request replaces a pending one (the pending clock then never takes effect);
+* work done before the switch falls due runs at the clock in effect, time and energy pro rata from the profile
+  option at that clock (fraction of work = elapsed / that option's time); the rest runs at the new clock;
+* steady state: the same plan repeats every iteration, so a stage starts the iteration at the clock of its
+  last instruction of the previous iteration, with no switch pending (the iteration tail and the last
+  instruction are assumed to outlast L);
+* a clock in effect at which an instruction has no profile option is priced by linear interpolation between
+  its neighbouring profiled clocks (clamped at the ends).
+
+Busy time and energy are then the effective ones; blocked and idle power do not depend on the clock. With
+L = 0 the simulation is the instant-switch one, bit for bit.
 """
 
+import bisect
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -77,6 +97,12 @@ class Slice(NamedTuple):
     """``"forward"``, ``"backward"``, ``"send"``, ``"dp_sync"`` or ``"optimizer"``."""
     energy_j: float
     """Busy energy of a compute node; 0 for the others (their energy is blocked or idle energy)."""
+    stale_clock_mhz: int | None = None
+    """Clock in effect when a compute node started, if its requested ``clock_mhz`` was not yet in effect
+    (switch latency); ``None`` when it ran at ``clock_mhz`` throughout."""
+    stale_s: float = 0.0
+    """Seconds the compute node ran at ``stale_clock_mhz`` before the switch took effect (its whole duration
+    when the switch came after it ended)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +144,7 @@ class SimResult:
         gpu_name: GPU the profile describes.
         profile_source: ``"measured"`` or ``"modelled"``: where the per-instruction times and energies came
             from (the iteration itself is always modelled).
+        switch_latency_s: SM-clock switch latency the iteration was simulated with (0: instant switches).
     """
 
     iteration_time_s: float
@@ -125,6 +152,7 @@ class SimResult:
     timeline: list[Slice]
     gpu_name: str
     profile_source: str
+    switch_latency_s: float = 0.0
 
     @property
     def total_energy_j(self) -> float:
@@ -132,23 +160,49 @@ class SimResult:
         return sum(stage.total_energy_j for stage in self.stages)
 
 
+_DUE_TOLERANCE_S = 1e-12
+"""A pending switch this close to an instruction's start is in effect (as in the simulated GPU)."""
+
+
+class _Pass(NamedTuple):
+    """What one schedule pass gives: node times by index, effective busy figures by compute position."""
+
+    start_s: list[float]
+    end_s: list[float]
+    iteration_s: float
+    times_s: list[float]
+    energies_j: list[float]
+    stale_clock_mhz: list[int | None]
+    stale_s: list[float]
+
+
 class Simulator:
     """Simulates a pipeline DAG under per-instruction clocks with a profile's time and energy per clock."""
 
-    def __init__(self, dag: PipelineDag, profile: ProfileLike, spec_powers: StagePowers | None = None):
+    def __init__(
+        self,
+        dag: PipelineDag,
+        profile: ProfileLike,
+        spec_powers: StagePowers | None = None,
+        switch_latency_s: float = 0.0,
+    ):
         """Prepare the simulation of ``dag``.
 
         Args:
             dag: The iteration DAG.
             profile: Time and energy per clock of every (stage, kind, chunk) instruction in the DAG.
             spec_powers: Blocked and idle power; the profile's figures when ``None``.
+            switch_latency_s: SM-clock switch latency of every run that does not give its own (see the module
+                docstring); 0 for instant switches.
 
         Raises:
             KeyError: If the profile lacks an instruction of the DAG.
+            ValueError: If the switch latency is negative or not finite.
         """
         self.dag = dag
         self.profile = profile
         self.powers = spec_powers or StagePowers(profile.blocked_power_w, profile.idle_power_w)
+        self.switch_latency_s = _checked_latency(switch_latency_s)
         self._compute = dag.compute_indices()
         attrs = dag.graph.nodes
         self._keys = [
@@ -162,19 +216,60 @@ class Simulator:
             self._fastest[key] = profile.fastest(key)
         self._stage_of = np.array([key[0] for key in self._keys], dtype=np.int64)
         self._last_compute = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
+        self._preds: list[list[int]] | None = None  # built by the first run with a switch latency
+        self._position: list[int] = []  # compute position of every node index, -1 for other nodes
+        self._stage_list: list[int] = []
+        self._clock_grid: dict[tuple[int, str, int], list[int]] = {}
 
-    def run(self, clocks: Mapping[NodeId, int] | None = None) -> SimResult:
+    def run(
+        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+    ) -> SimResult:
         """Simulate one iteration.
 
         Args:
-            clocks: SM clock per compute node; a node without one runs its fastest option.
+            clocks: SM clock per compute node (the clock its stage asks for when it starts); a node without
+                one runs its fastest option.
+            switch_latency_s: Switch latency of this run; the simulator's own when ``None``.
 
         Returns:
             Iteration time, per-stage energy and the timeline.
 
         Raises:
-            ValueError: If a clock is not among the profiled options of its instruction.
+            ValueError: If a clock is not among the profiled options of its instruction, or the latency is
+                negative.
         """
+        chosen = self._chosen(clocks)
+        latency = self._latency(switch_latency_s)
+        passed = self._pass(chosen, latency)
+        stages = self._stage_energies(passed)
+        timeline = self._timeline(passed, chosen)
+        return SimResult(
+            passed.iteration_s, stages, timeline, self.profile.gpu_name, self.profile.source, latency
+        )
+
+    def evaluate(
+        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+    ) -> tuple[float, float]:
+        """Iteration time and energy of :meth:`run` (the same floats) without building the timeline.
+
+        The fast path for solvers that simulate many candidate plans.
+
+        Args:
+            clocks: As for :meth:`run`.
+            switch_latency_s: As for :meth:`run`.
+
+        Returns:
+            ``(iteration_time_s, total_energy_j)``, both modelled.
+        """
+        passed = self._pass(self._chosen(clocks), self._latency(switch_latency_s))
+        stages = self._stage_energies(passed)
+        return passed.iteration_s, sum(stage.total_energy_j for stage in stages)
+
+    def _latency(self, switch_latency_s: float | None) -> float:
+        return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
+
+    def _chosen(self, clocks: Mapping[NodeId, int] | None) -> list[_Option]:
+        """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes
         chosen = []
@@ -190,19 +285,110 @@ class Simulator:
                     f"{sorted(self._options[key], reverse=True)}"
                 )
             chosen.append(option)
-        times_s = np.array([option.time_s for option in chosen])
-        energies_j = np.array([option.energy_j for option in chosen])
-        durations_s = self.dag.fixed_durations_s()
-        durations_s[self._compute] = times_s
-        schedule = self.dag.schedule_array(durations_s)
-        iteration_s = schedule.makespan_s
+        return chosen
 
+    def _pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
+        """Schedule the iteration: the DAG's ASAP pass, or the switch-latency pass when ``latency_s > 0``."""
+        if latency_s > 0.0:
+            return self._switching_pass(chosen, latency_s)
+        times_s = [option.time_s for option in chosen]
+        durations_s = self.dag.fixed_durations_s()
+        durations_s[self._compute] = np.array(times_s)
+        schedule = self.dag.schedule_array(durations_s)
+        return _Pass(
+            start_s=schedule.start_s.tolist(),
+            end_s=schedule.end_s.tolist(),
+            iteration_s=schedule.makespan_s,
+            times_s=times_s,
+            energies_j=[option.energy_j for option in chosen],
+            stale_clock_mhz=[None] * len(chosen),
+            stale_s=[0.0] * len(chosen),
+        )
+
+    def _switching_pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
+        """ASAP pass in which each compute node's duration depends on its stage's clock in effect."""
+        preds, position = self._structure()
+        durations = self.dag.fixed_durations_s().tolist()
+        stage_of = self._stage_list
+        # Steady state: the stage's last instruction's clock is in effect, nothing pending.
+        effective = [chosen[position[i]].clock_mhz for i in self._last_compute]
+        requested = list(effective)
+        due_s = [0.0] * len(effective)
+        start = [0.0] * len(durations)
+        end = [0.0] * len(durations)
+        times_s = [0.0] * len(chosen)
+        energies_j = [0.0] * len(chosen)
+        stale_clock: list[int | None] = [None] * len(chosen)
+        stale_s = [0.0] * len(chosen)
+        for v, node_preds in enumerate(preds):
+            begin = max(map(end.__getitem__, node_preds)) if node_preds else 0.0
+            start[v] = begin
+            pos = position[v]
+            if pos < 0:
+                end[v] = begin + durations[v]
+                continue
+            option, stage = chosen[pos], stage_of[pos]
+            if requested[stage] != effective[stage] and due_s[stage] <= begin + _DUE_TOLERANCE_S:
+                effective[stage] = requested[stage]
+            if option.clock_mhz != requested[stage]:
+                requested[stage] = option.clock_mhz
+                due_s[stage] = begin + latency_s
+            time_s, energy_j = option.time_s, option.energy_j
+            if effective[stage] != option.clock_mhz:
+                old_time_s, old_energy_j = self._price(self._keys[pos], effective[stage])
+                ran_s = due_s[stage] - begin
+                if ran_s >= old_time_s:
+                    time_s, energy_j, ran_s = old_time_s, old_energy_j, old_time_s
+                else:
+                    done = ran_s / old_time_s
+                    time_s = ran_s + (1.0 - done) * time_s
+                    energy_j = done * old_energy_j + (1.0 - done) * energy_j
+                stale_clock[pos], stale_s[pos] = effective[stage], ran_s
+            times_s[pos], energies_j[pos] = time_s, energy_j
+            end[v] = begin + time_s
+        return _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s)
+
+    def _structure(self) -> tuple[list[list[int]], list[int]]:
+        """Predecessor indices and compute position (-1: not compute) of every node, built once."""
+        if self._preds is None:
+            preds: list[list[int]] = [[] for _ in self.dag.nodes]
+            for u, v in self.dag.edges_array().tolist():
+                preds[v].append(u)
+            self._preds = preds
+            self._position = [-1] * len(preds)
+            for pos, i in enumerate(self._compute.tolist()):
+                self._position[i] = pos
+            self._stage_list = self._stage_of.tolist()
+        return self._preds, self._position
+
+    def _price(self, key: tuple[int, str, int], clock_mhz: int) -> tuple[float, float]:
+        """Time and energy of instruction ``key`` at ``clock_mhz``, interpolated between profiled clocks."""
+        option = self._options[key].get(clock_mhz)
+        if option is not None:
+            return option.time_s, option.energy_j
+        grid = self._clock_grid.get(key)
+        if grid is None:
+            grid = self._clock_grid[key] = sorted(self._options[key])
+        above = bisect.bisect_left(grid, clock_mhz)
+        if above == 0 or above == len(grid):
+            nearest = self._options[key][grid[min(above, len(grid) - 1)]]
+            return nearest.time_s, nearest.energy_j
+        low, high = self._options[key][grid[above - 1]], self._options[key][grid[above]]
+        weight = (clock_mhz - low.clock_mhz) / (high.clock_mhz - low.clock_mhz)
+        return (
+            low.time_s + weight * (high.time_s - low.time_s),
+            low.energy_j + weight * (high.energy_j - low.energy_j),
+        )
+
+    def _stage_energies(self, passed: _Pass) -> list[StageEnergy]:
+        """Busy, blocked and idle time and energy of every stage."""
         num_stages = self.dag.num_stages
-        busy_s = np.bincount(self._stage_of, weights=times_s, minlength=num_stages)
-        busy_j = np.bincount(self._stage_of, weights=energies_j, minlength=num_stages)
+        busy_s = np.bincount(self._stage_of, weights=passed.times_s, minlength=num_stages)
+        busy_j = np.bincount(self._stage_of, weights=passed.energies_j, minlength=num_stages)
+        iteration_s = passed.iteration_s
         stages = []
         for stage in range(num_stages):
-            last_end_s = float(schedule.end_s[self._last_compute[stage]])
+            last_end_s = float(passed.end_s[self._last_compute[stage]])
             blocked_s = last_end_s - float(busy_s[stage])
             idle_s = iteration_s - last_end_s
             stages.append(
@@ -216,28 +402,37 @@ class Simulator:
                     idle_energy_j=idle_s * self.powers.idle_power_w,
                 )
             )
-        timeline = self._timeline(schedule.start_s.tolist(), schedule.end_s.tolist(), chosen)
-        return SimResult(iteration_s, stages, timeline, self.profile.gpu_name, self.profile.source)
+        return stages
 
-    def _timeline(self, start_s: list[float], end_s: list[float], chosen: list[_Option]) -> list[Slice]:
+    def _timeline(self, passed: _Pass, chosen: list[_Option]) -> list[Slice]:
         """Slices of every compute, transfer and tail node, in index (topological) order."""
-        option_at = dict(zip(self._compute.tolist(), chosen, strict=True))
+        position = {i: pos for pos, i in enumerate(self._compute.tolist())}
         attrs = self.dag.graph.nodes
         timeline = []
         for i, node in enumerate(self.dag.nodes):
             node_attrs = attrs[node]
             if node_attrs["type"] in ("source", "sink"):
                 continue
-            option = option_at.get(i)
+            pos = position.get(i)
             timeline.append(
                 Slice(
                     stage=node_attrs["stage"],
                     node=node,
-                    start_s=start_s[i],
-                    end_s=end_s[i],
-                    clock_mhz=option.clock_mhz if option is not None else None,
+                    start_s=passed.start_s[i],
+                    end_s=passed.end_s[i],
+                    clock_mhz=chosen[pos].clock_mhz if pos is not None else None,
                     kind="send" if node_attrs["type"] == "comm" else node_attrs["kind"],
-                    energy_j=option.energy_j if option is not None else 0.0,
+                    energy_j=passed.energies_j[pos] if pos is not None else 0.0,
+                    stale_clock_mhz=passed.stale_clock_mhz[pos] if pos is not None else None,
+                    stale_s=passed.stale_s[pos] if pos is not None else 0.0,
                 )
             )
         return timeline
+
+
+def _checked_latency(switch_latency_s: float) -> float:
+    """Validate a switch latency (seconds)."""
+    latency = float(switch_latency_s)
+    if not (math.isfinite(latency) and latency >= 0.0):
+        raise ValueError(f"switch_latency_s must be finite and >= 0, got {switch_latency_s!r}")
+    return latency
