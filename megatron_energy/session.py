@@ -173,10 +173,7 @@ class EnergySession:
                     blocked_power_w=self.spec.blocked_power_w,
                     idle_power_w=self.spec.idle_power_w,
                 )
-                bundle = plan_on_root(
-                    profile, self.context, self.config, self.cache, load_baseline(self.cache)
-                )
-                self.printer(bundle.summary)
+                bundle = self._plan_on_root(profile, load_baseline(self.cache))
         bundle = self.comms.broadcast_from_root(bundle)
         if bundle is not None:
             self._adopt(bundle)
@@ -193,11 +190,15 @@ class EnergySession:
                 blocked_power_w=self.spec.blocked_power_w,
                 idle_power_w=self.spec.idle_power_w,
             )
-            bundle = plan_on_root(
-                profile, self.context, self.config, self.cache, baseline_from_profiling(gathered)
-            )
-            self.printer(bundle.summary)
+            bundle = self._plan_on_root(profile, baseline_from_profiling(gathered))
         self._adopt(self.comms.broadcast_from_root(bundle))
+
+    def _plan_on_root(self, profile: Profile, baseline: dict[str, Any]) -> PlanBundle:
+        bundle = plan_on_root(
+            profile, self.context, self.config, self.cache, baseline, self.spec.switch_latency_s
+        )
+        self.printer(bundle.summary)
+        return bundle
 
     def _adopt(self, bundle: PlanBundle) -> None:
         self.bundle = bundle

@@ -71,6 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--points", type=int, default=100, help="deadlines in the frontier sweep (default 100)"
     )
+    parser.add_argument(
+        "--switch-latency-ms",
+        type=float,
+        help="SM-clock switch latency the plan must tolerate (default: the spec's, 0 without --gpu-spec)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="where to write the plan JSON")
     parser.add_argument("--frontier", type=Path, help="also write the frontier as CSV")
     parser.add_argument("--plot", type=Path, help="also plot the frontier (PNG)")
@@ -150,7 +155,10 @@ def _planner(args: argparse.Namespace) -> Planner:
         gpu=gpu_name,
         powers_w=[blocked_w, idle_w],
     )
-    return Planner(dag, profile, fingerprint=job, num_points=args.points)
+    latency_ms = args.switch_latency_ms
+    if latency_ms is None:
+        latency_ms = 1e3 * spec.switch_latency_s if spec is not None else 0.0
+    return Planner(dag, profile, fingerprint=job, num_points=args.points, switch_latency_s=latency_ms / 1e3)
 
 
 def _summary(plan: Plan, point: FrontierPoint) -> Table:

@@ -9,6 +9,7 @@ only adds energy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import cached_property
 
@@ -16,6 +17,7 @@ from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.perseus.dag import PipelineDag
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
 from megatron_energy.perseus.profile import Profile
+from megatron_energy.perseus.switching import make_switch_aware
 from megatron_energy.plan import Plan, PlannedInstruction, PlanPrediction
 from megatron_energy.sim.simulator import StagePowers
 
@@ -29,6 +31,8 @@ class Planner:
         fingerprint: :func:`megatron_energy.plan.fingerprint` of the job and GPU, stored in every plan.
         powers: Blocked and idle power; the profile's when ``None``.
         num_points: Deadlines in the frontier sweep.
+        switch_latency_s: The GPU's clock-switch latency; the points this planner hands out are made
+            executable under it (``perseus.switching``), with their latency-aware time and energy.
     """
 
     def __init__(
@@ -38,8 +42,10 @@ class Planner:
         fingerprint: str,
         powers: StagePowers | None = None,
         num_points: int = 100,
+        switch_latency_s: float = 0.0,
     ):
         self.dag = dag
+        self.switch_latency_s = switch_latency_s
         self.profile = profile
         self.fingerprint = fingerprint
         self.num_points = num_points
@@ -55,25 +61,41 @@ class Planner:
         """The least-energy plan: the unconstrained solve or a frontier point, whichever uses less."""
         return min(self.solver.solve(math.inf), self.frontier.min_energy_point(), key=lambda p: p.energy_j)
 
+    def executable(self, point: FrontierPoint) -> FrontierPoint:
+        """``point`` with its clocks made executable under the switch latency, and re-simulated with it."""
+        if self.switch_latency_s <= 0:
+            return point
+        deadline_s = point.deadline_s if math.isfinite(point.deadline_s) else point.time_s
+        adjusted = make_switch_aware(
+            self.dag, self.profile, point.clocks, self.switch_latency_s, max(deadline_s, point.time_s)
+        )
+        return dataclasses.replace(
+            point,
+            time_s=adjusted.result.iteration_time_s,
+            energy_j=adjusted.result.total_energy_j,
+            stage_energy_j=tuple(stage.total_energy_j for stage in adjusted.result.stages),
+            clocks=adjusted.clocks,
+        )
+
     def point_for_time(self, time_s: float) -> FrontierPoint:
-        """The least-energy point whose iteration time is within ``time_s``.
+        """The least-energy executable point whose iteration time is within ``time_s``.
 
         A ``time_s`` past the minimum-energy point gives that point; one below the all-maximum-clocks time
         gives the all-maximum-clocks time's plan (nothing runs faster).
         """
         best = self.min_energy_point
         if time_s >= best.time_s:
-            return best
+            return self.executable(best)
         deadline_s = max(time_s, self.solver.min_time_s)
         solved = self.solver.solve(deadline_s)
         listed = self.frontier.best_within(deadline_s)
-        return solved if listed is None or solved.energy_j <= listed.energy_j else listed
+        return self.executable(solved if listed is None or solved.energy_j <= listed.energy_j else listed)
 
     def point(self, target: EnergyTarget | str) -> FrontierPoint:
         """The frontier point for a target (``iso-time``, ``min-energy`` or ``slowdown:X``)."""
         target = parse_target(target) if isinstance(target, str) else target
         if target.kind == "min-energy":
-            return self.min_energy_point
+            return self.executable(self.min_energy_point)
         return self.point_for_time(self.solver.min_time_s * (1.0 + target.slowdown))
 
     def plan(self, target: EnergyTarget | str) -> Plan:

@@ -87,7 +87,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
     num_chunks = parts.get("num_chunks", 1)
     orders = pipeline_orders(parts["pipeline_size"], parts["num_microbatches"], num_chunks)
     dag = PipelineDag.build(orders, num_chunks=num_chunks)
-    planner = Planner(dag, profile, fingerprint=folder.name)
+    planner = Planner(dag, profile, fingerprint=folder.name, switch_latency_s=spec.switch_latency_s)
     chosen = planner.point(parse_target(plan.target))
     frontier_png = plot_frontier(planner.frontier, chosen, profile, out_dir / "frontier.png")
     clocks = {
@@ -95,7 +95,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
         for stage in range(plan.num_stages)
         for step in plan.rank_clocks(stage)
     }
-    result = Simulator(dag, profile).run(clocks)
+    result = Simulator(dag, profile, switch_latency_s=spec.switch_latency_s).run(clocks)
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
     timeline_json = write_trace(result, powers, out_dir / "timeline.json")
     return JobReport(plan_table(plan, profile), frontier_png, timeline_json)

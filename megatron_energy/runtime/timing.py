@@ -8,7 +8,7 @@ waiting time is charged as the simulator charges it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -161,6 +161,11 @@ class SimulatedTimer:
     the stages of the replica exchange their durations, schedule the pipeline's DAG, and every simulated GPU
     then waits out its own blocked and idle time, so its energy counter holds the whole step.
 
+    A real GPU waits for an instruction's input *before* running it, and a pending clock switch completes
+    during that wait. To keep that effect, each instruction first waits the blocked time it waited in the
+    previous step's schedule (the pipeline repeats itself from step to step); the end of the step charges
+    only the blocked time still missing.
+
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
         gpu_index: This rank's GPU.
@@ -188,14 +193,22 @@ class SimulatedTimer:
         self._dag = dag
         self._stage = stage
         self._runs: list[tuple[InstructionId, float, float]] = []
+        self._gaps_s: dict[InstructionId, float] = {}
+        self._waited_s = 0.0
+        self._waited_j = 0.0
 
     def step_begin(self) -> Any:
         """Start a step; there is no boundary marker on a virtual clock."""
         self._runs.clear()
+        self._waited_s = self._waited_j = 0.0
         return None
 
     def begin(self, instruction: InstructionId) -> Any:
-        """Nothing to record: the work runs when the instruction ends."""
+        """Wait the blocked time this instruction waited for its input in the previous step."""
+        gap_s = self._gaps_s.get(instruction, 0.0)
+        if gap_s > 0.0:
+            self._waited_j += self._gpus.wait(self._index, gap_s, blocked=True)
+            self._waited_s += gap_s
         return None
 
     def end(self, instruction: InstructionId) -> None:
@@ -222,10 +235,22 @@ class SimulatedTimer:
             )
             for (kind, mb, chunk), _, energy_j in self._runs
         )
-        energy_j = sum(energy for _, _, energy in self._runs)
+        energy_j = sum(energy for _, _, energy in self._runs) + self._waited_j
         if samples:
             last_end = max(sample.end_s for sample in samples)
             busy = sum(sample.duration_s for sample in samples)
-            energy_j += self._gpus.wait(self._index, max(0.0, last_end - busy), blocked=True)
+            missing_s = max(0.0, last_end - busy - self._waited_s)
+            energy_j += self._gpus.wait(self._index, missing_s, blocked=True)
             energy_j += self._gpus.wait(self._index, max(0.0, schedule.makespan_s - last_end), blocked=False)
+        self._gaps_s = _gaps_before(samples)
         return StepTiming(samples, schedule.makespan_s, "modelled", energy_j)
+
+
+def _gaps_before(samples: Sequence[InstructionSample]) -> dict[InstructionId, float]:
+    """Blocked time before each instruction of one stage: its start less the previous one's end."""
+    gaps: dict[InstructionId, float] = {}
+    previous_end = 0.0
+    for sample in sorted(samples, key=lambda s: s.start_s):
+        gaps[(sample.kind, sample.microbatch, sample.chunk)] = max(0.0, sample.start_s - previous_end)
+        previous_end = sample.end_s
+    return gaps
