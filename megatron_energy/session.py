@@ -26,6 +26,7 @@ from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.planning import (
     PlanBundle,
     RankSchedule,
@@ -58,7 +59,9 @@ class EnergySession:
         meter: The ``EnergyMeter`` for this rank's GPU.
         timer: The instruction timer (CUDA events, or the simulated GPU's virtual clock).
         comms: Collectives over the job's process groups.
-        clocks_mhz: The profiling grid, highest (stock) first.
+        clocks_mhz: The planning grid, highest (stock) first.
+        can_set_clocks: Whether the controller really changes clocks. Without that (dry run, monitor-only)
+            only the stock clock is measured and the other clocks are extrapolated with the model.
         cache: The job's ``JobCache``.
         spec: The GPU's spec (name, blocked and idle power for energy attribution).
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
@@ -75,6 +78,7 @@ class EnergySession:
         timer: InstructionTimer,
         comms: RankComms,
         clocks_mhz: list[int],
+        can_set_clocks: bool = True,
         cache: JobCache,
         spec: GpuSpec,
         guard: Any = None,
@@ -91,9 +95,11 @@ class EnergySession:
         self.guard = guard
         self.printer = printer
         self.stock_clock_mhz = clocks_mhz[0]
+        self.grid_mhz = list(clocks_mhz)
+        self.can_set_clocks = can_set_clocks
         self.collector = ProfileCollector(
             stage=context.pipeline_rank,
-            clocks_mhz=clocks_mhz,
+            clocks_mhz=clocks_mhz if can_set_clocks else clocks_mhz[:1],
             steps_per_clock=config.profile_iters,
             blocked_power_w=spec.blocked_power_w,
             idle_power_w=spec.idle_power_w,
@@ -106,6 +112,11 @@ class EnergySession:
         self.history: list[StepFigures] = []
         self._steps_in_interval: list[StepFigures] = []
         self._start_from_cache()
+
+    @property
+    def profile_source(self) -> str:
+        """``measured`` when the grid's clocks were really set and timed on GPUs, else ``modelled``."""
+        return self.timer.source if self.can_set_clocks else "modelled"
 
     # ----------------------------------------------------------------------------------- schedule events
 
@@ -169,7 +180,7 @@ class EnergySession:
                 profile = Profile.from_csv(
                     self.cache.profile_path,
                     gpu_name=self.spec.name,
-                    source=self.timer.source,
+                    source=self.profile_source,
                     blocked_power_w=self.spec.blocked_power_w,
                     idle_power_w=self.spec.idle_power_w,
                 )
@@ -183,10 +194,13 @@ class EnergySession:
         gathered = self.comms.gather_to_root((self.collector.rows(), self.collector.stock_baseline()))
         bundle = None
         if gathered is not None:
+            rows = [rows for rows, _ in gathered]
+            if not self.can_set_clocks:
+                rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
             profile = profile_from_rows(
-                merge_rows([rows for rows, _ in gathered]),
+                merge_rows(rows),
                 gpu_name=self.spec.name,
-                source=self.timer.source,
+                source=self.profile_source,
                 blocked_power_w=self.spec.blocked_power_w,
                 idle_power_w=self.spec.idle_power_w,
             )

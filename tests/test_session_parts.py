@@ -12,11 +12,13 @@ import pytest
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.perseus.profile import Profile
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.cache import JobCache, describe_changes
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.planning import PlanBundle
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, merge_rows
@@ -437,7 +439,7 @@ class _PeerComms(LocalComms):
 SAFETY_STEPS = 3
 
 
-def _session(tmp_path, data_parallel_size: int = 2):
+def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True):
     controller, comms, lines = _Controller(), _PeerComms(), []
     timer = _Timer(controller)
     spec = load_gpu_spec("h100-sxm")
@@ -460,6 +462,7 @@ def _session(tmp_path, data_parallel_size: int = 2):
         timer=timer,
         comms=comms,
         clocks_mhz=[1980, 1500],
+        can_set_clocks=can_set_clocks,
         cache=JobCache(tmp_path, context.fingerprint_parts(spec.name)),
         spec=spec,
         printer=lines.append,
@@ -528,3 +531,33 @@ def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     assert session.phase == "stock (safety net)"
     assert comms.all_reduces == 0
     assert sum("clocks reverted to stock" in line for line in lines) == 1
+
+
+def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_modelled(tmp_path):
+    session, _, _, controller, lines = _session(tmp_path, data_parallel_size=1, can_set_clocks=False)
+    step = 0
+    while session.phase == "profiling":
+        _step(session, step)
+        step += 1
+    assert step == session.collector.steps_needed == 2  # one settling + one measured step, stock only
+    assert set(controller.requests[:step]) == {1980}
+    assert session.profile_source == "modelled"
+    profile = Profile.from_csv(session.cache.profile_path, gpu_name="h100-sxm", source="modelled")
+    clocks = {option.clock_mhz for key in profile for option in profile.options(key)}
+    assert clocks == {1980, 1500}
+    assert any("modelled from a modelled profile" in line for line in lines)
+
+
+def test_extrapolated_rows_keep_the_stock_time_and_slow_down_at_lower_clocks():
+    spec = load_gpu_spec("h100-sxm")
+    stock = ProfileRow(
+        stage=1, kind="backward", chunk=0, clock_mhz=1980, time_s=0.02, energy_j=9.0, samples=3
+    )
+    rows = {row.clock_mhz: row for row in extrapolate_rows([stock], spec, [1980, 1500, 1005])}
+    assert set(rows) == {1980, 1500, 1005}
+    assert rows[1980].time_s == pytest.approx(0.02, rel=1e-6)
+    assert rows[1980].time_s <= rows[1500].time_s <= rows[1005].time_s
+    assert rows[1005].time_s > rows[1980].time_s
+    assert all(
+        (row.stage, row.kind, row.chunk, row.samples) == (1, "backward", 0, 3) for row in rows.values()
+    )

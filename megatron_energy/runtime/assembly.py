@@ -123,7 +123,8 @@ def build_session(
         guard = ClockGuard(handle.gpus)
     controller = FrequencyController.from_handle(handle, index, guard=guard)
     grid = profiling_grid(config.freq_grid, supported_sm_clocks_mhz(handle.gpus, index))
-    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid}
+    can_set_clocks = handle.mode == "control"
+    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid, "clock_control": can_set_clocks}
     return EnergySession(
         config,
         context,
@@ -132,6 +133,7 @@ def build_session(
         timer=build_timer(handle, context, comms, index, handle.spec),
         comms=comms,
         clocks_mhz=grid,
+        can_set_clocks=can_set_clocks,
         cache=JobCache(config.dir, parts),
         spec=handle.spec,
         guard=guard,

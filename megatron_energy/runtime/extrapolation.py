@@ -1,0 +1,48 @@
+"""Profile rows for clocks that could not be measured, extrapolated from the stock clock with the model.
+
+Without clock control (``--energy-dry-run``, or monitor-only when the GPU refuses clock changes) every step
+runs at the stock clock, so a sweep would only measure noise. The session then measures the stock clock and
+this module extends each instruction's stock measurement to the rest of the grid with the time/power model
+(``dvfs.model.fit_work_profile`` from one point: the spec's prior split of compute- and memory-bound work).
+The resulting profile, and every plan made from it, is *modelled*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from megatron_energy.dvfs.model import GpuPowerModel, fit_work_profile
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.runtime.profiling import ProfileRow
+
+
+def extrapolate_rows(
+    rows: Sequence[ProfileRow], spec: GpuSpec, clocks_mhz: Sequence[int]
+) -> list[ProfileRow]:
+    """Extend one rank's stock-clock rows to every clock of the grid.
+
+    Args:
+        rows: Rows measured at one clock (the stock clock).
+        spec: The GPU's spec (the model's parameters).
+        clocks_mhz: The clocks to produce rows for.
+
+    Returns:
+        One row per (instruction kind, chunk, clock); times and energies modelled.
+    """
+    model = GpuPowerModel(spec)
+    extended = []
+    for row in rows:
+        work = fit_work_profile(spec, [(row.clock_mhz, row.time_s, row.energy_j)]).work
+        extended += [
+            ProfileRow(
+                stage=row.stage,
+                kind=row.kind,
+                chunk=row.chunk,
+                clock_mhz=clock,
+                time_s=model.time_s(work, clock),
+                energy_j=model.energy_j(work, clock),
+                samples=row.samples,
+            )
+            for clock in clocks_mhz
+        ]
+    return extended
