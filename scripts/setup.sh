@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a development environment: find a Python >= 3.12, build .venv, install megatron_energy editable
-# with its dev extra (pytest, ruff, lowtime). Run from anywhere; idempotent.
+# Set up a development environment: find a Python >= 3.12 (3.12 preferred: megatron-core 0.19's own CI
+# version), build .venv, install megatron_energy editable with its dev extra (pytest, ruff, lowtime).
+# Run from anywhere; idempotent.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -16,7 +17,7 @@ find_python() {
     echo "MEGATRON_ENERGY_PYTHON=$MEGATRON_ENERGY_PYTHON is not a Python >= 3.12" >&2
     return 1
   fi
-  for candidate in python3.14 python3.13 python3.12 python3 python; do
+  for candidate in python3.12 python3.13 python3.14 python3 python; do
     if command -v "$candidate" >/dev/null 2>&1 && is_suitable "$(command -v "$candidate")"; then
       command -v "$candidate"; return 0
     fi
@@ -24,7 +25,7 @@ find_python() {
   local pyenv_root="${PYENV_ROOT:-}"
   if [ -z "$pyenv_root" ] && command -v pyenv >/dev/null 2>&1; then pyenv_root="$(pyenv root)"; fi
   [ -n "$pyenv_root" ] || pyenv_root="$HOME/.pyenv"
-  for candidate in $(ls -d "$pyenv_root"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do
+  for candidate in $(ls -d "$pyenv_root"/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -V); do
     if is_suitable "$candidate"; then echo "$candidate"; return 0; fi
   done
   return 1
@@ -33,7 +34,7 @@ find_python() {
 if ! python="$(find_python)"; then
   cat >&2 <<'MSG'
 error: no Python >= 3.12 found (megatron-core 0.19 requires it).
-Looked on PATH (python3.14, python3.13, python3.12, python3, python) and under $PYENV_ROOT/versions.
+Looked on PATH (python3.12, python3.13, python3.14, python3, python) and under $PYENV_ROOT/versions.
 Install one, e.g. `pyenv install 3.12` or your distribution's python3.12 + python3.12-venv,
 or point MEGATRON_ENERGY_PYTHON at an interpreter, then rerun scripts/setup.sh.
 MSG
