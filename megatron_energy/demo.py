@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import statistics
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +126,6 @@ def load_harness() -> Any:
     return importlib.import_module("megatron_harness")
 
 
-def _steps_total(settings: DemoSettings, profiling_steps: int) -> int:
-    return profiling_steps + settings.run_steps
-
-
 def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankReport:
     """One rank of the demo: a pipeline stage of the tiny GPT with its energy session."""
     from megatron.core import parallel_state
@@ -169,7 +165,7 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
     steps, losses = [], []
     progress = _progress(settings, rank, profiling)
     try:
-        for step in range(_steps_total(settings, profiling)):
+        for step in range(profiling + settings.run_steps):
             _apply_throttle(session, settings, context, step)
             phase = session.phase
             losses += world.run(settings.num_microbatches, seed=step)
@@ -267,8 +263,3 @@ def run_demo(settings: DemoSettings, result_dir: Path) -> list[RankReport]:
     harness = load_harness()
     world_size = settings.pipeline_size * settings.data_parallel_size
     return harness.spawn_world(demo_worker, world_size, result_dir, payload=settings)
-
-
-def with_overrides(settings: DemoSettings, **changes: Any) -> DemoSettings:
-    """A copy of ``settings`` with fields replaced."""
-    return replace(settings, **changes)

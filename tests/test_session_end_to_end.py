@@ -18,12 +18,13 @@ import math
 import re
 import shutil
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from megatron_energy.cli import main
-from megatron_energy.demo import DemoSettings, RankReport, run_demo, summarise, with_overrides
+from megatron_energy.demo import DemoSettings, RankReport, run_demo, summarise
 from megatron_energy.plan import Plan
 
 GRID_MHZ = (1980, 1755, 1530, 1305)
@@ -49,7 +50,7 @@ def settings(energy_dir: Path, **changes) -> DemoSettings:
         energy_dir=energy_dir,
         progress=False,
     )
-    return with_overrides(base, **changes)
+    return replace(base, **changes)
 
 
 def profiling_steps(demo: DemoSettings) -> int:
@@ -98,8 +99,8 @@ def cache_runs(first_run, tmp_path_factory) -> tuple[Path, list[RankReport], lis
     demo, _ = first_run
     energy_dir = tmp_path_factory.mktemp("cache") / "energy"
     shutil.copytree(demo.energy_dir, energy_dir)
-    again = run_demo(with_overrides(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
-    changed_demo = with_overrides(demo, energy_dir=energy_dir, num_microbatches=4)
+    again = run_demo(replace(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
+    changed_demo = replace(demo, energy_dir=energy_dir, num_microbatches=4)
     changed = run_demo(changed_demo, tmp_path_factory.mktemp("results"))
     return energy_dir, again, changed
 
@@ -239,7 +240,7 @@ def straggler_run(tmp_path_factory) -> tuple[range, list[RankReport]]:
     demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, data_parallel_size=2, run_steps=10)
     profiling = profiling_steps(demo)
     window = range(profiling + 3, profiling + 7)
-    demo = with_overrides(demo, throttle=(1, window[0], window[-1], THROTTLE_MHZ))
+    demo = replace(demo, throttle=(1, window[0], window[-1], THROTTLE_MHZ))
     return window, run_demo(demo, tmp_path_factory.mktemp("results"))
 
 
@@ -291,7 +292,7 @@ def safety_run(tmp_path_factory) -> tuple[DemoSettings, list[RankReport]]:
     """PP=2, one replica, its GPUs throttled through the whole run phase; 2 % tolerance."""
     demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=6, safety_tolerance=0.02)
     profiling = profiling_steps(demo)
-    demo = with_overrides(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
+    demo = replace(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
     return demo, run_demo(demo, tmp_path_factory.mktemp("results"))
 
 

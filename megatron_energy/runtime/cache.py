@@ -6,7 +6,6 @@ Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,basel
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -14,18 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.plan import fingerprint
 
-def job_fingerprint(parts: Mapping[str, Any]) -> str:
-    """A short stable hash of the job facts (canonical JSON, sha256).
-
-    Args:
-        parts: JSON-serialisable job facts (model shape, parallelism, batch shape, GPU, ...).
-
-    Returns:
-        The first 16 hex digits of the sha256 of the canonical JSON.
-    """
-    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+FINGERPRINT_DIGITS = 16
+"""Hex digits of the job fingerprint kept in folder names."""
 
 
 def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -81,7 +72,7 @@ class JobCache:
     def __init__(self, root: Path, parts: Mapping[str, Any]) -> None:
         self.root = Path(root)
         self.parts = dict(parts)
-        self.fingerprint = job_fingerprint(self.parts)
+        self.fingerprint = fingerprint(**self.parts)[:FINGERPRINT_DIGITS]
         self.folder = self.root / self.fingerprint
 
     @property
