@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
+from megatron_energy.registry import mode_problem
+
 Mode = Literal["perseus", "kareus", "kernel", "all"]
 Backend = Literal["auto", "zeus", "simulated"]
 
 MODES: tuple[str, ...] = ("perseus", "kareus", "kernel", "all")
-AVAILABLE_MODES: tuple[str, ...] = ("perseus",)
 BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
 MIN_GRID_MHZ = 100
 MAX_GRID_MHZ = 4000
@@ -216,7 +217,8 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--energy-mode",
         choices=MODES,
         default=None,
-        help="Optimiser: perseus (clock per pipeline instruction). kareus, kernel and all are reserved.",
+        help="Optimiser: perseus (clock per pipeline instruction; the default), all (every released optimiser "
+        "composed). kareus and kernel are named but not released yet.",
     )
     group.add_argument(
         "--energy-target",
@@ -314,10 +316,8 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
             )
         return None
     mode = getattr(args, "energy_mode", None)
-    if mode is not None and mode not in AVAILABLE_MODES:
-        return (
-            f"--energy-mode {mode} is not available in this release; use --energy-mode perseus (the default)"
-        )
+    if mode is not None and (problem := mode_problem(mode)) is not None:
+        return problem
     backend = getattr(args, "energy_backend", None)
     spec = getattr(args, "energy_gpu_spec", None)
     if backend == "zeus" and spec is not None:

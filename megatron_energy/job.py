@@ -38,9 +38,10 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
-from megatron_energy.perseus.dag import CommSpec, IterationTail, PipelineDag, RankOrder
-from megatron_energy.perseus.profile import Profile, TransformerShape
-from megatron_energy.perseus.workload import MEMORY_EFFICIENCY
+from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
 
 GRADIENT_BYTES = 2
 ADAM_BYTES_PER_PARAMETER = 30
@@ -163,7 +164,7 @@ class JobConfig:
         """The GPU spec named by ``gpu``."""
         return load_gpu_spec(self.gpu)
 
-    def orders(self) -> list[RankOrder]:
+    def orders(self) -> PipelineOrders:
         """Megatron's instruction order on every pipeline rank (imports megatron-core)."""
         return pipeline_orders(self.pipeline_stages, self.num_microbatches, self.virtual_stages)
 
@@ -191,7 +192,7 @@ class JobConfig:
         optimizer_s = optimizer_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
         return IterationTail(dp_sync_s=dp_sync_s, optimizer_s=optimizer_s)
 
-    def build_dag(self, orders: list[RankOrder] | None = None, spec: GpuSpec | None = None) -> PipelineDag:
+    def build_dag(self, orders: PipelineOrders | None = None, spec: GpuSpec | None = None) -> PipelineDag:
         """The iteration DAG with modelled transfers and tail.
 
         Args:
@@ -201,7 +202,6 @@ class JobConfig:
         spec = spec or self.spec()
         return PipelineDag.build(
             orders if orders is not None else self.orders(),
-            num_chunks=self.virtual_stages,
             comm=self.comm_spec(spec),
             tail=self.iteration_tail(spec),
         )

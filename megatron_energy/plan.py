@@ -1,9 +1,24 @@
-"""The plan file: per-rank, per-instruction SM clocks as typed, versioned, checksummed JSON.
+"""Plan v2: the one executable contract between the optimisers and the runtime, as checked JSON.
 
-Every optimiser emits a :class:`Plan`; the runtime reads one back with :meth:`Plan.load`. The file is plain
-JSON parsed with :func:`json.loads` (never evaluated), carries a schema version, a fingerprint of the job and
-GPU it was planned for, and a SHA-256 checksum of its own content, so a stale, foreign, hand-edited or
-truncated plan is refused with a message that says what is wrong and what to do about it.
+Every optimiser emits a :class:`Plan`; the session runs exactly what the file says (a cache hit loads the
+cached file, the report reads the file that ran). A plan holds:
+
+- a few executable **points** of the time–energy frontier (ascending iteration time), one of them the
+  target's; the others let data-parallel replicas follow a straggler's pace without re-planning;
+- per point and per pipeline rank, **actions** at **boundaries**: a boundary is one instruction (the shared
+  identity ``Instruction(stage, chunk, microbatch, kind)``) and optionally a named phase inside it; an
+  action is a clock to lock there (:class:`ClockAction`) or a collective to launch there with an SM/CTA
+  budget (:class:`CollectiveAction`);
+- per point and per rank, the predicted energy and busy time; per point the iteration time, the deadline
+  it was solved for and the relaxed lower bound (all *modelled*);
+- the all-maximum-clocks baseline and the instant-switch frontier curve (for reports and plots);
+- provenance: the job fingerprint, GPU, whether the profile was measured or modelled, the optimisers that
+  made it, the switch latency it was made executable under, and the writing software's version.
+
+The file is plain JSON parsed with :func:`json.loads` (never evaluated), versioned and checksummed (SHA-256
+of its canonical content), so a stale, foreign, hand-edited or truncated plan is refused with a message
+saying what is wrong and what to do. Version-1 files (one clock per instruction, no alternatives) are
+migrated on load.
 """
 
 from __future__ import annotations
@@ -11,71 +26,142 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from megatron_energy import __version__
+from megatron_energy.atomic import write_atomically
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.pipeline.instruction import KINDS, Instruction
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes."""
 
 Provenance = Literal["measured", "modelled"]
 PROVENANCES: tuple[str, ...] = ("measured", "modelled")
-KINDS: tuple[str, ...] = ("forward", "backward")
 
 
-class PlanError(ValueError):
+class PlanError(EnergyValueError):
     """A plan file cannot be used; the message says why and what to do."""
 
 
-class PlannedInstruction(NamedTuple):
-    """One pipeline instruction of a rank and the SM clock to run it at."""
+class Boundary(NamedTuple):
+    """Where an action takes effect: the start of an instruction, or of a named phase inside it."""
 
-    kind: str
-    """``"forward"`` or ``"backward"``."""
-    microbatch: int
-    """Microbatch index within the iteration."""
-    chunk: int
-    """Virtual-pipeline model chunk (0 without interleaving)."""
-    clock_mhz: int
-    """SM clock to lock while this instruction runs."""
+    instruction: Instruction
+    """The instruction."""
+    phase: str | None = None
+    """A phase (kernel group) inside the instruction; ``None`` for the instruction's start."""
 
 
 @dataclass(frozen=True)
-class PlanPrediction:
-    """What the planner predicts for one iteration under the plan (and under all-maximum clocks)."""
+class ClockAction:
+    """Lock the SM clock at a boundary (until the next clock action of the rank)."""
+
+    at: Boundary
+    """Where the clock takes effect."""
+    clock_mhz: int
+    """SM clock to lock."""
+
+
+@dataclass(frozen=True)
+class CollectiveAction:
+    """Launch a collective at a boundary, with a budget of SMs (CTAs) for its kernels."""
+
+    at: Boundary
+    """The launch point."""
+    collective: str
+    """Which collective, e.g. ``dp.reduce_scatter.bucket0``."""
+    max_ctas: int | None = None
+    """CTAs (thread blocks, one per SM) the collective's kernels may use; ``None``: the library's default."""
+
+
+Action = ClockAction | CollectiveAction
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one pipeline rank does at one point, and what that is predicted to cost (modelled)."""
+
+    actions: tuple[Action, ...]
+    """Actions in execution order."""
+    energy_j: float
+    """Predicted energy of the rank's GPU per iteration (busy + blocked + idle)."""
+    busy_s: float
+    """Predicted time the rank's GPU computes per iteration."""
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """One executable point of the frontier: every rank's actions and the predicted iteration."""
+
+    label: str
+    """What the point was chosen for, e.g. ``iso-time``, ``min-energy`` or ``time:1.234000``."""
+    iteration_time_s: float
+    """Predicted iteration time (modelled, with the plan's switch latency)."""
+    deadline_s: float
+    """The iteration-time budget the point was solved for."""
+    lower_bound_j: float
+    """Relaxed (continuous-clock, instant-switch) optimum at ``deadline_s``: no plan can use less."""
+    ranks: tuple[RankPlan, ...]
+    """Per pipeline rank."""
+
+    @property
+    def energy_j(self) -> float:
+        """Predicted energy of one iteration over all pipeline ranks."""
+        return sum(rank.energy_j for rank in self.ranks)
+
+    @property
+    def gap(self) -> float:
+        """Relative distance of the predicted energy above the relaxed lower bound."""
+        return self.energy_j / self.lower_bound_j - 1.0
+
+    def clock_table(self, stage: int) -> dict[Instruction, int]:
+        """The clock locked at each instruction start of one rank."""
+        return {
+            action.at.instruction: action.clock_mhz
+            for action in self.ranks[stage].actions
+            if isinstance(action, ClockAction) and action.at.phase is None
+        }
+
+
+class FrontierSample(NamedTuple):
+    """One point of the instant-switch frontier curve (modelled)."""
+
+    time_s: float
+    energy_j: float
+    lower_bound_j: float
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Every instruction at its fastest clock (the all-maximum-clocks iteration; modelled)."""
 
     iteration_time_s: float
-    """Predicted iteration time with the plan's clocks."""
+    """Iteration time."""
     energy_j: float
-    """Predicted energy of one iteration over all pipeline stages (busy + blocked + idle)."""
-    stage_energy_j: tuple[float, ...]
-    """Predicted energy per pipeline stage; sums to ``energy_j``."""
-    baseline_time_s: float
-    """Predicted iteration time with every instruction at its fastest clock."""
-    baseline_energy_j: float
-    """Predicted energy with every instruction at its fastest clock."""
-    deadline_s: float
-    """The iteration-time budget the plan was solved for."""
-    lower_bound_j: float
-    """Energy of the relaxed (continuous-clock) optimum at ``deadline_s``: no plan can use less."""
+    """Energy of one iteration over all ranks."""
+    stage_energy_j: tuple[float, ...] = ()
+    """Energy per rank (empty for plans migrated from version 1, which did not record it)."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A clock for every pipeline instruction of one training iteration, plus what it is predicted to do.
+    """A job's executable plan: frontier points with every rank's actions, and their predictions.
 
     Attributes:
         fingerprint: :func:`fingerprint` of the job and GPU the plan was computed for.
         gpu_name: GPU spec or device name the profile came from.
-        provenance: ``"measured"`` when the profile was measured on GPUs, ``"modelled"`` when it came from
-            the time/power model.
-        target: The planning target, e.g. ``"iso-time"``, ``"min-energy"``, ``"slowdown:0.05"`` or
-            ``"time:1.234"`` (straggler pace).
-        ranks: Per pipeline rank, the instructions in execution order with their clocks.
-        prediction: Predicted time and energy.
+        provenance: ``"measured"`` when the profile was measured on GPUs, else ``"modelled"``.
+        target: The planning target (``iso-time``, ``min-energy``, ``slowdown:X``).
+        optimisers: The optimisers that made the plan, in the order they ran.
+        switch_latency_s: SM-clock switch latency the points were made executable under.
+        baseline: The all-maximum-clocks iteration.
+        points: Executable points, ascending iteration time.
+        target_index: The point chosen for ``target``.
+        frontier: The instant-switch frontier curve the points were picked from.
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
     """
@@ -84,55 +170,64 @@ class Plan:
     gpu_name: str
     provenance: Provenance
     target: str
-    ranks: tuple[tuple[PlannedInstruction, ...], ...]
-    prediction: PlanPrediction
+    optimisers: tuple[str, ...]
+    switch_latency_s: float
+    baseline: Baseline
+    points: tuple[PlanPoint, ...]
+    target_index: int
+    frontier: tuple[FrontierSample, ...] = ()
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
-    _index: dict[tuple[int, str, int, int], int] = field(
+    _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
     @property
     def num_stages(self) -> int:
-        """Number of pipeline ranks the plan covers."""
-        return len(self.ranks)
+        """Pipeline ranks the plan covers."""
+        return len(self.points[self.target_index].ranks)
 
-    def rank_clocks(self, stage: int) -> tuple[PlannedInstruction, ...]:
-        """Return one rank's instructions, in execution order, with their clocks.
+    @property
+    def target_point(self) -> PlanPoint:
+        """The point chosen for the target."""
+        return self.points[self.target_index]
 
-        Args:
-            stage: Pipeline rank.
-
-        Raises:
-            PlanError: If the plan has no such rank.
-        """
-        if not 0 <= stage < len(self.ranks):
-            raise PlanError(f"the plan covers pipeline ranks 0..{len(self.ranks) - 1}, not rank {stage}")
-        return self.ranks[stage]
-
-    def clock_for(self, stage: int, kind: str, microbatch: int, chunk: int = 0) -> int:
-        """Return the clock planned for one instruction.
+    def clock_for(self, stage: int, instruction: Instruction, point: int | None = None) -> int:
+        """The clock locked at an instruction's start.
 
         Args:
             stage: Pipeline rank.
-            kind: ``"forward"`` or ``"backward"``.
-            microbatch: Microbatch index.
-            chunk: Virtual-pipeline model chunk.
+            instruction: The instruction.
+            point: Index of the point; the target's when ``None``.
 
         Raises:
-            PlanError: If the plan has no such instruction (the schedule differs from the planned one).
+            PlanError: If the plan has no such rank or instruction (it was made for another schedule).
         """
-        if not self._index:
-            for rank, instructions in enumerate(self.ranks):
-                for item in instructions:
-                    self._index[(rank, item.kind, item.microbatch, item.chunk)] = item.clock_mhz
+        index = self.target_index if point is None else point
+        if not 0 <= stage < self.num_stages:
+            raise PlanError(f"the plan covers pipeline ranks 0..{self.num_stages - 1}, not rank {stage}")
+        table = self._tables.get((index, stage))
+        if table is None:
+            table = self._tables[(index, stage)] = self.points[index].clock_table(stage)
         try:
-            return self._index[(stage, kind, microbatch, chunk)]
+            return table[instruction]
         except KeyError:
             raise PlanError(
-                f"the plan has no {kind} of microbatch {microbatch}, chunk {chunk} on rank {stage}: it was "
-                "made for another schedule (stages, microbatches or virtual pipeline size); rerun planning"
+                f"the plan has no clock for {instruction} on rank {stage}: it was made for another schedule "
+                "(stages, microbatches, virtual pipeline size or group size); rerun planning"
             ) from None
+
+    def index_for_time(self, time_s: float) -> int:
+        """The least-energy point no slower than ``time_s`` (a straggler's pace).
+
+        A pace faster than the target's keeps the target; past the minimum-energy point, that point.
+        """
+        if time_s <= self.target_point.iteration_time_s:
+            return self.target_index
+        feasible = [
+            i for i, point in enumerate(self.points) if point.iteration_time_s <= time_s * (1 + 1e-9)
+        ]
+        return min(feasible, key=lambda i: (self.points[i].energy_j, self.points[i].iteration_time_s))
 
     def to_json_dict(self) -> dict[str, Any]:
         """Return the plan as a JSON-ready dict, checksum included."""
@@ -140,8 +235,12 @@ class Plan:
         body["checksum"] = _checksum(body)
         return body
 
+    def to_json_text(self) -> str:
+        """The file's exact text."""
+        return json.dumps(self.to_json_dict(), indent=1) + "\n"
+
     def save(self, path: str | Path) -> Path:
-        """Write the plan as JSON (parent folders are created).
+        """Write the plan atomically (parent folders are created).
 
         Args:
             path: Destination file.
@@ -150,25 +249,19 @@ class Plan:
             The path written.
         """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(target.name + ".tmp")
-        temporary.write_text(json.dumps(self.to_json_dict(), indent=1) + "\n", encoding="utf-8")
-        temporary.replace(target)
+        write_atomically(target, self.to_json_text())
         return target
 
     @classmethod
     def load(cls, path: str | Path, expected_fingerprint: str | None = None) -> Plan:
-        """Read a plan written by :meth:`save` and check it.
+        """Read a plan written by :meth:`save` (or a version-1 plan) and check it.
 
         Args:
             path: The plan file.
             expected_fingerprint: When given, the plan must have been computed for this job and GPU.
 
-        Returns:
-            The plan.
-
         Raises:
-            PlanError: If the file is missing, not JSON, of another schema version, modified after it was
+            PlanError: If the file is missing, not JSON, of an unknown schema version, modified after it was
                 written, malformed, or planned for another job or GPU.
         """
         source = Path(path)
@@ -176,6 +269,13 @@ class Plan:
             text = source.read_text(encoding="utf-8")
         except OSError as error:
             raise PlanError(f"cannot read plan file {source}: {error.strerror}; rerun planning") from None
+        return cls.from_json_text(text, source=str(source), expected_fingerprint=expected_fingerprint)
+
+    @classmethod
+    def from_json_text(
+        cls, text: str, source: str = "<plan>", expected_fingerprint: str | None = None
+    ) -> Plan:
+        """Parse and check a plan file's text (see :meth:`load`)."""
         try:
             data = json.loads(text, parse_constant=_reject_constant)
         except ValueError as error:
@@ -183,68 +283,58 @@ class Plan:
                 f"plan file {source} is not valid JSON ({error}); it is damaged or not a plan: delete it or "
                 "rerun planning"
             ) from None
-        plan = cls.from_json_dict(data, source=str(source))
+        plan = cls.from_json_dict(data, source=source)
         if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
             raise PlanError(
-                f"plan file {source} was computed for another job or GPU (fingerprint "
-                f"{plan.fingerprint[:12]}…, this job is {expected_fingerprint[:12]}…): delete it or rerun "
-                "planning for this job"
+                f"plan file {source} was computed for another job or GPU (its fingerprint "
+                f"{plan.fingerprint[:16]}, this job's {expected_fingerprint[:16]}): rerun planning for this "
+                "job, or use the plan with the job it was made for"
             )
         return plan
 
     @classmethod
     def from_json_dict(cls, data: object, source: str = "<plan>") -> Plan:
-        """Build a plan from the dict :meth:`to_json_dict` returns, checking version, checksum and fields.
-
-        Args:
-            data: Parsed JSON.
-            source: Where the data came from, for error messages.
-
-        Raises:
-            PlanError: See :meth:`load`.
-        """
+        """Build a plan from parsed JSON, checking version, checksum and fields (see :meth:`load`)."""
         if not isinstance(data, dict):
             raise PlanError(f"plan file {source} does not hold a JSON object: delete it or rerun planning")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        parser = _PARSERS.get(version) if isinstance(version, int) else None
+        if parser is None:
             raise PlanError(
-                f"plan file {source} has schema version {version!r}, this megatron_energy ({__version__}) "
-                f"reads version {SCHEMA_VERSION}: delete it or rerun planning"
+                f"plan file {source} has schema version {version!r}; this megatron_energy ({__version__}) "
+                f"reads versions {sorted(_PARSERS)}: rerun planning with this version"
             )
         body = {key: value for key, value in data.items() if key != "checksum"}
         try:
             expected = _checksum(body)
         except (TypeError, ValueError) as error:
-            raise PlanError(
-                f"plan file {source} is malformed ({error}): delete it or rerun planning"
-            ) from None
+            raise PlanError(f"plan file {source} is malformed ({error}): delete it or rerun planning") from None
         if data.get("checksum") != expected:
             raise PlanError(
                 f"plan file {source} was modified after it was written (checksum mismatch); plans must not "
                 "be edited by hand: delete it or rerun planning"
             )
         try:
-            return _parse(body)
-        except (KeyError, TypeError, ValueError) as error:
-            raise PlanError(
-                f"plan file {source} is malformed ({error}): delete it or rerun planning"
-            ) from None
+            return parser(body)
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise PlanError(f"plan file {source} is malformed ({error}): delete it or rerun planning") from None
 
 
 def fingerprint(**parts: object) -> str:
     """Return a stable identifier of a job and GPU: SHA-256 of the canonical JSON of ``parts``.
 
-    Pass the model config, parallelism, batch shape and GPU name as keyword arguments (any JSON-serialisable
-    values); the same parts in any keyword order give the same fingerprint.
-
     Args:
-        **parts: What identifies the job, e.g. ``model=...``, ``parallelism=...``, ``batch=...``, ``gpu=...``.
+        **parts: What identifies the job, e.g. ``model=...``, ``parallelism=...``, ``gpu=...``; the same
+            parts in any keyword order give the same fingerprint.
 
     Returns:
         A 64-character hexadecimal digest.
     """
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------- writing
 
 
 def _reject_constant(name: str) -> None:
@@ -256,26 +346,63 @@ def _checksum(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _boundary_json(at: Boundary) -> dict[str, Any]:
+    stage, chunk, microbatch, kind = at.instruction
+    body: dict[str, Any] = {"stage": stage, "chunk": chunk, "microbatch": microbatch, "kind": kind}
+    if at.phase is not None:
+        body["phase"] = at.phase
+    return body
+
+
+def _action_json(action: Action) -> dict[str, Any]:
+    if isinstance(action, ClockAction):
+        return {"type": "clock", "at": _boundary_json(action.at), "clock_mhz": action.clock_mhz}
+    return {
+        "type": "collective",
+        "at": _boundary_json(action.at),
+        "collective": action.collective,
+        "max_ctas": action.max_ctas,
+    }
+
+
 def _content(plan: Plan) -> dict[str, Any]:
-    prediction = plan.prediction
     return {
         "schema_version": plan.schema_version,
         "fingerprint": plan.fingerprint,
         "gpu_name": plan.gpu_name,
         "provenance": plan.provenance,
         "target": plan.target,
+        "optimisers": list(plan.optimisers),
+        "switch_latency_s": plan.switch_latency_s,
         "created_by": plan.created_by,
-        "prediction": {
-            "iteration_time_s": prediction.iteration_time_s,
-            "energy_j": prediction.energy_j,
-            "stage_energy_j": list(prediction.stage_energy_j),
-            "baseline_time_s": prediction.baseline_time_s,
-            "baseline_energy_j": prediction.baseline_energy_j,
-            "deadline_s": prediction.deadline_s,
-            "lower_bound_j": prediction.lower_bound_j,
+        "baseline": {
+            "iteration_time_s": plan.baseline.iteration_time_s,
+            "energy_j": plan.baseline.energy_j,
+            "stage_energy_j": list(plan.baseline.stage_energy_j),
         },
-        "ranks": [[item._asdict() for item in instructions] for instructions in plan.ranks],
+        "target_index": plan.target_index,
+        "points": [
+            {
+                "label": point.label,
+                "iteration_time_s": point.iteration_time_s,
+                "deadline_s": point.deadline_s,
+                "lower_bound_j": point.lower_bound_j,
+                "ranks": [
+                    {
+                        "energy_j": rank.energy_j,
+                        "busy_s": rank.busy_s,
+                        "actions": [_action_json(action) for action in rank.actions],
+                    }
+                    for rank in point.ranks
+                ],
+            }
+            for point in plan.points
+        ],
+        "frontier": [list(sample) for sample in plan.frontier],
     }
+
+
+# ----------------------------------------------------------------------------------------- reading
 
 
 def _require(value: object, kind: type | tuple[type, ...], name: str) -> Any:
@@ -291,56 +418,168 @@ def _number(value: object, name: str) -> float:
     return number
 
 
-def _parse_instruction(item: object, rank: int, position: int) -> PlannedInstruction:
-    where = f"ranks[{rank}][{position}]"
-    entry = _require(item, dict, where)
+def _index(value: object, name: str) -> int:
+    number = _require(value, int, name)
+    if number < 0:
+        raise ValueError(f"{name} must not be negative, got {number}")
+    return number
+
+
+def _instruction(entry: Mapping[str, Any], stage: int, where: str) -> Instruction:
     kind = _require(entry["kind"], str, f"{where}.kind")
     if kind not in KINDS:
         raise ValueError(f"{where}.kind must be one of {KINDS}, got {kind!r}")
-    microbatch = _require(entry["microbatch"], int, f"{where}.microbatch")
-    chunk = _require(entry["chunk"], int, f"{where}.chunk")
-    clock = _require(entry["clock_mhz"], int, f"{where}.clock_mhz")
-    if microbatch < 0 or chunk < 0 or clock <= 0:
-        raise ValueError(f"{where} has a negative index or a non-positive clock: {entry!r}")
-    return PlannedInstruction(kind, microbatch, chunk, clock)
+    instruction = Instruction(
+        _index(entry.get("stage", stage), f"{where}.stage"),
+        _index(entry["chunk"], f"{where}.chunk"),
+        _index(entry["microbatch"], f"{where}.microbatch"),
+        kind,
+    )
+    if instruction.stage != stage:
+        raise ValueError(f"{where} is listed under rank {stage} but names stage {instruction.stage}")
+    return instruction
 
 
-def _parse(body: Mapping[str, Any]) -> Plan:
+def _boundary(entry: object, stage: int, where: str) -> Boundary:
+    data = _require(entry, dict, where)
+    phase = data.get("phase")
+    if phase is not None:
+        _require(phase, str, f"{where}.phase")
+    return Boundary(_instruction(data, stage, where), phase)
+
+
+def _action(entry: object, stage: int, where: str) -> Action:
+    data = _require(entry, dict, where)
+    at = _boundary(data["at"], stage, f"{where}.at")
+    kind = data.get("type")
+    if kind == "clock":
+        clock = _require(data["clock_mhz"], int, f"{where}.clock_mhz")
+        if clock <= 0:
+            raise ValueError(f"{where}.clock_mhz must be positive, got {clock}")
+        return ClockAction(at, clock)
+    if kind == "collective":
+        budget = data.get("max_ctas")
+        if budget is not None and _require(budget, int, f"{where}.max_ctas") < 1:
+            raise ValueError(f"{where}.max_ctas must be at least 1, got {budget}")
+        return CollectiveAction(at, _require(data["collective"], str, f"{where}.collective"), budget)
+    raise ValueError(f"{where}.type must be 'clock' or 'collective', got {kind!r}")
+
+
+def _rank(entry: object, stage: int, where: str) -> RankPlan:
+    data = _require(entry, dict, where)
+    actions = _require(data["actions"], list, f"{where}.actions")
+    return RankPlan(
+        actions=tuple(_action(item, stage, f"{where}.actions[{i}]") for i, item in enumerate(actions)),
+        energy_j=_number(data["energy_j"], f"{where}.energy_j"),
+        busy_s=_number(data["busy_s"], f"{where}.busy_s"),
+    )
+
+
+def _point(entry: object, where: str) -> PlanPoint:
+    data = _require(entry, dict, where)
+    ranks = _require(data["ranks"], list, f"{where}.ranks")
+    if not ranks:
+        raise ValueError(f"{where}.ranks is empty")
+    return PlanPoint(
+        label=_require(data["label"], str, f"{where}.label"),
+        iteration_time_s=_number(data["iteration_time_s"], f"{where}.iteration_time_s"),
+        deadline_s=_number(data["deadline_s"], f"{where}.deadline_s"),
+        lower_bound_j=_number(data["lower_bound_j"], f"{where}.lower_bound_j"),
+        ranks=tuple(_rank(rank, stage, f"{where}.ranks[{stage}]") for stage, rank in enumerate(ranks)),
+    )
+
+
+def _provenance(body: Mapping[str, Any]) -> Provenance:
     provenance = _require(body["provenance"], str, "provenance")
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance must be one of {PROVENANCES}, got {provenance!r}")
-    raw_prediction = _require(body["prediction"], dict, "prediction")
-    stage_energy: Sequence[object] = _require(
-        raw_prediction["stage_energy_j"], list, "prediction.stage_energy_j"
-    )
-    prediction = PlanPrediction(
-        iteration_time_s=_number(raw_prediction["iteration_time_s"], "prediction.iteration_time_s"),
-        energy_j=_number(raw_prediction["energy_j"], "prediction.energy_j"),
-        stage_energy_j=tuple(_number(value, "prediction.stage_energy_j") for value in stage_energy),
-        baseline_time_s=_number(raw_prediction["baseline_time_s"], "prediction.baseline_time_s"),
-        baseline_energy_j=_number(raw_prediction["baseline_energy_j"], "prediction.baseline_energy_j"),
-        deadline_s=_number(raw_prediction["deadline_s"], "prediction.deadline_s"),
-        lower_bound_j=_number(raw_prediction["lower_bound_j"], "prediction.lower_bound_j"),
-    )
-    raw_ranks = _require(body["ranks"], list, "ranks")
-    ranks = tuple(
+    return provenance  # type: ignore[return-value]
+
+
+def _parse_v2(body: Mapping[str, Any]) -> Plan:
+    raw_points = _require(body["points"], list, "points")
+    points = tuple(_point(entry, f"points[{i}]") for i, entry in enumerate(raw_points))
+    if not points:
+        raise ValueError("points is empty")
+    stages = {len(point.ranks) for point in points}
+    raw_baseline = _require(body["baseline"], dict, "baseline")
+    baseline = Baseline(
+        _number(raw_baseline["iteration_time_s"], "baseline.iteration_time_s"),
+        _number(raw_baseline["energy_j"], "baseline.energy_j"),
         tuple(
-            _parse_instruction(item, rank, position)
-            for position, item in enumerate(_require(instructions, list, f"ranks[{rank}]"))
-        )
-        for rank, instructions in enumerate(raw_ranks)
+            _number(value, "baseline.stage_energy_j")
+            for value in _require(raw_baseline["stage_energy_j"], list, "baseline.stage_energy_j")
+        ),
     )
-    if not ranks or len(stage_energy) != len(ranks):
-        raise ValueError(
-            f"{len(ranks)} ranks but {len(stage_energy)} per-stage energies: they must match (at least 1)"
-        )
+    if len(stages) != 1 or len(baseline.stage_energy_j) not in stages:
+        raise ValueError("every point and the baseline must cover the same number of ranks")
+    target_index = _index(body["target_index"], "target_index")
+    if target_index >= len(points):
+        raise ValueError(f"target_index {target_index} is not one of the {len(points)} points")
+    frontier = tuple(
+        FrontierSample(*(_number(v, "frontier") for v in _require(sample, list, "frontier")))
+        for sample in _require(body["frontier"], list, "frontier")
+    )
     return Plan(
         fingerprint=_require(body["fingerprint"], str, "fingerprint"),
         gpu_name=_require(body["gpu_name"], str, "gpu_name"),
-        provenance=provenance,  # type: ignore[arg-type]
+        provenance=_provenance(body),
         target=_require(body["target"], str, "target"),
-        ranks=ranks,
-        prediction=prediction,
+        optimisers=tuple(
+            _require(name, str, "optimisers") for name in _require(body["optimisers"], list, "optimisers")
+        ),
+        switch_latency_s=_number(body["switch_latency_s"], "switch_latency_s"),
+        baseline=baseline,
+        points=points,
+        target_index=target_index,
+        frontier=frontier,
         created_by=_require(body["created_by"], str, "created_by"),
-        schema_version=_require(body["schema_version"], int, "schema_version"),
+        schema_version=SCHEMA_VERSION,
     )
+
+
+def _parse_v1(body: Mapping[str, Any]) -> Plan:
+    """Migrate a version-1 plan (one clock per instruction, one point, Perseus only) to version 2."""
+    prediction = _require(body["prediction"], dict, "prediction")
+    stage_energy = [_number(v, "prediction.stage_energy_j") for v in prediction["stage_energy_j"]]
+    raw_ranks = _require(body["ranks"], list, "ranks")
+    if not raw_ranks or len(raw_ranks) != len(stage_energy):
+        raise ValueError(f"{len(raw_ranks)} ranks but {len(stage_energy)} per-stage energies")
+    ranks = []
+    for stage, instructions in enumerate(raw_ranks):
+        actions: list[Action] = []
+        for position, item in enumerate(_require(instructions, list, f"ranks[{stage}]")):
+            entry = _require(item, dict, f"ranks[{stage}][{position}]")
+            instruction = _instruction(entry, stage, f"ranks[{stage}][{position}]")
+            actions.append(ClockAction(Boundary(instruction), _require(entry["clock_mhz"], int, "clock_mhz")))
+        ranks.append(RankPlan(tuple(actions), stage_energy[stage], busy_s=0.0))
+    point = PlanPoint(
+        label=_require(body["target"], str, "target"),
+        iteration_time_s=_number(prediction["iteration_time_s"], "prediction.iteration_time_s"),
+        deadline_s=_number(prediction["deadline_s"], "prediction.deadline_s"),
+        lower_bound_j=_number(prediction["lower_bound_j"], "prediction.lower_bound_j"),
+        ranks=tuple(ranks),
+    )
+    return Plan(
+        fingerprint=_require(body["fingerprint"], str, "fingerprint"),
+        gpu_name=_require(body["gpu_name"], str, "gpu_name"),
+        provenance=_provenance(body),
+        target=point.label,
+        optimisers=("perseus",),
+        switch_latency_s=0.0,
+        baseline=Baseline(
+            _number(prediction["baseline_time_s"], "prediction.baseline_time_s"),
+            _number(prediction["baseline_energy_j"], "prediction.baseline_energy_j"),
+        ),
+        points=(point,),
+        target_index=0,
+        created_by=_require(body["created_by"], str, "created_by"),
+    )
+
+
+_PARSERS: dict[int, Callable[[Mapping[str, Any]], Plan]] = {1: _parse_v1, 2: _parse_v2}
+
+
+def clock_actions(clocks: Mapping[Instruction, int], order: Sequence[Instruction]) -> tuple[Action, ...]:
+    """One clock action at the start of every instruction of ``order``, in that order."""
+    return tuple(ClockAction(Boundary(instruction), clocks[instruction]) for instruction in order)

@@ -45,10 +45,10 @@ from lowtime.solver import PhillipsDessouky
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.dag import CommSpec, NodeId, PipelineDag
+from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.perseus.frontier import Frontier, FrontierSolver
 from megatron_energy.perseus.planner import Planner
-from megatron_energy.perseus.profile import Profile, TransformerShape
+from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator
 
 GPU = "a100-sxm-80gb"
@@ -89,7 +89,7 @@ def build_case(stages: int, microbatches: int, chunks: int) -> Case:
     clocks = [clock for clock in spec.sm_clocks_mhz if clock >= MIN_CLOCK_MHZ]
     profile = Profile.synthetic(shape, spec, stages, chunks, clocks_mhz=clocks)
     comm = CommSpec(spec.p2p_latency_s, spec.p2p_bandwidth_gbps, shape.activation_bytes())
-    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), chunks, comm=comm)
+    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), comm=comm)
     return Case(stages, microbatches, chunks, dag, profile, Simulator(dag, profile))
 
 

@@ -21,7 +21,7 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +30,20 @@ from megatron.core.timers import Timers
 from megatron_energy.events import ListenerFanout, TraceWriter
 from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import Instruction
 
 
-def replay_step(timers: Any, order: list[tuple[str, int, int]]) -> None:
+def replay_step(timers: Any, order: Sequence[Instruction]) -> None:
     """Make the timer calls Megatron's schedule makes for one step with this instruction order."""
     timers("forward-backward", log_level=1).start(barrier=False)
-    for kind, _, _ in order:
+    for *_, kind in order:
         name = "forward-compute" if kind == "forward" else "backward-compute"
         timers(name, log_level=2).start()
         timers(name).stop()
     timers("forward-backward").stop()
 
 
-def median_event_us(timers: Any, order: list[tuple[str, int, int]], repeats: int) -> float:
+def median_event_us(timers: Any, order: Sequence[Instruction], repeats: int) -> float:
     """Median host time of one event, in microseconds, over ``repeats`` replayed steps."""
     events = 2 * len(order) + 2
     replay_step(timers, order)  # warm caches and the proxy's per-name wrappers
@@ -54,7 +55,7 @@ def median_event_us(timers: Any, order: list[tuple[str, int, int]], repeats: int
     return statistics.median(samples)
 
 
-def hooked(listener: Any, order: list[tuple[str, int, int]]) -> HookedTimers:
+def hooked(listener: Any, order: Sequence[Instruction]) -> HookedTimers:
     """Megatron's timers behind our proxy, walking ``order`` for ids."""
     return HookedTimers(Timers(0, "minmax"), ScheduleHooks(listener), ExpectedOrder(lambda: order))
 
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--instructions", type=int, default=512, help="instructions per replayed step")
     parser.add_argument("--repeats", type=int, default=200, help="replayed steps per measurement")
     args = parser.parse_args()
-    order = pipeline_orders(1, args.instructions // 2)[0]
+    order = pipeline_orders(1, args.instructions // 2).stage(0)
     with tempfile.TemporaryDirectory() as folder:
         trace = TraceWriter(Path(folder) / "trace.jsonl")
         candidates: dict[str, Callable[[], Any]] = {

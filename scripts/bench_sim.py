@@ -14,8 +14,8 @@ import time
 import tracemalloc
 
 from megatron_energy.job import JobConfig
-from megatron_energy.perseus.dag import RankOrder
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import Simulator
 
 TARGET_S = 2.0
@@ -40,7 +40,7 @@ def _job(num_microbatches: int) -> JobConfig:
     )
 
 
-def _timings(job: JobConfig, orders: list[RankOrder], profile: Profile, repeats: int) -> dict[str, float]:
+def _timings(job: JobConfig, orders: PipelineOrders, profile: Profile, repeats: int) -> dict[str, float]:
     spec = job.spec()
     builds, setups, runs = [], [], []
     for _ in range(repeats):
@@ -63,7 +63,7 @@ def _timings(job: JobConfig, orders: list[RankOrder], profile: Profile, repeats:
     }
 
 
-def _peak_bytes(job: JobConfig, orders: list[RankOrder], profile: Profile) -> tuple[int, int]:
+def _peak_bytes(job: JobConfig, orders: PipelineOrders, profile: Profile) -> tuple[int, int]:
     """Peak traced memory of building and simulating, and the node count."""
     spec = job.spec()
     tracemalloc.start()

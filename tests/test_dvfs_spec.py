@@ -140,7 +140,7 @@ def test_config_root_honours_the_environment(tmp_path, monkeypatch):
 def test_planning_modules_import_no_gpu_or_training_stack():
     code = (
         "import sys, megatron_energy.dvfs, megatron_energy.dvfs.spec, megatron_energy.dvfs.model, "
-        "megatron_energy.perseus.profile\n"
+        "megatron_energy.pipeline.profile\n"
         "heavy = [m for m in ('torch', 'zeus', 'pynvml', 'megatron') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )

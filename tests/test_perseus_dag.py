@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.dag import SINK, SOURCE, CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import SINK, SOURCE, CommSpec, IterationTail, PipelineDag
 
 
 def fwd(stage, microbatch, chunk=0):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.perseus.profile import ClockOption, Profile, TransformerShape
-from megatron_energy.perseus.workload import KNOWN_SHAPES
+from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.pipeline.workload import KNOWN_SHAPES
 
 HEADER = "stage,instruction,frequency,time,energy\n"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from megatron_energy.cli import main
-from megatron_energy.demo import DemoSettings, RankReport, run_demo, summarise
+from megatron_energy.commands.demo_run import DemoSettings, RankReport, run_demo, summarise
 from megatron_energy.plan import Plan
 
 GRID_MHZ = (1980, 1755, 1530, 1305)

@@ -12,7 +12,7 @@ import pytest
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.cache import JobCache, describe_changes
 from megatron_energy.runtime.comms import LocalComms
@@ -23,7 +23,7 @@ from megatron_energy.runtime.planning import PlanBundle
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, merge_rows
 from megatron_energy.runtime.timing import InstructionSample, StepTiming
-from megatron_energy.session import EnergySession
+from megatron_energy.runtime.session import EnergySession
 
 # ------------------------------------------------------------------------------------------- energy log
 

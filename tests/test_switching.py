@@ -6,11 +6,11 @@ from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.perseus.planner import Planner
-from megatron_energy.perseus.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.perseus.switching import count_switches, make_switch_aware
-from megatron_energy.perseus.workload import instruction_work
+from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.sim import Simulator
 
 ONE_STAGE = [[("forward", 0, 0), ("backward", 0, 0), ("forward", 1, 0), ("backward", 1, 0)]]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.job import JobConfig, JobConfigError
-from megatron_energy.perseus.dag import NodeId, RankOrder
+from megatron_energy.pipeline.dag import NodeId, RankOrder
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.sim.simulator import SimResult, Simulator
 from megatron_energy.sim.trace import write_trace

@@ -40,8 +40,9 @@ import torch
 
 from megatron_energy.events import ScheduleListener
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import Instruction
 
-RankOrder = Sequence[tuple[str, int, int]]
+RankOrder = Sequence[Instruction]
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -141,7 +142,7 @@ def current_rank_order(num_microbatches: int, microbatch_group_size: int | None 
         microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
 
     Returns:
-        The ``(kind, microbatch, chunk)`` sequence of this pipeline rank.
+        This pipeline rank's instructions in execution order.
     """
     from megatron.core import parallel_state
 
@@ -159,7 +160,7 @@ def _rank_order(
     orders = pipeline_orders(
         num_stages, num_microbatches, num_chunks, microbatch_group_size=microbatch_group_size
     )
-    return tuple(orders[rank])
+    return orders.stage(rank)
 
 
 class ExpectedOrder:
@@ -188,15 +189,15 @@ class ExpectedOrder:
         Raises:
             ScheduleMismatchError: Megatron ran another kind, or more instructions, than expected.
         """
-        if self._position >= len(self._order) or self._order[self._position][0] != kind:
-            expected = self._order[self._position][0] if self._position < len(self._order) else "nothing"
+        if self._position >= len(self._order) or self._order[self._position].kind != kind:
+            expected = self._order[self._position].kind if self._position < len(self._order) else "nothing"
             raise ScheduleMismatchError(
                 f"instruction {self._position} of this step is a {kind}, but megatron-core's schedule table "
                 f"predicts {expected} (order of {len(self._order)} instructions); this configuration changes "
                 "Megatron's schedule in a way the launcher cannot follow: apply the patch set "
                 "(`megatron-energy patch apply`) so the schedule reports its own ids"
             )
-        _, microbatch, chunk = self._order[self._position]
+        _, chunk, microbatch, _ = self._order[self._position]
         self._position += 1
         self._running[kind] = (microbatch, chunk)
         return microbatch, chunk

@@ -12,7 +12,8 @@ re-derivation of 1F1B.
 import warnings
 from dataclasses import dataclass
 
-from megatron_energy.perseus.dag import RankOrder
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.orders import PipelineOrders
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,8 @@ def pipeline_orders(
     num_chunks: int = 1,
     *,
     microbatch_group_size: int | None = None,
-) -> list[RankOrder]:
-    """Return every pipeline rank's instruction order for one training iteration.
+) -> PipelineOrders:
+    """Return every pipeline rank's instruction order for one training iteration, as the schedule runs it.
 
     ``num_chunks == 1`` gives Megatron's non-interleaved 1F1B schedule (or plain forward-backward alternation
     when ``num_stages == 1``); ``num_chunks > 1`` gives the interleaved (virtual pipeline) schedule, whose
@@ -102,7 +103,7 @@ def pipeline_orders(
             like ``ModelParallelConfig``. Ignored without interleaving.
 
     Returns:
-        One list per pipeline rank of ``(kind, microbatch, chunk)`` tuples in execution order.
+        Every rank's instructions in execution order, with the schedule parameters (group size included).
 
     Raises:
         ValueError: If megatron-core would refuse the combination (for instance an interleaved schedule whose
@@ -116,11 +117,14 @@ def pipeline_orders(
         from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
 
     schedule_table = get_schedule_table(num_microbatches, num_chunks, group_size)
-    forwards = [("forward", microbatch, chunk) for microbatch, chunk in schedule_table]
-    backwards = [("backward", microbatch, num_chunks - 1 - chunk) for microbatch, chunk in schedule_table]
     virtual_size = num_chunks if num_chunks > 1 else None
     orders = []
     for rank in range(num_stages):
+        forwards = [Instruction(rank, chunk, microbatch, "forward") for microbatch, chunk in schedule_table]
+        backwards = [
+            Instruction(rank, num_chunks - 1 - chunk, microbatch, "backward")
+            for microbatch, chunk in schedule_table
+        ]
         communicator = _CommunicatorView(_PipelineGroupView(num_stages, rank), virtual_size)
         total, _, num_warmup, _ = get_pp_rank_microbatches(
             num_microbatches, num_chunks, group_size, p2p_communicator=communicator
@@ -130,5 +134,10 @@ def pipeline_orders(
             order.append(forwards[k])
             order.append(backwards[k - num_warmup])
         order.extend(backwards[total - num_warmup :])
-        orders.append(order)
-    return orders
+        orders.append(tuple(order))
+    return PipelineOrders(
+        tuple(orders),
+        num_microbatches=num_microbatches,
+        num_chunks=num_chunks,
+        microbatch_group_size=microbatch_group_size if num_chunks > 1 else None,
+    )

@@ -13,7 +13,8 @@ import sys
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
-from megatron_energy.perseus.profile import TransformerShape
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.comms import TorchComms
 from megatron_energy.runtime.context import JobContext
 
@@ -54,13 +55,19 @@ def megatron_job_context() -> tuple[JobContext, TorchComms]:
 
     args = get_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # the executed orders, computed once here with Megatron's own group size; every DAG of the job is
+    # built from them, so the plan's DAG is the DAG the hooks observe
+    orders = pipeline_orders(
+        ps.get_pipeline_model_parallel_world_size(),
+        get_num_microbatches(),
+        ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
+    )
     context = JobContext(
         pipeline_rank=ps.get_pipeline_model_parallel_rank(),
-        pipeline_size=ps.get_pipeline_model_parallel_world_size(),
+        orders=orders,
         data_parallel_rank=ps.get_data_parallel_rank(),
         data_parallel_size=ps.get_data_parallel_world_size(),
-        num_microbatches=get_num_microbatches(),
-        num_chunks=ps.get_virtual_pipeline_model_parallel_world_size() or 1,
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
         shape=transformer_shape(args),
         global_rank=dist.get_rank(),

@@ -37,9 +37,10 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from megatron_energy.perseus.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 
@@ -57,6 +58,7 @@ class FrontierPoint:
         energy_j: Simulated energy of one iteration under the plan, all stages.
         lower_bound_j: Optimum of the relaxed problem at ``deadline_s``: no plan meeting it uses less.
         stage_energy_j: Simulated energy per stage.
+        stage_busy_s: Simulated busy (computing) time per stage.
         clocks: SM clock of every compute node.
     """
 
@@ -65,6 +67,7 @@ class FrontierPoint:
     energy_j: float
     lower_bound_j: float
     stage_energy_j: tuple[float, ...]
+    stage_busy_s: tuple[float, ...]
     clocks: Mapping[NodeId, int]
 
     @property
@@ -157,11 +160,10 @@ class FrontierSolver:
         marginal_w = np.full(len(dag.nodes), self._powers[0])
         marginal_w[last] = self._powers[1]
         keys = {}
-        tables: dict[tuple[tuple[int, str, int], float], OptionTable] = {}
+        tables: dict[tuple[Work, float], OptionTable] = {}
         self._tables: dict[int, OptionTable] = {}
         for i in dag.compute_indices().tolist():
-            attrs = dag.graph.nodes[dag.nodes[i]]
-            keys[i] = (attrs["stage"], attrs["kind"], attrs["chunk"])
+            keys[i] = dag.nodes[i].work
             table_key = (keys[i], float(marginal_w[i]))
             if table_key not in tables:
                 tables[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
@@ -310,6 +312,7 @@ class FrontierSolver:
             energy_j=result.total_energy_j,
             lower_bound_j=relaxed.lower_bound_j,
             stage_energy_j=tuple(stage.total_energy_j for stage in result.stages),
+            stage_busy_s=tuple(stage.busy_s for stage in result.stages),
             clocks=clocks,
         )
 

@@ -6,7 +6,7 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
-from megatron_energy.perseus.profile import ClockOption
+from megatron_energy.pipeline.profile import ClockOption
 
 REL_TOL = 1e-12
 """Relative tolerance of deadline checks (floating-point noise)."""

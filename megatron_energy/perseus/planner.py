@@ -1,8 +1,8 @@
-"""Pick the frontier point for a target and turn it into a :class:`~megatron_energy.plan.Plan`.
+"""Pick the frontier point for a target, executable under the GPU's clock-switch latency.
 
 Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maximum clocks, ``slowdown:X``
 allows ``(1 + X)`` times that, ``min-energy`` takes the frontier's minimum-energy point. For data-parallel
-stragglers, :meth:`Planner.for_iteration_time` gives the plan for a slower pace ``T'``: the least energy that
+stragglers, :meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that
 still finishes within ``T'``; past the minimum-energy point it stays there, since running slower than that
 only adds energy.
 """
@@ -14,11 +14,10 @@ import math
 from functools import cached_property
 
 from megatron_energy.config import EnergyTarget, parse_target
-from megatron_energy.perseus.dag import PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.perseus.switching import make_switch_aware
-from megatron_energy.plan import Plan, PlannedInstruction, PlanPrediction
 from megatron_energy.sim.simulator import StagePowers
 
 
@@ -28,7 +27,6 @@ class Planner:
     Args:
         dag: The iteration DAG.
         profile: Time and energy per clock of every instruction.
-        fingerprint: :func:`megatron_energy.plan.fingerprint` of the job and GPU, stored in every plan.
         powers: Blocked and idle power; the profile's when ``None``.
         num_points: Deadlines in the frontier sweep.
         switch_latency_s: The GPU's clock-switch latency; the points this planner hands out are made
@@ -39,7 +37,6 @@ class Planner:
         self,
         dag: PipelineDag,
         profile: Profile,
-        fingerprint: str,
         powers: StagePowers | None = None,
         num_points: int = 100,
         switch_latency_s: float = 0.0,
@@ -47,7 +44,6 @@ class Planner:
         self.dag = dag
         self.switch_latency_s = switch_latency_s
         self.profile = profile
-        self.fingerprint = fingerprint
         self.num_points = num_points
         self.solver = FrontierSolver(dag, profile, powers)
 
@@ -74,6 +70,7 @@ class Planner:
             time_s=adjusted.result.iteration_time_s,
             energy_j=adjusted.result.total_energy_j,
             stage_energy_j=tuple(stage.total_energy_j for stage in adjusted.result.stages),
+            stage_busy_s=tuple(stage.busy_s for stage in adjusted.result.stages),
             clocks=adjusted.clocks,
         )
 
@@ -97,44 +94,3 @@ class Planner:
         if target.kind == "min-energy":
             return self.executable(self.min_energy_point)
         return self.point_for_time(self.solver.min_time_s * (1.0 + target.slowdown))
-
-    def plan(self, target: EnergyTarget | str) -> Plan:
-        """The plan for a target.
-
-        Raises:
-            argparse.ArgumentTypeError: If ``target`` is a string that is not a target.
-        """
-        target = parse_target(target) if isinstance(target, str) else target
-        return self.to_plan(self.point(target), str(target))
-
-    def for_iteration_time(self, time_s: float) -> Plan:
-        """The plan for a data-parallel straggler's pace ``time_s`` (see :meth:`point_for_time`)."""
-        return self.to_plan(self.point_for_time(time_s), f"time:{time_s:.6f}")
-
-    def to_plan(self, point: FrontierPoint, target: str) -> Plan:
-        """Turn a frontier point into a plan: every rank's instructions in execution order with clocks."""
-        ranks = tuple(
-            tuple(
-                PlannedInstruction(kind, microbatch, chunk, point.clocks[(kind, stage, chunk, microbatch)])
-                for kind, _, chunk, microbatch in self.dag.stage_order(stage)
-            )
-            for stage in range(self.dag.num_stages)
-        )
-        baseline = self.solver.baseline
-        prediction = PlanPrediction(
-            iteration_time_s=point.time_s,
-            energy_j=point.energy_j,
-            stage_energy_j=point.stage_energy_j,
-            baseline_time_s=baseline.iteration_time_s,
-            baseline_energy_j=baseline.total_energy_j,
-            deadline_s=point.deadline_s if math.isfinite(point.deadline_s) else point.time_s,
-            lower_bound_j=point.lower_bound_j,
-        )
-        return Plan(
-            fingerprint=self.fingerprint,
-            gpu_name=self.profile.gpu_name,
-            provenance=self.profile.source,
-            target=target,
-            ranks=ranks,
-            prediction=prediction,
-        )

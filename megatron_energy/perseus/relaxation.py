@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from megatron_energy.perseus.profile import ClockOption
+from megatron_energy.pipeline.profile import ClockOption
 
 try:  # HiGHS as bundled with SciPy >= 1.15: re-solves from the last basis after a bound change.
     from scipy.optimize._highspy import _core as _highs

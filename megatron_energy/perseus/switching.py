@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from megatron_energy.perseus.dag import SINK, NodeId, PipelineDag
+from megatron_energy.pipeline.dag import SINK, NodeId, PipelineDag
 from megatron_energy.sim.simulator import ProfileLike, SimResult, Simulator, Slice, StagePowers
 
 _REL_TOL = 1e-9
@@ -150,14 +150,10 @@ def make_switch_aware(
 
 def _filled(dag: PipelineDag, profile: ProfileLike, clocks: Mapping[NodeId, int]) -> dict[NodeId, int]:
     """``clocks`` with the fastest option's clock for every compute node it lacks."""
-    attrs = dag.graph.nodes
     filled = {}
     for node in dag.compute_nodes():
         clock = clocks.get(node)
-        if clock is None:
-            key = (attrs[node]["stage"], attrs[node]["kind"], attrs[node]["chunk"])
-            clock = profile.fastest(key).clock_mhz
-        filled[node] = clock
+        filled[node] = clock if clock is not None else profile.fastest(node.work).clock_mhz
     return filled
 
 
@@ -175,11 +171,7 @@ class _Search:
         self.latency_s = simulator.switch_latency_s
         self.blocked_power_w = simulator.powers.blocked_power_w
         self.orders = [dag.stage_order(stage) for stage in range(dag.num_stages)]
-        attrs = dag.graph.nodes
-        self.keys = [
-            [(stage, attrs[node]["kind"], attrs[node]["chunk"]) for node in order]
-            for stage, order in enumerate(self.orders)
-        ]
+        self.keys = [[node.work for node in order] for order in self.orders]
         self._place = {node: (s, i) for s, order in enumerate(self.orders) for i, node in enumerate(order)}
         self._options = {
             key: {option.clock_mhz: option for option in profile.options(key)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from megatron_energy.demo import DemoSettings, DemoSummary
+from megatron_energy.commands.demo_run import DemoSettings, DemoSummary
 from megatron_energy.report.job_report import latest_job_folder, write_job_report
 from megatron_energy.report.tables import stock_vs_plan_table
 

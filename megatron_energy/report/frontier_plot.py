@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.pipeline.profile import Profile
 
 
 def plot_frontier(frontier: Frontier, chosen: FrontierPoint, profile: Profile, path: Path) -> Path:

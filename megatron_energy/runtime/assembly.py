@@ -11,14 +11,14 @@ from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clo
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.dag import PipelineDag
-from megatron_energy.perseus.workload import instruction_work
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.workload import instruction_work
+from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.timing import CudaEventTimer, InstructionTimer, SimulatedTimer
-from megatron_energy.session import EnergySession
+from megatron_energy.runtime.session import EnergySession
 
 AUTO_GRID_POINTS = 6
 """Clocks in an automatic profiling grid."""
@@ -73,12 +73,7 @@ def build_timer(
             "simulated GPUs time instructions from a transformer shape; the job context has none"
         )
     work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks)
-    stage_work = {
-        (kind, chunk): w for (stage, kind, chunk), w in work.items() if stage == context.pipeline_rank
-    }
-    orders = pipeline_orders(context.pipeline_size, context.num_microbatches, context.num_chunks)
-    dag = PipelineDag.build(orders, num_chunks=context.num_chunks)
-    return SimulatedTimer(handle.gpus, index, stage_work, comms, dag, context.pipeline_rank)
+    return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders))
 
 
 def build_session(
@@ -128,6 +123,7 @@ def build_session(
     return EnergySession(
         config,
         context,
+        optimiser=resolve(config.mode),
         controller=controller,
         meter=EnergyMeter.from_handle(handle, [index]),
         timer=build_timer(handle, context, comms, index, handle.spec),

@@ -7,12 +7,12 @@ Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,basel
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.atomic import write_atomically
 from megatron_energy.plan import fingerprint
 
 FINGERPRINT_DIGITS = 16
@@ -37,14 +37,6 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         elif before != after:
             changes.append(f"{key}: {before!r} -> {after!r}")
     return changes
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
 
 
 @dataclass(frozen=True)
@@ -89,6 +81,10 @@ class JobCache:
     def frontier_path(self) -> Path:
         """The cached frontier (time, energy per point; for plots and reports)."""
         return self.folder / "frontier.csv"
+
+    def write(self, name: str, text: str) -> None:
+        """Write one artefact of this job's folder atomically."""
+        write_atomically(self.folder / name, text)
 
     def lookup(self) -> CacheLookup:
         """Check for a cached profile of this job, and explain a miss."""

@@ -6,34 +6,30 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from megatron_energy.perseus.profile import TransformerShape
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.workload import TransformerShape
 
 
 @dataclass(frozen=True)
 class JobContext:
-    """The parallel layout, batch shape and logging sinks of one rank.
+    """The parallel layout, executed schedule, batch shape and logging sinks of one rank.
 
-    Built from Megatron's parallel state and arguments by ``megatron_energy.megatron.context`` on real runs,
-    and directly by the demo and the tests.
+    Built from Megatron's parallel state and arguments by ``megatron_energy.megatron.session_factory`` on
+    real runs, and directly by the tests.
     """
 
     pipeline_rank: int
     """This rank's pipeline stage (0-based)."""
 
-    pipeline_size: int
-    """Number of pipeline stages."""
+    orders: PipelineOrders
+    """Every pipeline rank's instruction order as the schedule executes it (group size included); every DAG
+    of the job is built from it."""
 
     data_parallel_rank: int
     """Which data-parallel replica this rank belongs to."""
 
     data_parallel_size: int
     """Number of data-parallel replicas."""
-
-    num_microbatches: int
-    """Microbatches per iteration (per replica)."""
-
-    num_chunks: int = 1
-    """Model chunks per stage (virtual pipeline size); 1 without interleaving."""
 
     tensor_parallel_size: int = 1
     """Tensor-parallel degree (ranks of one stage that run the same instructions)."""
@@ -57,6 +53,21 @@ class JobContext:
     """Scalar writers ``(name, value, step)``: TensorBoard / W&B when Megatron has them enabled."""
 
     @property
+    def pipeline_size(self) -> int:
+        """Number of pipeline stages."""
+        return self.orders.num_stages
+
+    @property
+    def num_microbatches(self) -> int:
+        """Microbatches per iteration (per replica)."""
+        return self.orders.num_microbatches
+
+    @property
+    def num_chunks(self) -> int:
+        """Model chunks per stage (virtual pipeline size); 1 without interleaving."""
+        return self.orders.num_chunks
+
+    @property
     def is_logging_rank(self) -> bool:
         """Whether this rank prints the job-wide log line (the last rank, as Megatron does)."""
         return self.global_rank == self.world_size - 1
@@ -77,5 +88,6 @@ class JobContext:
             "tensor_parallel_size": self.tensor_parallel_size,
             "data_parallel_size": self.data_parallel_size,
             "num_microbatches": self.num_microbatches,
+            "microbatch_group_size": self.orders.microbatch_group_size,
             "gpu": gpu_name,
         }

@@ -27,7 +27,7 @@ def extrapolate_rows(
         clocks_mhz: The clocks to produce rows for.
 
     Returns:
-        One row per (instruction kind, chunk, clock); times and energies modelled.
+        One row per instruction class and clock; times and energies modelled.
     """
     model = GpuPowerModel(spec)
     extended = []
@@ -35,9 +35,7 @@ def extrapolate_rows(
         work = fit_work_profile(spec, [(row.clock_mhz, row.time_s, row.energy_j)]).work
         extended += [
             ProfileRow(
-                stage=row.stage,
-                kind=row.kind,
-                chunk=row.chunk,
+                work=row.work,
                 clock_mhz=clock,
                 time_s=model.time_s(work, clock),
                 energy_j=model.energy_j(work, clock),

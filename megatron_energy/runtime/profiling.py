@@ -1,8 +1,8 @@
 """Phase 1: walk a grid of clocks, a few steps each, and turn the samples into a ``Profile``.
 
 Each clock is held for one settling step (discarded: the switch and the thermal transient land there)
-and ``steps_per_clock`` measured steps. Per (kind, chunk) of this stage, the instruction time is the mean over
-microbatches and steps. Energy per instruction comes from the backend when it can attribute it (simulated
+and ``steps_per_clock`` measured steps. Per instruction class (``Work``: stage, chunk, kind) the instruction
+time is the mean over microbatches and steps. Energy per instruction comes from the backend when it can attribute it (simulated
 GPUs); otherwise the step's measured energy, less the blocked and idle time at the spec's powers, is split
 over the instructions in proportion to their time.
 """
@@ -13,19 +13,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.timing import StepTiming
-
-RowKey = tuple[int, str, int]
-"""(stage, kind, chunk)."""
 
 
 @dataclass(frozen=True)
 class ProfileRow:
-    """One (stage, kind, chunk, clock) mean, ready to merge across ranks."""
+    """One instruction class's mean at one clock, ready to merge across ranks."""
 
-    stage: int
-    kind: str
-    chunk: int
+    work: Work
     clock_mhz: int
     time_s: float
     energy_j: float
@@ -46,21 +42,19 @@ class ProfileCollector:
     """Accumulates instruction samples over the clock grid for one rank.
 
     Args:
-        stage: This rank's pipeline stage.
         clocks_mhz: The grid, highest first; the first clock is the stock baseline.
         steps_per_clock: Measured steps per clock (after one settling step).
         blocked_power_w: Power while blocked on communication (for energy attribution on real GPUs).
         idle_power_w: Power while idle at the end of the step.
     """
 
-    stage: int
     clocks_mhz: Sequence[int]
     steps_per_clock: int
     blocked_power_w: float
     idle_power_w: float
     _step: int = 0
-    _times: dict[tuple[str, int, int], list[float]] = field(default_factory=lambda: defaultdict(list))
-    _energies: dict[tuple[str, int, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    _times: dict[tuple[Work, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    _energies: dict[tuple[Work, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     steps: list[StepRecord] = field(default_factory=list)
 
     @property
@@ -93,7 +87,7 @@ class ProfileCollector:
         self.steps.append(StepRecord(clock_mhz=clock, iteration_s=iteration_s, energy_j=step_energy_j))
         energies = self._attribute(timing, step_energy_j, iteration_s)
         for sample, energy in zip(timing.samples, energies, strict=True):
-            key = (sample.kind, sample.chunk, clock)
+            key = (sample.instruction.work, clock)
             self._times[key].append(sample.duration_s)
             self._energies[key].append(energy)
 
@@ -108,18 +102,16 @@ class ProfileCollector:
         return [busy_j * sample.duration_s / busy for sample in timing.samples]
 
     def rows(self) -> list[ProfileRow]:
-        """Mean time and energy per (kind, chunk, clock) of this stage."""
+        """Mean time and energy per instruction class and clock of this stage."""
         return [
             ProfileRow(
-                stage=self.stage,
-                kind=kind,
-                chunk=chunk,
+                work=work,
                 clock_mhz=clock,
                 time_s=sum(times) / len(times),
-                energy_j=sum(self._energies[(kind, chunk, clock)]) / len(times),
+                energy_j=sum(self._energies[(work, clock)]) / len(times),
                 samples=len(times),
             )
-            for (kind, chunk, clock), times in sorted(self._times.items())
+            for (work, clock), times in sorted(self._times.items())
         ]
 
     def stock_baseline(self) -> StepRecord | None:
@@ -134,8 +126,8 @@ class ProfileCollector:
         )
 
 
-def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[RowKey, dict[int, tuple[float, float]]]:
-    """Merge the rows of every rank into per-(stage, kind, chunk) options.
+def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[Work, dict[int, tuple[float, float]]]:
+    """Merge the rows of every rank into per-instruction-class options.
 
     Ranks that run the same stage (tensor- and data-parallel peers) are merged as the pipeline sees them:
     the slowest peer's time (the stage waits for it) and the mean energy per GPU.
@@ -144,16 +136,16 @@ def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[RowKey, di
         rows_per_rank: Each rank's ``ProfileCollector.rows()``.
 
     Returns:
-        ``{(stage, kind, chunk): {clock_mhz: (time_s, energy_j)}}``.
+        ``{Work: {clock_mhz: (time_s, energy_j)}}``.
     """
-    times: dict[tuple[RowKey, int], list[float]] = defaultdict(list)
-    energies: dict[tuple[RowKey, int], list[float]] = defaultdict(list)
+    times: dict[tuple[Work, int], list[float]] = defaultdict(list)
+    energies: dict[tuple[Work, int], list[float]] = defaultdict(list)
     for rows in rows_per_rank:
         for row in rows:
-            key = ((row.stage, row.kind, row.chunk), row.clock_mhz)
+            key = (row.work, row.clock_mhz)
             times[key].append(row.time_s)
             energies[key].append(row.energy_j)
-    merged: dict[RowKey, dict[int, tuple[float, float]]] = defaultdict(dict)
+    merged: dict[Work, dict[int, tuple[float, float]]] = defaultdict(dict)
     for (row_key, clock), values in times.items():
         merged[row_key][clock] = (max(values), sum(energies[(row_key, clock)]) / len(values))
     return dict(merged)

@@ -12,24 +12,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.runtime.comms import RankComms
-
-InstructionId = tuple[str, int, int]
-"""(kind, microbatch, chunk) of one instruction on this rank."""
 
 
 @dataclass(frozen=True)
 class InstructionSample:
     """One instruction's timing within a step."""
 
-    kind: str
-    """``forward`` or ``backward``."""
-
-    microbatch: int
-    """Microbatch id."""
-
-    chunk: int
-    """Model chunk (virtual pipeline stage); 0 without interleaving."""
+    instruction: Instruction
+    """Which instruction ran."""
 
     start_s: float
     """Start on the device timeline, seconds after the step began."""
@@ -73,11 +65,11 @@ class InstructionTimer(Protocol):
         """Mark the start of a step; returns the boundary marker (a CUDA event) or ``None``."""
         ...
 
-    def begin(self, instruction: InstructionId) -> Any:
+    def begin(self, instruction: Instruction) -> Any:
         """Mark an instruction's start; returns the boundary marker (a CUDA event) or ``None``."""
         ...
 
-    def end(self, instruction: InstructionId) -> None:
+    def end(self, instruction: Instruction) -> None:
         """Mark an instruction's end."""
         ...
 
@@ -103,8 +95,8 @@ class CudaEventTimer:
         self._pool: list[Any] = []
         self._used = 0
         self._step_start: Any = None
-        self._open: dict[InstructionId, Any] = {}
-        self._marks: list[tuple[InstructionId, Any, Any]] = []
+        self._open: dict[Instruction, Any] = {}
+        self._marks: list[tuple[Instruction, Any, Any]] = []
 
     def _event(self) -> Any:
         if self._used == len(self._pool):
@@ -122,13 +114,13 @@ class CudaEventTimer:
         self._step_start = self._event()
         return self._step_start
 
-    def begin(self, instruction: InstructionId) -> Any:
+    def begin(self, instruction: Instruction) -> Any:
         """Record the instruction's start event and return it as the boundary marker."""
         event = self._event()
         self._open[instruction] = event
         return event
 
-    def end(self, instruction: InstructionId) -> None:
+    def end(self, instruction: Instruction) -> None:
         """Record the instruction's end event."""
         start = self._open.pop(instruction, None)
         if start is not None:
@@ -142,13 +134,11 @@ class CudaEventTimer:
         origin = self._step_start
         samples = tuple(
             InstructionSample(
-                kind=kind,
-                microbatch=microbatch,
-                chunk=chunk,
+                instruction=instruction,
                 start_s=origin.elapsed_time(start) / 1e3,
                 end_s=origin.elapsed_time(end) / 1e3,
             )
-            for (kind, microbatch, chunk), start, end in self._marks
+            for instruction, start, end in self._marks
         )
         stage_ends = self._comms.all_gather_pipeline(samples[-1].end_s)
         return StepTiming(samples=samples, intrinsic_s=max(stage_ends), source="measured")
@@ -169,10 +159,9 @@ class SimulatedTimer:
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
         gpu_index: This rank's GPU.
-        work: Modelled work per (kind, chunk) of this stage.
+        work: Modelled work per instruction class (``Work``); this stage's classes at least.
         comms: Collectives of the job.
         dag: The replica's pipeline DAG (``PipelineDag``).
-        stage: This rank's pipeline stage.
     """
 
     source: Literal["measured", "modelled"] = "modelled"
@@ -181,19 +170,17 @@ class SimulatedTimer:
         self,
         gpus: Any,
         gpu_index: int,
-        work: Mapping[tuple[str, int], Any],
+        work: Mapping[Work, Any],
         comms: RankComms,
         dag: Any,
-        stage: int,
     ) -> None:
         self._gpus = gpus
         self._index = gpu_index
         self._work = work
         self._comms = comms
         self._dag = dag
-        self._stage = stage
-        self._runs: list[tuple[InstructionId, float, float]] = []
-        self._gaps_s: dict[InstructionId, float] = {}
+        self._runs: list[tuple[Instruction, float, float]] = []
+        self._gaps_s: dict[Instruction, float] = {}
         self._waited_s = 0.0
         self._waited_j = 0.0
 
@@ -203,7 +190,7 @@ class SimulatedTimer:
         self._waited_s = self._waited_j = 0.0
         return None
 
-    def begin(self, instruction: InstructionId) -> Any:
+    def begin(self, instruction: Instruction) -> Any:
         """Wait the blocked time this instruction waited for its input in the previous step."""
         gap_s = self._gaps_s.get(instruction, 0.0)
         if gap_s > 0.0:
@@ -211,29 +198,26 @@ class SimulatedTimer:
             self._waited_s += gap_s
         return None
 
-    def end(self, instruction: InstructionId) -> None:
+    def end(self, instruction: Instruction) -> None:
         """Execute the instruction's modelled work at the current clock."""
-        kind, _, chunk = instruction
-        time_s, energy_j = self._gpus.execute(self._index, self._work[(kind, chunk)])
+        time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
         self._runs.append((instruction, time_s, energy_j))
 
     def finish_step(self) -> StepTiming:
         """Compose the replica's pipeline and charge this GPU its blocked and idle time."""
-        mine = [((kind, self._stage, chunk, mb), time_s) for (kind, mb, chunk), time_s, _ in self._runs]
+        mine = [(instruction, time_s) for instruction, time_s, _ in self._runs]
         durations: dict[Any, float] = {}
         for stage_runs in self._comms.all_gather_pipeline(mine):
             durations.update(stage_runs)
         schedule = self._dag.schedule(durations)
         samples = tuple(
             InstructionSample(
-                kind=kind,
-                microbatch=mb,
-                chunk=chunk,
-                start_s=schedule.start((kind, self._stage, chunk, mb)),
-                end_s=schedule.end((kind, self._stage, chunk, mb)),
+                instruction=instruction,
+                start_s=schedule.start(instruction),
+                end_s=schedule.end(instruction),
                 energy_j=energy_j,
             )
-            for (kind, mb, chunk), _, energy_j in self._runs
+            for instruction, _, energy_j in self._runs
         )
         energy_j = sum(energy for _, _, energy in self._runs) + self._waited_j
         if samples:
@@ -246,11 +230,11 @@ class SimulatedTimer:
         return StepTiming(samples, schedule.makespan_s, "modelled", energy_j)
 
 
-def _gaps_before(samples: Sequence[InstructionSample]) -> dict[InstructionId, float]:
+def _gaps_before(samples: Sequence[InstructionSample]) -> dict[Instruction, float]:
     """Blocked time before each instruction of one stage: its start less the previous one's end."""
-    gaps: dict[InstructionId, float] = {}
+    gaps: dict[Instruction, float] = {}
     previous_end = 0.0
     for sample in sorted(samples, key=lambda s: s.start_s):
-        gaps[(sample.kind, sample.microbatch, sample.chunk)] = max(0.0, sample.start_s - previous_end)
+        gaps[sample.instruction] = max(0.0, sample.start_s - previous_end)
         previous_end = sample.end_s
     return gaps

@@ -1,6 +1,6 @@
 """Simulate one training iteration: time and energy per pipeline stage under chosen SM clocks.
 
-Every compute node of a :class:`~megatron_energy.perseus.dag.PipelineDag` takes the time and energy of the
+Every compute node of a :class:`~megatron_energy.pipeline.dag.PipelineDag` takes the time and energy of the
 profile option at its clock; communication and tail nodes take their fixed durations. The ASAP schedule of the
 DAG gives the iteration time. Energy is accounted per stage in three parts, and this is THE definition the
 frontier solver shares:
@@ -41,7 +41,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from megatron_energy.perseus.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.instruction import Work
 
 
 class _Option(Protocol):
@@ -51,18 +52,18 @@ class _Option(Protocol):
 
 
 class ProfileLike(Protocol):
-    """The part of :class:`megatron_energy.perseus.profile.Profile` the simulator reads."""
+    """The part of :class:`megatron_energy.pipeline.profile.Profile` the simulator reads."""
 
     gpu_name: str
     source: str
     blocked_power_w: float
     idle_power_w: float
 
-    def options(self, key: tuple[int, str, int]) -> list[_Option]:
+    def options(self, key: Work) -> list[_Option]:
         """All options of one instruction."""
         ...
 
-    def fastest(self, key: tuple[int, str, int]) -> _Option:
+    def fastest(self, key: Work) -> _Option:
         """The fastest option of one instruction."""
         ...
 
@@ -204,22 +205,18 @@ class Simulator:
         self.powers = spec_powers or StagePowers(profile.blocked_power_w, profile.idle_power_w)
         self.switch_latency_s = _checked_latency(switch_latency_s)
         self._compute = dag.compute_indices()
-        attrs = dag.graph.nodes
-        self._keys = [
-            (attrs[node]["stage"], attrs[node]["kind"], attrs[node]["chunk"])
-            for node in (dag.nodes[i] for i in self._compute)
-        ]
-        self._options: dict[tuple[int, str, int], dict[int, _Option]] = {}
-        self._fastest: dict[tuple[int, str, int], _Option] = {}
+        self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]  # type: ignore[union-attr]
+        self._options: dict[Work, dict[int, _Option]] = {}
+        self._fastest: dict[Work, _Option] = {}
         for key in set(self._keys):
             self._options[key] = {option.clock_mhz: option for option in profile.options(key)}
             self._fastest[key] = profile.fastest(key)
-        self._stage_of = np.array([key[0] for key in self._keys], dtype=np.int64)
+        self._stage_of = np.array([key.stage for key in self._keys], dtype=np.int64)
         self._last_compute = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
         self._preds: list[list[int]] | None = None  # built by the first run with a switch latency
         self._position: list[int] = []  # compute position of every node index, -1 for other nodes
         self._stage_list: list[int] = []
-        self._clock_grid: dict[tuple[int, str, int], list[int]] = {}
+        self._clock_grid: dict[Work, list[int]] = {}
 
     def run(
         self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
@@ -361,7 +358,7 @@ class Simulator:
             self._stage_list = self._stage_of.tolist()
         return self._preds, self._position
 
-    def _price(self, key: tuple[int, str, int], clock_mhz: int) -> tuple[float, float]:
+    def _price(self, key: Work, clock_mhz: int) -> tuple[float, float]:
         """Time and energy of instruction ``key`` at ``clock_mhz``, interpolated between profiled clocks."""
         option = self._options[key].get(clock_mhz)
         if option is not None:

@@ -12,21 +12,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.pipeline.dag import Transfer
+from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
 _COMPUTE_THREAD = 0
-_SHORT_KIND = {"forward": "F", "backward": "B"}
 
 
 def _slice_name(piece: Slice) -> str:
     """``F3c1`` for compute, ``send F3c1`` for a transfer, ``dp_sync`` / ``optimizer`` for the tail."""
-    if piece.kind in _SHORT_KIND:
-        _, _, chunk, microbatch = piece.node
-        return f"{_SHORT_KIND[piece.kind]}{microbatch}c{chunk}"
-    if piece.kind == "send":
-        _, kind, _, chunk, microbatch = piece.node
-        return f"send {_SHORT_KIND[kind]}{microbatch}c{chunk}"
+    node = piece.node
+    if isinstance(node, Instruction):
+        return node.label
+    if isinstance(node, Transfer):
+        return f"send {node.sender.label}"
     return piece.kind
 
 

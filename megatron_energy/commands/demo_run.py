@@ -132,7 +132,7 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
     from megatron.training import global_vars
 
     from megatron_energy.megatron.hooks import install_hooks
-    from megatron_energy.perseus.profile import TransformerShape
+    from megatron_energy.pipeline.profile import TransformerShape
     from megatron_energy.runtime.assembly import build_session
     from megatron_energy.runtime.comms import TorchComms
     from megatron_energy.runtime.context import JobContext

@@ -1,6 +1,7 @@
 """Per-instruction time and energy at each SM clock: the input of the pipeline frequency planner.
 
-A :class:`Profile` maps every pipeline instruction ``(stage, kind, chunk)`` to its :class:`ClockOption` list.
+A :class:`Profile` maps the work of every pipeline instruction (:class:`~megatron_energy.pipeline.instruction.Work`:
+stage, chunk, kind) to its :class:`ClockOption` list.
 It comes either from measurement (``source="measured"``, e.g. a Perseus/lowtime CSV) or from the time/power
 model (``source="modelled"``, :meth:`Profile.synthetic`).
 
@@ -21,13 +22,12 @@ from typing import Literal, get_args
 
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
-from megatron_energy.perseus.workload import InstructionKey, TransformerShape, instruction_work
+from megatron_energy.pipeline.instruction import KINDS, Work
+from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
-__all__ = ["ClockOption", "InstructionKey", "Kind", "Profile", "ProfileSource", "TransformerShape"]
+__all__ = ["ClockOption", "Profile", "ProfileSource", "TransformerShape", "Work"]
 
-Kind = Literal["forward", "backward"]
 ProfileSource = Literal["measured", "modelled"]
-KINDS: tuple[str, ...] = get_args(Kind)
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 
 
@@ -70,7 +70,7 @@ class Profile:
 
     def __init__(
         self,
-        options: Mapping[InstructionKey, Sequence[ClockOption]],
+        options: Mapping[Work, Sequence[ClockOption]],
         gpu_name: str,
         source: str,
         blocked_power_w: float,
@@ -80,7 +80,7 @@ class Profile:
 
         Raises:
             ValueError: On an unknown source, non-positive powers, malformed keys, empty option lists,
-                repeated clocks for one key, or a key set that is not every (stage, kind, chunk) combination.
+                repeated clocks for one key, or a key set that is not every (stage, chunk, kind) combination.
         """
         if source not in get_args(ProfileSource):
             raise ValueError(f"profile source must be 'measured' or 'modelled', got {source!r}")
@@ -93,9 +93,9 @@ class Profile:
         self.blocked_power_w = float(blocked_power_w)
         self.idle_power_w = float(idle_power_w)
         self._options = {_checked_key(key): _checked_options(key, opts) for key, opts in options.items()}
-        self.num_stages = 1 + max(stage for stage, _, _ in self._options)
-        self.num_chunks = 1 + max(chunk for _, _, chunk in self._options)
-        expected = {(s, k, c) for s in range(self.num_stages) for k in KINDS for c in range(self.num_chunks)}
+        self.num_stages = 1 + max(key.stage for key in self._options)
+        self.num_chunks = 1 + max(key.chunk for key in self._options)
+        expected = {Work(s, c, k) for s in range(self.num_stages) for k in KINDS for c in range(self.num_chunks)}
         missing = sorted(expected - set(self._options))
         if missing:
             raise ValueError(
@@ -108,21 +108,21 @@ class Profile:
             f"chunks={self.num_chunks}, blocked={self.blocked_power_w:g} W, idle={self.idle_power_w:g} W)"
         )
 
-    def keys(self) -> list[InstructionKey]:
-        """All instruction keys, sorted by (stage, kind, chunk)."""
+    def keys(self) -> list[Work]:
+        """All instruction keys, sorted by (stage, chunk, kind)."""
         return sorted(self._options)
 
-    def __iter__(self) -> Iterator[InstructionKey]:
+    def __iter__(self) -> Iterator[Work]:
         return iter(self.keys())
 
     def __len__(self) -> int:
         return len(self._options)
 
-    def options(self, key: InstructionKey) -> list[ClockOption]:
+    def options(self, key: Work) -> list[ClockOption]:
         """All options of ``key``, sorted by time ascending (then energy, then clock)."""
         return list(self._lookup(key))
 
-    def pareto(self, key: InstructionKey) -> list[ClockOption]:
+    def pareto(self, key: Work) -> list[ClockOption]:
         """The Pareto-optimal (time, energy) options of ``key``, time ascending, energy strictly descending.
 
         Of options with equal time and energy (e.g. clocks above the power-cap clock) the lowest clock is
@@ -134,11 +134,11 @@ class Profile:
                 frontier.append(option)
         return frontier
 
-    def fastest(self, key: InstructionKey) -> ClockOption:
+    def fastest(self, key: Work) -> ClockOption:
         """The quickest option of ``key`` (least energy among equally quick ones)."""
         return self._lookup(key)[0]
 
-    def option_at(self, key: InstructionKey, clock_mhz: int) -> ClockOption:
+    def option_at(self, key: Work, clock_mhz: int) -> ClockOption:
         """The option of ``key`` at exactly ``clock_mhz``.
 
         Raises:
@@ -149,7 +149,7 @@ class Profile:
                 return option
         raise KeyError(f"instruction {key} has no option at {clock_mhz} MHz")
 
-    def _lookup(self, key: InstructionKey) -> tuple[ClockOption, ...]:
+    def _lookup(self, key: Work) -> tuple[ClockOption, ...]:
         try:
             return self._options[key]
         except KeyError:
@@ -161,8 +161,9 @@ class Profile:
         with Path(path).open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
-            for stage, kind, chunk in self.keys():
-                for option in sorted(self._options[(stage, kind, chunk)], key=lambda o: -o.clock_mhz):
+            for key in self.keys():
+                stage, chunk, kind = key
+                for option in sorted(self._options[key], key=lambda o: -o.clock_mhz):
                     row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
                     writer.writerow(row + ([chunk] if with_chunk else []))
 
@@ -207,7 +208,7 @@ class Profile:
     ) -> Profile:
         """A *modelled* profile: FLOP/byte counts of ``shape`` priced by :class:`GpuPowerModel` at each clock.
 
-        See :mod:`megatron_energy.perseus.workload` for the work model (embedding on stage 0 chunk 0, LM head
+        See :mod:`megatron_energy.pipeline.workload` for the work model (embedding on stage 0 chunk 0, LM head
         and loss on the last stage's last chunk, layers split evenly).
 
         Args:
@@ -234,11 +235,11 @@ class Profile:
         return cls(options, spec.name, "modelled", spec.blocked_power_w, spec.idle_power_w)
 
 
-def _checked_key(key: InstructionKey) -> InstructionKey:
-    """Validate an instruction key ``(stage, kind, chunk)``."""
-    if not (isinstance(key, tuple) and len(key) == 3):
-        raise ValueError(f"instruction key must be (stage, kind, chunk), got {key!r}")
-    stage, kind, chunk = key
+def _checked_key(key: Work) -> Work:
+    """Validate an instruction key ``Work(stage, chunk, kind)``."""
+    if not isinstance(key, Work):
+        raise ValueError(f"instruction key must be a Work(stage, chunk, kind), got {key!r}")
+    stage, chunk, kind = key
     if not (isinstance(stage, int) and stage >= 0 and isinstance(chunk, int) and chunk >= 0):
         raise ValueError(f"stage and chunk must be non-negative integers in key {key!r}")
     if kind not in KINDS:
@@ -246,7 +247,7 @@ def _checked_key(key: InstructionKey) -> InstructionKey:
     return key
 
 
-def _checked_options(key: InstructionKey, options: Sequence[ClockOption]) -> tuple[ClockOption, ...]:
+def _checked_options(key: Work, options: Sequence[ClockOption]) -> tuple[ClockOption, ...]:
     """Validate one instruction's options and sort them by time."""
     if not options:
         raise ValueError(f"instruction {key} has no clock options")
@@ -256,10 +257,10 @@ def _checked_options(key: InstructionKey, options: Sequence[ClockOption]) -> tup
     return tuple(sorted(options, key=_sort_key))
 
 
-def _read_csv_options(path: Path) -> dict[InstructionKey, list[ClockOption]]:
+def _read_csv_options(path: Path) -> dict[Work, list[ClockOption]]:
     """Parse a profile CSV; every problem raises ValueError naming ``path:line``."""
-    options: dict[InstructionKey, list[ClockOption]] = {}
-    first_seen: dict[tuple[InstructionKey, int], int] = {}
+    options: dict[Work, list[ClockOption]] = {}
+    first_seen: dict[tuple[Work, int], int] = {}
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames
@@ -273,10 +274,10 @@ def _read_csv_options(path: Path) -> dict[InstructionKey, list[ClockOption]]:
             where = f"{path}:{line}"
             if None in row or any(row[column] is None for column in header):
                 raise ValueError(f"{where}: expected {len(header)} fields")
-            key = (
+            key = Work(
                 _parse_int(row["stage"], "stage", where),
-                _parse_kind(row["instruction"], where),
                 _parse_int(row["chunk"], "chunk", where) if "chunk" in header else 0,
+                _parse_kind(row["instruction"], where),
             )
             clock = _parse_int(row["frequency"], "frequency", where)
             if (key, clock) in first_seen:

@@ -1,14 +1,18 @@
 """``EnergySession``: one rank's lifecycle, profile → plan → run, driven by Megatron's schedule events.
 
+The session does not know how plans are made: it asks the optimiser ``--energy-mode`` selected
+(``megatron_energy.registry``) what to profile and for a plan, and runs whatever plan comes back.
+
 Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps;
 the timer times every instruction on the device timeline; the meter gives each step's energy.
 Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
-planner computes the frontier and the plan for ``--energy-target``, and the result is broadcast (no server).
-Phase 3, run: before each instruction the controller is asked for that instruction's clock, at the
-instruction's boundary on the GPU timeline; energy keeps being measured and logged next to the prediction;
-data-parallel replicas follow a straggler's pace; a safety net reverts to stock clocks if the plan is slow.
+optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
+Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
+instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
+prediction; data-parallel replicas follow a straggler's pace to another point of the same plan; a safety
+net reverts to stock clocks if the plan is slow.
 
-A cached profile for the same job (``--energy-dir``) skips phase 1.
+A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 """
 
 from __future__ import annotations
@@ -21,18 +25,23 @@ from typing import Any
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.perseus.profile import Profile
+from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.parts import Controller, Guard, Meter
+from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
-    PlanBundle,
-    RankSchedule,
+    PlanRelease,
+    StockBaseline,
     baseline_from_profiling,
-    load_baseline,
+    load_release,
     plan_on_root,
+    plan_summary,
     profile_from_rows,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
@@ -55,6 +64,7 @@ class EnergySession:
     Args:
         config: The ``--energy-*`` configuration.
         context: This rank's place in the job.
+        optimiser: The optimiser(s) ``--energy-mode`` selected.
         controller: The ``FrequencyController`` for this rank's GPU.
         meter: The ``EnergyMeter`` for this rank's GPU.
         timer: The instruction timer (CUDA events, or the simulated GPU's virtual clock).
@@ -73,19 +83,21 @@ class EnergySession:
         config: EnergyConfig,
         context: JobContext,
         *,
-        controller: Any,
-        meter: Any,
+        optimiser: Optimiser,
+        controller: Controller,
+        meter: Meter,
         timer: InstructionTimer,
         comms: RankComms,
         clocks_mhz: list[int],
         can_set_clocks: bool = True,
         cache: JobCache,
         spec: GpuSpec,
-        guard: Any = None,
+        guard: Guard | None = None,
         printer: Callable[[str], Any] = print,
     ) -> None:
         self.config = config
         self.context = context
+        self.optimiser = optimiser
         self.controller = controller
         self.meter = meter
         self.timer = timer
@@ -97,16 +109,17 @@ class EnergySession:
         self.stock_clock_mhz = clocks_mhz[0]
         self.grid_mhz = list(clocks_mhz)
         self.can_set_clocks = can_set_clocks
+        sweep = can_set_clocks and optimiser.request.clock_grid
         self.collector = ProfileCollector(
-            stage=context.pipeline_rank,
-            clocks_mhz=clocks_mhz if can_set_clocks else clocks_mhz[:1],
+            clocks_mhz=clocks_mhz if sweep else clocks_mhz[:1],
             steps_per_clock=config.profile_iters,
             blocked_power_w=spec.blocked_power_w,
             idle_power_w=spec.idle_power_w,
         )
         self.phase = "profiling"
-        self.bundle: PlanBundle | None = None
-        self.schedule: RankSchedule | None = None
+        self.plan: Plan | None = None
+        self.baseline = StockBaseline()
+        self.runner: PlanRunner | None = None
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
@@ -128,13 +141,16 @@ class EnergySession:
 
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
-        boundary = self.timer.begin((kind, microbatch, chunk))
-        if self.schedule is not None:
-            self.controller.request(self.schedule.clock(kind, microbatch, chunk), boundary)
+        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        boundary = self.timer.begin(instruction)
+        if self.runner is not None:
+            clock = self.runner.clock_at(instruction)
+            if clock is not None:
+                self.controller.request(clock, boundary)
 
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end."""
-        self.timer.end((kind, microbatch, chunk))
+        self.timer.end(Instruction(self.context.pipeline_rank, chunk, microbatch, kind))
 
     def on_p2p_begin(self, op: str) -> None:
         """Pipeline communication needs no action: it is part of the waiting time between instructions."""
@@ -144,7 +160,7 @@ class EnergySession:
 
     def on_step_end(self, step: int) -> None:
         """Finish the step's measurements and advance the phase."""
-        ran_in, ran_with = self.phase, self.schedule  # the log describes the step as it ran
+        ran_in, ran_with = self.phase, self.runner  # the log describes the step as it ran
         timing = self.timer.finish_step()
         window = self.meter.lap()
         energy_j = timing.energy_j
@@ -172,27 +188,20 @@ class EnergySession:
     # ------------------------------------------------------------------------------------------- phases
 
     def _start_from_cache(self) -> None:
-        bundle = None
+        release = None
         if self.context.global_rank == 0:
             lookup = self.cache.lookup()
             self.printer(f"[energy] {lookup.message}")
             if lookup.hit:
-                profile = Profile.from_csv(
-                    self.cache.profile_path,
-                    gpu_name=self.spec.name,
-                    source=self.profile_source,
-                    blocked_power_w=self.spec.blocked_power_w,
-                    idle_power_w=self.spec.idle_power_w,
-                )
-                bundle = self._plan_on_root(profile, load_baseline(self.cache))
-        bundle = self.comms.broadcast_from_root(bundle)
-        if bundle is not None:
-            self._adopt(bundle)
+                release = load_release(self.cache)
+        release = self.comms.broadcast_from_root(release)
+        if release is not None:
+            self._adopt(release)
         self.meter.lap()
 
     def _plan(self) -> None:
         gathered = self.comms.gather_to_root((self.collector.rows(), self.collector.stock_baseline()))
-        bundle = None
+        release = None
         if gathered is not None:
             rows = [rows for rows, _ in gathered]
             if not self.can_set_clocks:
@@ -204,20 +213,25 @@ class EnergySession:
                 blocked_power_w=self.spec.blocked_power_w,
                 idle_power_w=self.spec.idle_power_w,
             )
-            bundle = self._plan_on_root(profile, baseline_from_profiling(gathered))
-        self._adopt(self.comms.broadcast_from_root(bundle))
+            job = PlanningJob(
+                orders=self.context.orders,
+                fingerprint=self.cache.fingerprint,
+                target=self.config.target,
+                switch_latency_s=self.spec.switch_latency_s,
+            )
+            release = plan_on_root(self.optimiser, profile, job, self.cache, baseline_from_profiling(gathered))
+        self._adopt(self.comms.broadcast_from_root(release))
 
-    def _plan_on_root(self, profile: Profile, baseline: dict[str, Any]) -> PlanBundle:
-        bundle = plan_on_root(
-            profile, self.context, self.config, self.cache, baseline, self.spec.switch_latency_s
-        )
-        self.printer(bundle.summary)
-        return bundle
-
-    def _adopt(self, bundle: PlanBundle) -> None:
-        self.bundle = bundle
-        self.schedule = bundle.rank_schedule(self.context.pipeline_rank, bundle.target_index)
-        self.straggler = StragglerPolicy(nominal_time_s=bundle.nominal_time_s)
+    def _adopt(self, release: PlanRelease) -> None:
+        """Parse the broadcast plan file and run it: every rank runs the same text."""
+        plan = Plan.from_json_text(release.plan_text, source=str(self.cache.plan_path))
+        if self.context.global_rank == 0:
+            self.printer(plan_summary(plan))
+        self.plan = plan
+        self.baseline = release.baseline
+        stage = self.context.pipeline_rank
+        self.runner = PlanRunner(plan, stage, self.context.orders.stage(stage))
+        self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.phase = "planned"
 
     def _follow_stragglers(self, figures: StepFigures) -> bool:
@@ -226,45 +240,55 @@ class EnergySession:
         A replica that is slow while another replica keeps its plan's pace is slowed by something outside
         the plan (throttling, a slow node): the plan, the same on every replica, is not to blame.
         """
-        if self.context.data_parallel_size == 1 or self.bundle is None or self.straggler is None:
+        plan = self.plan
+        if self.context.data_parallel_size == 1 or plan is None or self.straggler is None:
             return False
         nominal_s = self.straggler.nominal_time_s
-        predicted_s = (
-            self.bundle.predicted_stock_time_s if self.schedule is None else self.schedule.predicted_time_s
-        )
+        runner = self.runner
+        predicted_s = plan.baseline.iteration_time_s if runner is None else runner.predicted_time_s
         mine = self.straggler.contribution(figures.timing.intrinsic_s, predicted_s)
         slowest_s, negated_fastest_s = self.comms.all_reduce_max([mine, -mine])
         straggling = mine != nominal_s
         slow_alone = straggling and -negated_fastest_s == nominal_s
-        if self.safety.tripped:
+        if self.safety.tripped or runner is None:
             return slow_alone
         pace_s = self.straggler.update(slowest_s, straggling=straggling)
         if pace_s is None:
             return slow_alone
-        index = self.bundle.index_for_time(pace_s)
-        self.schedule = self.bundle.rank_schedule(self.context.pipeline_rank, index)
-        following = index != self.bundle.target_index
+        runner.select(plan.index_for_time(pace_s))
+        following = not runner.on_target
         self.phase = "following straggler" if following else "planned"
         self.printer(
             f"[energy] rank {self.context.global_rank}: "
             + (
                 f"a data-parallel replica runs at {1e3 * pace_s:.1f} ms/iter; moving to the frontier point "
-                f"at {1e3 * self.schedule.predicted_time_s:.1f} ms (modelled)"
+                f"at {1e3 * runner.predicted_time_s:.1f} ms (modelled)"
                 if following
                 else "straggler recovered; back to the target plan"
             )
         )
         return slow_alone
 
+    def allowed_time_s(self, predicted_s: float) -> float:
+        """The measured iteration time a plan point predicted at ``predicted_s`` may take.
+
+        The measured stock time scaled by the point's predicted slowdown over stock clocks; without a
+        measured stock time, the prediction itself.
+        """
+        stock_s = self.baseline.iteration_s
+        if stock_s is None or self.plan is None:
+            return predicted_s
+        return stock_s * predicted_s / self.plan.baseline.iteration_time_s
+
     def _check_safety(self, figures: StepFigures, slow_alone: bool) -> None:
-        if self.bundle is None or self.schedule is None:
+        if self.runner is None:
             return
         if slow_alone:
             self.safety.excuse()
             return
-        allowed_s = self.bundle.allowed_time_s(self.schedule.predicted_time_s)
+        allowed_s = self.allowed_time_s(self.runner.predicted_time_s)
         if self.safety.observe(figures.iteration_s, allowed_s):
-            self.schedule = None
+            self.runner = None
             self.controller.request(RESET)
             self.phase = "stock (safety net)"
             self.printer(
@@ -274,7 +298,7 @@ class EnergySession:
                 "steps; clocks reverted to stock for the rest of the run"
             )
 
-    def _log(self, step: int, figures: StepFigures, phase: str, schedule: RankSchedule | None) -> None:
+    def _log(self, step: int, figures: StepFigures, phase: str, runner: PlanRunner | None) -> None:
         self._steps_in_interval.append(figures)
         if (step + 1) % self.context.log_interval != 0:
             return
@@ -282,12 +306,10 @@ class EnergySession:
         mine = StageEnergy(
             stage=self.context.pipeline_rank,
             measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
-            predicted_j_per_iter=None if schedule is None else schedule.predicted_energy_j,
-            stock_j_per_iter=None
-            if self.bundle is None
-            else self.bundle.stock_energy_j(self.context.global_rank),
+            predicted_j_per_iter=None if runner is None else runner.predicted_energy_j,
+            stock_j_per_iter=self.baseline.energy_by_rank.get(self.context.global_rank),
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
-            stock_iteration_s=None if self.bundle is None else self.bundle.stock_time_s,
+            stock_iteration_s=self.baseline.iteration_s,
         )
         gathered = self.comms.gather_to_root(mine)
         if gathered is not None:

@@ -1,9 +1,9 @@
 """The pipeline-parallel training iteration as a DAG of instructions, communication and the iteration tail.
 
 A node is one piece of work with a duration: a forward or backward pass of one microbatch on one pipeline
-stage and model chunk (``("forward", stage, chunk, microbatch)``), one point-to-point transfer between stages
-(``("send", kind, stage, chunk, microbatch)``, named after the instruction that sends), a per-stage tail node
-(``("dp_sync", stage)``, ``("optimizer", stage)``) or the dummy ``"source"`` / ``"sink"``. Edges are
+stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), one point-to-point
+transfer between stages (a :class:`Transfer`, named after the instruction that sends), a per-stage tail step
+(:class:`TailStep` ``dp_sync`` or ``optimizer``) or the dummy ``"source"`` / ``"sink"``. Edges are
 dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
 its neighbour's activation (forward) or gradient (backward) has arrived.
 
@@ -13,22 +13,40 @@ indices are a topological order, so one sweep over ``range(n)`` is a valid sched
 """
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
 import networkx as nx
 import numpy as np
 
-NodeId = Hashable
-"""A node of the DAG: a tuple (compute, comm and tail nodes) or the strings ``"source"`` / ``"sink"``."""
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.orders import PipelineOrders
 
-RankOrder = list[tuple[str, int, int]]
-"""One pipeline rank's instructions in execution order: ``(kind, microbatch, chunk)``."""
+
+class Transfer(NamedTuple):
+    """The point-to-point transfer of what ``sender`` produced to the stage that consumes it."""
+
+    sender: Instruction
+    """The instruction whose output (activation or gradient) is sent."""
+
+
+class TailStep(NamedTuple):
+    """Work of one stage after its last backward pass."""
+
+    name: str
+    """``"dp_sync"`` (data-parallel gradient sync) or ``"optimizer"`` (optimizer step)."""
+    stage: int
+    """Pipeline stage."""
+
+
+NodeId = Instruction | Transfer | TailStep | str
+"""A node of the DAG: an instruction, a transfer, a tail step, or the strings ``"source"`` / ``"sink"``."""
 
 SOURCE = "source"
 SINK = "sink"
-KINDS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -91,53 +109,20 @@ class Schedule:
         return float(self.end_s[self.index[node]])
 
 
-def _compute_id(kind: str, stage: int, chunk: int, microbatch: int) -> tuple[str, int, int, int]:
-    return (kind, stage, chunk, microbatch)
-
-
-def _receiver(
-    kind: str, stage: int, chunk: int, microbatch: int, num_stages: int, num_chunks: int
-) -> tuple[str, int, int, int] | None:
-    """The compute node that consumes what ``(kind, stage, chunk, microbatch)`` produces, if any."""
+def _receiver(node: Instruction, num_stages: int, num_chunks: int) -> Instruction | None:
+    """The instruction that consumes what ``node`` produces, if any."""
+    stage, chunk, microbatch, kind = node
     if kind == "forward":
         if stage < num_stages - 1:
-            return _compute_id("forward", stage + 1, chunk, microbatch)
+            return Instruction(stage + 1, chunk, microbatch, "forward")
         if chunk < num_chunks - 1:
-            return _compute_id("forward", 0, chunk + 1, microbatch)
-        return _compute_id("backward", stage, chunk, microbatch)
+            return Instruction(0, chunk + 1, microbatch, "forward")
+        return Instruction(stage, chunk, microbatch, "backward")
     if stage > 0:
-        return _compute_id("backward", stage - 1, chunk, microbatch)
+        return Instruction(stage - 1, chunk, microbatch, "backward")
     if chunk > 0:
-        return _compute_id("backward", num_stages - 1, chunk - 1, microbatch)
+        return Instruction(num_stages - 1, chunk - 1, microbatch, "backward")
     return None
-
-
-def _validate_orders(orders: Sequence[RankOrder], num_chunks: int) -> None:
-    """Check that every rank runs exactly one forward and one backward per (microbatch, chunk)."""
-    if not orders:
-        raise ValueError("orders is empty: need one instruction order per pipeline stage")
-    if num_chunks < 1:
-        raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
-    expected = None
-    for stage, order in enumerate(orders):
-        seen = set(order)
-        if len(seen) != len(order):
-            raise ValueError(f"stage {stage} runs an instruction twice")
-        for kind, microbatch, chunk in seen:
-            if kind not in KINDS or not 0 <= chunk < num_chunks or microbatch < 0:
-                raise ValueError(
-                    f"stage {stage}: bad instruction ({kind!r}, {microbatch}, {chunk}); kind must be one of "
-                    f"{KINDS}, chunk in [0, {num_chunks}), microbatch >= 0"
-                )
-        if expected is None:
-            microbatches = {microbatch for _, microbatch, _ in seen}
-            expected = {(k, m, c) for k in KINDS for m in microbatches for c in range(num_chunks)}
-        if seen != expected:
-            missing = sorted(expected - seen)[:3]
-            raise ValueError(
-                f"stage {stage} does not run one forward and one backward per microbatch and chunk "
-                f"(missing e.g. {missing}; every stage must run the same set of instructions)"
-            )
 
 
 class PipelineDag:
@@ -159,16 +144,15 @@ class PipelineDag:
         graph: nx.DiGraph,
         nodes: list[NodeId],
         edges: list[tuple[int, int]],
-        stage_orders: list[list[NodeId]],
-        num_chunks: int,
+        orders: PipelineOrders,
     ):
         """Store a graph whose ``nodes`` are already in topological order; use :meth:`build` instead."""
         self.graph = graph
-        self.num_stages = len(stage_orders)
-        self.num_chunks = num_chunks
+        self.orders = orders
+        self.num_stages = orders.num_stages
+        self.num_chunks = orders.num_chunks
         self.nodes = nodes
         self.index = {node: i for i, node in enumerate(nodes)}
-        self._stage_orders = stage_orders
         self._edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
         self._preds: list[list[int]] = [[] for _ in nodes]
         self._succs: list[list[int]] = [[] for _ in nodes]
@@ -184,16 +168,14 @@ class PipelineDag:
     @classmethod
     def build(
         cls,
-        orders: Sequence[RankOrder],
-        num_chunks: int = 1,
+        orders: PipelineOrders,
         comm: CommSpec | None = None,
         tail: IterationTail | None = None,
     ) -> "PipelineDag":
-        """Build the DAG from each rank's instruction order.
+        """Build the DAG from the executed instruction orders: the one way every part of the job builds it.
 
         Args:
-            orders: One instruction order per pipeline stage (``pipeline_orders`` gives Megatron's).
-            num_chunks: Model chunks per stage.
+            orders: Every rank's instruction order (the job context's, from megatron-core's schedule).
             comm: Point-to-point transfer cost; transfers take no time when ``None``.
             tail: Data-parallel sync and optimizer step per stage; they take no time when ``None``.
 
@@ -201,13 +183,10 @@ class PipelineDag:
             The DAG.
 
         Raises:
-            ValueError: If the orders are inconsistent or deadlock (a rank waits for work scheduled after it).
+            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it).
         """
-        _validate_orders(orders, num_chunks)
-        stage_orders = [
-            [_compute_id(kind, stage, chunk, microbatch) for kind, microbatch, chunk in order]
-            for stage, order in enumerate(orders)
-        ]
+        stage_orders = [list(order) for order in orders.ranks]
+        num_chunks = orders.num_chunks
         graph = nx.DiGraph()
         graph.add_node(SOURCE, type="source", duration_s=0.0)
         edges = _add_compute(graph, stage_orders)
@@ -220,17 +199,17 @@ class PipelineDag:
         nodes = _topological_order(list(graph.nodes), edges)
         position = {node: i for i, node in enumerate(nodes)}
         index_edges = [(position[u], position[v]) for u, v in edges]
-        return cls(graph, nodes, index_edges, stage_orders, num_chunks)
+        return cls(graph, nodes, index_edges, orders)
 
     # ----- structure -------------------------------------------------------------------------------------
 
-    def compute_nodes(self) -> list[NodeId]:
+    def compute_nodes(self) -> list[Instruction]:
         """Forward and backward nodes in topological order."""
-        return [self.nodes[i] for i in self._compute]
+        return [self.nodes[i] for i in self._compute]  # type: ignore[misc]
 
-    def stage_order(self, stage: int) -> list[NodeId]:
-        """Compute nodes of ``stage`` in that rank's execution order."""
-        return list(self._stage_orders[stage])
+    def stage_order(self, stage: int) -> list[Instruction]:
+        """Instructions of ``stage`` in that rank's execution order."""
+        return list(self.orders.stage(stage))
 
     def topological_order(self) -> list[NodeId]:
         """All nodes in topological order (the index order)."""
@@ -362,14 +341,21 @@ class PipelineDag:
         return start, end, binding
 
 
-def _add_compute(graph: nx.DiGraph, stage_orders: list[list[NodeId]]) -> list[tuple[NodeId, NodeId]]:
+def _add_compute(graph: nx.DiGraph, stage_orders: list[list[Instruction]]) -> list[tuple[NodeId, NodeId]]:
     """Add the compute nodes; return the source edges and each rank's order edges."""
     edges: list[tuple[NodeId, NodeId]] = []
-    for stage, order in enumerate(stage_orders):
+    for order in stage_orders:
         graph.add_nodes_from(
             (
                 node,
-                {"type": "compute", "kind": node[0], "stage": stage, "chunk": node[2], "microbatch": node[3]},
+                {
+                    "type": "compute",
+                    "kind": node.kind,
+                    "stage": node.stage,
+                    "chunk": node.chunk,
+                    "microbatch": node.microbatch,
+                    "work": node.work,
+                },
             )
             for node in order
         )
@@ -379,29 +365,28 @@ def _add_compute(graph: nx.DiGraph, stage_orders: list[list[NodeId]]) -> list[tu
 
 
 def _add_transfers(
-    graph: nx.DiGraph, stage_orders: list[list[NodeId]], num_chunks: int, comm_s: float
+    graph: nx.DiGraph, stage_orders: list[list[Instruction]], num_chunks: int, comm_s: float
 ) -> list[tuple[NodeId, NodeId]]:
     """Add a transfer node on every cross-stage dependency; return the dependency edges."""
     num_stages = len(stage_orders)
     edges: list[tuple[NodeId, NodeId]] = []
     for order in stage_orders:
         for node in order:
-            kind, stage, chunk, microbatch = node
-            receiver = _receiver(kind, stage, chunk, microbatch, num_stages, num_chunks)
+            receiver = _receiver(node, num_stages, num_chunks)
             if receiver is None:
                 continue
-            if receiver[1] == stage:
+            if receiver.stage == node.stage:
                 edges.append((node, receiver))
                 continue
-            send = ("send", kind, stage, chunk, microbatch)
+            send = Transfer(node)
             graph.add_node(
                 send,
                 type="comm",
-                kind=kind,
-                stage=stage,
-                dst_stage=receiver[1],
-                chunk=chunk,
-                microbatch=microbatch,
+                kind=node.kind,
+                stage=node.stage,
+                dst_stage=receiver.stage,
+                chunk=node.chunk,
+                microbatch=node.microbatch,
                 duration_s=comm_s,
             )
             edges += [(node, send), (send, receiver)]
@@ -409,12 +394,12 @@ def _add_transfers(
 
 
 def _add_tail(
-    graph: nx.DiGraph, stage_orders: list[list[NodeId]], tail: IterationTail
+    graph: nx.DiGraph, stage_orders: list[list[Instruction]], tail: IterationTail
 ) -> list[tuple[NodeId, NodeId]]:
     """Add each stage's gradient sync and optimizer step after its last compute node; return their edges."""
     edges: list[tuple[NodeId, NodeId]] = []
     for stage, order in enumerate(stage_orders):
-        dp_sync, optimizer = ("dp_sync", stage), ("optimizer", stage)
+        dp_sync, optimizer = TailStep("dp_sync", stage), TailStep("optimizer", stage)
         graph.add_node(dp_sync, type="tail", kind="dp_sync", stage=stage, duration_s=tail.dp_sync_s)
         graph.add_node(optimizer, type="tail", kind="optimizer", stage=stage, duration_s=tail.optimizer_s)
         edges += [(order[-1], dp_sync), (dp_sync, optimizer), (optimizer, SINK)]
@@ -439,7 +424,7 @@ def _topological_order(nodes: list[NodeId], edges: Iterable[tuple[NodeId, NodeId
             if indegree[v] == 0:
                 ready.append(v)
     if len(order) != len(nodes):
-        raise ValueError(
+        raise EnergyValueError(
             "the instruction orders deadlock: some stage waits for work that another stage schedules after it"
         )
     return [nodes[i] for i in order]

@@ -37,6 +37,7 @@ from typing import Any
 
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.pipeline.instruction import Work
 
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = 0.60
@@ -46,8 +47,6 @@ KERNELS_PER_LAYER = {"forward": 12, "backward": 24}
 BACKWARD_TO_FORWARD = 2.0
 BF16_BYTES = 2
 FP32_BYTES = 4
-
-InstructionKey = tuple[int, str, int]
 
 
 @dataclass(frozen=True)
@@ -144,8 +143,8 @@ KNOWN_SHAPES: dict[str, TransformerShape] = {
 
 def instruction_work(
     shape: TransformerShape, spec: GpuSpec, num_stages: int, num_chunks: int = 1
-) -> dict[InstructionKey, WorkProfile]:
-    """Work of every pipeline instruction ``(stage, kind, chunk)`` at the spec's maximum clock.
+) -> dict[Work, WorkProfile]:
+    """Work of every pipeline instruction class ``Work(stage, chunk, kind)`` at the spec's maximum clock.
 
     Layers are split evenly over ``num_stages x num_chunks`` model chunks (as Megatron requires).
 
@@ -159,7 +158,7 @@ def instruction_work(
             f"{shape.num_layers} layers do not split evenly over {num_stages} stages x {num_chunks} chunks"
         )
     layers = shape.num_layers // (num_stages * num_chunks)
-    work: dict[InstructionKey, WorkProfile] = {}
+    work: dict[Work, WorkProfile] = {}
     for stage in range(num_stages):
         for chunk in range(num_chunks):
             for kind in ("forward", "backward"):
@@ -168,7 +167,7 @@ def instruction_work(
                     total = total + _embedding_work(shape, spec, kind)
                 if stage == num_stages - 1 and chunk == num_chunks - 1:
                     total = total + _head_work(shape, spec, kind)
-                work[(stage, kind, chunk)] = total
+                work[Work(stage, chunk, kind)] = total
     return work
 
 

@@ -1,0 +1,15 @@
+"""The root of every error megatron_energy raises on purpose.
+
+Each error says what is wrong and what to do about it. Catching :class:`EnergyError` catches every one of
+them (a plan file that cannot be used, a job config, a profiling grid that does not fit the GPU, ...),
+while programming errors stay ordinary Python exceptions. Subclasses also derive from the builtin that
+describes them (``ValueError`` for bad input), so existing ``except ValueError`` handlers keep working.
+"""
+
+
+class EnergyError(Exception):
+    """Something megatron_energy cannot do as asked; the message says why and what to do."""
+
+
+class EnergyValueError(EnergyError, ValueError):
+    """Bad input (a flag, a file, a job description); the message names it and the fix."""

@@ -1,0 +1,100 @@
+"""The ``Optimiser`` interface: what every planning layer (Perseus, Kareus, phases) implements.
+
+An optimiser says what it needs profiled (:class:`ProfileRequest`) and turns a profile of the job into a
+:class:`~megatron_energy.plan.Plan` (:meth:`Optimiser.plan`). It is pure: it gets everything about the job
+as data (:class:`PlanningJob`: the executed orders, the fingerprint, the target, the GPU's switch latency
+and powers) and returns the plan; the session does the profiling, gathering, caching, broadcasting and
+running. ``megatron_energy.registry`` maps ``--energy-mode`` to optimisers;
+``megatron_energy.composition`` composes them for ``--energy-mode all`` (each refines the plan of the one
+before, which it receives as ``base``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from megatron_energy.config import EnergyTarget
+from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import Plan
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """What an optimiser needs measured while the job profiles."""
+
+    clock_grid: bool = True
+    """Every instruction's time and energy at each clock of the profiling grid."""
+
+    phases: bool = False
+    """Timelines of phases (kernel groups) inside instructions."""
+
+    collectives: bool = False
+    """Launch and completion times of collectives."""
+
+    def union(self, other: ProfileRequest) -> ProfileRequest:
+        """Everything either request asks for."""
+        return ProfileRequest(
+            clock_grid=self.clock_grid or other.clock_grid,
+            phases=self.phases or other.phases,
+            collectives=self.collectives or other.collectives,
+        )
+
+
+@dataclass(frozen=True)
+class PlanningJob:
+    """The job an optimiser plans for, as plain data."""
+
+    orders: PipelineOrders
+    """Every rank's executed instruction order (from megatron-core's schedule, group size included)."""
+
+    fingerprint: str
+    """The job fingerprint every plan carries."""
+
+    target: EnergyTarget
+    """``--energy-target``."""
+
+    switch_latency_s: float = 0.0
+    """The GPU's SM-clock switch latency; plans must stay executable under it."""
+
+    comm: CommSpec | None = None
+    """Cost of one pipeline transfer; transfers take no time when ``None`` (measured instruction times
+    already include what the stage waited for)."""
+
+    tail: IterationTail | None = None
+    """Data-parallel sync and optimizer step after the last backward; none when ``None``."""
+
+    frontier_points: int = 40
+    """Deadlines in a frontier sweep."""
+
+    kept_points: int = 8
+    """Executable frontier points a plan keeps besides the target (for a straggler's pace)."""
+
+    def dag(self) -> PipelineDag:
+        """The iteration DAG of this job."""
+        return PipelineDag.build(self.orders, comm=self.comm, tail=self.tail)
+
+
+class Optimiser(Protocol):
+    """One planning layer (see the module docstring)."""
+
+    name: str
+    """The ``--energy-mode`` name."""
+
+    request: ProfileRequest
+    """What it needs profiled."""
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        """Plan the job.
+
+        Args:
+            profile: The job's profile (merged over ranks).
+            job: The job.
+            base: The plan of the optimiser before this one in a composition; ``None`` for the first.
+
+        Returns:
+            An executable plan for ``job.target``.
+        """
+        ...

@@ -1,0 +1,104 @@
+"""The Perseus-style optimiser: one SM clock per pipeline instruction, from the time–energy frontier.
+
+It sweeps the frontier of the job's DAG (``FrontierSolver``), picks the point for the target, makes it and
+up to ``PlanningJob.kept_points`` other points executable under the GPU's clock-switch latency
+(``perseus.switching``) and writes them as a :class:`~megatron_energy.plan.Plan`: a clock action at the start
+of every instruction. The other points serve data-parallel replicas that follow a straggler's pace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.perseus.frontier import FrontierPoint
+from megatron_energy.perseus.planner import Planner
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import Baseline, FrontierSample, Plan, PlanPoint, RankPlan, clock_actions
+
+
+class PerseusOptimiser:
+    """Clock per pipeline instruction (see the module docstring)."""
+
+    name = "perseus"
+    request = ProfileRequest(clock_grid=True)
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        """Solve the frontier and return the executable plan for ``job.target``.
+
+        Raises:
+            ValueError: If ``base`` is given: this optimiser plans from scratch and comes first.
+        """
+        if base is not None:
+            raise ValueError("the perseus optimiser plans from scratch; it must come first in a composition")
+        planner = Planner(
+            job.dag(),
+            profile,
+            num_points=job.frontier_points,
+            switch_latency_s=job.switch_latency_s,
+        )
+        frontier = planner.frontier
+        target = planner.point(job.target)
+        candidates = _distinct_points([*frontier.points, planner.min_energy_point], target)
+        points = _distinct_points(
+            [planner.executable(point) for point in _spread(candidates, job.kept_points)], target
+        )
+        baseline = frontier.baseline
+        return Plan(
+            fingerprint=job.fingerprint,
+            gpu_name=profile.gpu_name,
+            provenance=profile.source,
+            target=str(job.target),
+            optimisers=(self.name,),
+            switch_latency_s=job.switch_latency_s,
+            baseline=Baseline(
+                baseline.iteration_time_s,
+                baseline.total_energy_j,
+                tuple(stage.total_energy_j for stage in baseline.stages),
+            ),
+            points=tuple(
+                plan_point(planner, point, str(job.target) if point is target else f"time:{point.time_s:.6f}")
+                for point in points
+            ),
+            target_index=points.index(target),
+            frontier=tuple(
+                FrontierSample(point.time_s, point.energy_j, point.lower_bound_j) for point in frontier.points
+            ),
+        )
+
+
+def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
+    """A frontier point as a plan point: a clock action at every instruction's start, in rank order."""
+    dag = planner.dag
+    return PlanPoint(
+        label=label,
+        iteration_time_s=point.time_s,
+        deadline_s=point.deadline_s if point.deadline_s != float("inf") else point.time_s,
+        lower_bound_j=point.lower_bound_j,
+        ranks=tuple(
+            RankPlan(
+                actions=clock_actions(point.clocks, dag.stage_order(stage)),
+                energy_j=point.stage_energy_j[stage],
+                busy_s=point.stage_busy_s[stage],
+            )
+            for stage in range(dag.num_stages)
+        ),
+    )
+
+
+def _distinct_points(points: Sequence[FrontierPoint], target: FrontierPoint) -> list[FrontierPoint]:
+    """The Pareto points (time up, energy down) among ``points``, with the target kept in any case."""
+    kept: list[FrontierPoint] = []
+    for point in sorted([*points, target], key=lambda p: (p.time_s, p.energy_j, p is not target)):
+        if point is target and target in kept:
+            continue
+        if point is target or not kept or point.energy_j < kept[-1].energy_j:
+            kept.append(point)
+    return kept
+
+
+def _spread(points: Sequence[FrontierPoint], count: int) -> list[FrontierPoint]:
+    """At most ``count`` points evenly spread over ``points``, the first and the last included."""
+    if len(points) <= count:
+        return list(points)
+    return [points[round(i * (len(points) - 1) / (count - 1))] for i in range(count)]
