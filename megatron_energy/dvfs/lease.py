@@ -87,11 +87,11 @@ def process_start_ticks(pid: int) -> int | None:
 
 def _pid_exists(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: existence check only (PermissionError: exists, another user's)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
