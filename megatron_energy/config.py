@@ -2,19 +2,23 @@
 
 ``add_energy_args`` has the signature of Megatron's ``extra_args_provider``: pass it to
 ``megatron.training.arguments.parse_args`` (or ``parse_and_validate_args``) and the flags become ordinary
-Megatron arguments. Bad values and contradictory combinations are rejected while parsing, with a message
-that says what to do instead. ``EnergyConfig.from_args`` turns the parsed namespace into the typed config the
+Megatron arguments. Bad values (an unknown GPU spec, a clock or count out of range, an output folder that
+cannot be written) and contradictory combinations are rejected while parsing, with a message that says what
+to do instead. ``EnergyConfig.from_args`` turns the parsed namespace into the typed config the
 rest of the package uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
+from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.registry import mode_problem
 
 Mode = Literal["perseus", "kareus", "kernel", "all"]
@@ -111,7 +115,12 @@ def parse_freq_grid(text: str) -> tuple[int, ...] | None:
     return tuple(clocks)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """Parse a whole number >= 1 (an ``argparse`` type).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a whole number >= 1.
+    """
     try:
         value = int(text)
     except ValueError:
@@ -129,6 +138,50 @@ def _fraction(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"'{text}' must be a fraction strictly between 0 and 1, e.g. 0.05")
     return value
+
+
+def known_gpu_spec(text: str) -> str:
+    """Check an ``--energy-gpu-spec`` value names a GPU spec that loads.
+
+    Args:
+        text: A spec name (``configs/gpus/<name>.yaml``) or a path to a spec YAML file.
+
+    Returns:
+        ``text`` unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: The spec is unknown (the message lists the known names) or malformed.
+    """
+    try:
+        load_gpu_spec(text)
+    except (ValueError, OSError) as error:
+        raise argparse.ArgumentTypeError(
+            f"{error}; pass one of the known names, or a path to a spec YAML file"
+        ) from None
+    return text
+
+
+def unwritable_folder_reason(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder`` (created if missing), or None if they can.
+
+    Nothing is left behind: the nearest existing folder on the way to ``folder`` gets a probe file that is
+    removed at once, so a parse never creates folders.
+
+    Args:
+        folder: The folder that will be written into.
+    """
+    existing = Path(os.path.abspath(folder))
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".megatron_energy-probe-")
+    except OSError as error:
+        return f"cannot write into {existing} ({error.strerror or error})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 @dataclass(frozen=True)
@@ -234,6 +287,7 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--energy-gpu-spec",
+        type=known_gpu_spec,
         default=None,
         metavar="NAME",
         help="GPU spec for the simulated backend, e.g. h100-sxm or h200 (configs/gpus/NAME.yaml).",
@@ -249,7 +303,7 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--energy-profile-iters",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="Training steps measured at each profiled clock (default 2).",
@@ -276,7 +330,7 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--energy-safety-steps",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="Consecutive violating steps after which clocks revert to stock (default 3).",
@@ -299,7 +353,10 @@ OPTIMISATION_FLAGS = {
 
 
 def check_energy_args(args: argparse.Namespace) -> str | None:
-    """Find a contradictory combination of ``--energy-*`` flags.
+    """Find a contradictory combination of ``--energy-*`` flags, or an output path that cannot be written.
+
+    ``--energy-dir`` (the default ``energy`` too when optimising) and the folder of ``--energy-trace`` must
+    be writable, or creatable; checked with a probe file that is removed at once.
 
     Args:
         args: A namespace parsed with the flags of ``add_energy_args``.
@@ -307,6 +364,9 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
     Returns:
         A message saying what is wrong and what to do instead, or ``None`` when the flags are consistent.
     """
+    problem = _unwritable_output(args)
+    if problem is not None:
+        return problem
     if not getattr(args, "energy_optimise", None):
         given = [flag for dest, flag in OPTIMISATION_FLAGS.items() if getattr(args, dest, None) is not None]
         if given:
@@ -327,6 +387,27 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
         )
     if backend == "simulated" and spec is None:
         return "--energy-backend simulated needs --energy-gpu-spec NAME (e.g. h100-sxm, h200, a100-sxm-80gb)"
+    return None
+
+
+def _unwritable_output(args: argparse.Namespace) -> str | None:
+    """Check ``--energy-dir`` (given, or the default when optimising) and ``--energy-trace``'s folder."""
+    energy_dir = getattr(args, "energy_dir", None)
+    if energy_dir is None and getattr(args, "energy_optimise", None):
+        energy_dir = EnergyConfig.dir
+    if energy_dir is not None:
+        why = unwritable_folder_reason(Path(energy_dir))
+        if why is not None:
+            return f"--energy-dir {energy_dir}: {why}; give a folder you can write with --energy-dir PATH"
+    trace = getattr(args, "energy_trace", None)
+    if trace is not None:
+        if Path(trace).is_dir():
+            return (
+                f"--energy-trace {trace} is a folder; give a file name, e.g. {Path(trace) / 'events.jsonl'}"
+            )
+        why = unwritable_folder_reason(Path(trace).parent)
+        if why is not None:
+            return f"--energy-trace {trace}: {why}; give a file in a folder you can write"
     return None
 
 

@@ -224,9 +224,7 @@ class Plan:
         """
         if time_s <= self.target_point.iteration_time_s:
             return self.target_index
-        feasible = [
-            i for i, point in enumerate(self.points) if point.iteration_time_s <= time_s * (1 + 1e-9)
-        ]
+        feasible = [i for i, point in enumerate(self.points) if point.iteration_time_s <= time_s * (1 + 1e-9)]
         return min(feasible, key=lambda i: (self.points[i].energy_j, self.points[i].iteration_time_s))
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -308,7 +306,9 @@ class Plan:
         try:
             expected = _checksum(body)
         except (TypeError, ValueError) as error:
-            raise PlanError(f"plan file {source} is malformed ({error}): delete it or rerun planning") from None
+            raise PlanError(
+                f"plan file {source} is malformed ({error}): delete it or rerun planning"
+            ) from None
         if data.get("checksum") != expected:
             raise PlanError(
                 f"plan file {source} was modified after it was written (checksum mismatch); plans must not "
@@ -317,7 +317,9 @@ class Plan:
         try:
             return parser(body)
         except (KeyError, IndexError, TypeError, ValueError) as error:
-            raise PlanError(f"plan file {source} is malformed ({error}): delete it or rerun planning") from None
+            raise PlanError(
+                f"plan file {source} is malformed ({error}): delete it or rerun planning"
+            ) from None
 
 
 def fingerprint(**parts: object) -> str:

@@ -77,7 +77,9 @@ def resolve(mode: str) -> Optimiser:
     if mode == "all":
         from megatron_energy.composition import ComposedOptimiser
 
-        return ComposedOptimiser([_build(_FACTORIES[name]) for name in COMPOSITION_ORDER if name in _FACTORIES])
+        return ComposedOptimiser(
+            [_build(_FACTORIES[name]) for name in COMPOSITION_ORDER if name in _FACTORIES]
+        )
     return _build(_FACTORIES[mode])
 
 

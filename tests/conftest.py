@@ -1,16 +1,17 @@
-"""Shared fixtures for the megatron tests: copies of the installed megatron-core tree, patched or not.
+"""Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder.
 
-The installed tree itself is never modified.
+The installed tree itself is never modified, and no test writes clock leases into the machine's run folder.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from megatron_energy.dvfs.lease import RUN_DIR_ENV
 from megatron_energy.megatron import patching
 
 PATCHED_FILES = (
@@ -20,6 +21,18 @@ PATCHED_FILES = (
     "megatron/training/training.py",
     str(patching.PACKAGE_INFO),
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Clock leases of all tests (and of the processes they start) go to a private folder, not the machine's.
+
+    Session-scoped, so module- and session-scoped fixtures that run jobs are covered too.
+    """
+    folder = tmp_path_factory.mktemp("leases")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(RUN_DIR_ENV, str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session")

@@ -180,13 +180,13 @@ def test_guard_is_armed_before_the_first_setter(make_controller, gpus):
     armed_with_clock = []
 
     class RecordingGuard:
-        def arm(self, index):
-            armed_with_clock.append((index, gpus.state(0).set_calls))
+        def arm(self, index, clock_mhz=None):
+            armed_with_clock.append((index, clock_mhz, gpus.state(0).set_calls))
 
     controller = make_controller(guard=RecordingGuard())
     controller.request(1200)
     assert controller.flush(5)
-    assert armed_with_clock == [(0, 0)]
+    assert armed_with_clock == [(0, 1200, 0)]
 
 
 def test_request_at_boundary_records_an_event_unless_deduped(make_controller, gpus, monkeypatch):

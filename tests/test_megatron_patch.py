@@ -107,3 +107,36 @@ def test_patched_megatron_parses_the_energy_flags_as_its_own(patched_megatron_ro
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "True t.jsonl"
+
+
+def test_a_conflicting_edit_with_nothing_applied_says_so_names_the_file_and_does_not_suggest_revert(
+    megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = megatron_files_copy()
+    schedules = root / SCHEDULES
+    schedules.write_text(
+        schedules.read_text().replace(
+            "config.timers('forward-compute', log_level=2).start()",
+            "config.timers('forward-compute').start()",
+        )
+    )
+    code, out, err = _patch("check", root, capsys)
+    assert code == 1
+    assert "nothing applied" in out and "partly" not in out
+    assert str(SCHEDULES) in out and str(SCHEDULES) in err
+    assert "patch revert" not in err
+    code, _, err = _patch("apply", root, capsys)
+    assert code == 1 and "nothing was changed" in err and str(SCHEDULES) in err and "patch revert" not in err
+
+
+def test_a_partly_applied_set_is_called_so_and_revert_takes_it_out(
+    megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = megatron_files_copy()
+    pristine = (root / SCHEDULES).read_text()
+    first = sorted(patching.patch_set_dir().glob("*.patch"))[0]
+    assert patching._git_apply(root, [first]).returncode == 0
+    code, out, err = _patch("check", root, capsys)
+    assert code == 1 and "partly applied" in out and "patch revert" in err
+    assert _patch("revert", root, capsys)[0] == 0
+    assert (root / SCHEDULES).read_text() == pristine

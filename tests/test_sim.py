@@ -155,4 +155,6 @@ def test_simulate_command_prints_modelled_table_and_writes_trace(tmp_path, capsy
     _plan_for(job, orders, slow_clock, stages=2).save(tmp_path / "short.json")
     assert _run_simulate(["--config", EXAMPLE, "--plan", str(tmp_path / "short.json")]) == 2
     assert "covers 2 pipeline stages" in capsys.readouterr().err
-    assert _run_simulate(["--config", str(tmp_path / "missing.yaml")]) == 2
+    with pytest.raises(SystemExit) as refused:  # a missing config is refused while parsing
+        _run_simulate(["--config", str(tmp_path / "missing.yaml")])
+    assert refused.value.code == 2 and "missing.yaml is not a file" in capsys.readouterr().err

@@ -6,8 +6,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from megatron_energy.config import parse_freq_grid, parse_target
 from megatron_energy.commands.demo_run import DemoSettings, run_demo, summarise
+from megatron_energy.config import parse_freq_grid, parse_target
 from megatron_energy.report.demo_outputs import write_demo_outputs
 
 

@@ -49,11 +49,32 @@ def _summary(action: str, status: patching.PatchStatus) -> str:
         if action == "check":
             return f"patch set already applied to {where}"
         return f"patch set applied to {where}"
-    if not status.patches_in("applied") and not status.patches_in("conflict"):
+    if status.nothing_applied and status.patches_in("conflict"):
+        return (
+            f"patch set not applied to {where} (nothing applied): {', '.join(status.conflict_files)} "
+            "differ from the pinned release"
+        )
+    if status.nothing_applied:
         if action == "check":
             return f"patch set applies cleanly to {where}"
         return f"patch set not applied to {where}"
     return f"patch set partly applied to {where}"
+
+
+def _advice(status: patching.PatchStatus) -> str | None:
+    """What to do about a tree the set does not fully fit, or None when nothing needs doing."""
+    if status.patches_in("conflict"):
+        return (
+            f"{', '.join(status.conflict_files)} neither take nor give back the patches cleanly; restore "
+            f"them (reinstall megatron-core {status.version}, or `git checkout` them in a Megatron-LM "
+            "checkout), then run `megatron-energy patch apply`"
+        )
+    if not status.nothing_applied and not status.fully_applied:
+        return (
+            "only part of the set is applied; run `megatron-energy patch apply` to complete it or "
+            "`megatron-energy patch revert` to take it out"
+        )
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,11 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(_summary(args.action, status))
     print(status.describe())
-    if status.patches_in("conflict") or (status.patches_in("applied") and not status.fully_applied):
-        print(
-            "some patches neither apply nor revert cleanly, or only part of the set is applied; "
-            "run `megatron-energy patch revert` or reinstall megatron-core",
-            file=sys.stderr,
-        )
+    advice = _advice(status)
+    if advice is not None:
+        print(advice, file=sys.stderr)
         return 1
     return 0

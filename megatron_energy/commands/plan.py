@@ -17,12 +17,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from megatron_energy.config import EnergyTarget, parse_target
+from megatron_energy.commands.arguments import (
+    fail,
+    non_negative_float,
+    non_negative_int,
+    output_file,
+    readable_file,
+)
+from megatron_energy.config import EnergyTarget, known_gpu_spec, parse_target, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.perseus.frontier import FrontierPoint
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.report.frontier_plot import plot_frontier
@@ -39,10 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="compute the time–energy frontier and a clock plan from a profile CSV",
         description=__doc__,
     )
-    parser.add_argument("--profile", required=True, type=Path, help="profile CSV (Perseus/lowtime columns)")
-    parser.add_argument("--stages", required=True, type=int, help="pipeline-parallel size")
-    parser.add_argument("--microbatches", required=True, type=int, help="microbatches per iteration")
-    parser.add_argument("--vpp", type=int, default=1, help="virtual pipeline size (model chunks per stage)")
+    parser.add_argument(
+        "--profile", required=True, type=readable_file, help="profile CSV (Perseus/lowtime columns)"
+    )
+    parser.add_argument("--stages", required=True, type=positive_int, help="pipeline-parallel size")
+    parser.add_argument("--microbatches", required=True, type=positive_int, help="microbatches per iteration")
+    parser.add_argument(
+        "--vpp", type=positive_int, default=1, help="virtual pipeline size (model chunks per stage)"
+    )
     parser.add_argument(
         "--target",
         type=parse_target,
@@ -50,12 +61,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="iso-time (default: no slower than all-maximum clocks), min-energy, or slowdown:X with 0<X<1",
     )
     parser.add_argument(
-        "--gpu-spec", metavar="NAME", help="GPU spec (configs/gpus/NAME.yaml): blocked/idle power, P2P link"
+        "--gpu-spec",
+        type=known_gpu_spec,
+        metavar="NAME",
+        help="GPU spec (configs/gpus/NAME.yaml): blocked/idle power, P2P link",
     )
     parser.add_argument(
-        "--blocked-power-w", type=float, help="power while blocked on P2P (default: the spec's)"
+        "--blocked-power-w", type=non_negative_float, help="power while blocked on P2P (default: the spec's)"
     )
-    parser.add_argument("--idle-power-w", type=float, help="idle power (default: the spec's)")
+    parser.add_argument("--idle-power-w", type=non_negative_float, help="idle power (default: the spec's)")
     parser.add_argument(
         "--profile-source",
         choices=("measured", "modelled"),
@@ -64,21 +78,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--activation-bytes",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="bytes of one pipeline transfer, timed over the spec's P2P link (default 0: transfers are free)",
     )
     parser.add_argument(
-        "--points", type=int, default=100, help="deadlines in the frontier sweep (default 100)"
+        "--points", type=positive_int, default=100, help="deadlines in the frontier sweep (default 100)"
     )
     parser.add_argument(
         "--switch-latency-ms",
-        type=float,
+        type=non_negative_float,
         help="SM-clock switch latency the plan must tolerate (default: the spec's, 0 without --gpu-spec)",
     )
-    parser.add_argument("--out", required=True, type=Path, help="where to write the plan JSON")
-    parser.add_argument("--frontier", type=Path, help="also write the frontier as CSV")
-    parser.add_argument("--plot", type=Path, help="also plot the frontier (PNG)")
+    parser.add_argument("--out", required=True, type=output_file, help="where to write the plan JSON")
+    parser.add_argument("--frontier", type=output_file, help="also write the frontier as CSV")
+    parser.add_argument("--plot", type=output_file, help="also plot the frontier (PNG)")
     parser.set_defaults(func=run)
 
 
@@ -97,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         point = planner.point(args.target)
         plan = planner.to_plan(point, str(args.target))
     except (ValueError, OSError) as error:
-        Console(stderr=True).print(f"[red]error:[/red] {error}")
-        return 2
+        return fail("plan", error)
     plan.save(args.out)
     frontier = planner.frontier
     console.print(_summary(plan, point))

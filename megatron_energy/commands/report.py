@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from megatron_energy.plan import PlanError
+from megatron_energy.commands.arguments import fail, output_folder
 from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
 
 
@@ -20,20 +20,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--energy-dir", type=Path, default=Path("energy"), help="the job's --energy-dir")
     parser.add_argument("--job", default=None, help="job fingerprint (folder name); default: the latest job")
     parser.add_argument(
-        "--out", type=Path, default=None, help="where plot and timeline go (default: job folder)"
+        "--out", type=output_folder, default=None, help="where plot and timeline go (default: job folder)"
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the report; exit status 2 with a message when the folder holds no usable job."""
+    """Write the report; exit status 2 with one line when the folder holds no usable job.
+
+    A missing, truncated or corrupt file, or a GPU spec this installation does not know, is such a job.
+    """
     console = Console()
     try:
         folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
         report = write_job_report(folder, args.out)
-    except (ReportError, PlanError) as problem:
-        console.print(f"[red]megatron-energy report: {problem}[/red]")
-        return 2
+    except ReportError as problem:  # says what to do itself
+        return fail("report", problem)
+    except (ValueError, OSError) as problem:  # a truncated or corrupt file, an unknown GPU spec
+        return fail(
+            "report",
+            f"cannot report on {folder}: {problem}; rerun the job (or `megatron-energy demo`) to rewrite it",
+        )
     console.print(report.table)
     console.print(f"frontier plot: {report.frontier_png}")
     console.print(f"Perfetto timeline (ui.perfetto.dev): {report.timeline_json}")

@@ -7,11 +7,11 @@ that all-fastest baseline.
 """
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from megatron_energy.commands.arguments import fail, output_file, readable_file
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.pipeline.dag import NodeId, RankOrder
 from megatron_energy.plan import Plan, PlanError
@@ -30,11 +30,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="modelled iteration time and per-stage energy of a job (optionally under a plan)",
         description=__doc__,
     )
-    parser.add_argument("--config", required=True, type=Path, help="job YAML, e.g. configs/examples/*.yaml")
     parser.add_argument(
-        "--plan", type=Path, help="plan JSON to simulate (default: every clock at its fastest)"
+        "--config", required=True, type=readable_file, help="job YAML, e.g. configs/examples/*.yaml"
     )
-    parser.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON of the iteration here")
+    parser.add_argument(
+        "--plan", type=readable_file, help="plan JSON to simulate (default: every clock at its fastest)"
+    )
+    parser.add_argument(
+        "--trace", type=output_file, help="write a Chrome/Perfetto trace JSON of the iteration here"
+    )
     parser.set_defaults(func=run)
 
 
@@ -48,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
         0 on success, 2 on an invalid config or plan.
     """
     console = Console()
-    errors = Console(stderr=True)
     try:
         job = JobConfig.load(args.config)
         spec = job.spec()
@@ -57,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
         baseline = simulator.run()
         plan = Plan.load(args.plan) if args.plan else None
         planned = simulator.run(_plan_clocks(plan, orders, spec.name)) if plan else None
-    except (JobConfigError, PlanError, ValueError) as error:
-        errors.print(f"[red]error:[/red] {error}")
-        return 2
+    except (JobConfigError, PlanError, ValueError, OSError) as error:
+        return fail("simulate", error)
     result = planned or baseline
     label = f"modelled, GPU spec {spec.name}: {spec.display_name}"
     scenario = "under the plan" if planned else "at the fastest clocks"

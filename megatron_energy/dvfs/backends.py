@@ -14,7 +14,10 @@ Permission is judged without touching the GPU where possible: zeusd (``ZEUSD_SOC
 ``ZEUSD_HOST_PORT``) is only used by zeus when the daemon grants GPU control, and without zeusd the process
 needs ``SYS_ADMIN`` (root usually has it). Only when those say yes and the run is not a dry run is the one
 probe made: resetting the locked SM clock of the rank's own GPU, which is the state the run starts from
-anyway. zeus is imported lazily, inside the functions.
+anyway. Before it, in control mode, the GPU's clock lease (:mod:`~megatron_energy.dvfs.lease`) is checked:
+a lease left by a job that died has its clocks reset (one line on stderr says so); a lease of a job that
+still runs makes this one monitor-only, leaving that job's clocks alone. zeus is imported lazily, inside the
+functions.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from megatron_energy.dvfs.lease import repair_stale_lease
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 
 if TYPE_CHECKING:
@@ -110,17 +115,18 @@ def open_gpus(
         raise ValueError(f"unknown GPU backend {backend!r}; use auto, zeus or simulated")
     if backend == "simulated":
         return _open_simulated(
-            spec_name, dry_run, num_simulated_gpus, state_path, "--energy-backend simulated"
+            spec_name, dry_run, num_simulated_gpus, state_path, local_index, "--energy-backend simulated"
         )
     gpus, failure = _open_zeus_gpus()
     if gpus is None or len(gpus) == 0:
         why = f"no GPU found ({failure or 'zeus sees no GPU'})"
         if backend == "auto":
-            return _open_simulated(spec_name, dry_run, num_simulated_gpus, state_path, f"auto: {why}")
+            return _open_simulated(
+                spec_name, dry_run, num_simulated_gpus, state_path, local_index, f"auto: {why}"
+            )
         return _monitor_only(_empty_gpus(), why, None)
     if local_index is None:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_index = local_rank if local_rank < len(gpus) else 0  # one visible GPU per process: index 0
+        local_index = _default_local_index(len(gpus))
     spec = load_gpu_spec(spec_name) if spec_name else _spec_for_name(gpus.get_name(0))
     if dry_run:
         note = f"; note: {failure}" if failure else ""
@@ -129,7 +135,7 @@ def open_gpus(
         )
     if failure is not None:  # zeusd was configured but unusable; these GPUs are plain NVML ones
         return _monitor_only(gpus, failure, spec)
-    why = _why_no_control(gpus, local_index)
+    why = _claim(gpus, local_index) or _why_no_control(gpus, local_index)
     if why is not None:
         return _monitor_only(gpus, why, spec)
     return GpuHandle(
@@ -152,6 +158,7 @@ def _open_simulated(
     dry_run: bool,
     num_gpus: int | None,
     state_path: str | os.PathLike[str] | None,
+    local_index: int | None,
     why: str,
 ) -> GpuHandle:
     from megatron_energy.dvfs.simulated import SimulatedGPUs
@@ -161,7 +168,30 @@ def _open_simulated(
         num_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     gpus = SimulatedGPUs(spec, num_gpus=num_gpus, state_path=state_path)
     reason = f"simulated {spec.display_name} x{num_gpus} ({why}); all energy figures are modelled"
-    return GpuHandle(gpus, "dry-run" if dry_run else "control", reason, "simulated", spec)
+    if dry_run:
+        return GpuHandle(gpus, "dry-run", reason, "simulated", spec)
+    held = _claim(gpus, local_index if local_index is not None else _default_local_index(num_gpus))
+    if held is not None:
+        return GpuHandle(gpus, "monitor-only", monitor_only_message(held), "simulated", spec)
+    return GpuHandle(gpus, "control", reason, "simulated", spec)
+
+
+def _default_local_index(num_gpus: int) -> int:
+    """``$LOCAL_RANK``, or 0 when unset or when fewer GPUs are visible (one visible GPU per process)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return local_rank if local_rank < num_gpus else 0
+
+
+def _claim(gpus: GPUs, index: int) -> str | None:
+    """Reset GPU ``index``'s clocks if a dead job's lease says it left them locked (and say so on stderr).
+
+    Returns:
+        Why this job must not control the GPU (another job that still runs holds it), or None.
+    """
+    usable, note = repair_stale_lease(gpus, index)
+    if usable and note is not None:
+        print(f"[megatron_energy] {note}", file=sys.stderr, flush=True)
+    return None if usable else note
 
 
 def _open_zeus_gpus() -> tuple[GPUs | None, str | None]:

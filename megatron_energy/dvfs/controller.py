@@ -61,8 +61,8 @@ class BoundaryEvent(Protocol):
 class ClockArmer(Protocol):
     """Told before the first clock setter for a GPU, so it can reset that GPU however the process ends."""
 
-    def arm(self, index: int) -> None:
-        """Record that this process is about to lock GPU ``index``'s clocks."""
+    def arm(self, index: int, clock_mhz: int | None = None) -> None:
+        """Record that this process is about to lock GPU ``index``'s clocks (at ``clock_mhz``)."""
 
 
 @dataclass(frozen=True)
@@ -357,7 +357,7 @@ class FrequencyController:
         if not self.dry_run:
             try:
                 if self._guard is not None:
-                    self._guard.arm(self.index)
+                    self._guard.arm(self.index, clock_mhz)
                 self._locked_any = True
                 if clock_mhz is None:
                     self.gpus.reset_gpu_locked_clocks(self.index)

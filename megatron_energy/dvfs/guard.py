@@ -6,7 +6,9 @@
   callable is called; the default action is re-raised with the default disposition; an ignored signal stays
   ignored);
 - SIGKILL (or any death that skips Python): the watchdog process (:mod:`megatron_energy.dvfs.watchdog`),
-  which outlives this one and resets the GPUs it was told about.
+  which outlives this one and resets the GPUs it was told about;
+- both killed: the lease file written when a GPU is armed (:mod:`megatron_energy.dvfs.lease`) lets the next
+  start on that GPU find the dead owners and reset the clock.
 
 The guard only resets GPUs that were *armed*: :class:`~megatron_energy.dvfs.controller.FrequencyController`
 calls :meth:`ClockGuard.arm` just before each real setter call, so a dry run or a monitor-only run never
@@ -28,6 +30,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from megatron_energy.dvfs.lease import lease_path, remove_lease, write_lease
+
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
 
@@ -48,6 +52,7 @@ class ClockGuard:
         handle_signals: Install SIGINT/SIGTERM handlers (only possible from the main thread; skipped with a
             log line elsewhere).
         watchdog_poll_s: How often the watchdog checks that this process is alive, besides pipe EOF.
+        lease_dir: Where the lease files go; default :func:`~megatron_energy.dvfs.lease.run_dir`.
     """
 
     def __init__(
@@ -57,8 +62,11 @@ class ClockGuard:
         watchdog: bool = True,
         handle_signals: bool = True,
         watchdog_poll_s: float = 0.5,
+        lease_dir: Path | None = None,
     ) -> None:
         self.gpus = gpus
+        self._lease_dir = lease_dir
+        self._leases: dict[int, Path] = {}
         self._armed: set[int] = set()
         self._lock = threading.RLock()
         self._closed = False
@@ -78,13 +86,23 @@ class ClockGuard:
         """Pid of the watchdog process, if one runs."""
         return self._watchdog.pid if self._watchdog is not None else None
 
-    def arm(self, index: int) -> None:
-        """Record (here and in the watchdog) that GPU ``index``'s clocks are about to be locked."""
+    def arm(self, index: int, clock_mhz: int | None = None) -> None:
+        """Record (here, in the watchdog, in a lease file) that GPU ``index``'s clocks are about to be locked.
+
+        Args:
+            index: The GPU.
+            clock_mhz: The clock about to be locked, for the lease (the first one only).
+        """
         with self._lock:
             if index in self._armed:
                 return
             self._armed.add(index)
-            self._tell_watchdog({"op": "arm", **self._target(index)})
+            target = self._target(index)
+            lease = self._write_lease(index, clock_mhz)
+            if lease is not None:
+                target["lease"] = str(lease)
+                target["trainer_pid"] = os.getpid()
+            self._tell_watchdog({"op": "arm", **target})
 
     def restore(self) -> None:
         """Reset the SM clocks of every armed GPU now; idempotent."""
@@ -96,6 +114,9 @@ class ClockGuard:
                     logger.warning("could not reset the SM clock of GPU %d: %s", index, error)
                     continue
                 self._armed.discard(index)
+                lease = self._leases.pop(index, None)
+                if lease is not None:
+                    remove_lease(lease, os.getpid())
             if not self._armed:
                 self._tell_watchdog({"op": "restored"})
 
@@ -123,6 +144,22 @@ class ClockGuard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+    def _write_lease(self, index: int, clock_mhz: int | None) -> Path | None:
+        """Write GPU ``index``'s lease; a failure only loses the repair after a double kill, so it warns."""
+        try:
+            path = lease_path(self.gpus, index, self._lease_dir)
+            write_lease(path, self.gpus, index, clock_mhz, self.watchdog_pid)
+        except Exception as error:  # the lease must never stop the job from running
+            logger.warning(
+                "could not write the clock lease of GPU %d (%s); if this process and its watchdog are both "
+                "killed, the next job will not know the clock was left locked",
+                index,
+                error,
+            )
+            return None
+        self._leases[index] = path
+        return path
 
     def _target(self, index: int) -> dict[str, Any]:
         state_path = getattr(self.gpus, "state_path", None)

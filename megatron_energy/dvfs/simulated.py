@@ -35,6 +35,7 @@ from typing import Any
 
 from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
+from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 
@@ -371,16 +372,19 @@ class SimulatedGPUs(GPUs):
             record = asdict(state)
             del record["recent"]
             gpus.append(record)
-        _write_json_atomically(
+        write_atomically(
             self.state_path,
-            {
-                "schema_version": STATE_SCHEMA_VERSION,
-                "spec": self.spec.name,
-                "default_sm_clock_mhz": self.spec.default_sm_clock_mhz,
-                "owner_pid": os.getpid(),
-                "source": self.energy_source,
-                "gpus": gpus,
-            },
+            json.dumps(
+                {
+                    "schema_version": STATE_SCHEMA_VERSION,
+                    "spec": self.spec.name,
+                    "default_sm_clock_mhz": self.spec.default_sm_clock_mhz,
+                    "owner_pid": os.getpid(),
+                    "source": self.energy_source,
+                    "gpus": gpus,
+                }
+            ),
+            durable=False,
         )
 
 
@@ -405,16 +409,4 @@ def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None
             gpu["reset_calls"] += 1
             gpu["locked_sm_clock_mhz"] = gpu["pending_sm_clock_mhz"] = gpu["pending_at_s"] = None
             gpu["sm_clock_mhz"] = state["default_sm_clock_mhz"]
-    _write_json_atomically(Path(path), state)
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    write_atomically(path, json.dumps(state), durable=False)

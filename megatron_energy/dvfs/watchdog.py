@@ -6,7 +6,8 @@ one JSON message per line to its stdin:
 
 - ``{"op": "arm", "backend": "zeus", "index": 0}`` or
   ``{"op": "arm", "backend": "simulated", "index": 0, "state_path": "..."}``: the parent is about to lock
-  that GPU's clocks;
+  that GPU's clocks (with ``"lease"`` and ``"trainer_pid"`` when the parent wrote a lease file, which the
+  watchdog removes after its reset);
 - ``{"op": "restored"}``: the parent reset every clock it locked; nothing is armed any more.
 
 The parent is gone when its end of the pipe closes (EOF) or the watchdog's parent pid changes (checked every
@@ -25,7 +26,10 @@ import os
 import select
 import signal
 import sys
+from pathlib import Path
 from typing import Any
+
+from megatron_energy.dvfs.lease import remove_lease
 
 READ_CHUNK_BYTES = 4096
 
@@ -77,9 +81,15 @@ class _ArmedGpus:
                 _log(
                     f"reset the SM clock of {backend} GPU {index}: process {parent_pid} ended with it locked"
                 )
+                self._remove_lease(self._armed[(backend, state_path, index)])
             except Exception as error:  # keep resetting the others
                 _log(f"could not reset the SM clock of {backend} GPU {index}: {error}")
         self._armed.clear()
+
+    @staticmethod
+    def _remove_lease(message: dict[str, Any]) -> None:
+        if "lease" in message:
+            remove_lease(Path(message["lease"]), int(message["trainer_pid"]))
 
 
 def _log(text: str) -> None:

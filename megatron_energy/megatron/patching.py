@@ -94,11 +94,13 @@ class PatchStatus:
         root: The megatron root.
         version: The tree's megatron-core version.
         states: Each patch file and its state: applies cleanly, already applied, or neither.
+        conflict_files: The tree's files (relative to the root) that the conflicting patches cannot patch.
     """
 
     root: Path
     version: str
     states: tuple[tuple[Path, PatchState], ...]
+    conflict_files: tuple[str, ...] = ()
 
     def patches_in(self, state: PatchState) -> list[Path]:
         """The patches in ``state``, in set order."""
@@ -108,6 +110,11 @@ class PatchStatus:
     def fully_applied(self) -> bool:
         """Every patch of the set is applied."""
         return all(state == "applied" for _, state in self.states)
+
+    @property
+    def nothing_applied(self) -> bool:
+        """No patch of the set is applied (some may conflict)."""
+        return not self.patches_in("applied")
 
     def describe(self) -> str:
         """One line per patch, for the command line."""
@@ -161,23 +168,33 @@ def check(root: Path, series: str = PATCHED_SERIES) -> PatchStatus:
     version = tree_version(root)
     _require_series(root, version, series)
     states: list[tuple[Path, PatchState]] = []
+    conflict_files: set[str] = set()
     for patch in sorted(patch_set_dir(series).glob("*.patch")):
-        if _git_apply(root, [patch], "--check").returncode == 0:
+        forward = _git_apply(root, [patch], "--check")
+        if forward.returncode == 0:
             states.append((patch, "unpatched"))
         elif _git_apply(root, [patch], "--check", "--reverse").returncode == 0:
             states.append((patch, "applied"))
         else:
             states.append((patch, "conflict"))
-    return PatchStatus(root, version, tuple(states))
+            conflict_files.update(_failed_files(forward.stderr) or [f"(a file of {patch.name})"])
+    return PatchStatus(root, version, tuple(states), tuple(sorted(conflict_files)))
+
+
+def _failed_files(git_stderr: str) -> list[str]:
+    """The files ``git apply --check`` names in its errors (``error: [patch failed: ]PATH:...``)."""
+    return re.findall(r"^error: (?:patch failed: )?([^:\n]+):", git_stderr, re.MULTILINE)
 
 
 def _refuse_conflicts(status: PatchStatus, action: str) -> None:
     conflicts = status.patches_in("conflict")
     if conflicts:
         raise PatchError(
-            f"cannot {action}: {', '.join(p.name for p in conflicts)} neither applies nor reverts cleanly on "
-            f"megatron-core {status.version} at {status.root} (the files differ from the pinned release); "
-            "reinstall megatron-core or restore those files, then retry"
+            f"cannot {action}, nothing was changed: {', '.join(p.name for p in conflicts)} neither applies "
+            f"nor reverts cleanly on megatron-core {status.version} at {status.root}, because "
+            f"{', '.join(status.conflict_files)} differ from the pinned release; restore those files "
+            f"(reinstall megatron-core {status.version}, or `git checkout` them in a Megatron-LM checkout), "
+            "then retry"
         )
 
 

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
+from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.pipeline.dag import NodeId, PipelineDag
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
 from megatron_energy.pipeline.profile import Profile
-from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 
 TARGET_GAP = 1e-4

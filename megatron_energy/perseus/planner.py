@@ -14,10 +14,10 @@ import math
 from functools import cached_property
 
 from megatron_energy.config import EnergyTarget, parse_target
-from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.pipeline.profile import Profile
 from megatron_energy.perseus.switching import make_switch_aware
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import StagePowers
 
 

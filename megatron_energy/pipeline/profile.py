@@ -13,6 +13,7 @@ model chunk, 0 when absent). Other columns are ignored.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.pipeline.instruction import KINDS, Work
@@ -95,7 +97,9 @@ class Profile:
         self._options = {_checked_key(key): _checked_options(key, opts) for key, opts in options.items()}
         self.num_stages = 1 + max(key.stage for key in self._options)
         self.num_chunks = 1 + max(key.chunk for key in self._options)
-        expected = {Work(s, c, k) for s in range(self.num_stages) for k in KINDS for c in range(self.num_chunks)}
+        expected = {
+            Work(s, c, k) for s in range(self.num_stages) for k in KINDS for c in range(self.num_chunks)
+        }
         missing = sorted(expected - set(self._options))
         if missing:
             raise ValueError(
@@ -155,17 +159,22 @@ class Profile:
         except KeyError:
             raise KeyError(f"profile has no instruction {key}") from None
 
-    def to_csv(self, path: str | Path) -> None:
-        """Write the profile as a Perseus/lowtime CSV (with a ``chunk`` column when there are several)."""
+    def to_csv_text(self) -> str:
+        """The profile as a Perseus/lowtime CSV (with a ``chunk`` column when there are several)."""
         with_chunk = self.num_chunks > 1
-        with Path(path).open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
-            for key in self.keys():
-                stage, chunk, kind = key
-                for option in sorted(self._options[key], key=lambda o: -o.clock_mhz):
-                    row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
-                    writer.writerow(row + ([chunk] if with_chunk else []))
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer)
+        writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
+        for key in self.keys():
+            stage, chunk, kind = key
+            for option in sorted(self._options[key], key=lambda o: -o.clock_mhz):
+                row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
+                writer.writerow(row + ([chunk] if with_chunk else []))
+        return buffer.getvalue()
+
+    def to_csv(self, path: str | Path) -> None:
+        """Write :meth:`to_csv_text` to ``path`` atomically."""
+        write_atomically(Path(path), self.to_csv_text())
 
     @classmethod
     def from_csv(

@@ -16,8 +16,8 @@ from rich.table import Table
 from megatron_energy.config import parse_target
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.report.frontier_plot import plot_frontier

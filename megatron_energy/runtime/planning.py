@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
 
 
@@ -55,10 +54,24 @@ class StockBaseline:
 
 @dataclass(frozen=True)
 class PlanRelease:
-    """What rank 0 broadcasts after planning: the plan file's text and the measured stock baseline."""
+    """What rank 0 broadcasts after planning (or loading the cache): the plan that runs and its context."""
 
     plan_text: str
+    """The plan file's text, byte for byte what is cached and what every rank parses."""
+
     baseline: StockBaseline
+    """The stock-clock baseline measured while profiling."""
+
+    profile_csv: str
+    """The profile the plan was made from (CSV text)."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Rank 0's decision that every rank runs at stock clocks, and why."""
+
+    reason: str
+    """One line for every rank's log."""
 
 
 def profile_from_rows(
@@ -79,41 +92,54 @@ def profile_from_rows(
 
 
 def plan_on_root(
-    optimiser: Optimiser, profile: Profile, job: PlanningJob, cache: JobCache, baseline: StockBaseline
+    optimiser: Optimiser, profile: Profile, job: PlanningJob, baseline: StockBaseline
 ) -> PlanRelease:
-    """Plan the job and write the cache; run on global rank 0 only.
+    """Plan the job; run on global rank 0 only.
 
     Args:
         optimiser: The optimiser(s) ``--energy-mode`` selected.
         profile: The job's profile (measured, merged over ranks; or modelled).
         job: The job as the optimiser sees it.
-        cache: Where the profile, plan and baseline are written.
         baseline: The stock-clock baseline measured while profiling.
 
     Returns:
-        The release to broadcast.
+        The release to broadcast (and to cache with :func:`store_release`).
     """
     plan = optimiser.plan(profile, job)
-    release = PlanRelease(plan.to_json_text(), baseline)
-    cache.folder.mkdir(parents=True, exist_ok=True)
-    profile.to_csv(cache.profile_path)
-    cache.write("baseline.json", baseline.to_json())
-    cache.write("plan.json", release.plan_text)
-    cache.remember()
-    return release
+    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text())
 
 
-def load_release(cache: JobCache) -> PlanRelease:
-    """The cached plan file's text and baseline (the plan is verified by every rank as it parses it).
+def store_release(cache: JobCache, release: PlanRelease) -> None:
+    """Cache the plan file, the baseline and the profile it was planned from (atomic, verified).
 
     Raises:
-        OSError: A cached file cannot be read.
-        ValueError: The cached baseline is not one.
+        OSError: The cache cannot be written.
     """
-    plan_text = cache.plan_path.read_text(encoding="utf-8")
-    baseline_path = cache.folder / "baseline.json"
-    baseline = StockBaseline.from_json(baseline_path.read_text(encoding="utf-8"))
-    return PlanRelease(plan_text, baseline)
+    cache.store(
+        {
+            "plan.json": release.plan_text,
+            "baseline.json": release.baseline.to_json(),
+            "profile.csv": release.profile_csv,
+        }
+    )
+
+
+def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
+    """The cached release of this job, verified, and a line for the log saying what was found.
+
+    A cached folder that fails verification is moved aside by ``JobCache.load`` (the line says where).
+
+    Raises:
+        ValueError: The cached baseline is not one (the plan is checked by every rank as it parses it).
+    """
+    load = cache.load(REQUIRED_ARTEFACTS)
+    if not load.hit:
+        return None, load.message
+    text = {name: content.decode("utf-8") for name, content in load.artefacts.items()}
+    release = PlanRelease(
+        text["plan.json"], StockBaseline.from_json(text["baseline.json"]), text["profile.csv"]
+    )
+    return release, load.message
 
 
 def baseline_from_profiling(

@@ -13,6 +13,12 @@ prediction; data-parallel replicas follow a straggler's pace to another point of
 net reverts to stock clocks if the plan is slow.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
+
+One decision, every rank: whatever fails before or during planning on any rank (an unreadable or tampered
+cache, a rank that cannot summarise its profile, a solver error, a cache write error, a plan a rank cannot
+run) is caught, and every rank reaches the same outcome through the collectives every rank joins anyway
+(the gather, the broadcast, one small all-reduce): all re-profile, all fall back to stock clocks, or (a
+cache write error) all run the uncached plan. Each rank logs why; no exception reaches Megatron's step.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
+    Fallback,
     PlanRelease,
     StockBaseline,
     baseline_from_profiling,
@@ -43,9 +50,10 @@ from megatron_energy.runtime.planning import (
     plan_on_root,
     plan_summary,
     profile_from_rows,
+    store_release,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
-from megatron_energy.runtime.profiling import ProfileCollector, merge_rows
+from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 
 
@@ -188,51 +196,114 @@ class EnergySession:
     # ------------------------------------------------------------------------------------------- phases
 
     def _start_from_cache(self) -> None:
-        release = None
+        """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile."""
+        decision: PlanRelease | None = None
         if self.context.global_rank == 0:
-            lookup = self.cache.lookup()
-            self.printer(f"[energy] {lookup.message}")
-            if lookup.hit:
-                release = load_release(self.cache)
-        release = self.comms.broadcast_from_root(release)
-        if release is not None:
-            self._adopt(release)
+            try:
+                decision, message = load_release(self.cache)
+            except Exception as problem:  # any unreadable cache means: profile again
+                decision, message = (
+                    None,
+                    f"energy cache at {self.cache.folder} unusable ({problem}); profiling",
+                )
+            self.printer(f"[energy] {message}")
+        decision = self.comms.broadcast_from_root(decision)
+        if decision is not None and not self._adopt_everywhere(decision):
+            self.printer(
+                f"[energy] rank {self.context.global_rank}: not using the cached plan; profiling again"
+            )
         self.meter.lap()
 
     def _plan(self) -> None:
-        gathered = self.comms.gather_to_root((self.collector.rows(), self.collector.stock_baseline()))
-        release = None
+        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere."""
+        gathered = self.comms.gather_to_root(self._profile_contribution())
+        decision: PlanRelease | Fallback | None = None
         if gathered is not None:
-            rows = [rows for rows, _ in gathered]
-            if not self.can_set_clocks:
-                rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
-            profile = profile_from_rows(
-                merge_rows(rows),
-                gpu_name=self.spec.name,
-                source=self.profile_source,
-                blocked_power_w=self.spec.blocked_power_w,
-                idle_power_w=self.spec.idle_power_w,
-            )
-            job = PlanningJob(
-                orders=self.context.orders,
-                fingerprint=self.cache.fingerprint,
-                target=self.config.target,
-                switch_latency_s=self.spec.switch_latency_s,
-            )
-            release = plan_on_root(self.optimiser, profile, job, self.cache, baseline_from_profiling(gathered))
-        self._adopt(self.comms.broadcast_from_root(release))
+            decision = self._decide_on_root(gathered)
+        decision = self.comms.broadcast_from_root(decision)
+        if isinstance(decision, Fallback):
+            self._fall_back(decision.reason)
+        elif not self._adopt_everywhere(decision):
+            self._fall_back("a rank could not run the plan (its log says why)")
 
-    def _adopt(self, release: PlanRelease) -> None:
-        """Parse the broadcast plan file and run it: every rank runs the same text."""
-        plan = Plan.from_json_text(release.plan_text, source=str(self.cache.plan_path))
+    def _profile_contribution(self) -> tuple[list[ProfileRow], StepRecord | None] | Fallback:
+        """This rank's rows and stock record for the gather, or why it has none."""
+        try:
+            return self.collector.rows(), self.collector.stock_baseline()
+        except Exception as problem:  # reported to rank 0, which decides for every rank
+            return Fallback(f"rank {self.context.global_rank} could not summarise its profile: {problem}")
+
+    def _decide_on_root(self, gathered: list[Any]) -> PlanRelease | Fallback:
+        """Plan on rank 0; any failure becomes a fallback every rank takes (never an exception)."""
+        failures = [entry for entry in gathered if isinstance(entry, Fallback)]
+        if failures:
+            return failures[0]
+        try:
+            release = self._plan_profile(gathered)
+        except Exception as problem:  # planning must never break the training step
+            return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
+        try:
+            store_release(self.cache, release)
+        except OSError as problem:
+            self.printer(
+                f"[energy] could not cache the plan in {self.cache.folder} ({problem}); running it uncached, "
+                "the next run profiles again"
+            )
+        return release
+
+    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], StepRecord | None]]) -> PlanRelease:
+        rows = [rank_rows for rank_rows, _ in gathered]
+        if not self.can_set_clocks:
+            rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
+        profile = profile_from_rows(
+            merge_rows(rows),
+            gpu_name=self.spec.name,
+            source=self.profile_source,
+            blocked_power_w=self.spec.blocked_power_w,
+            idle_power_w=self.spec.idle_power_w,
+        )
+        job = PlanningJob(
+            orders=self.context.orders,
+            fingerprint=self.cache.fingerprint,
+            target=self.config.target,
+            switch_latency_s=self.spec.switch_latency_s,
+        )
+        return plan_on_root(self.optimiser, profile, job, baseline_from_profiling(gathered))
+
+    def _adopt_everywhere(self, release: PlanRelease) -> bool:
+        """Every rank parses the same plan text; all run it only if every rank could (one all-reduce)."""
+        try:
+            plan = Plan.from_json_text(
+                release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
+            )
+            runner = PlanRunner(
+                plan, self.context.pipeline_rank, self.context.orders.stage(self.context.pipeline_rank)
+            )
+            problem = None
+        except Exception as error:  # agreed on below, never raised into the step
+            problem = error
+            self.printer(f"[energy] rank {self.context.global_rank}: cannot run the plan: {error}")
+        failed_anywhere, _ = self.comms.all_reduce_max([0.0 if problem is None else 1.0, 0.0])
+        if failed_anywhere:
+            return False
         if self.context.global_rank == 0:
             self.printer(plan_summary(plan))
         self.plan = plan
         self.baseline = release.baseline
-        stage = self.context.pipeline_rank
-        self.runner = PlanRunner(plan, stage, self.context.orders.stage(stage))
+        self.runner = runner
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.phase = "planned"
+        return True
+
+    def _fall_back(self, reason: str) -> None:
+        """Run the rest of the job at stock clocks; every rank comes here together."""
+        self.runner = None
+        self.controller.request(RESET)
+        self.phase = "stock (planning failed)"
+        self.printer(
+            f"[energy] rank {self.context.global_rank}: not optimising, training continues at stock clocks: "
+            f"{reason}"
+        )
 
     def _follow_stragglers(self, figures: StepFigures) -> bool:
         """Exchange the replicas' paces and follow the slowest; return whether this replica alone is slow.

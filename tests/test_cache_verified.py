@@ -1,0 +1,166 @@
+"""``JobCache.store`` / ``load``: atomic, checksummed, fingerprinted; a corrupt folder is moved aside, never
+deleted, and the miss says what failed; concurrent jobs never see a partial set."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX
+
+PROFILE = "stage,instruction,frequency,time,energy\n0,forward,1980,0.0125,12.5\n0,backward,1980,0.025,25.0\n"
+BASELINE = json.dumps({"stock_time_s": 0.5, "stock_energy_j": {"0": 300.0}})
+
+
+def _job(**changes: object) -> dict[str, object]:
+    return {"model": {"hidden_size": 2048}, "pipeline_size": 4, "num_microbatches": 8} | changes
+
+
+def _artefacts(tag: str = "") -> dict[str, str]:
+    return {
+        "profile.csv": PROFILE + tag,
+        "baseline.json": BASELINE,
+        "plan.json": json.dumps({"target": "iso-time", "tag": tag}),
+        "frontier.csv": "time_s,energy_j\n1.0,100.0\n",
+    }
+
+
+def test_store_then_load_returns_the_verified_artefacts(tmp_path: Path) -> None:
+    JobCache(tmp_path, _job()).store(_artefacts())
+    loaded = JobCache(tmp_path, _job()).load()
+    assert loaded.hit and loaded.quarantined is None
+    assert "cache hit" in loaded.message
+    assert loaded.artefacts["profile.csv"].decode() == PROFILE
+    assert json.loads(loaded.artefacts["job.json"])["parts"] == _job(), "job.json is added to the set"
+    manifest = json.loads((loaded.folder / MANIFEST_NAME).read_text())
+    assert set(manifest["artefacts"]) == {*_artefacts(), "job.json"}
+    assert manifest["fingerprint"] == JobCache(tmp_path, _job()).full_fingerprint
+    assert json.loads((tmp_path / "last_job.json").read_text())["parts"] == _job()
+
+
+def test_a_miss_says_first_run_or_what_changed(tmp_path: Path) -> None:
+    first = JobCache(tmp_path, _job()).load()
+    assert not first.hit and "empty" in first.message
+    JobCache(tmp_path, _job()).store(_artefacts())
+    changed = JobCache(tmp_path, _job(num_microbatches=4)).load()
+    assert not changed.hit and changed.quarantined is None
+    assert "num_microbatches: 8 -> 4" in changed.message and "pipeline_size" not in changed.message
+
+
+def _scale_energies(folder: Path) -> None:
+    """The issue's case: the profile's energies scaled by 0.01 after it was written."""
+    lines = (folder / "profile.csv").read_text().splitlines()
+    scaled = [lines[0]] + [
+        ",".join([*row.split(",")[:4], f"{float(row.split(',')[4]) * 0.01:g}"]) for row in lines[1:]
+    ]
+    (folder / "profile.csv").write_text("\n".join(scaled) + "\n")
+
+
+def _corrupt_baseline(folder: Path) -> None:
+    (folder / "baseline.json").write_text('{"stock_time_s": 0.5, "stock_energ')
+
+
+def _truncate_profile(folder: Path) -> None:
+    path = folder / "profile.csv"
+    path.write_bytes(path.read_bytes()[:20])
+
+
+def _same_size_edit(folder: Path) -> None:
+    path = folder / "plan.json"
+    path.write_text(path.read_text().replace("iso-time", "iso-tame"))
+
+
+def _foreign_manifest(folder: Path) -> None:
+    other = JobCache(folder.parent, _job(pipeline_size=2))
+    other.store(_artefacts())
+    (folder / MANIFEST_NAME).write_bytes((other.folder / MANIFEST_NAME).read_bytes())
+
+
+CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "energies scaled by 0.01": (_scale_energies, "profile.csv has"),
+    "corrupt baseline.json": (_corrupt_baseline, "baseline.json has"),
+    "truncated profile": (_truncate_profile, "profile.csv has 20 bytes"),
+    "same-size edit": (_same_size_edit, "plan.json does not match its checksum"),
+    "missing artefact": (lambda folder: (folder / "frontier.csv").unlink(), "frontier.csv is missing"),
+    "missing manifest": (lambda folder: (folder / MANIFEST_NAME).unlink(), "manifest.json is missing"),
+    "unparsable manifest": (lambda folder: (folder / MANIFEST_NAME).write_text("{"), "not valid JSON"),
+    "foreign fingerprint": (_foreign_manifest, "belongs to another job"),
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_a_folder_failing_verification_is_moved_aside_whole_and_the_job_reprofiles(
+    tmp_path: Path, kind: str
+) -> None:
+    corrupt, failure = CORRUPTIONS[kind]
+    cache = JobCache(tmp_path, _job())
+    cache.store(_artefacts())
+    corrupt(cache.folder)
+    before = {
+        path.name: path.read_bytes() for path in cache.folder.iterdir() if not path.name.startswith(".")
+    }
+
+    loaded = JobCache(tmp_path, _job()).load()
+
+    assert not loaded.hit and loaded.quarantined is not None
+    assert failure in loaded.message
+    assert str(loaded.quarantined) in loaded.message and "profiling again" in loaded.message
+    assert loaded.quarantined.parent == cache.folder and loaded.quarantined.name.startswith(QUARANTINE_PREFIX)
+    kept = {path.name: path.read_bytes() for path in loaded.quarantined.iterdir()}
+    assert kept == before, "every file moved aside unchanged, none deleted"
+    assert [path.name for path in cache.folder.iterdir() if not path.name.startswith(".")] == [
+        loaded.quarantined.name
+    ]
+    cache.store(_artefacts())
+    assert JobCache(tmp_path, _job()).load().hit, "the re-profiled set is used next time"
+    assert loaded.quarantined.is_dir(), "the quarantine stays"
+
+
+def test_an_artefact_stored_as_invalid_json_fails_verification(tmp_path: Path) -> None:
+    JobCache(tmp_path, _job()).store(_artefacts() | {"baseline.json": "{not json"})
+    loaded = JobCache(tmp_path, _job()).load()
+    assert not loaded.hit and "baseline.json is not valid JSON" in loaded.message
+
+
+def test_a_set_without_a_required_artefact_is_not_a_hit(tmp_path: Path) -> None:
+    JobCache(tmp_path, _job()).store({"plan.json": "{}"})
+    loaded = JobCache(tmp_path, _job()).load()
+    assert not loaded.hit and "lists no profile.csv, baseline.json" in loaded.message
+
+
+@pytest.mark.parametrize("name", ["../escape.csv", "sub/profile.csv", ".hidden", MANIFEST_NAME])
+def test_store_refuses_names_that_are_not_plain_artefact_files(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="not plain file names"):
+        JobCache(tmp_path, _job()).store({name: "x"})
+
+
+def _store_and_load(root: str, worker: int, rounds: int) -> None:
+    """Store sets tagged with this worker and check every hit is one consistent set; exit 1 otherwise."""
+    for round_ in range(rounds):
+        cache = JobCache(Path(root), _job())
+        tag = f"# worker {worker} round {round_}\n"
+        cache.store(_artefacts(tag))
+        loaded = cache.load()
+        if not loaded.hit:
+            raise SystemExit(f"miss: {loaded.message}")
+        profile_tag = loaded.artefacts["profile.csv"].decode().removeprefix(PROFILE)
+        plan_tag = json.loads(loaded.artefacts["plan.json"])["tag"]
+        if profile_tag != plan_tag:
+            raise SystemExit(f"mixed set: profile {profile_tag!r}, plan {plan_tag!r}")
+
+
+def test_concurrent_jobs_sharing_an_energy_dir_never_see_a_partial_set(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_store_and_load, args=(str(tmp_path), n, 25)) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert [worker.exitcode for worker in workers] == [0] * 4
+    folder = JobCache(tmp_path, _job()).folder
+    assert not [path for path in folder.iterdir() if path.name.startswith(QUARANTINE_PREFIX)]

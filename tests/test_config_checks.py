@@ -1,0 +1,106 @@
+"""Input checked at parse time: writable output folders, known GPU specs, ranges; the launcher stops before
+the script with one message and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from megatron_energy import launch
+from megatron_energy.config import EnergyConfig, add_energy_args, unwritable_folder_reason
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    return add_energy_args(argparse.ArgumentParser(prog="pretrain_gpt.py")).parse_args(argv)
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "not-a-folder"
+    path.write_text("x")
+    return path
+
+
+def test_an_energy_dir_below_a_file_is_refused_saying_what_to_do(
+    a_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(["--energy-optimise", "--energy-dir", str(a_file / "energy")], capsys)
+    assert f"{a_file} is not a folder" in err and "--energy-dir PATH" in err
+
+
+def test_an_energy_dir_on_a_read_only_file_system_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["--energy-optimise", "--energy-dir", "/proc/megatron_energy"], capsys)
+    assert "cannot write into /proc" in err
+
+
+def test_the_default_energy_dir_is_checked_when_optimising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "energy").write_text("a file where the default folder would go")
+    monkeypatch.chdir(tmp_path)
+    err = _refused(["--energy-optimise"], capsys)
+    assert "--energy-dir energy" in err and "is not a folder" in err
+
+
+def test_a_trace_in_an_unwritable_folder_or_naming_a_folder_is_refused(
+    a_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(["--energy-trace", str(a_file / "events.jsonl")], capsys)
+    assert "--energy-trace" in err and "is not a folder" in err
+    err = _refused(["--energy-trace", str(tmp_path)], capsys)
+    assert "is a folder; give a file name" in err
+
+
+def test_a_writable_new_folder_passes_and_the_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    before = sorted(tmp_path.iterdir())
+    config = EnergyConfig.from_args(
+        _parse(["--energy-optimise", "--energy-dir", str(tmp_path / "a" / "b"), "--energy-trace", "t.jsonl"])
+    )
+    assert config.dir == tmp_path / "a" / "b"
+    assert sorted(tmp_path.iterdir()) == before, "no folder created, no probe left"
+    assert unwritable_folder_reason(tmp_path) is None
+
+
+def test_an_unknown_gpu_spec_is_refused_at_parse_time_listing_the_known_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = _refused(
+        ["--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h900"], capsys
+    )
+    assert "unknown GPU spec 'h900'" in err and "h100-sxm" in err and "h200" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--energy-optimise", "--energy-profile-iters", "0"], "must be a whole number >= 1"),
+        (["--energy-optimise", "--energy-freq-grid", "1980,-5"], "outside 100-4000 MHz"),
+        (["--energy-optimise", "--energy-freq-grid", "1980,0"], "outside 100-4000 MHz"),
+    ],
+)
+def test_ranges_are_checked(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert message in _refused(argv, capsys)
+
+
+def test_the_launcher_reports_bad_input_once_before_running_the_script(
+    tmp_path: Path, a_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "ran"
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for bad in (["--energy-dir", str(a_file / "x")], ["--energy-gpu-spec", "h900"]):
+        with pytest.raises(SystemExit) as exit_info:
+            launch.main([str(script), "--num-layers", "2", "--energy-optimise", *bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and "Traceback" not in err
+    assert not marker.exists()
