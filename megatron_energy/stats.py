@@ -108,12 +108,13 @@ class RelativeChange:
 
         Returns:
             ``"-12.1 % ± 0.8 % (measured, 95 % CI, n=20 vs 20)"`` when the interval excludes zero, else
-            ``"within noise (±1.3 %)"``.
+            ``"within noise (±1.3 %)"``; two decimals when the half-width is below 0.1 %.
         """
+        digits = 2 if self.halfwidth < 0.001 else 1
         if not self.excludes_zero:
-            return f"within noise (±{_percent(self.halfwidth)} %)"
+            return f"within noise (±{_percent(self.halfwidth, digits)} %)"
         return (
-            f"{100 * self.change:+.1f} % ± {_percent(self.halfwidth)} % "
+            f"{100 * self.change:+.{digits}f} % ± {_percent(self.halfwidth, digits)} % "
             f"({self.source}, {100 * self.confidence:g} % CI, n={self.n_baseline} vs {self.n_treatment})"
         )
 
@@ -127,9 +128,9 @@ class RelativeChange:
         }
 
 
-def _percent(fraction: float) -> str:
-    """A fraction as a percentage with one decimal, or ``inf``."""
-    return f"{100 * fraction:.1f}" if math.isfinite(fraction) else "inf"
+def _percent(fraction: float, digits: int) -> str:
+    """A fraction as a percentage with ``digits`` decimals, or ``inf``."""
+    return f"{100 * fraction:.{digits}f}" if math.isfinite(fraction) else "inf"
 
 
 def _as_array(samples: Sequence[float], what: str) -> np.ndarray:

@@ -58,6 +58,7 @@ def test_interval_covers_true_change_in_at_least_90_percent_of_seeds():
 def test_zero_spread_gives_zero_width_and_missing_spread_gives_no_resolution():
     exact = relative_change([100.0, 100.0], [90.0, 90.0])
     assert exact.halfwidth == 0.0 and exact.excludes_zero
+    assert exact.format() == "-10.00 % ± 0.00 % (measured, 95 % CI, n=2 vs 2)"
     assert exact.change == pytest.approx(-0.1)
     single = relative_change([100.0], [50.0, 51.0])
     assert math.isinf(single.halfwidth) and not single.excludes_zero
