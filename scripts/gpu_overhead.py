@@ -10,7 +10,8 @@ per-pair ratios ``on / off - 1`` with its 95 % Student-t interval over pairs
 (``megatron_energy.stats.paired_relative_change``): run-to-run differences (allocator, cuBLAS choices, GPU
 temperature) vary from run to run, so the run, not the iteration, is the unit of the comparison. All figures
 are *measured*. GPU machines are shared: the plugin runs in dry-run, so no clock or power setting is changed.
-``--deadline-s`` starts no pair that the time left cannot fit (judged by the slowest run so far).
+``--deadline-s`` starts no pair that the time left cannot fit (judged by the slowest run so far);
+``--resume summary.json`` goes on from the pairs such a session completed.
 
     python scripts/gpu_overhead.py --pairs 4 --iters 20 --out result_dir
 """
@@ -111,16 +112,19 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--deadline-s", type=float, default=None, help="start no pair past this budget")
     parser.add_argument("--out", type=Path, default=Path("build/gpu_overhead"))
+    parser.add_argument(
+        "--resume", type=Path, default=None, help="summary.json of a session stopped at its deadline: go on"
+    )
     parser.add_argument("energy_args", nargs="*", help="extra --energy-* flags for the plugin runs")
     args = parser.parse_args()
     if args.pairs < 4:
         parser.error("--pairs must be at least 4: fewer cannot resolve a 0.5 % overhead")
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    runs: list[dict] = []
-    for pair in range(args.pairs):
+    runs: list[dict] = json.loads(args.resume.read_text())["runs"] if args.resume else []
+    for pair in range(len(runs) // 2, args.pairs):
         slowest_s = max((run["wall_s"] for run in runs), default=0.0)
-        if args.deadline_s is not None and time.perf_counter() - started + 2 * slowest_s > args.deadline_s:
+        if args.deadline_s is not None and time.perf_counter() - started + 2.2 * slowest_s > args.deadline_s:
             print(f"deadline: stopping after {pair} pairs", flush=True)
             break
         order = (False, True) if pair % 2 == 0 else (True, False)
