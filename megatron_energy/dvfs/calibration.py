@@ -277,7 +277,7 @@ def write_spec_yaml(spec: GpuSpec, path: Path, header: str) -> None:
     if spec.name != path.stem:
         raise ValueError(f"spec name {spec.name!r} must be the file stem {path.stem!r}")
     document: dict[str, object] = {}
-    for f in dataclasses.fields(GpuSpec):
+    for f in sorted(dataclasses.fields(GpuSpec), key=lambda f: f.name == "sources"):
         value = getattr(spec, f.name)
         if f.name == "sm_clocks_mhz":
             value = _clock_grid(value)
