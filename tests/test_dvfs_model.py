@@ -45,7 +45,7 @@ def test_time_falls_and_power_rises_with_the_clock_and_power_respects_the_cap(sp
 def test_h200_gemm_hits_the_power_cap_near_the_measured_clock(h200):
     spec = h200.spec
     effective = h200.effective_clock_mhz(GEMM, spec.max_sm_clock_mhz)
-    # Measured: a bf16 8192^3 GEMM loop ran power-capped at ~698 W with a median SM clock of ~1515 MHz.
+    # Measured: a bf16 8192^3 GEMM loop ran power-capped at ~690 W with a median SM clock of ~1500 MHz.
     assert 1450 <= effective <= 1580
     assert h200.power_w(GEMM, spec.max_sm_clock_mhz) == pytest.approx(spec.power_limit_w)
     assert h200.uncapped_power_w(GEMM, spec.max_sm_clock_mhz) > spec.power_limit_w
@@ -57,7 +57,7 @@ def test_h200_gemm_hits_the_power_cap_near_the_measured_clock(h200):
 
 def test_communication_inside_an_instruction_does_not_lift_the_cap_clock(h200):
     with_comm = WorkProfile(compute_s=1.0, memory_s=0.0, fixed_s=1.0)
-    assert h200.effective_clock_mhz(with_comm, 1980) == h200.effective_clock_mhz(GEMM, 1980)
+    assert h200.effective_clock_mhz(with_comm, 1980) == pytest.approx(h200.effective_clock_mhz(GEMM, 1980))
     assert h200.power_w(with_comm, 1980) < h200.power_w(GEMM, 1980)
 
 
@@ -156,4 +156,4 @@ def test_fit_rejects_bad_points(h200, points):
 def test_description_names_the_spec_and_parameters(h200):
     text = h200.describe()
     assert text.startswith("modelled (h200:")
-    assert "P_dyn 1020 W" in text and "cap 700 W" in text and "f_sat 900 MHz" in text
+    assert "P_dyn 1039 W" in text and "cap 700 W" in text and "f_sat 900 MHz" in text

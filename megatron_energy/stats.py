@@ -1,0 +1,310 @@
+"""Statistics for measured figures: means with confidence intervals, relative changes, baseline lengths.
+
+One module so that the energy log, the summary, the report, TensorBoard/W&B scalars and the scripts all
+state a measured saving the same way: a mean over a window of iterations with a 95 % confidence interval,
+and "within noise" when the interval covers zero.
+
+* :func:`mean_interval`: Student-t interval of a mean (samples taken as independent).
+* :func:`relative_change`: change of the treatment mean relative to the baseline mean, two independent
+  samples (e.g. stock iterations vs planned iterations). Welch's unequal-variance setting; the interval of
+  the ratio of means comes from the **delta method** (first-order Taylor expansion of ``m_t / m_b``), with
+  Welch-Satterthwaite degrees of freedom. It is symmetric and accurate while the baseline mean is known to
+  a few percent (its relative standard error below ~10 %), which every window this module sizes satisfies
+  (:func:`baseline_steps`); Fieller's exact interval differs from it only by terms of that order squared.
+* :func:`paired_relative_change`: the same for paired samples (run ``i`` without and with a plugin, side by
+  side): the per-pair ratios ``t_i / b_i - 1`` and a Student-t interval of their mean, so run-to-run drift
+  that hits both members of a pair cancels.
+* :func:`baseline_steps`: how many stock iterations resolve a given effect, from the energy counter's period,
+  the iteration time and the observed spread of per-iteration figures.
+
+Pure Python + numpy/scipy: no torch, megatron or NVML imports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+Source = Literal["measured", "modelled"]
+
+RESOLVABLE_PERIODS = 2.0
+"""A window of iterations must span at least this many energy-counter periods (cf. ``dvfs.meter``)."""
+
+
+@dataclass(frozen=True)
+class MeanInterval:
+    """A sample mean with its two-sided Student-t confidence interval.
+
+    Attributes:
+        mean: The sample mean.
+        halfwidth: Half the interval's width (``inf`` with fewer than two samples).
+        n: Number of samples.
+        confidence: Confidence level, e.g. 0.95.
+    """
+
+    mean: float
+    halfwidth: float
+    n: int
+    confidence: float
+
+    @property
+    def low(self) -> float:
+        """Lower end of the interval."""
+        return self.mean - self.halfwidth
+
+    @property
+    def high(self) -> float:
+        """Upper end of the interval."""
+        return self.mean + self.halfwidth
+
+
+@dataclass(frozen=True)
+class RelativeChange:
+    """Relative change of a treatment mean against a baseline mean, with its confidence interval.
+
+    ``change`` is ``mean_treatment / mean_baseline - 1``: -0.12 means 12 % less than the baseline (a saving
+    of 12 % when the figure is energy).
+
+    Attributes:
+        change: The point estimate of the relative change.
+        halfwidth: Half the interval's width, as a fraction (``inf`` when it cannot be estimated).
+        n_baseline: Baseline samples (pairs, for a paired analysis).
+        n_treatment: Treatment samples (pairs, for a paired analysis).
+        confidence: Confidence level, e.g. 0.95.
+        source: ``"measured"`` or ``"modelled"``: where the samples came from.
+        method: How the interval was computed, in words.
+    """
+
+    change: float
+    halfwidth: float
+    n_baseline: int
+    n_treatment: int
+    confidence: float
+    source: Source
+    method: str
+
+    @property
+    def low(self) -> float:
+        """Lower end of the interval."""
+        return self.change - self.halfwidth
+
+    @property
+    def high(self) -> float:
+        """Upper end of the interval."""
+        return self.change + self.halfwidth
+
+    @property
+    def excludes_zero(self) -> bool:
+        """True when the interval lies wholly above or below zero: the change is resolved."""
+        return self.low > 0.0 or self.high < 0.0
+
+    def format(self) -> str:
+        """The change as a log line states it.
+
+        Returns:
+            ``"-12.1 % ± 0.8 % (measured, 95 % CI, n=20 vs 20)"`` when the interval excludes zero, else
+            ``"within noise (±1.3 %)"``; two decimals when the half-width is below 0.1 %.
+        """
+        digits = 2 if self.halfwidth < 0.001 else 1
+        if not self.excludes_zero:
+            return f"within noise (±{_percent(self.halfwidth, digits)} %)"
+        return (
+            f"{100 * self.change:+.{digits}f} % ± {_percent(self.halfwidth, digits)} % "
+            f"({self.source}, {100 * self.confidence:g} % CI, n={self.n_baseline} vs {self.n_treatment})"
+        )
+
+    def scalars(self, prefix: str) -> dict[str, float]:
+        """The change as TensorBoard/W&B scalars: ``prefix``, its ``_low``, ``_high`` and ``_resolved``."""
+        return {
+            prefix: self.change,
+            f"{prefix}_low": self.low,
+            f"{prefix}_high": self.high,
+            f"{prefix}_resolved": float(self.excludes_zero),
+        }
+
+
+def _percent(fraction: float, digits: int) -> str:
+    """A fraction as a percentage with ``digits`` decimals, or ``inf``."""
+    return f"{100 * fraction:.{digits}f}" if math.isfinite(fraction) else "inf"
+
+
+def _as_array(samples: Sequence[float], what: str) -> np.ndarray:
+    """``samples`` as a float array; ValueError if empty or not finite."""
+    values = np.asarray(samples, dtype=float)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"{what}: need a non-empty sequence of numbers")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{what}: every sample must be finite")
+    return values
+
+
+def _check_confidence(confidence: float) -> None:
+    """ValueError unless ``confidence`` lies in (0, 1)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+
+
+def _t_quantile(confidence: float, dof: float) -> float:
+    """Two-sided Student-t quantile for ``confidence`` at ``dof`` degrees of freedom."""
+    _check_confidence(confidence)
+    return float(scipy_stats.t.ppf(0.5 + confidence / 2.0, dof))
+
+
+def mean_interval(samples: Sequence[float], confidence: float = 0.95) -> MeanInterval:
+    """The mean of ``samples`` with its Student-t confidence interval.
+
+    Args:
+        samples: Independent samples (e.g. energy per iteration over a window).
+        confidence: Two-sided confidence level.
+
+    Returns:
+        The mean and the interval's half-width (``inf`` with one sample).
+
+    Raises:
+        ValueError: If ``samples`` is empty or holds a non-finite value, or ``confidence`` is not in (0, 1).
+    """
+    _check_confidence(confidence)
+    values = _as_array(samples, "mean_interval")
+    n = values.size
+    if n < 2:
+        return MeanInterval(float(values[0]), math.inf, 1, confidence)
+    halfwidth = _t_quantile(confidence, n - 1) * float(np.std(values, ddof=1)) / math.sqrt(n)
+    return MeanInterval(float(np.mean(values)), halfwidth, n, confidence)
+
+
+def relative_change(
+    baseline_samples: Sequence[float],
+    treatment_samples: Sequence[float],
+    confidence: float = 0.95,
+    source: Source = "measured",
+) -> RelativeChange:
+    """Relative change of the treatment mean against the baseline mean (independent samples).
+
+    With ``r = m_t / m_b`` and the relative variances of the means ``a = s_t² / (n_t m_t²)`` and
+    ``b = s_b² / (n_b m_b²)``, the delta method gives ``Var(r) ≈ r² (a + b)``; the interval is
+    ``r - 1 ± t_q(ν) · r · sqrt(a + b)`` with Welch-Satterthwaite degrees of freedom
+    ``ν = (a + b)² / (a²/(n_t-1) + b²/(n_b-1))``.
+
+    Args:
+        baseline_samples: E.g. energy per iteration at stock clocks.
+        treatment_samples: E.g. energy per iteration under the plan.
+        confidence: Two-sided confidence level.
+        source: Where the samples came from, carried into :meth:`RelativeChange.format`.
+
+    Returns:
+        The change and its interval; ``halfwidth`` is ``inf`` when either side has fewer than two samples.
+
+    Raises:
+        ValueError: If a side is empty or not finite, or the baseline mean is not positive.
+    """
+    _check_confidence(confidence)
+    baseline = _as_array(baseline_samples, "relative_change baseline")
+    treatment = _as_array(treatment_samples, "relative_change treatment")
+    mean_b, mean_t = float(np.mean(baseline)), float(np.mean(treatment))
+    if mean_b <= 0.0:
+        raise ValueError(f"relative_change: the baseline mean must be positive, got {mean_b!r}")
+    ratio = mean_t / mean_b
+    method = "Welch, delta method for the ratio of means"
+    n_b, n_t = baseline.size, treatment.size
+    if n_b < 2 or n_t < 2:
+        return RelativeChange(ratio - 1.0, math.inf, n_b, n_t, confidence, source, method)
+    rel_var_b = float(np.var(baseline, ddof=1)) / (n_b * mean_b**2)
+    rel_var_t = float(np.var(treatment, ddof=1)) / (n_t * mean_t**2) if mean_t != 0.0 else 0.0
+    total = rel_var_b + rel_var_t
+    if total == 0.0:
+        return RelativeChange(ratio - 1.0, 0.0, n_b, n_t, confidence, source, method)
+    dof = total**2 / (rel_var_t**2 / (n_t - 1) + rel_var_b**2 / (n_b - 1))
+    halfwidth = _t_quantile(confidence, dof) * abs(ratio) * math.sqrt(total)
+    return RelativeChange(ratio - 1.0, halfwidth, n_b, n_t, confidence, source, method)
+
+
+def paired_relative_change(
+    baseline_samples: Sequence[float],
+    treatment_samples: Sequence[float],
+    confidence: float = 0.95,
+    source: Source = "measured",
+) -> RelativeChange:
+    """Relative change from paired samples: Student-t interval of the mean of ``t_i / b_i - 1``.
+
+    Args:
+        baseline_samples: One figure per pair without the treatment (e.g. a run's median iteration time).
+        treatment_samples: The same pairs' figures with the treatment, in the same order.
+        confidence: Two-sided confidence level.
+        source: Where the samples came from.
+
+    Returns:
+        The mean per-pair change and its interval (``n_baseline == n_treatment`` == number of pairs).
+
+    Raises:
+        ValueError: If the sides differ in length, are empty or not finite, or a baseline is not positive.
+    """
+    baseline = _as_array(baseline_samples, "paired_relative_change baseline")
+    treatment = _as_array(treatment_samples, "paired_relative_change treatment")
+    if baseline.size != treatment.size:
+        raise ValueError(f"paired_relative_change: {baseline.size} baselines vs {treatment.size} treatments")
+    if np.any(baseline <= 0.0):
+        raise ValueError("paired_relative_change: every baseline must be positive")
+    interval = mean_interval(treatment / baseline - 1.0, confidence)
+    n = interval.n
+    method = "paired, Student-t over per-pair ratios"
+    return RelativeChange(interval.mean, interval.halfwidth, n, n, confidence, source, method)
+
+
+def baseline_steps(
+    iteration_s: float,
+    target_halfwidth: float,
+    observed_cv: float,
+    counter_period_s: float = 0.1,
+    confidence: float = 0.95,
+    min_samples: int = 3,
+) -> int:
+    """How many stock iterations a baseline needs to resolve a relative change of ``target_halfwidth``.
+
+    Two constraints decide it:
+
+    1. **Counter granularity.** The energy counter advances every ``counter_period_s``, so one energy
+       sample must span at least ``RESOLVABLE_PERIODS`` (2) periods: a sample is a window of
+       ``w = ceil(2 · counter_period_s / iteration_s)`` iterations (1 when an iteration is long enough).
+    2. **Noise.** With per-iteration coefficient of variation ``observed_cv`` (spread / mean, counter
+       quantisation included, since it was observed with the same counter), a window of ``w`` iterations
+       has CV ``cv_w = observed_cv / sqrt(w)``. Baseline and treatment measured over equally long windows of
+       ``n`` samples give a change whose interval half-width is ``t_q(2n - 2) · cv_w · sqrt(2 / n)``
+       (:func:`relative_change` with equal spreads); ``n`` is the smallest count that brings it to at
+       most ``target_halfwidth``, and never below ``min_samples``.
+
+    The answer is ``n · w`` iterations. Choose ``target_halfwidth`` below the saving to be resolved (e.g. half
+    of it): a saving of 10 % with a half-width of 5 % still excludes zero.
+
+    Args:
+        iteration_s: Measured time of one iteration.
+        target_halfwidth: Largest acceptable interval half-width, as a fraction (0.01 = 1 %).
+        observed_cv: Coefficient of variation of per-iteration figures (from a first window; 0 if none).
+        counter_period_s: The energy counter's update period (``GpuSpec.energy_counter_period_s``).
+        confidence: Two-sided confidence level.
+        min_samples: Fewest samples of a window, whatever the noise.
+
+    Returns:
+        The number of stock iterations to measure.
+
+    Raises:
+        ValueError: If a time, the target or the CV is not positive/finite as required.
+    """
+    if not (math.isfinite(iteration_s) and iteration_s > 0 and counter_period_s > 0):
+        raise ValueError("baseline_steps: iteration_s and counter_period_s must be positive")
+    if not (math.isfinite(target_halfwidth) and target_halfwidth > 0):
+        raise ValueError("baseline_steps: target_halfwidth must be positive")
+    if not (math.isfinite(observed_cv) and observed_cv >= 0):
+        raise ValueError("baseline_steps: observed_cv must be non-negative")
+    _check_confidence(confidence)
+    per_sample = max(1, math.ceil(RESOLVABLE_PERIODS * counter_period_s / iteration_s - 1e-9))
+    window_cv = observed_cv / math.sqrt(per_sample)
+    normal_q = float(scipy_stats.norm.ppf(0.5 + confidence / 2.0))
+    samples = max(2, min_samples, math.ceil(2.0 * (normal_q * window_cv / target_halfwidth) ** 2))
+    while _t_quantile(confidence, 2 * samples - 2) * window_cv * math.sqrt(2.0 / samples) > target_halfwidth:
+        samples += 1
+    return samples * per_sample
