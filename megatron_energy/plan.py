@@ -131,8 +131,13 @@ class FrontierSample(NamedTuple):
     """One point of the instant-switch frontier curve (modelled)."""
 
     time_s: float
+    """Iteration time of the instant-switch plan."""
     energy_j: float
+    """Its energy over all ranks."""
     lower_bound_j: float
+    """The convex relaxation's energy at ``deadline_s``: no plan meeting that deadline uses less."""
+    deadline_s: float
+    """The deadline the plan was solved for."""
 
 
 @dataclass(frozen=True)
@@ -498,6 +503,13 @@ def _provenance(body: Mapping[str, Any]) -> Provenance:
     return provenance  # type: ignore[return-value]
 
 
+def _frontier_sample(entry: object) -> FrontierSample:
+    values = _require(entry, list, "frontier")
+    if len(values) != len(FrontierSample._fields):
+        raise ValueError(f"a frontier sample holds {', '.join(FrontierSample._fields)}; got {values}")
+    return FrontierSample(*(_number(value, "frontier") for value in values))
+
+
 def _parse_v2(body: Mapping[str, Any]) -> Plan:
     raw_points = _require(body["points"], list, "points")
     points = tuple(_point(entry, f"points[{i}]") for i, entry in enumerate(raw_points))
@@ -518,10 +530,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
     target_index = _index(body["target_index"], "target_index")
     if target_index >= len(points):
         raise ValueError(f"target_index {target_index} is not one of the {len(points)} points")
-    frontier = tuple(
-        FrontierSample(*(_number(v, "frontier") for v in _require(sample, list, "frontier")))
-        for sample in _require(body["frontier"], list, "frontier")
-    )
+    frontier = tuple(_frontier_sample(sample) for sample in _require(body["frontier"], list, "frontier"))
     return Plan(
         fingerprint=_require(body["fingerprint"], str, "fingerprint"),
         gpu_name=_require(body["gpu_name"], str, "gpu_name"),

@@ -8,6 +8,7 @@ of every instruction. The other points serve data-parallel replicas that follow 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
@@ -62,7 +63,8 @@ class PerseusOptimiser:
             ),
             target_index=points.index(target),
             frontier=tuple(
-                FrontierSample(point.time_s, point.energy_j, point.lower_bound_j) for point in frontier.points
+                FrontierSample(point.time_s, point.energy_j, point.lower_bound_j, _deadline(point))
+                for point in frontier.points
             ),
         )
 
@@ -73,7 +75,7 @@ def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
     return PlanPoint(
         label=label,
         iteration_time_s=point.time_s,
-        deadline_s=point.deadline_s if point.deadline_s != float("inf") else point.time_s,
+        deadline_s=_deadline(point),
         lower_bound_j=point.lower_bound_j,
         ranks=tuple(
             RankPlan(
@@ -84,6 +86,11 @@ def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
             for stage in range(dag.num_stages)
         ),
     )
+
+
+def _deadline(point: FrontierPoint) -> float:
+    """The point's deadline; its own time when it was solved without one (the unconstrained optimum)."""
+    return point.deadline_s if math.isfinite(point.deadline_s) else point.time_s
 
 
 def _distinct_points(points: Sequence[FrontierPoint], target: FrontierPoint) -> list[FrontierPoint]:

@@ -1,20 +1,21 @@
-"""Plot a time–energy frontier (matplotlib, Agg): plans, relaxed lower bound, stock and chosen point."""
+"""Plot a plan's time–energy frontier (matplotlib, Agg), every curve and marker labelled as modelled."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from megatron_energy.perseus.frontier import Frontier, FrontierPoint
-from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import Plan
 
 
-def plot_frontier(frontier: Frontier, chosen: FrontierPoint, profile: Profile, path: Path) -> Path:
-    """Plot the frontier, its lower bound, the all-maximum-clocks point and the chosen plan to a PNG.
+def plot_frontier(plan: Plan, path: Path) -> Path:
+    """Plot the plan's frontier curve, its lower bound, its executable points, stock and target to a PNG.
+
+    The curve is the instant-switch frontier (clocks change the moment an instruction starts); the plan's
+    points, the target among them, are the executable plans that pay the GPU's switch latency, so they sit
+    on or above the curve. Both are drawn, so the gap between them is visible, not a surprise.
 
     Args:
-        frontier: The solved frontier (all figures modelled from ``profile``).
-        chosen: The plan picked for the target.
-        profile: The profile the frontier was solved on (its source and GPU label the title).
+        plan: The plan (all figures in it are modelled from its profile).
         path: The PNG to write.
 
     Returns:
@@ -26,29 +27,45 @@ def plot_frontier(frontier: Frontier, chosen: FrontierPoint, profile: Profile, p
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5), layout="constrained")
-    points = frontier.points
+    samples = sorted(plan.frontier)
     axes.plot(
-        [p.time_s for p in points],
-        [p.energy_j for p in points],
+        [s.time_s for s in samples],
+        [s.energy_j for s in samples],
         "o-",
         markersize=3,
-        label="plans (simulated)",
+        label="frontier, instant clock switches",
     )
     axes.plot(
-        [p.deadline_s for p in points],
-        [p.lower_bound_j for p in points],
+        [s.deadline_s for s in samples],
+        [s.lower_bound_j for s in samples],
         "--",
         color="grey",
         label="relaxed lower bound",
     )
-    baseline = frontier.baseline
+    latency_ms = 1e3 * plan.switch_latency_s
     axes.plot(
-        baseline.iteration_time_s, baseline.total_energy_j, "s", color="black", label="all-maximum clocks"
+        [p.iteration_time_s for p in plan.points],
+        [p.energy_j for p in plan.points],
+        "D",
+        markersize=5,
+        color="tab:green",
+        label=f"executable plans ({latency_ms:g} ms switches)",
     )
-    axes.plot(chosen.time_s, chosen.energy_j, "*", markersize=14, color="tab:red", label="chosen plan")
+    axes.plot(
+        plan.baseline.iteration_time_s, plan.baseline.energy_j, "s", color="black", label="all-maximum clocks"
+    )
+    target = plan.target_point
+    axes.plot(
+        target.iteration_time_s,
+        target.energy_j,
+        "*",
+        markersize=14,
+        color="tab:red",
+        label=f"plan for {plan.target}",
+    )
     axes.set_xlabel("iteration time (s)")
     axes.set_ylabel("energy per iteration, all stages (J)")
-    axes.set_title(f"time–energy frontier: modelled from a {profile.source} profile ({profile.gpu_name})")
+    axes.set_title(f"time–energy frontier, modelled from a {plan.provenance} profile ({plan.gpu_name})")
     axes.legend()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

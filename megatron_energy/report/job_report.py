@@ -1,8 +1,9 @@
 """Report on one cached job under ``--energy-dir``: its plan against stock clocks, frontier plot, timeline.
 
 The job folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job facts), ``profile.csv`` and
-``plan.json``. The frontier is solved again from the profile (fast), the plan is simulated for the timeline;
-every figure here is modelled from the profile, whose own source (measured or modelled) is named.
+``plan.json``. The table and the plot show the plan file's figures (the plan that ran; nothing is solved
+again); the plan's target point is simulated for the timeline. Every figure here is modelled from the
+profile, whose own source (measured or modelled) is named.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from megatron_energy.config import parse_target
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.planner import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
@@ -62,7 +61,10 @@ def latest_job_folder(energy_dir: Path) -> Path:
 
 
 def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
-    """Solve, plot and simulate one cached job.
+    """Plot and simulate the plan that ran in one cached job.
+
+    Nothing is solved again: the table and plot show the plan file's own figures, so they are the figures
+    the job ran with; the timeline simulates the plan's target point with the GPU's switch latency.
 
     Args:
         folder: ``<energy dir>/<fingerprint>``.
@@ -72,7 +74,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
         The summary table and the files written.
 
     Raises:
-        ReportError: The folder misses the job facts, the profile or the plan.
+        ReportError: The folder misses the job facts, the profile or the plan, or the plan is another job's.
     """
     out_dir = out_dir or folder
     try:
@@ -84,29 +86,31 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
     spec = load_gpu_spec(parts["gpu"])
     plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
     profile = Profile.from_csv(folder / "profile.csv", gpu_name=spec.name, source=plan.provenance)
-    num_chunks = parts.get("num_chunks", 1)
-    orders = pipeline_orders(parts["pipeline_size"], parts["num_microbatches"], num_chunks)
-    dag = PipelineDag.build(orders, num_chunks=num_chunks)
-    planner = Planner(dag, profile, fingerprint=folder.name, switch_latency_s=spec.switch_latency_s)
-    chosen = planner.point(parse_target(plan.target))
-    frontier_png = plot_frontier(planner.frontier, chosen, profile, out_dir / "frontier.png")
+    orders = pipeline_orders(
+        parts["pipeline_size"],
+        parts["num_microbatches"],
+        parts.get("num_chunks", 1),
+        microbatch_group_size=parts.get("microbatch_group_size"),
+    )
+    frontier_png = plot_frontier(plan, out_dir / "frontier.png")
     clocks = {
-        (step.kind, stage, step.chunk, step.microbatch): step.clock_mhz
+        instruction: clock
         for stage in range(plan.num_stages)
-        for step in plan.rank_clocks(stage)
+        for instruction, clock in plan.target_point.clock_table(stage).items()
     }
-    result = Simulator(dag, profile, switch_latency_s=spec.switch_latency_s).run(clocks)
+    dag = PipelineDag.build(orders)
+    result = Simulator(dag, profile, switch_latency_s=plan.switch_latency_s).run(clocks)
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
     timeline_json = write_trace(result, powers, out_dir / "timeline.json")
-    return JobReport(plan_table(plan, profile), frontier_png, timeline_json)
+    return JobReport(plan_table(plan), frontier_png, timeline_json)
 
 
-def plan_table(plan: Plan, profile: Profile) -> Table:
+def plan_table(plan: Plan) -> Table:
     """Stock clocks against the plan: iteration time and energy per pipeline iteration (modelled)."""
-    prediction = plan.prediction
+    target = plan.target_point
     return stock_vs_plan_table(
-        f"plan for {plan.target}: modelled from a {profile.source} profile ({plan.gpu_name})",
-        (prediction.baseline_time_s, prediction.iteration_time_s),
-        (prediction.baseline_energy_j, prediction.energy_j),
+        f"plan for {plan.target}: modelled from a {plan.provenance} profile ({plan.gpu_name})",
+        (plan.baseline.iteration_time_s, target.iteration_time_s),
+        (plan.baseline.energy_j, target.energy_j),
         "energy per pipeline iteration (modelled)",
     )
