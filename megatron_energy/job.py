@@ -42,6 +42,7 @@ from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
+from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 
 GRADIENT_BYTES = 2
 ADAM_BYTES_PER_PARAMETER = 30
@@ -163,6 +164,10 @@ class JobConfig:
     def spec(self) -> GpuSpec:
         """The GPU spec named by ``gpu``."""
         return load_gpu_spec(self.gpu)
+
+    def fingerprint(self) -> str:
+        """The job's fingerprint: every plan made for this job carries it (``plan --config``)."""
+        return fingerprint(kind="job-config", **dataclasses.asdict(self))[:FINGERPRINT_DIGITS]
 
     def orders(self) -> PipelineOrders:
         """Megatron's instruction order on every pipeline rank (imports megatron-core)."""

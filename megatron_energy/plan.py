@@ -327,6 +327,10 @@ class Plan:
             ) from None
 
 
+FINGERPRINT_DIGITS = 16
+"""Hex digits of a job fingerprint kept in plans and cache folder names."""
+
+
 def fingerprint(**parts: object) -> str:
     """Return a stable identifier of a job and GPU: SHA-256 of the canonical JSON of ``parts``.
 
@@ -525,7 +529,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
             for value in _require(raw_baseline["stage_energy_j"], list, "baseline.stage_energy_j")
         ),
     )
-    if len(stages) != 1 or len(baseline.stage_energy_j) not in stages:
+    if len(stages) != 1 or (baseline.stage_energy_j and len(baseline.stage_energy_j) not in stages):
         raise ValueError("every point and the baseline must cover the same number of ranks")
     target_index = _index(body["target_index"], "target_index")
     if target_index >= len(points):

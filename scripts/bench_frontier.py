@@ -45,9 +45,9 @@ from lowtime.solver import PhillipsDessouky
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.perseus.frontier import Frontier, FrontierSolver
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator
 

@@ -128,9 +128,9 @@ def test_an_artefact_stored_as_invalid_json_fails_verification(tmp_path: Path) -
 
 
 def test_a_set_without_a_required_artefact_is_not_a_hit(tmp_path: Path) -> None:
-    JobCache(tmp_path, _job()).store({"plan.json": "{}"})
+    JobCache(tmp_path, _job()).store({"profile.csv": "stage\n"})
     loaded = JobCache(tmp_path, _job()).load()
-    assert not loaded.hit and "lists no profile.csv, baseline.json" in loaded.message
+    assert not loaded.hit and "lists no plan.json, baseline.json" in loaded.message
 
 
 @pytest.mark.parametrize("name", ["../escape.csv", "sub/profile.csv", ".hidden", MANIFEST_NAME])

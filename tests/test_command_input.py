@@ -43,6 +43,8 @@ def _plan_args(profile: Path, out: Path, *extra: str) -> list[str]:
         "plan",
         "--profile",
         str(profile),
+        "--profile-source",
+        "measured",
         "--stages",
         "1",
         "--microbatches",

@@ -113,5 +113,5 @@ def test_dag_and_profile_fit_together(tmp_path):
     assert len(dag.compute_nodes()) == 2 * 4 * 8 * 2
     profile = job.synthetic_profile()
     assert profile.source == "modelled" and profile.gpu_name == "h200"
-    keys = {(node[1], node[0], node[2]) for node in dag.compute_nodes()}
+    keys = {node.work for node in dag.compute_nodes()}
     assert keys == set(profile.keys())

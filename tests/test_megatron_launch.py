@@ -14,15 +14,17 @@ from megatron_energy import launch
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.plan import Plan
 
 HARNESS = Path(__file__).with_name("megatron_harness.py")
 NUM_MICROBATCHES = 8
 GROUP_SIZE = 4
+TRAIN_ITERS = 5  # 4 profiling steps (two clocks: a settling and a measured step each), then the plan runs
 # PP=2 x VPP=2, 8 microbatches (global batch 16 / micro batch 2), in groups of 4 per virtual stage
 MEGATRON_ARGS = [
     "--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2",
     "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
-    "--micro-batch-size", "2", "--global-batch-size", "16", "--train-iters", "2", "--lr", "1e-4",
+    "--micro-batch-size", "2", "--global-batch-size", "16", "--train-iters", str(TRAIN_ITERS), "--lr", "1e-4",
     "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
     "--microbatch-group-size-per-virtual-pipeline-stage", str(GROUP_SIZE),
     "--mock-data", "--tokenizer-type", "NullTokenizer",
@@ -108,8 +110,8 @@ def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> N
     times = [event["host_time_s"] for event in events]
     assert times == sorted(times)
     boundaries = [(event["event"], event["step"]) for event in events if event["event"].startswith("step_")]
-    assert boundaries == [("step_begin", 0), ("step_end", 0), ("step_begin", 1), ("step_end", 1)]
-    for step in (0, 1):
+    assert boundaries == [(edge, step) for step in range(TRAIN_ITERS) for edge in ("step_begin", "step_end")]
+    for step in range(TRAIN_ITERS):
         in_step = [event for event in events if event["step"] == step]
         begins = [
             (e["kind"], e["microbatch"], e["chunk"]) for e in in_step if e["event"] == "instruction_begin"
@@ -120,12 +122,19 @@ def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> N
         assert p2p and all(event["op"] for event in p2p)
 
 
-def test_torchrun_launcher_traces_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
+def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
+    """The executed order (non-default group size) is the order the hooks see AND the order the plan has.
+
+    Regression: the plan used to be solved on orders rebuilt with the default group size, so its DAG was not
+    the executed one; now the adapter computes the orders once and every DAG is built from them.
+    """
     trace = tmp_path / "trace.jsonl"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
         "-m", "megatron_energy.launch", str(HARNESS), *MEGATRON_ARGS, "--energy-trace", str(trace),
+        "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
+        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1", "--energy-dir", str(tmp_path / "energy"),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -133,4 +142,15 @@ def test_torchrun_launcher_traces_megatrons_interleaved_order_per_rank(tmp_path:
     expected = pipeline_orders(2, NUM_MICROBATCHES, 2, microbatch_group_size=GROUP_SIZE)
     assert expected != pipeline_orders(2, NUM_MICROBATCHES, 2), "the group size must matter for this test"
     for rank in (0, 1):
-        _check_rank_trace(read_trace(tmp_path / f"trace.jsonl.rank{rank}"), rank, expected[rank])
+        _check_rank_trace(
+            read_trace(tmp_path / f"trace.jsonl.rank{rank}"),
+            rank,
+            [(i.kind, i.microbatch, i.chunk) for i in expected.stage(rank)],
+        )
+    assert "not optimising" not in result.stdout + result.stderr
+    (plan_file,) = (tmp_path / "energy").glob("*/plan.json")
+    plan = Plan.load(plan_file)
+    for rank in (0, 1):
+        for point in plan.points:
+            planned = [action.at.instruction for action in point.ranks[rank].actions]
+            assert planned == list(expected.stage(rank))

@@ -6,8 +6,8 @@ from megatron_energy.commands import plan as plan_command
 from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.sim import Simulator

@@ -1,39 +1,73 @@
+"""Plan v2: the checked JSON contract between optimisers and the runtime (and v1 migration)."""
+
 import hashlib
 import json
 
 import pytest
 
+from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import (
     SCHEMA_VERSION,
+    Baseline,
+    Boundary,
+    ClockAction,
+    CollectiveAction,
+    FrontierSample,
     Plan,
     PlanError,
-    PlannedInstruction,
-    PlanPrediction,
+    PlanPoint,
+    RankPlan,
     fingerprint,
 )
 
+F0 = Instruction(0, 0, 0, "forward")
+B0 = Instruction(0, 0, 0, "backward")
+F1 = Instruction(1, 0, 0, "forward")
+B1 = Instruction(1, 0, 0, "backward")
+
+
+def _point(
+    label: str, time_s: float, clocks: tuple[int, int, int, int], energies=(400.25, 500.25)
+) -> PlanPoint:
+    return PlanPoint(
+        label=label,
+        iteration_time_s=time_s,
+        deadline_s=time_s,
+        lower_bound_j=sum(energies) - 1.0,
+        ranks=(
+            RankPlan(
+                (
+                    ClockAction(Boundary(F0), clocks[0]),
+                    ClockAction(Boundary(B0), clocks[1]),
+                    CollectiveAction(Boundary(B0, "grad-sync"), "dp-reduce-scatter", max_ctas=8),
+                ),
+                energy_j=energies[0],
+                busy_s=0.5,
+            ),
+            RankPlan(
+                (ClockAction(Boundary(F1), clocks[2]), ClockAction(Boundary(B1), clocks[3])),
+                energy_j=energies[1],
+                busy_s=0.6,
+            ),
+        ),
+    )
+
 
 def _plan(job: str = "job-a") -> Plan:
-    ranks = (
-        (PlannedInstruction("forward", 0, 0, 1410), PlannedInstruction("backward", 0, 0, 1200)),
-        (PlannedInstruction("forward", 0, 0, 1005), PlannedInstruction("backward", 0, 0, 1410)),
-    )
-    prediction = PlanPrediction(
-        iteration_time_s=1.25,
-        energy_j=900.5,
-        stage_energy_j=(400.25, 500.25),
-        baseline_time_s=1.25,
-        baseline_energy_j=1000.0,
-        deadline_s=1.25,
-        lower_bound_j=899.0,
-    )
     return Plan(
-        fingerprint=fingerprint(job=job, gpu="a100-sxm-80gb"),
+        fingerprint=fingerprint(job=job)[:16],
         gpu_name="a100-sxm-80gb",
         provenance="modelled",
         target="iso-time",
-        ranks=ranks,
-        prediction=prediction,
+        optimisers=("perseus",),
+        switch_latency_s=0.01,
+        baseline=Baseline(1.25, 1000.0, (450.0, 550.0)),
+        points=(
+            _point("iso-time", 1.25, (1410, 1200, 1005, 1410)),
+            _point("time:1.400000", 1.4, (1005, 1005, 1005, 1200), energies=(350.0, 450.0)),
+        ),
+        target_index=0,
+        frontier=(FrontierSample(1.25, 899.0, 898.0, 1.25), FrontierSample(1.4, 790.0, 789.5, 1.4)),
     )
 
 
@@ -53,21 +87,40 @@ def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
     path = plan.save(tmp_path / "deep" / "plan.json")
     loaded = Plan.load(path, expected_fingerprint=plan.fingerprint)
     assert loaded == plan
-    assert loaded.schema_version == SCHEMA_VERSION
+    assert loaded.to_json_text() == path.read_text()
+    assert loaded.schema_version == SCHEMA_VERSION == 2
     assert loaded.created_by.startswith("megatron_energy ")
-    assert loaded.clock_for(0, "backward", 0, 0) == 1200
-    assert loaded.clock_for(1, "forward", 0) == 1005
-    assert [item.clock_mhz for item in loaded.rank_clocks(1)] == [1005, 1410]
+    assert loaded.clock_for(0, B0) == 1200
+    assert loaded.clock_for(1, F1, point=1) == 1005
+    assert loaded.target_point.energy_j == pytest.approx(900.5)
+    assert loaded.target_point.clock_table(0) == {
+        F0: 1410,
+        B0: 1200,
+    }  # phase actions are not instruction clocks
+    collective = loaded.target_point.ranks[0].actions[2]
+    assert collective == CollectiveAction(Boundary(B0, "grad-sync"), "dp-reduce-scatter", 8)
     assert loaded.num_stages == 2
 
 
-def test_file_is_plain_json_with_checksum(tmp_path):
+def test_file_is_plain_json_keyed_by_the_shared_instruction_identity(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
     data = json.loads(path.read_text())
-    assert data["schema_version"] == SCHEMA_VERSION
-    assert len(data["checksum"]) == 64
-    assert data["ranks"][0][1] == {"kind": "backward", "microbatch": 0, "chunk": 0, "clock_mhz": 1200}
-    assert data["prediction"]["stage_energy_j"] == [400.25, 500.25]
+    assert data["schema_version"] == 2 and len(data["checksum"]) == 64
+    action = data["points"][0]["ranks"][0]["actions"][1]
+    assert action == {
+        "type": "clock",
+        "at": {"stage": 0, "chunk": 0, "microbatch": 0, "kind": "backward"},
+        "clock_mhz": 1200,
+    }
+    assert data["points"][0]["ranks"][0]["actions"][2]["at"]["phase"] == "grad-sync"
+    assert data["optimisers"] == ["perseus"] and data["provenance"] == "modelled"
+
+
+def test_a_straggler_pace_picks_the_least_energy_point_within_it():
+    plan = _plan()
+    assert plan.index_for_time(1.0) == 0  # faster than the target: keep the target
+    assert plan.index_for_time(1.3) == 0
+    assert plan.index_for_time(1.5) == 1
 
 
 def test_fingerprint_is_canonical():
@@ -79,10 +132,44 @@ def test_fingerprint_is_canonical():
 
 def test_unknown_instruction_or_rank_is_refused():
     plan = _plan()
-    with pytest.raises(PlanError, match="no forward of microbatch 7"):
-        plan.clock_for(0, "forward", 7, 0)
+    with pytest.raises(PlanError, match="no clock for .* another schedule"):
+        plan.clock_for(0, Instruction(0, 0, 7, "forward"))
     with pytest.raises(PlanError, match="not rank 5"):
-        plan.rank_clocks(5)
+        plan.clock_for(5, F0)
+
+
+def test_a_version_1_file_is_migrated(tmp_path):
+    body = {
+        "schema_version": 1,
+        "fingerprint": "f" * 16,
+        "gpu_name": "h100-sxm",
+        "provenance": "measured",
+        "target": "iso-time",
+        "created_by": "megatron_energy 0.1.0",
+        "ranks": [
+            [{"kind": "forward", "microbatch": 0, "chunk": 0, "clock_mhz": 1410}],
+            [{"kind": "backward", "microbatch": 0, "chunk": 0, "clock_mhz": 1200}],
+        ],
+        "prediction": {
+            "iteration_time_s": 1.0,
+            "energy_j": 10.0,
+            "stage_energy_j": [4.0, 6.0],
+            "baseline_time_s": 1.0,
+            "baseline_energy_j": 12.0,
+            "deadline_s": 1.0,
+            "lower_bound_j": 9.5,
+        },
+    }
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    body["checksum"] = hashlib.sha256(canonical.encode()).hexdigest()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(body))
+    plan = Plan.load(path)
+    assert plan.schema_version == 2 and plan.optimisers == ("perseus",)
+    assert plan.clock_for(1, Instruction(1, 0, 0, "backward")) == 1200
+    assert plan.target_point.energy_j == 10.0 and plan.baseline.energy_j == 12.0
+    resaved = plan.save(tmp_path / "v2.json")
+    assert Plan.load(resaved) == plan
 
 
 def test_rejects_a_file_that_is_not_json(tmp_path):
@@ -107,36 +194,58 @@ def test_rejects_a_missing_file(tmp_path):
 def test_rejects_another_schema_version(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
     _rewrite(path, lambda data: data.update(schema_version=SCHEMA_VERSION + 1), keep_checksum=False)
-    with pytest.raises(PlanError, match=rf"schema version {SCHEMA_VERSION + 1}.*delete it or rerun planning"):
+    with pytest.raises(PlanError, match=rf"schema version {SCHEMA_VERSION + 1}.*rerun planning"):
         Plan.load(path)
 
 
 def test_rejects_a_tampered_file(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
-    _rewrite(path, lambda data: data["ranks"][0][0].update(clock_mhz=210))
+    _rewrite(path, lambda data: data["points"][0]["ranks"][0]["actions"][0].update(clock_mhz=210))
     with pytest.raises(PlanError, match=r"modified after it was written \(checksum mismatch\)"):
         Plan.load(path)
 
 
 def test_rejects_a_malformed_plan_even_with_a_valid_checksum(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
-    _rewrite(path, lambda data: data["ranks"][1][0].update(kind="recompute"), keep_checksum=False)
+    _rewrite(
+        path,
+        lambda data: data["points"][0]["ranks"][1]["actions"][0]["at"].update(kind="recompute"),
+        keep_checksum=False,
+    )
     with pytest.raises(PlanError, match=r"malformed.*kind must be one of"):
         Plan.load(path)
-    _rewrite(path, lambda data: data.pop("prediction"), keep_checksum=False)
-    with pytest.raises(PlanError, match=r"malformed.*prediction"):
+    path = _plan().save(tmp_path / "plan.json")
+    _rewrite(path, lambda data: data.pop("baseline"), keep_checksum=False)
+    with pytest.raises(PlanError, match=r"malformed.*baseline"):
+        Plan.load(path)
+    _rewrite(path, lambda data: data.update(baseline={"iteration_time_s": 1.0, "energy_j": 2.0,
+                                                      "stage_energy_j": []}, frontier=[[1.0, 2.0]]),
+             keep_checksum=False)  # fmt: skip
+    with pytest.raises(PlanError, match=r"malformed.*frontier sample"):
+        Plan.load(path)
+
+
+def test_rejects_an_action_listed_under_the_wrong_rank(tmp_path):
+    path = _plan().save(tmp_path / "plan.json")
+    _rewrite(
+        path,
+        lambda data: data["points"][0]["ranks"][1]["actions"][0]["at"].update(stage=0),
+        keep_checksum=False,
+    )
+    with pytest.raises(PlanError, match="listed under rank 1 but names stage 0"):
         Plan.load(path)
 
 
 def test_rejects_non_finite_numbers(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
-    path.write_text(path.read_text().replace('"energy_j": 900.5', '"energy_j": NaN'))
+    path.write_text(path.read_text().replace('"energy_j": 1000.0', '"energy_j": NaN'))
     with pytest.raises(PlanError, match="not valid JSON"):
         Plan.load(path)
 
 
-def test_rejects_a_plan_for_another_job(tmp_path):
-    path = _plan("job-a").save(tmp_path / "plan.json")
-    other = fingerprint(job="job-b", gpu="a100-sxm-80gb")
-    with pytest.raises(PlanError, match=r"another job or GPU.*delete it or rerun planning"):
+def test_rejects_a_plan_for_another_job_naming_both_fingerprints(tmp_path):
+    plan = _plan("job-a")
+    path = plan.save(tmp_path / "plan.json")
+    other = fingerprint(job="job-b")[:16]
+    with pytest.raises(PlanError, match=rf"another job.*{plan.fingerprint}.*{other}"):
         Plan.load(path, expected_fingerprint=other)

@@ -12,6 +12,19 @@ import pytest
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.plan import (
+    Baseline,
+    Boundary,
+    ClockAction,
+    CollectiveAction,
+    Plan,
+    PlanError,
+    PlanPoint,
+    RankPlan,
+)
+from megatron_energy.registry import resolve
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.cache import JobCache, describe_changes
@@ -19,11 +32,11 @@ from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
 from megatron_energy.runtime.extrapolation import extrapolate_rows
-from megatron_energy.runtime.planning import PlanBundle
+from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, merge_rows
-from megatron_energy.runtime.timing import InstructionSample, StepTiming
 from megatron_energy.runtime.session import EnergySession
+from megatron_energy.runtime.timing import InstructionSample, StepTiming
 
 # ------------------------------------------------------------------------------------------- energy log
 
@@ -151,53 +164,69 @@ def test_an_excused_step_ends_a_streak_of_violations():
     assert net.observe(2.0, 1.0) is True
 
 
-# ------------------------------------------------------------------------------------------- plan bundle
+# ------------------------------------------------------------------------------------------- plan runner
+
+F = Instruction(1, 0, 0, "forward")
+B = Instruction(1, 0, 0, "backward")
 
 
-def _bundle(target_index: int = 1, stock_time_s: float | None = 0.5) -> PlanBundle:
+def _runner_plan(target_index: int = 1) -> Plan:
     # point energies (sum over 2 stages): 20, 18, 16, 15 (the minimum-energy point, last)
     times = (1.0, 1.1, 1.2, 1.4)
     energies = ((10.0, 10.0), (9.0, 9.0), (8.5, 7.5), (7.0, 8.0))
-    tables = tuple(
-        ({("forward", 0, 0): 1980 - 100 * i}, {("forward", 0, 0): 1900 - 100 * i}) for i in range(4)
+    points = tuple(
+        PlanPoint(
+            label=f"p{i}",
+            iteration_time_s=times[i],
+            deadline_s=times[i],
+            lower_bound_j=sum(energies[i]) - 1,
+            ranks=(
+                RankPlan(
+                    (ClockAction(Boundary(Instruction(0, 0, 0, "forward")), 1980 - 100 * i),),
+                    energies[i][0],
+                    0.5,
+                ),
+                RankPlan(
+                    (
+                        ClockAction(Boundary(F), 1900 - 100 * i),
+                        CollectiveAction(Boundary(B, "grad-sync"), "dp-grad", max_ctas=4 + i),
+                    ),
+                    energies[i][1],
+                    0.5,
+                ),
+            ),
+        )
+        for i in range(4)
     )
-    return PlanBundle(
-        times_s=times,
-        stage_energies_j=energies,
-        stage_clocks=tables,
-        target_index=target_index,
-        predicted_stock_time_s=1.0,
-        stock_time_s=stock_time_s,
-        stock_energy_by_rank={0: 11.0, 1: 12.0},
+    return Plan(
+        "f" * 16,
+        "h100-sxm",
+        "modelled",
+        "iso-time",
+        ("perseus",),
+        0.0,
+        Baseline(1.0, 21.0),
+        points,
+        target_index,
     )
 
 
-def test_index_for_time_picks_the_least_energy_point_at_the_pace():
-    bundle = _bundle(target_index=1)
-    assert bundle.index_for_time(1.1) == 1  # the target's own pace
-    assert bundle.index_for_time(1.25) == 2  # slower pace: the lower-energy point no slower than it
-    assert bundle.index_for_time(1.4) == 3
-    assert bundle.index_for_time(5.0) == 3  # past the minimum-energy point: stay there
+def test_runner_applies_one_point_of_its_rank_and_switches_points():
+    runner = PlanRunner(_runner_plan(), stage=1, order=(F, B))
+    assert runner.on_target and runner.clock_at(F) == 1800
+    assert runner.clock_at(B) is None  # no clock action there: leave the clock
+    assert runner.collective("dp-grad").max_ctas == 5
+    runner.select(2)
+    assert not runner.on_target
+    assert runner.clock_at(F) == 1700
+    assert runner.predicted_time_s == 1.2 and runner.predicted_energy_j == 7.5
 
 
-def test_a_pace_faster_than_the_target_keeps_the_target():
-    bundle = _bundle(target_index=1)
-    assert bundle.index_for_time(1.05) == 1  # point 0 would be faster and cost more energy
-    assert bundle.index_for_time(0.5) == 1
-
-
-def test_rank_schedule_is_one_stage_of_one_point():
-    schedule = _bundle().rank_schedule(stage=1, index=2)
-    assert schedule.clock("forward", 0, 0) == 1700
-    assert schedule.predicted_time_s == 1.2
-    assert schedule.predicted_energy_j == 7.5
-
-
-def test_allowed_time_scales_the_measured_stock_time_by_the_predicted_slowdown():
-    assert _bundle(stock_time_s=0.5).allowed_time_s(1.2) == pytest.approx(0.5 * 1.2 / 1.0)
-    assert _bundle(stock_time_s=None).allowed_time_s(1.2) == 1.2
-    assert _bundle().stock_energy_j(1) == 12.0
-    assert _bundle().stock_energy_j(7) is None
+def test_runner_refuses_a_plan_for_another_schedule():
+    with pytest.raises(PlanError, match="rank 1 does not run.*rerun planning"):
+        PlanRunner(_runner_plan(), stage=1, order=(B,))
+    with pytest.raises(PlanError, match="not rank 2"):
+        PlanRunner(_runner_plan(), stage=2, order=(F, B))
 
 
 # ------------------------------------------------------------------------------------------------- cache
@@ -219,25 +248,23 @@ def test_describe_changes_names_each_changed_fact_dotted_and_sorted():
     assert describe_changes(old, _job()) == []
 
 
-def test_cache_lookup_empty_hit_and_changed(tmp_path):
+def test_cache_load_empty_hit_and_changed(tmp_path):
     cache = JobCache(tmp_path, _job())
-    first = cache.lookup()
+    first = cache.load()
     assert not first.hit
     assert "empty" in first.message
     assert first.folder == tmp_path / cache.fingerprint
 
-    cache.folder.mkdir()
-    cache.profile_path.write_text("stage,instruction,frequency,time,energy\n")
-    cache.remember()
-    hit = JobCache(tmp_path, _job()).lookup()
-    assert hit.hit
-    assert "cache hit" in hit.message and str(cache.profile_path) in hit.message
+    cache.store({"plan.json": "{}", "baseline.json": "{}", "profile.csv": "stage\n"})
+    hit = JobCache(tmp_path, _job()).load()
+    assert hit.hit and hit.artefacts["profile.csv"] == b"stage\n"
+    assert "cache hit" in hit.message and str(cache.folder) in hit.message
     assert json.loads((tmp_path / "last_job.json").read_text())["fingerprint"] == cache.fingerprint
     assert json.loads((cache.folder / "job.json").read_text())["parts"] == _job()
 
     changed = JobCache(tmp_path, _job(num_microbatches=4))
     assert changed.fingerprint != cache.fingerprint
-    miss = changed.lookup()
+    miss = changed.load()
     assert not miss.hit
     assert "num_microbatches: 8 -> 4" in miss.message
     assert "pipeline_size" not in miss.message
@@ -251,14 +278,16 @@ def _timing(durations: dict[str, float], iteration_s: float, energies: dict[str,
     samples, start = [], 0.1 * iteration_s
     for kind, duration in durations.items():
         energy = None if energies is None else energies[kind]
-        samples.append(InstructionSample(kind, 0, 0, start, start + duration, energy_j=energy))
+        samples.append(
+            InstructionSample(Instruction(1, 0, 0, kind), start, start + duration, energy_j=energy)
+        )
         start += duration
     return StepTiming(tuple(samples), intrinsic_s=iteration_s, source="modelled")
 
 
 def _collector(clocks=(1980, 1500), steps_per_clock=2) -> ProfileCollector:
     return ProfileCollector(
-        stage=1, clocks_mhz=clocks, steps_per_clock=steps_per_clock, blocked_power_w=100.0, idle_power_w=50.0
+        clocks_mhz=clocks, steps_per_clock=steps_per_clock, blocked_power_w=100.0, idle_power_w=50.0
     )
 
 
@@ -282,13 +311,13 @@ def test_profile_collector_walks_the_grid_and_discards_each_settling_step():
     assert collector.done
     assert collector.clock_for_next_step() == 1500  # stays on the last clock once done
 
-    rows = {(row.kind, row.clock_mhz): row for row in collector.rows()}
+    rows = {(row.work.kind, row.clock_mhz): row for row in collector.rows()}
     assert set(rows) == {("forward", 1980), ("backward", 1980), ("forward", 1500), ("backward", 1500)}
     assert rows[("forward", 1980)].time_s == pytest.approx((2.0 + 3.0) / 2)
     assert rows[("backward", 1500)].time_s == pytest.approx((6.0 + 10.0) / 2)
     assert rows[("forward", 1500)].energy_j == pytest.approx((3.0 + 5.0) / 2)
     assert rows[("backward", 1980)].energy_j == pytest.approx(1.0)
-    assert all(row.samples == 2 and row.stage == 1 and row.chunk == 0 for row in rows.values())
+    assert all(row.samples == 2 and row.work.stage == 1 and row.work.chunk == 0 for row in rows.values())
 
     stock = collector.stock_baseline()
     assert stock is not None and stock.clock_mhz == 1980
@@ -308,14 +337,14 @@ def test_measured_step_energy_less_waiting_is_split_over_instructions_by_time():
     blocked_j = 100.0 * (last_end_s - busy_s)  # the gap before the forward, at the blocked power
     idle_j = 50.0 * (1.0 - last_end_s)  # after the last instruction, at the idle power
     busy_j = step_energy_j - blocked_j - idle_j
-    rows = {row.kind: row for row in collector.rows()}
+    rows = {row.work.kind: row for row in collector.rows()}
     assert rows["forward"].energy_j == pytest.approx(busy_j * 0.1 / busy_s)
     assert rows["backward"].energy_j == pytest.approx(busy_j * 0.3 / busy_s)
 
 
 def test_merge_rows_takes_the_slowest_peer_and_the_mean_energy():
     def row(stage: int, clock: int, time_s: float, energy_j: float) -> ProfileRow:
-        return ProfileRow(stage, "forward", 0, clock, time_s, energy_j, samples=2)
+        return ProfileRow(Work(stage, 0, "forward"), clock, time_s, energy_j, samples=2)
 
     merged = merge_rows(
         [
@@ -325,8 +354,8 @@ def test_merge_rows_takes_the_slowest_peer_and_the_mean_energy():
         ]
     )
     assert merged == {
-        (0, "forward", 0): {1980: (1.2, pytest.approx(11.0)), 1500: (1.3, pytest.approx(8.5))},
-        (1, "forward", 0): {1980: (2.0, 20.0)},
+        Work(0, 0, "forward"): {1980: (1.2, pytest.approx(11.0)), 1500: (1.3, pytest.approx(8.5))},
+        Work(1, 0, "forward"): {1980: (2.0, 20.0)},
     }
 
 
@@ -403,11 +432,11 @@ class _Timer:
     def step_begin(self) -> None:
         self._runs.clear()
 
-    def begin(self, instruction: tuple[str, int, int]) -> None:
+    def begin(self, instruction: Instruction) -> None:
         return None
 
-    def end(self, instruction: tuple[str, int, int]) -> None:
-        kind, clock = instruction[0], self.controller.clock_mhz
+    def end(self, instruction: Instruction) -> None:
+        kind, clock = instruction.kind, self.controller.clock_mhz
         time_s = (0.010 if kind == "forward" else 0.020) * 1980 / clock * self.slowdown
         power_w = 100.0 + 600.0 * (clock / 1980) ** 2
         self._runs.append((kind, time_s, power_w * time_s))
@@ -415,7 +444,9 @@ class _Timer:
     def finish_step(self) -> StepTiming:
         samples, start = [], 0.0
         for kind, time_s, energy_j in self._runs:
-            samples.append(InstructionSample(kind, 0, 0, start, start + time_s, energy_j=energy_j))
+            samples.append(
+                InstructionSample(Instruction(0, 0, 0, kind), start, start + time_s, energy_j=energy_j)
+            )
             start += time_s
         return StepTiming(tuple(samples), start, "modelled", sum(s.energy_j for s in samples))
 
@@ -445,10 +476,9 @@ def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True)
     spec = load_gpu_spec("h100-sxm")
     context = JobContext(
         pipeline_rank=0,
-        pipeline_size=1,
+        orders=pipeline_orders(1, 1),
         data_parallel_rank=0,
         data_parallel_size=data_parallel_size,
-        num_microbatches=1,
         log_interval=1000,
     )
     config = EnergyConfig(
@@ -457,6 +487,7 @@ def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True)
     session = EnergySession(
         config,
         context,
+        optimiser=resolve("perseus"),
         controller=controller,
         meter=_Meter(),
         timer=timer,
@@ -484,14 +515,14 @@ def _profile_and_plan(session: EnergySession) -> int:
         _step(session, step)
         step += 1
     assert step == session.collector.steps_needed == 4
-    assert session.phase == "planned" and session.bundle is not None
+    assert session.phase == "planned" and session.plan is not None
     return step
 
 
 def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path):
     session, timer, comms, controller, lines = _session(tmp_path)
     step = _profile_and_plan(session)
-    assert session.bundle.stock_time_s == pytest.approx(0.030)
+    assert session.baseline.iteration_s == pytest.approx(0.030)
     nominal_s = session.straggler.nominal_time_s
 
     # this replica is throttled, its peer keeps the plan's pace: not the plan's fault
@@ -524,12 +555,13 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
 def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     session, timer, comms, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)
+    agreed = comms.all_reduces  # the one all-reduce that agreed on running the plan
     timer.slowdown = 1.5
     for _ in range(SAFETY_STEPS):
         _step(session, step)
         step += 1
     assert session.phase == "stock (safety net)"
-    assert comms.all_reduces == 0
+    assert comms.all_reduces == agreed == 1  # one replica: no straggler exchange
     assert sum("clocks reverted to stock" in line for line in lines) == 1
 
 
@@ -542,7 +574,7 @@ def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_
     assert step == session.collector.steps_needed == 2  # one settling + one measured step, stock only
     assert set(controller.requests[:step]) == {1980}
     assert session.profile_source == "modelled"
-    profile = Profile.from_csv(session.cache.profile_path, gpu_name="h100-sxm", source="modelled")
+    profile = Profile.from_csv(session.cache.folder / "profile.csv", gpu_name="h100-sxm", source="modelled")
     clocks = {option.clock_mhz for key in profile for option in profile.options(key)}
     assert clocks == {1980, 1500}
     assert any("modelled from a modelled profile" in line for line in lines)
@@ -550,14 +582,10 @@ def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_
 
 def test_extrapolated_rows_keep_the_stock_time_and_slow_down_at_lower_clocks():
     spec = load_gpu_spec("h100-sxm")
-    stock = ProfileRow(
-        stage=1, kind="backward", chunk=0, clock_mhz=1980, time_s=0.02, energy_j=9.0, samples=3
-    )
+    stock = ProfileRow(work=Work(1, 0, "backward"), clock_mhz=1980, time_s=0.02, energy_j=9.0, samples=3)
     rows = {row.clock_mhz: row for row in extrapolate_rows([stock], spec, [1980, 1500, 1005])}
     assert set(rows) == {1980, 1500, 1005}
     assert rows[1980].time_s == pytest.approx(0.02, rel=1e-6)
     assert rows[1980].time_s <= rows[1500].time_s <= rows[1005].time_s
     assert rows[1005].time_s > rows[1980].time_s
-    assert all(
-        (row.stage, row.kind, row.chunk, row.samples) == (1, "backward", 0, 3) for row in rows.values()
-    )
+    assert all((row.work, row.samples) == (Work(1, 0, "backward"), 3) for row in rows.values())

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from megatron_energy.commands import plan as plan_command
 from megatron_energy.commands import simulate
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import ClockOption, Profile
-from megatron_energy.plan import Plan, PlannedInstruction, PlanPrediction
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.plan import Plan
 from megatron_energy.sim import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
@@ -26,7 +28,7 @@ def _profile(times, stages, chunks=1, blocked_w=50.0, idle_w=30.0):
         for kind in ("forward", "backward"):
             for chunk in range(chunks):
                 t = times[(stage, kind)]
-                options[(stage, kind, chunk)] = [
+                options[Work(stage, chunk, kind)] = [
                     ClockOption(1500, t, 100 * t),
                     ClockOption(1000, 1.5 * t, 90 * t),
                 ]
@@ -56,15 +58,20 @@ def test_slowing_work_with_slack_keeps_the_time_and_saves_energy():
     simulator = Simulator(dag, _profile(TIMES_2X2, 2))
     fast = simulator.run()
     # B(0,0) has 3 s of slack and takes 2 s; at 1000 MHz it takes 3 s (+1 s) and 180 J instead of 200 J.
-    slow = simulator.run({("backward", 0, 0, 0): 1000})
+    slow = simulator.run({Instruction(0, 0, 0, "backward"): 1000})
     assert slow.iteration_time_s == fast.iteration_time_s
     assert slow.stages[0].busy_s == fast.stages[0].busy_s + 1.0
     assert slow.stages[0].blocked_s == fast.stages[0].blocked_s - 1.0
     assert slow.total_energy_j == pytest.approx(fast.total_energy_j - 20.0 - 1.0 * 50.0)
     # On the critical path the same change lengthens the iteration.
-    assert simulator.run({("backward", 1, 0, 1): 1000}).iteration_time_s == fast.iteration_time_s + 1.5
+    assert (
+        simulator.run({Instruction(1, 0, 1, "backward"): 1000}).iteration_time_s
+        == fast.iteration_time_s + 1.5
+    )
     with pytest.raises(ValueError, match="no profiled option at 1234 MHz"):
-        simulator.run({("forward", 0, 0, 0): 1234})
+        simulator.run({Instruction(0, 0, 0, "forward"): 1234})
+    with pytest.raises(ValueError, match="not an instruction of this pipeline"):
+        simulator.run({("backward", 0, 0, 0): 1000})  # a key of another shape is refused, not ignored
 
 
 @pytest.mark.parametrize(("stages", "microbatches"), [(4, 8), (2, 5)])
@@ -100,7 +107,7 @@ def test_busy_blocked_idle_add_up_to_the_iteration_on_every_stage():
 
 def test_trace_is_valid_json_with_one_compute_track_per_stage(tmp_path):
     stages, microbatches, chunks = 4, 8, 2
-    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), num_chunks=chunks)
+    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks))
     times = {(s, kind): 0.01 * (1 + s) for s in range(stages) for kind in ("forward", "backward")}
     simulator = Simulator(dag, _profile(times, stages, chunks))
     result = simulator.run()
@@ -129,13 +136,11 @@ def _run_simulate(argv):
     return args.func(args)
 
 
-def _plan_for(job, orders, clock_mhz, stages=None):
-    ranks = tuple(
-        tuple(PlannedInstruction(kind, microbatch, chunk, clock_mhz) for kind, microbatch, chunk in order)
-        for order in orders[:stages]
-    )
-    prediction = PlanPrediction(1.0, 1.0, (1.0,) * len(ranks), 1.0, 1.0, 1.0, 1.0)
-    return Plan("test", job.gpu, "modelled", "iso-time", ranks, prediction)
+def _run_plan(argv):
+    parser = argparse.ArgumentParser()
+    plan_command.register(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    return args.func(args)
 
 
 def test_simulate_command_prints_modelled_table_and_writes_trace(tmp_path, capsys):
@@ -143,18 +148,43 @@ def test_simulate_command_prints_modelled_table_and_writes_trace(tmp_path, capsy
     out = capsys.readouterr().out
     assert "modelled" in out and "h100-sxm" in out and "iteration time" in out
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["gpu"] == "h100-sxm"
-
-    job = JobConfig.load(EXAMPLE)
-    orders = job.orders()
-    slow_clock = job.spec().sm_clocks_mhz[60]
-    _plan_for(job, orders, slow_clock).save(tmp_path / "plan.json")
-    assert _run_simulate(["--config", EXAMPLE, "--plan", str(tmp_path / "plan.json")]) == 0
-    out = capsys.readouterr().out
-    assert "under the plan" in out and "versus every instruction at its fastest clock" in out
-
-    _plan_for(job, orders, slow_clock, stages=2).save(tmp_path / "short.json")
-    assert _run_simulate(["--config", EXAMPLE, "--plan", str(tmp_path / "short.json")]) == 2
-    assert "covers 2 pipeline stages" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:  # a missing config is refused while parsing
         _run_simulate(["--config", str(tmp_path / "missing.yaml")])
     assert refused.value.code == 2 and "missing.yaml is not a file" in capsys.readouterr().err
+
+
+def test_a_plan_made_for_the_job_config_simulates_to_its_own_prediction(tmp_path, capsys):
+    plan_path = tmp_path / "plan.json"
+    assert _run_plan(["--config", EXAMPLE, "--points", "12", "--out", str(plan_path)]) == 0
+    capsys.readouterr()
+    plan = Plan.load(plan_path)
+    job = JobConfig.load(EXAMPLE)
+    assert plan.fingerprint == job.fingerprint() and plan.switch_latency_s == job.spec().switch_latency_s
+
+    assert _run_simulate(["--config", EXAMPLE, "--plan", str(plan_path)]) == 0
+    out = capsys.readouterr().out
+    assert "under the plan" in out and "versus every instruction at its fastest clock" in out
+    # the round trip is exact: the same DAG, profile and switch latency on both sides
+    spec = job.spec()
+    simulator = Simulator(
+        job.build_dag(spec=spec), job.synthetic_profile(spec), switch_latency_s=plan.switch_latency_s
+    )
+    clocks = {
+        i: c for stage in range(plan.num_stages) for i, c in plan.target_point.clock_table(stage).items()
+    }
+    replay = simulator.run(clocks)
+    assert replay.iteration_time_s == pytest.approx(plan.target_point.iteration_time_s, rel=1e-9)
+    assert replay.total_energy_j == pytest.approx(plan.target_point.energy_j, rel=1e-9)
+    assert replay.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)  # iso-time holds
+
+
+def test_simulate_refuses_a_plan_made_for_another_job(tmp_path, capsys):
+    other = tmp_path / "wider.yaml"  # the same model on twice the replicas: fewer microbatches per pipeline
+    other.write_text(Path(EXAMPLE).read_text().replace("data_parallel: 8", "data_parallel: 16"))
+    plan_path = tmp_path / "plan.json"
+    assert _run_plan(["--config", str(other), "--points", "4", "--out", str(plan_path)]) == 0
+    capsys.readouterr()
+    assert _run_simulate(["--config", EXAMPLE, "--plan", str(plan_path)]) == 2
+    err = capsys.readouterr().err
+    assert "another job" in err
+    assert Plan.load(plan_path).fingerprint in err and JobConfig.load(EXAMPLE).fingerprint() in err

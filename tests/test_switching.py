@@ -6,14 +6,23 @@ from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.perseus.planner import Planner
-from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.perseus.switching import count_switches, make_switch_aware
+from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.sim import Simulator
 
-ONE_STAGE = [[("forward", 0, 0), ("backward", 0, 0), ("forward", 1, 0), ("backward", 1, 0)]]
+ONE_STAGE = PipelineOrders(
+    (
+        tuple(
+            Instruction(0, 0, microbatch, kind) for microbatch in (0, 1) for kind in ("forward", "backward")
+        ),
+    ),
+    num_microbatches=2,
+)
 
 
 def _two_clock_profile(with_1200=()):
@@ -24,7 +33,7 @@ def _two_clock_profile(with_1200=()):
         clocks = [ClockOption(1500, t, 100 * t), ClockOption(1000, 1.5 * t, 90 * t)]
         if kind in with_1200:
             clocks.append(ClockOption(1200, 1.25 * t, 95 * t))
-        options[(0, kind, 0)] = clocks
+        options[Work(0, 0, kind)] = clocks
     return Profile(options, "test-gpu", "modelled", 50.0, 30.0)
 
 
@@ -110,13 +119,11 @@ def test_latency_zero_and_plans_without_switches_reproduce_the_instant_simulatio
     assert Simulator(dag, profile, switch_latency_s=0.0).run(clocks) == instant
     assert Simulator(dag, profile, switch_latency_s=0.01).run(clocks, switch_latency_s=0.0) == instant
     durations = {piece.node: piece.end_s - piece.start_s for piece in instant.timeline}
-    durations.update(
-        {node: profile.option_at((node[1], node[0], node[2]), clocks[node]).time_s for node in clocks}
-    )
+    durations.update({node: profile.option_at(node.work, clocks[node]).time_s for node in clocks})
     assert instant.iteration_time_s == dag.schedule(durations).makespan_s
     assert Simulator(dag, profile).evaluate(clocks) == (instant.iteration_time_s, instant.total_energy_j)
     # One clock per stage: nothing is ever requested, so any latency gives the same floats.
-    steady = {node: 1200 + 15 * node[1] for node in dag.compute_nodes()}
+    steady = {node: 1200 + 15 * node.stage for node in dag.compute_nodes()}
     assert (
         Simulator(dag, profile, switch_latency_s=0.02).run(steady).stages
         == Simulator(dag, profile).run(steady).stages
@@ -143,7 +150,7 @@ def test_switching_simulation_matches_the_simulated_gpus(tmp_path):
             if clocks[node] != requested:
                 requested = clocks[node]
                 gpus.lock_clocks(stage, requested, requested)
-            time_s, energy_j = gpus.execute(stage, work[(stage, node[0], node[2])])
+            time_s, energy_j = gpus.execute(stage, work[node.work])
             assert time_s == pytest.approx(piece.end_s - piece.start_s, rel=1e-9)
             assert energy_j == pytest.approx(piece.energy_j, rel=1e-9)
 
@@ -153,7 +160,7 @@ def iso_time_case():
     spec = load_gpu_spec("h100-sxm")
     profile = Profile.synthetic(TransformerShape.from_name("gpt3-1.3b"), spec, num_stages=4)
     dag = PipelineDag.build(pipeline_orders(4, 8))
-    point = Planner(dag, profile, fingerprint="x").point(EnergyTarget("iso-time"))
+    point = Planner(dag, profile).point(EnergyTarget("iso-time"))
     return spec, profile, dag, point
 
 

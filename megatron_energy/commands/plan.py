@@ -1,10 +1,11 @@
-"""``megatron-energy plan``: per-instruction clocks for a pipeline job from a profile CSV.
+"""``megatron-energy plan``: per-instruction clocks for a pipeline job, through the same optimiser as training.
 
-The profile (Perseus/lowtime CSV: ``stage,instruction,frequency,time,energy`` in seconds and joules, optional
-``chunk`` column) gives every instruction's time and energy per clock; megatron-core's own schedule gives each
-rank's instruction order. The time–energy frontier is computed over the pipeline DAG and the point for
-``--target`` is written as a plan JSON. The per-instruction figures are *measured* when the CSV came from a
-profiling run (``--profile-source measured``, the default) or *modelled*; every iteration figure printed is
+The job comes from a job YAML (``--config``: orders, pipeline transfers, iteration tail, GPU) or from
+``--stages/--microbatches/--vpp``; the profile from a Perseus/lowtime CSV (``stage,instruction,frequency,
+time,energy`` in seconds and joules, optional ``chunk`` column) or, with ``--config`` alone, from the GPU's
+time/power model. megatron-core's own schedule gives each rank's instruction order. The Perseus optimiser
+solves the time–energy frontier and writes the plan (schema v2) for ``--target``. The per-instruction
+figures are *measured* or *modelled* as ``--profile-source`` says; every iteration figure printed is
 *modelled*: the pipeline is simulated with those per-instruction figures.
 """
 
@@ -26,10 +27,11 @@ from megatron_energy.commands.arguments import (
 )
 from megatron_energy.config import EnergyTarget, known_gpu_spec, parse_target, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.frontier import FrontierPoint
-from megatron_energy.perseus.planner import Planner
-from megatron_energy.pipeline.dag import CommSpec, PipelineDag
+from megatron_energy.optimiser import PlanningJob
+from megatron_energy.perseus.optimiser import PerseusOptimiser
+from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.report.frontier_plot import plot_frontier
@@ -47,10 +49,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     parser.add_argument(
-        "--profile", required=True, type=readable_file, help="profile CSV (Perseus/lowtime columns)"
+        "--config",
+        type=readable_file,
+        help="job YAML (configs/examples/*.yaml): orders, transfers, tail and GPU from the job, so "
+        "`simulate --config` replays the plan exactly; without --profile the job's modelled profile",
     )
-    parser.add_argument("--stages", required=True, type=positive_int, help="pipeline-parallel size")
-    parser.add_argument("--microbatches", required=True, type=positive_int, help="microbatches per iteration")
+    parser.add_argument("--profile", type=readable_file, help="profile CSV (Perseus/lowtime columns)")
+    parser.add_argument("--stages", type=positive_int, help="pipeline-parallel size (without --config)")
+    parser.add_argument(
+        "--microbatches", type=positive_int, help="microbatches per iteration (without --config)"
+    )
     parser.add_argument(
         "--vpp", type=positive_int, default=1, help="virtual pipeline size (model chunks per stage)"
     )
@@ -73,8 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--profile-source",
         choices=("measured", "modelled"),
-        default="measured",
-        help="where the CSV's figures come from (default measured)",
+        default=None,
+        help="where the CSV's figures come from: measured on GPUs, or modelled (required with --profile)",
     )
     parser.add_argument(
         "--activation-bytes",
@@ -91,7 +99,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="SM-clock switch latency the plan must tolerate (default: the spec's, 0 without --gpu-spec)",
     )
     parser.add_argument("--out", required=True, type=output_file, help="where to write the plan JSON")
-    parser.add_argument("--frontier", type=output_file, help="also write the frontier as CSV")
     parser.add_argument("--plot", type=output_file, help="also plot the frontier (PNG)")
     parser.set_defaults(func=run)
 
@@ -107,36 +114,33 @@ def run(args: argparse.Namespace) -> int:
     """
     console = Console()
     try:
-        planner = _planner(args)
-        point = planner.point(args.target)
-        plan = planner.to_plan(point, str(args.target))
+        profile, job, source = _planning_inputs(args)
+        plan = PerseusOptimiser().plan(profile, job)
+        plan.save(args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)
-    plan.save(args.out)
-    frontier = planner.frontier
-    console.print(_summary(plan, point))
-    profile = planner.profile
+    console.print(_summary(plan))
     console.print(
-        f"modelled: the pipeline simulated from a {profile.source} profile ({args.profile}, GPU "
-        f"{profile.gpu_name}, blocked {profile.blocked_power_w:g} W, idle {profile.idle_power_w:g} W); the "
-        "lower bound is the convex relaxation's optimum, which no plan can beat"
+        f"modelled: the pipeline simulated from a {profile.source} profile ({source}, GPU {profile.gpu_name}, "
+        f"blocked {profile.blocked_power_w:g} W, idle {profile.idle_power_w:g} W, clock switches "
+        f"{1e3 * job.switch_latency_s:g} ms); the lower bound is the convex relaxation's optimum (instant "
+        "switches), which no plan can beat"
     )
-    console.print(f"plan written to {args.out}")
-    if args.frontier:
-        frontier.to_csv(args.frontier)
-        console.print(f"frontier ({len(frontier.points)} points, modelled) written to {args.frontier}")
+    console.print(f"plan written to {args.out} (job fingerprint {plan.fingerprint})")
     if args.plot:
-        plot_frontier(frontier, point, planner.profile, args.plot)
+        plot_frontier(plan, args.plot)
         console.print(f"frontier plot written to {args.plot}")
     return 0
 
 
-def _planner(args: argparse.Namespace) -> Planner:
-    """Read the profile, build the DAG from Megatron's schedule and set up the planner."""
+def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str]:
+    """The profile, the job to plan and a label of where the profile came from."""
+    if args.config is not None:
+        return _job_config_inputs(args)
+    if args.profile is None or args.stages is None or args.microbatches is None:
+        raise ValueError("give --config JOB.yaml, or --profile CSV with --stages and --microbatches")
     spec = load_gpu_spec(args.gpu_spec) if args.gpu_spec else None
-    blocked_w = (
-        args.blocked_power_w if args.blocked_power_w is not None else getattr(spec, "blocked_power_w", None)
-    )
+    blocked_w = args.blocked_power_w if args.blocked_power_w is not None else getattr(spec, "blocked_power_w", None)
     idle_w = args.idle_power_w if args.idle_power_w is not None else getattr(spec, "idle_power_w", None)
     if blocked_w is None or idle_w is None:
         raise ValueError(
@@ -145,13 +149,7 @@ def _planner(args: argparse.Namespace) -> Planner:
     if args.activation_bytes and spec is None:
         raise ValueError("--activation-bytes needs --gpu-spec NAME for the P2P link's latency and bandwidth")
     gpu_name = spec.name if spec is not None else "unspecified"
-    profile = Profile.from_csv(
-        args.profile,
-        gpu_name=gpu_name,
-        source=args.profile_source,
-        blocked_power_w=blocked_w,
-        idle_power_w=idle_w,
-    )
+    profile = _read_profile(args, gpu_name, blocked_w, idle_w)
     if (profile.num_stages, profile.num_chunks) != (args.stages, args.vpp):
         raise ValueError(
             f"{args.profile} covers {profile.num_stages} stages x {profile.num_chunks} chunks, but --stages "
@@ -160,8 +158,7 @@ def _planner(args: argparse.Namespace) -> Planner:
     comm = None
     if args.activation_bytes:
         comm = CommSpec(spec.p2p_latency_s, spec.p2p_bandwidth_gbps, args.activation_bytes)  # type: ignore[union-attr]
-    dag = PipelineDag.build(pipeline_orders(args.stages, args.microbatches, args.vpp), args.vpp, comm=comm)
-    job = fingerprint(
+    job_fingerprint = fingerprint(
         profile_sha256=hashlib.sha256(Path(args.profile).read_bytes()).hexdigest(),
         parallelism={"pipeline": args.stages, "virtual": args.vpp},
         batch={"microbatches": args.microbatches, "activation_bytes": args.activation_bytes},
@@ -171,38 +168,92 @@ def _planner(args: argparse.Namespace) -> Planner:
     latency_ms = args.switch_latency_ms
     if latency_ms is None:
         latency_ms = 1e3 * spec.switch_latency_s if spec is not None else 0.0
-    return Planner(dag, profile, fingerprint=job, num_points=args.points, switch_latency_s=latency_ms / 1e3)
+    job = PlanningJob(
+        orders=pipeline_orders(args.stages, args.microbatches, args.vpp),
+        fingerprint=job_fingerprint,
+        target=args.target,
+        switch_latency_s=latency_ms / 1e3,
+        comm=comm,
+        frontier_points=args.points,
+    )
+    return profile, job, str(args.profile)
 
 
-def _summary(plan: Plan, point: FrontierPoint) -> Table:
-    """All-maximum-clocks vs. planned figures, each labelled with where it comes from."""
-    prediction = plan.prediction
+def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str]:
+    """Plan for a job YAML: its orders, transfers, tail, GPU and fingerprint, so ``simulate`` replays it."""
+    given = [flag for flag, value in _JOB_FLAGS.items() if getattr(args, value) is not None]
+    if given:
+        raise ValueError(f"--config describes the job; drop {', '.join(given)}")
+    config = JobConfig.load(args.config)
+    spec = config.spec()
+    if args.profile is None:
+        profile, source = config.synthetic_profile(spec), f"the time/power model of {spec.name}"
+    else:
+        profile = _read_profile(args, spec.name, spec.blocked_power_w, spec.idle_power_w)
+        source = str(args.profile)
+    latency_ms = args.switch_latency_ms
+    job = PlanningJob(
+        orders=config.orders(),
+        fingerprint=config.fingerprint(),
+        target=args.target,
+        switch_latency_s=spec.switch_latency_s if latency_ms is None else latency_ms / 1e3,
+        comm=config.comm_spec(spec),
+        tail=config.iteration_tail(spec),
+        frontier_points=args.points,
+    )
+    return profile, job, source
+
+
+_JOB_FLAGS = {
+    "--stages": "stages",
+    "--microbatches": "microbatches",
+    "--gpu-spec": "gpu_spec",
+    "--blocked-power-w": "blocked_power_w",
+    "--idle-power-w": "idle_power_w",
+}
+
+
+def _read_profile(args: argparse.Namespace, gpu_name: str, blocked_w: float, idle_w: float) -> Profile:
+    if args.profile_source is None:
+        raise ValueError(
+            "say where the profile's figures come from: --profile-source measured (a profiling run on GPUs) "
+            "or modelled (the simulated backend, `megatron-energy demo`)"
+        )
+    return Profile.from_csv(
+        args.profile, gpu_name=gpu_name, source=args.profile_source, blocked_power_w=blocked_w, idle_power_w=idle_w
+    )
+
+
+def _summary(plan: Plan) -> Table:
+    """All-maximum clocks vs. planned figures, each labelled with where it comes from."""
+    target = plan.target_point
+    baseline = plan.baseline
     table = Table(title=f"plan for target {plan.target}: {plan.num_stages} pipeline stages")
     for header in ("figure", "all-maximum clocks", "plan", "change", "source"):
         table.add_column(header, justify="left" if header in ("figure", "source") else "right")
-    time_change = prediction.iteration_time_s / prediction.baseline_time_s - 1
-    energy_change = prediction.energy_j / prediction.baseline_energy_j - 1
+    time_change = target.iteration_time_s / baseline.iteration_time_s - 1
+    energy_change = target.energy_j / baseline.energy_j - 1
     table.add_row(
         "iteration time (s)",
-        f"{prediction.baseline_time_s:.4f}",
-        f"{prediction.iteration_time_s:.4f}",
+        f"{baseline.iteration_time_s:.4f}",
+        f"{target.iteration_time_s:.4f}",
         f"{100 * time_change:+.2f} %",
         "modelled",
     )
     table.add_row(
         "energy per iteration (J)",
-        f"{prediction.baseline_energy_j:,.1f}",
-        f"{prediction.energy_j:,.1f}",
+        f"{baseline.energy_j:,.1f}",
+        f"{target.energy_j:,.1f}",
         f"{100 * energy_change:+.2f} %",
         "modelled",
     )
-    for stage, energy_j in enumerate(prediction.stage_energy_j):
-        table.add_row(f"  stage {stage} energy (J)", "", f"{energy_j:,.1f}", "", "modelled")
+    for stage, rank in enumerate(target.ranks):
+        table.add_row(f"  stage {stage} energy (J)", "", f"{rank.energy_j:,.1f}", "", "modelled")
     table.add_row(
-        f"lower bound at {prediction.deadline_s:.4f} s (J)",
+        f"lower bound at {target.deadline_s:.4f} s (J)",
         "",
-        f"{prediction.lower_bound_j:,.1f}",
-        f"plan +{100 * point.gap:.3f} %",
+        f"{target.lower_bound_j:,.1f}",
+        f"plan {100 * target.gap:+.3f} %",
         "modelled",
     )
     return table

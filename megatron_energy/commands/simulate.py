@@ -2,8 +2,9 @@
 
 The job's instructions come from megatron-core's own schedule, their time and energy per clock from the time/
 power model of the job's GPU spec (a synthetic profile), so every figure printed is *modelled*. Without
-``--plan`` every instruction runs at its fastest clock; with ``--plan`` at the plan's clocks, compared with
-that all-fastest baseline.
+``--plan`` every instruction runs at its fastest clock; with ``--plan`` at the plan's clocks (a plan made for
+this job: ``megatron-energy plan --config`` the same YAML), compared with that all-fastest baseline. Clock
+switches take the GPU's switch latency, as on the GPU, unless ``--instant-switches`` is given.
 """
 
 import argparse
@@ -13,7 +14,7 @@ from rich.table import Table
 
 from megatron_energy.commands.arguments import fail, output_file, readable_file
 from megatron_energy.job import JobConfig, JobConfigError
-from megatron_energy.pipeline.dag import NodeId, RankOrder
+from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.sim.simulator import SimResult, Simulator
 from megatron_energy.sim.trace import write_trace
@@ -37,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--plan", type=readable_file, help="plan JSON to simulate (default: every clock at its fastest)"
     )
     parser.add_argument(
+        "--instant-switches",
+        action="store_true",
+        help="model clock switches as instant (default: the GPU spec's switch latency, as on the GPU)",
+    )
+    parser.add_argument(
         "--trace", type=output_file, help="write a Chrome/Perfetto trace JSON of the iteration here"
     )
     parser.set_defaults(func=run)
@@ -55,15 +61,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = JobConfig.load(args.config)
         spec = job.spec()
-        orders = job.orders()
-        simulator = Simulator(job.build_dag(orders, spec), job.synthetic_profile(spec))
+        latency_s = 0.0 if args.instant_switches else spec.switch_latency_s
+        simulator = Simulator(job.build_dag(spec=spec), job.synthetic_profile(spec), switch_latency_s=latency_s)
         baseline = simulator.run()
-        plan = Plan.load(args.plan) if args.plan else None
-        planned = simulator.run(_plan_clocks(plan, orders, spec.name)) if plan else None
+        plan = Plan.load(args.plan, expected_fingerprint=job.fingerprint()) if args.plan else None
+        planned = simulator.run(_plan_clocks(plan, spec.name)) if plan else None
     except (JobConfigError, PlanError, ValueError, OSError) as error:
         return fail("simulate", error)
     result = planned or baseline
-    label = f"modelled, GPU spec {spec.name}: {spec.display_name}"
+    switches = "instant clock switches" if args.instant_switches else f"{1e3 * latency_s:g} ms clock switches"
+    label = f"modelled, GPU spec {spec.name}: {spec.display_name}, {switches}"
     scenario = "under the plan" if planned else "at the fastest clocks"
     console.print(_stage_table(result, f"{job.name}: one iteration {scenario} ({label})"))
     console.print(f"iteration time: {result.iteration_time_s:.4f} s ({label})")
@@ -75,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if plan is not None and planned is not None:
         console.print(
-            f"plan {args.plan} (target {plan.target}) predicts {plan.prediction.iteration_time_s:.4f} s, "
-            f"{plan.prediction.energy_j:,.1f} J (the plan's own prediction from a {plan.provenance} profile)"
+            f"plan {args.plan} (target {plan.target}) predicts {plan.target_point.iteration_time_s:.4f} s, "
+            f"{plan.target_point.energy_j:,.1f} J (the plan's own prediction from a {plan.provenance} profile, "
+            f"{1e3 * plan.switch_latency_s:g} ms clock switches)"
         )
         time_change = planned.iteration_time_s / baseline.iteration_time_s - 1
         energy_change = planned.total_energy_j / baseline.total_energy_j - 1
@@ -91,23 +99,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_clocks(plan: Plan, orders: list[RankOrder], gpu_name: str) -> dict[NodeId, int]:
-    """The plan's clock per compute node, after checking it was made for this schedule and GPU."""
+def _plan_clocks(plan: Plan, gpu_name: str) -> dict[Instruction, int]:
+    """The plan's clock per instruction at its target point, after checking it was made for this GPU."""
     if plan.gpu_name != gpu_name:
         raise PlanError(f"the plan was made for GPU {plan.gpu_name!r}, the job runs on {gpu_name!r}")
-    if plan.num_stages != len(orders):
-        raise PlanError(f"the plan covers {plan.num_stages} pipeline stages, the job has {len(orders)}")
-    clocks: dict[NodeId, int] = {}
-    for stage, order in enumerate(orders):
-        planned = plan.rank_clocks(stage)
-        if [(item.kind, item.microbatch, item.chunk) for item in planned] != list(order):
-            raise PlanError(
-                f"the plan's instruction order on stage {stage} differs from this job's schedule "
-                "(microbatches or virtual stages changed); rerun planning"
-            )
-        for item in planned:
-            clocks[(item.kind, stage, item.chunk, item.microbatch)] = item.clock_mhz
-    return clocks
+    return {
+        instruction: clock
+        for stage in range(plan.num_stages)
+        for instruction, clock in plan.target_point.clock_table(stage).items()
+    }
 
 
 def _stage_table(result: SimResult, title: str) -> Table:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.atomic import folder_lock, write_atomically
-from megatron_energy.plan import fingerprint
+from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 from megatron_energy.runtime.cache_manifest import (
     MANIFEST_NAME,
     CacheVerificationError,
@@ -28,9 +28,6 @@ from megatron_energy.runtime.cache_manifest import (
     quarantine,
     read_verified,
 )
-
-FINGERPRINT_DIGITS = 16
-"""Hex digits of the job fingerprint kept in folder names."""
 
 
 def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

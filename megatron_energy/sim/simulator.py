@@ -206,6 +206,7 @@ class Simulator:
         self.switch_latency_s = _checked_latency(switch_latency_s)
         self._compute = dag.compute_indices()
         self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]  # type: ignore[union-attr]
+        self._compute_nodes = frozenset(dag.nodes[i] for i in self._compute)
         self._options: dict[Work, dict[int, _Option]] = {}
         self._fastest: dict[Work, _Option] = {}
         for key in set(self._keys):
@@ -269,6 +270,9 @@ class Simulator:
         """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes
+        if len(clocks) > len(self._keys) or not all(node in self._compute_nodes for node in clocks):
+            stray = next((node for node in clocks if node not in self._compute_nodes), None)
+            raise ValueError(f"{stray!r} is not an instruction of this pipeline's DAG; was the plan made for it?")
         chosen = []
         for i, key in zip(self._compute.tolist(), self._keys, strict=True):
             clock = clocks.get(nodes[i])

@@ -90,7 +90,7 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
     for piece in result.timeline:
         args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
         if piece.kind == "send":
-            direction = piece.node[1]
+            direction = piece.node.sender.kind
             key = (piece.stage, direction)
             if key not in comm_threads:
                 comm_threads[key] = len(comm_threads)
