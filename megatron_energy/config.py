@@ -270,7 +270,8 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--energy-mode",
         choices=MODES,
         default=None,
-        help="Optimiser: perseus (clock per pipeline instruction; the default), all (every released optimiser "
+        help="Optimiser: perseus (clock per pipeline instruction; the default), "
+        "all (every released optimiser "
         "composed). kareus and kernel are named but not released yet.",
     )
     group.add_argument(

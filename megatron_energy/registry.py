@@ -61,7 +61,10 @@ def mode_problem(mode: str) -> str | None:
         return None
     released = ", ".join(released_modes())
     if mode in UNRELEASED:
-        return f"--energy-mode {mode} ({UNRELEASED[mode]}) is not available in this release; use one of {released}"
+        return (
+            f"--energy-mode {mode} ({UNRELEASED[mode]}) is not available in this release; "
+            f"use one of {released}"
+        )
     return f"unknown --energy-mode {mode!r}; use one of {released}"
 
 

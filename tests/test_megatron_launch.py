@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from megatron_harness import free_port
+from megatron_harness import TINY_GPT_SCRIPT, free_port
 
 from megatron_energy import launch
 from megatron_energy.events import read_trace
@@ -16,7 +16,6 @@ from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.plan import Plan
 
-HARNESS = Path(__file__).with_name("megatron_harness.py")
 NUM_MICROBATCHES = 8
 GROUP_SIZE = 4
 TRAIN_ITERS = 5  # 4 profiling steps (two clocks: a settling and a measured step each), then the plan runs
@@ -132,9 +131,10 @@ def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "megatron_energy.launch", str(HARNESS), *MEGATRON_ARGS, "--energy-trace", str(trace),
+        "-m", "megatron_energy.launch", str(TINY_GPT_SCRIPT), *MEGATRON_ARGS, "--energy-trace", str(trace),
         "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
-        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1", "--energy-dir", str(tmp_path / "energy"),
+        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1",
+        "--energy-dir", str(tmp_path / "energy"),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -14,11 +14,15 @@ from megatron_energy.megatron.hooks import (
     install_hooks,
     p2p_op_name,
 )
+from megatron_energy.pipeline.instruction import Instruction
 
 ORDER = [("forward", 0, 0), ("forward", 1, 0), ("backward", 0, 0), ("backward", 1, 0)]
+"""The events' ``(kind, microbatch, chunk)``."""
+INSTRUCTIONS = tuple(Instruction(0, chunk, microbatch, kind) for kind, microbatch, chunk in ORDER)
+"""The same order as the schedule tables give it."""
 
 
-def _proxy(listener: RecordingListener, order: list[tuple] = ORDER) -> HookedTimers:
+def _proxy(listener: RecordingListener, order: tuple[Instruction, ...] = INSTRUCTIONS) -> HookedTimers:
     with warnings_silenced():  # megatron-core's import-time notes about missing Transformer Engine / apex
         from megatron.core.timers import Timers
 
@@ -78,7 +82,7 @@ def test_a_schedule_that_departs_from_megatrons_table_is_reported() -> None:
     timers = _proxy(RecordingListener())
     with pytest.raises(ScheduleMismatchError, match=r"is a backward, but .* predicts forward"):
         _replay(timers, ["backward"])
-    walker = ExpectedOrder(lambda: ORDER)
+    walker = ExpectedOrder(lambda: INSTRUCTIONS)
     walker.start()
     walker.begin("forward")
     with pytest.raises(ScheduleMismatchError, match=r"ran 1 instructions but .* predicts 4"):

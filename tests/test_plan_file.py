@@ -132,7 +132,7 @@ def test_fingerprint_is_canonical():
 
 def test_unknown_instruction_or_rank_is_refused():
     plan = _plan()
-    with pytest.raises(PlanError, match="no clock for .* another schedule"):
+    with pytest.raises(PlanError, match=r"no clock for .* another schedule"):
         plan.clock_for(0, Instruction(0, 0, 7, "forward"))
     with pytest.raises(PlanError, match="not rank 5"):
         plan.clock_for(5, F0)

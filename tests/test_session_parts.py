@@ -14,6 +14,7 @@ from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
     Baseline,
     Boundary,
@@ -25,7 +26,6 @@ from megatron_energy.plan import (
     RankPlan,
 )
 from megatron_energy.registry import resolve
-from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.cache import JobCache, describe_changes
 from megatron_energy.runtime.comms import LocalComms
@@ -223,7 +223,7 @@ def test_runner_applies_one_point_of_its_rank_and_switches_points():
 
 
 def test_runner_refuses_a_plan_for_another_schedule():
-    with pytest.raises(PlanError, match="rank 1 does not run.*rerun planning"):
+    with pytest.raises(PlanError, match=r"rank 1 does not run.*rerun planning"):
         PlanRunner(_runner_plan(), stage=1, order=(B,))
     with pytest.raises(PlanError, match="not rank 2"):
         PlanRunner(_runner_plan(), stage=2, order=(F, B))

@@ -1,4 +1,4 @@
-"""``megatron-energy plan``: per-instruction clocks for a pipeline job, through the same optimiser as training.
+"""``megatron-energy plan``: per-instruction clocks for a pipeline job, by the optimiser training uses.
 
 The job comes from a job YAML (``--config``: orders, pipeline transfers, iteration tail, GPU) or from
 ``--stages/--microbatches/--vpp``; the profile from a Perseus/lowtime CSV (``stage,instruction,frequency,
@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("plan", error)
     console.print(_summary(plan))
     console.print(
-        f"modelled: the pipeline simulated from a {profile.source} profile ({source}, GPU {profile.gpu_name}, "
+        f"modelled: the pipeline simulated from a {profile.source} profile "
+        f"({source}, GPU {profile.gpu_name}, "
         f"blocked {profile.blocked_power_w:g} W, idle {profile.idle_power_w:g} W, clock switches "
         f"{1e3 * job.switch_latency_s:g} ms); the lower bound is the convex relaxation's optimum (instant "
         "switches), which no plan can beat"
@@ -140,7 +141,9 @@ def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, st
     if args.profile is None or args.stages is None or args.microbatches is None:
         raise ValueError("give --config JOB.yaml, or --profile CSV with --stages and --microbatches")
     spec = load_gpu_spec(args.gpu_spec) if args.gpu_spec else None
-    blocked_w = args.blocked_power_w if args.blocked_power_w is not None else getattr(spec, "blocked_power_w", None)
+    blocked_w = (
+        args.blocked_power_w if args.blocked_power_w is not None else getattr(spec, "blocked_power_w", None)
+    )
     idle_w = args.idle_power_w if args.idle_power_w is not None else getattr(spec, "idle_power_w", None)
     if blocked_w is None or idle_w is None:
         raise ValueError(
@@ -220,7 +223,11 @@ def _read_profile(args: argparse.Namespace, gpu_name: str, blocked_w: float, idl
             "or modelled (the simulated backend, `megatron-energy demo`)"
         )
     return Profile.from_csv(
-        args.profile, gpu_name=gpu_name, source=args.profile_source, blocked_power_w=blocked_w, idle_power_w=idle_w
+        args.profile,
+        gpu_name=gpu_name,
+        source=args.profile_source,
+        blocked_power_w=blocked_w,
+        idle_power_w=idle_w,
     )
 
 

@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         job = JobConfig.load(args.config)
         spec = job.spec()
         latency_s = 0.0 if args.instant_switches else spec.switch_latency_s
-        simulator = Simulator(job.build_dag(spec=spec), job.synthetic_profile(spec), switch_latency_s=latency_s)
+        simulator = Simulator(
+            job.build_dag(spec=spec), job.synthetic_profile(spec), switch_latency_s=latency_s
+        )
         baseline = simulator.run()
         plan = Plan.load(args.plan, expected_fingerprint=job.fingerprint()) if args.plan else None
         planned = simulator.run(_plan_clocks(plan, spec.name)) if plan else None
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if plan is not None and planned is not None:
         console.print(
             f"plan {args.plan} (target {plan.target}) predicts {plan.target_point.iteration_time_s:.4f} s, "
-            f"{plan.target_point.energy_j:,.1f} J (the plan's own prediction from a {plan.provenance} profile, "
+            f"{plan.target_point.energy_j:,.1f} J "
+            f"(the plan's own prediction from a {plan.provenance} profile, "
             f"{1e3 * plan.switch_latency_s:g} ms clock switches)"
         )
         time_change = planned.iteration_time_s / baseline.iteration_time_s - 1

@@ -77,6 +77,7 @@ def _validate(orders: PipelineOrders) -> None:
             wrong = sorted(seen - expected)[:3]
             missing = sorted(expected - seen)[:3]
             raise EnergyValueError(
-                f"stage {stage} does not run one forward and one backward per microbatch and chunk of its own "
+                f"stage {stage} does not run one forward and one backward per microbatch "
+                f"and chunk of its own "
                 f"stage (unexpected e.g. {wrong}, missing e.g. {missing})"
             )

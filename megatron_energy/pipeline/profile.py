@@ -1,7 +1,7 @@
 """Per-instruction time and energy at each SM clock: the input of the pipeline frequency planner.
 
-A :class:`Profile` maps the work of every pipeline instruction (:class:`~megatron_energy.pipeline.instruction.Work`:
-stage, chunk, kind) to its :class:`ClockOption` list.
+A :class:`Profile` maps the work of every pipeline instruction
+(:class:`~megatron_energy.pipeline.instruction.Work`: stage, chunk, kind) to its :class:`ClockOption` list.
 It comes either from measurement (``source="measured"``, e.g. a Perseus/lowtime CSV) or from the time/power
 model (``source="modelled"``, :meth:`Profile.synthetic`).
 

@@ -32,7 +32,8 @@ class PlanRunner:
             for action in point.ranks[stage].actions:
                 if action.at.instruction not in executed:
                     raise PlanError(
-                        f"the plan has an action at {action.at.instruction}, which rank {stage} does not run: it "
+                        f"the plan has an action at {action.at.instruction}, "
+                        f"which rank {stage} does not run: it "
                         "was made for another schedule (stages, microbatches, virtual pipeline size or group "
                         "size); rerun planning"
                     )

@@ -2,9 +2,9 @@
 
 Each clock is held for one settling step (discarded: the switch and the thermal transient land there)
 and ``steps_per_clock`` measured steps. Per instruction class (``Work``: stage, chunk, kind) the instruction
-time is the mean over microbatches and steps. Energy per instruction comes from the backend when it can attribute it (simulated
-GPUs); otherwise the step's measured energy, less the blocked and idle time at the spec's powers, is split
-over the instructions in proportion to their time.
+time is the mean over microbatches and steps. Energy per instruction comes from the backend when it can
+attribute it (simulated GPUs); otherwise the step's measured energy, less the blocked and idle time at
+the spec's powers, is split over the instructions in proportion to their time.
 """
 
 from __future__ import annotations

@@ -272,7 +272,9 @@ class Simulator:
         nodes = self.dag.nodes
         if len(clocks) > len(self._keys) or not all(node in self._compute_nodes for node in clocks):
             stray = next((node for node in clocks if node not in self._compute_nodes), None)
-            raise ValueError(f"{stray!r} is not an instruction of this pipeline's DAG; was the plan made for it?")
+            raise ValueError(
+                f"{stray!r} is not an instruction of this pipeline's DAG; was the plan made for it?"
+            )
         chosen = []
         for i, key in zip(self._compute.tolist(), self._keys, strict=True):
             clock = clocks.get(nodes[i])
