@@ -11,6 +11,7 @@ from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clo
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.registry import resolve
@@ -27,7 +28,7 @@ AUTO_GRID_LOWEST_FRACTION = 0.5
 """The automatic grid spans the top half of the clock range: lower clocks rarely pay off in training."""
 
 
-class GridError(ValueError):
+class GridError(EnergyValueError):
     """The profiling grid does not fit the GPU."""
 
 
