@@ -44,7 +44,7 @@ setup(
         "pyyaml>=6",
     ],
     extras_require={
-        "dev": ["pytest>=8", "ruff>=0.6", "lowtime==0.3.0"],
+        "dev": ["pytest>=8", "ruff>=0.6", "mypy>=1.11", "types-PyYAML", "lowtime==0.3.0"],
     },
     entry_points={"console_scripts": ["megatron-energy=megatron_energy.cli:main"]},
 )

@@ -425,4 +425,4 @@ def _validate_after_parsing(parser: argparse.ArgumentParser) -> None:
             parser.error(problem)
         return parsed, extras
 
-    parser.parse_known_args = parse_and_check  # type: ignore[method-assign]
+    parser.parse_known_args = parse_and_check  # type: ignore[assignment]

@@ -504,7 +504,7 @@ def _provenance(body: Mapping[str, Any]) -> Provenance:
     provenance = _require(body["provenance"], str, "provenance")
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance must be one of {PROVENANCES}, got {provenance!r}")
-    return provenance  # type: ignore[return-value]
+    return provenance
 
 
 def _frontier_sample(entry: object) -> FrontierSample:

@@ -89,5 +89,5 @@ def resolve(mode: str) -> Optimiser:
 def _build(factory: Factory) -> Optimiser:
     if isinstance(factory, str):
         module, _, attribute = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attribute)
+        return getattr(importlib.import_module(module), attribute)()
     return factory()

@@ -135,9 +135,9 @@ def open_gpus(
         )
     if failure is not None:  # zeusd was configured but unusable; these GPUs are plain NVML ones
         return _monitor_only(gpus, failure, spec)
-    why = _claim(gpus, local_index) or _why_no_control(gpus, local_index)
-    if why is not None:
-        return _monitor_only(gpus, why, spec)
+    refusal = _claim(gpus, local_index) or _why_no_control(gpus, local_index)
+    if refusal is not None:
+        return _monitor_only(gpus, refusal, spec)
     return GpuHandle(
         gpus, "control", f"clock control on {gpus.get_name(0)}: {_control_route(gpus)}", "zeus", spec
     )

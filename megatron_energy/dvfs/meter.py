@@ -131,7 +131,9 @@ class EnergyMeter:
         self.gpus = gpus
         self.gpu_indices = list(gpu_indices)
         self.counter_period_s = counter_period_s
-        self.source: Literal["measured", "modelled"] = source or getattr(gpus, "energy_source", "measured")
+        self.source: Literal["measured", "modelled"] = (
+            source if source is not None else getattr(gpus, "energy_source", "measured")
+        )
         self._all_reduce_sum = all_reduce_sum
         self._modulus_mj = counter_modulus_mj
         if clock is None:

@@ -304,7 +304,7 @@ class HookedTimers:
             self.hooks.on_instruction_end(BACKWARD, *self.expected.end(BACKWARD))
 
 
-def traced_p2p_communicator(base: type, hooks: ScheduleHooks) -> type:
+def traced_p2p_communicator(base: type[Any], hooks: ScheduleHooks) -> type[Any]:
     """Subclass megatron-core's ``P2PCommunicator`` so every ``_communicate`` call fires p2p hooks.
 
     Args:

@@ -205,7 +205,7 @@ class PipelineDag:
 
     def compute_nodes(self) -> list[Instruction]:
         """Forward and backward nodes in topological order."""
-        return [self.nodes[i] for i in self._compute]  # type: ignore[misc]
+        return [self.nodes[i] for i in self._compute]
 
     def stage_order(self, stage: int) -> list[Instruction]:
         """Instructions of ``stage`` in that rank's execution order."""
@@ -417,12 +417,12 @@ def _topological_order(nodes: list[NodeId], edges: Iterable[tuple[NodeId, NodeId
     ready = deque(i for i, d in enumerate(indegree) if d == 0)
     order = []
     while ready:
-        u = ready.popleft()
-        order.append(u)
-        for v in succs[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                ready.append(v)
+        done = ready.popleft()
+        order.append(done)
+        for after in succs[done]:
+            indegree[after] -= 1
+            if indegree[after] == 0:
+                ready.append(after)
     if len(order) != len(nodes):
         raise EnergyValueError(
             "the instruction orders deadlock: some stage waits for work that another stage schedules after it"

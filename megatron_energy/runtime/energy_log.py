@@ -56,14 +56,14 @@ def format_energy_line(
     parts.append(f"total={total:.1f}")
     scalars = {"energy/j_per_iter_total": total}
     scalars |= {f"energy/j_per_iter_stage{s}": value for s, value in per_stage.items()}
-    predicted = [r.predicted_j_per_iter for r in ranks]
-    if all(value is not None for value in predicted):
-        predicted_total = sum(predicted)  # type: ignore[arg-type]
+    predicted = [r.predicted_j_per_iter for r in ranks if r.predicted_j_per_iter is not None]
+    if len(predicted) == len(ranks):
+        predicted_total = sum(predicted)
         parts.append(f"predicted (modelled)={predicted_total:.1f}")
         scalars["energy/j_per_iter_predicted"] = predicted_total
-    stock = [r.stock_j_per_iter for r in ranks]
-    if all(value is not None for value in stock) and sum(stock) > 0:  # type: ignore[arg-type]
-        saving = 1.0 - total / sum(stock)  # type: ignore[arg-type]
+    stock = [r.stock_j_per_iter for r in ranks if r.stock_j_per_iter is not None]
+    if len(stock) == len(ranks) and sum(stock) > 0:
+        saving = 1.0 - total / sum(stock)
         parts.append(f"saving vs stock ({source})={100 * saving:.1f}%")
         scalars["energy/saving_vs_stock"] = saving
     iteration_s = max(r.iteration_s for r in ranks)

@@ -35,31 +35,49 @@ L = 0 the simulation is the instant-switch one, bit for bit.
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from megatron_energy.pipeline.dag import NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.instruction import Instruction, Work
 
 
 class _Option(Protocol):
-    clock_mhz: int
-    time_s: float
-    energy_j: float
+    @property
+    def clock_mhz(self) -> int: ...
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
 
 
 class ProfileLike(Protocol):
     """The part of :class:`megatron_energy.pipeline.profile.Profile` the simulator reads."""
 
-    gpu_name: str
-    source: str
-    blocked_power_w: float
-    idle_power_w: float
+    @property
+    def gpu_name(self) -> str:
+        """The GPU the profile belongs to."""
+        ...
 
-    def options(self, key: Work) -> list[_Option]:
+    @property
+    def source(self) -> str:
+        """Where the figures come from (measured, modelled, simulated)."""
+        ...
+
+    @property
+    def blocked_power_w(self) -> float:
+        """Power while blocked on pipeline communication."""
+        ...
+
+    @property
+    def idle_power_w(self) -> float:
+        """Power while idle after the last instruction."""
+        ...
+
+    def options(self, key: Work) -> Sequence[_Option]:
         """All options of one instruction."""
         ...
 
@@ -205,7 +223,7 @@ class Simulator:
         self.powers = spec_powers or StagePowers(profile.blocked_power_w, profile.idle_power_w)
         self.switch_latency_s = _checked_latency(switch_latency_s)
         self._compute = dag.compute_indices()
-        self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]  # type: ignore[union-attr]
+        self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]
         self._compute_nodes = frozenset(dag.nodes[i] for i in self._compute)
         self._options: dict[Work, dict[int, _Option]] = {}
         self._fastest: dict[Work, _Option] = {}
@@ -220,7 +238,7 @@ class Simulator:
         self._clock_grid: dict[Work, list[int]] = {}
 
     def run(
-        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
     ) -> SimResult:
         """Simulate one iteration.
 
@@ -246,7 +264,7 @@ class Simulator:
         )
 
     def evaluate(
-        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
     ) -> tuple[float, float]:
         """Iteration time and energy of :meth:`run` (the same floats) without building the timeline.
 
@@ -266,7 +284,7 @@ class Simulator:
     def _latency(self, switch_latency_s: float | None) -> float:
         return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
 
-    def _chosen(self, clocks: Mapping[NodeId, int] | None) -> list[_Option]:
+    def _chosen(self, clocks: Mapping[Instruction, int] | None) -> list[_Option]:
         """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes

@@ -89,7 +89,7 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
     compute_by_stage: list[list[Slice]] = [[] for _ in range(num_stages)]
     for piece in result.timeline:
         args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
-        if piece.kind == "send":
+        if isinstance(piece.node, Transfer):
             direction = piece.node.sender.kind
             key = (piece.stage, direction)
             if key not in comm_threads:
