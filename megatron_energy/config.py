@@ -21,10 +21,8 @@ from typing import Literal
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.registry import mode_problem
 
-Mode = Literal["perseus", "kareus", "kernel", "all"]
 Backend = Literal["auto", "zeus", "simulated"]
 
-MODES: tuple[str, ...] = ("perseus", "kareus", "kernel", "all")
 BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
 MIN_GRID_MHZ = 100
 MAX_GRID_MHZ = 4000
@@ -191,8 +189,9 @@ class EnergyConfig:
     optimise: bool = False
     """``--energy-optimise`` (alias ``--energy-optimize``): profile, plan and apply energy-saving clocks."""
 
-    mode: Mode = "perseus"
-    """``--energy-mode``: which optimiser plans the clocks (``perseus`` per pipeline instruction)."""
+    mode: str = "perseus"
+    """``--energy-mode``: which optimiser plans (``perseus``: a clock per pipeline instruction; ``all``; or an
+    optimiser a plugin package registers, see ``megatron_energy.registry``)."""
 
     target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
     """``--energy-target``: ``iso-time`` (default), ``min-energy`` or ``slowdown:X``."""
@@ -268,11 +267,11 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--energy-mode",
-        choices=MODES,
         default=None,
+        metavar="{perseus,all,PLUGIN}",
         help="Optimiser: perseus (clock per pipeline instruction; the default), "
-        "all (every released optimiser "
-        "composed). kareus and kernel are named but not released yet.",
+        "all (every released optimiser composed), or the name of an optimiser an installed plugin "
+        "declares. kareus and kernel are named but not released yet.",
     )
     group.add_argument(
         "--energy-target",

@@ -68,7 +68,10 @@ def test_no_flag_shadows_a_megatron_flag() -> None:
         (["--energy-optimise", "--energy-target", "fast"], "is not a target"),
         (["--energy-optimise", "--energy-target", "slowdown:1.5"], "strictly between 0 and 1"),
         (["--energy-optimise", "--energy-target", "slowdown:abc"], "strictly between 0 and 1"),
-        (["--energy-optimise", "--energy-mode", "turbo"], "invalid choice"),
+        (
+            ["--energy-optimise", "--energy-mode", "turbo"],
+            "unknown --energy-mode 'turbo'; use one of perseus",
+        ),
         (["--energy-optimise", "--energy-backend", "nvml"], "invalid choice"),
         (["--energy-optimise", "--energy-profile-iters", "0"], "whole number >= 1"),
         (["--energy-optimise", "--energy-freq-grid", "1980"], "fewer than two distinct clocks"),
