@@ -7,6 +7,7 @@ text, so what runs is exactly what the file says.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,8 +154,13 @@ def baseline_from_profiling(
     )
 
 
-def plan_summary(plan: Plan) -> str:
-    """A few lines describing the plan, for the log (all figures modelled)."""
+def plan_digest(plan_text: str) -> str:
+    """A short SHA-256 of a plan file's text: the log names the exact bytes that run."""
+    return hashlib.sha256(plan_text.encode()).hexdigest()[:16]
+
+
+def plan_summary(plan: Plan, plan_text: str) -> str:
+    """A few lines describing the plan parsed from ``plan_text``, for the log (all figures modelled)."""
     target = plan.target_point
     stock_j = plan.baseline.energy_j
     return (
@@ -163,5 +169,6 @@ def plan_summary(plan: Plan) -> str:
         f"clocks; energy {target.energy_j:.1f} J vs {stock_j:.1f} J per pipeline iteration "
         f"({100 * (1 - target.energy_j / stock_j):.1f}% less), modelled from a {plan.provenance} profile on "
         f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {len(plan.frontier)} "
-        f"frontier points, {100 * target.gap:.2f}% above the relaxed (instant-switch) bound"
+        f"frontier points, {100 * target.gap:.2f}% above the relaxed (instant-switch) bound; plan sha256 "
+        f"{plan_digest(plan_text)}"
     )

@@ -287,7 +287,7 @@ class EnergySession:
         if failed_anywhere:
             return False
         if self.context.global_rank == 0:
-            self.printer(plan_summary(plan))
+            self.printer(plan_summary(plan, release.plan_text))
         self.plan = plan
         self.baseline = release.baseline
         self.runner = runner
