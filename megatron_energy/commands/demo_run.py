@@ -20,7 +20,7 @@ from typing import Any
 
 from megatron_energy.config import EnergyConfig, EnergyTarget
 
-HARNESS = Path(__file__).resolve().parents[1] / "tests" / "megatron_harness.py"
+HARNESS = Path(__file__).resolve().parents[2] / "tests" / "megatron_harness.py"
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
     from megatron.training import global_vars
 
     from megatron_energy.megatron.hooks import install_hooks
+    from megatron_energy.megatron.schedule import pipeline_orders
     from megatron_energy.pipeline.profile import TransformerShape
     from megatron_energy.runtime.assembly import build_session
     from megatron_energy.runtime.comms import TorchComms
@@ -141,10 +142,9 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
     world = harness.PipelineWorld(settings.pipeline_size)
     context = JobContext(
         pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(),
-        pipeline_size=settings.pipeline_size,
+        orders=pipeline_orders(settings.pipeline_size, settings.num_microbatches),
         data_parallel_rank=parallel_state.get_data_parallel_rank(),
         data_parallel_size=parallel_state.get_data_parallel_world_size(),
-        num_microbatches=settings.num_microbatches,
         shape=TransformerShape.from_name(settings.model),
         global_rank=rank,
         world_size=world_size,
@@ -179,7 +179,7 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
             progress.stop()
         installation.uninstall()
         session.close()
-    bundle = session.bundle
+    baseline = session.baseline
     return RankReport(
         rank=rank,
         stage=context.pipeline_rank,
@@ -187,8 +187,8 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
         steps=tuple(steps),
         lines=tuple(lines),
         losses=tuple(losses),
-        stock_time_s=None if bundle is None else bundle.stock_time_s,
-        stock_energy_j=None if bundle is None else bundle.stock_energy_j(rank),
+        stock_time_s=baseline.iteration_s,
+        stock_energy_j=baseline.energy_by_rank.get(rank),
     )
 
 
