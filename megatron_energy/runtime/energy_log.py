@@ -35,12 +35,12 @@ class StageEnergy:
 
 
 def format_energy_line(
-    step: int, ranks: Sequence[StageEnergy], source: str, phase: str
+    iteration: int, ranks: Sequence[StageEnergy], source: str, phase: str
 ) -> tuple[str, dict[str, float]]:
     """Build the log line and the scalars for one interval.
 
     Args:
-        step: The training iteration.
+        iteration: The interval's last training iteration, 1-based as in Megatron's log.
         ranks: Every rank's figures (any order).
         source: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
         phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
@@ -51,7 +51,7 @@ def format_energy_line(
     stages = sorted({rank.stage for rank in ranks})
     per_stage = {s: sum(r.measured_j_per_iter for r in ranks if r.stage == s) for s in stages}
     total = sum(per_stage.values())
-    parts = [f"[energy] iteration {step} | {phase}"]
+    parts = [f"[energy] iteration {iteration} | {phase}"]
     parts.append("J/iter " + source + ": " + " ".join(f"s{s}={per_stage[s]:.1f}" for s in stages))
     parts.append(f"total={total:.1f}")
     scalars = {"energy/j_per_iter_total": total}
@@ -67,23 +67,23 @@ def format_energy_line(
         parts.append(f"saving vs stock ({source})={100 * saving:.1f}%")
         scalars["energy/saving_vs_stock"] = saving
     iteration_s = max(r.iteration_s for r in ranks)
-    parts.append(f"iter {1e3 * iteration_s:.1f} ms")
+    parts.append(f"iter {1e3 * iteration_s:.1f} ms ({source})")
     scalars["energy/iteration_s"] = iteration_s
     stock_s = [r.stock_iteration_s for r in ranks if r.stock_iteration_s is not None]
     if stock_s:
-        parts.append(f"stock {1e3 * max(stock_s):.1f} ms")
+        parts.append(f"stock {1e3 * max(stock_s):.1f} ms ({source})")
     return " | ".join(parts), scalars
 
 
 def publish(
     line: str,
     scalars: dict[str, float],
-    step: int,
+    iteration: int,
     sinks: Sequence[Callable[[str, float, int], Any]],
     printer: Callable[[str], Any] = print,
 ) -> None:
-    """Print the line and write each scalar to every metric sink."""
+    """Print the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
     printer(line)
     for sink in sinks:
         for name, value in scalars.items():
-            sink(name, value, step)
+            sink(name, value, iteration)

@@ -7,6 +7,8 @@ text, so what runs is exactly what the file says.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +67,10 @@ class PlanRelease:
     profile_csv: str
     """The profile the plan was made from (CSV text)."""
 
+    frontier_csv: str = ""
+    """The plan's instant-switch frontier curve (CSV text, :func:`frontier_csv_text`); empty when the release
+    was loaded from the cache, which already holds it."""
+
 
 @dataclass(frozen=True)
 class Fallback:
@@ -106,22 +112,45 @@ def plan_on_root(
         The release to broadcast (and to cache with :func:`store_release`).
     """
     plan = optimiser.plan(profile, job)
-    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text())
+    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan))
+
+
+def frontier_csv_text(plan: Plan) -> str:
+    """The plan's instant-switch frontier curve as ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent``.
+
+    One row per sample, all modelled; the columns of ``megatron-energy plan``'s frontier.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["deadline_s", "time_s", "energy_j", "lower_bound_j", "gap_percent"])
+    for sample in plan.frontier:
+        gap = sample.energy_j / sample.lower_bound_j - 1.0 if sample.lower_bound_j > 0 else 0.0
+        writer.writerow(
+            [
+                f"{sample.deadline_s:.9g}",
+                f"{sample.time_s:.9g}",
+                f"{sample.energy_j:.9g}",
+                f"{sample.lower_bound_j:.9g}",
+                f"{100 * gap:.6f}",
+            ]
+        )
+    return out.getvalue()
 
 
 def store_release(cache: JobCache, release: PlanRelease) -> None:
-    """Cache the plan file, the baseline and the profile it was planned from (atomic, verified).
+    """Cache the plan file, the baseline, the profile it was planned from and its frontier (atomic, verified).
 
     Raises:
         OSError: The cache cannot be written.
     """
-    cache.store(
-        {
-            "plan.json": release.plan_text,
-            "baseline.json": release.baseline.to_json(),
-            "profile.csv": release.profile_csv,
-        }
-    )
+    artefacts = {
+        "plan.json": release.plan_text,
+        "baseline.json": release.baseline.to_json(),
+        "profile.csv": release.profile_csv,
+    }
+    if release.frontier_csv:
+        artefacts["frontier.csv"] = release.frontier_csv
+    cache.store(artefacts)
 
 
 def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:

@@ -384,5 +384,6 @@ class EnergySession:
         )
         gathered = self.comms.gather_to_root(mine)
         if gathered is not None:
-            line, scalars = format_energy_line(step, gathered, self.timer.source, phase)
-            publish(line, scalars, step, self.context.log_sinks, self.printer)
+            iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
+            line, scalars = format_energy_line(iteration, gathered, self.timer.source, phase)
+            publish(line, scalars, iteration, self.context.log_sinks, self.printer)
