@@ -27,15 +27,6 @@ from typing import Any
 
 import torch
 
-CPU_RUN_WARNINGS: tuple[str, ...] = (
-    "Transformer Engine and Apex are not installed",
-    "Apex is not installed",
-    "Only transformer-engine>=",
-    "absl.logging is not installed",
-)
-"""Beginnings of the warnings megatron-core gives on a machine without Transformer Engine, Apex or absl: a
-CPU run never has them, so they say nothing there."""
-
 
 def install_cpu_shims() -> None:
     """Let megatron-core's schedules and p2p communication run without CUDA (see the module docstring)."""
@@ -55,15 +46,6 @@ def install_cpu_shims() -> None:
     # megatron/core/pipeline_parallel/p2p_communication.py:334/342: device=torch.cuda.current_device()
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.set_num_threads(1)
-
-
-def python_warnings_filter() -> str:
-    """A ``PYTHONWARNINGS`` value that hides :data:`CPU_RUN_WARNINGS` from interpreter start on.
-
-    Set in the environment of the demo's ranks, it applies before anything imports megatron (the launcher
-    imports it before the training script runs).
-    """
-    return ",".join(f"ignore:{start}:UserWarning" for start in CPU_RUN_WARNINGS)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,16 @@
 """The energy log line: J/iteration per stage and in total, measured next to predicted, and the saving.
 
 Each rank keeps its own per-step energies; at a log interval the session gathers one ``StageEnergy`` per
-rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers.
+rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers and, with
+``--energy-log-file``, appends them to a JSON-lines file (:func:`append_record`, :func:`read_records`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -87,3 +90,50 @@ def publish(
     for sink in sinks:
         for name, value in scalars.items():
             sink(name, value, iteration)
+
+
+@dataclass(frozen=True)
+class EnergyRecord:
+    """One energy log line's figures, as ``--energy-log-file`` holds them (one JSON object per line)."""
+
+    iteration: int
+    """The interval's last iteration, 1-based."""
+
+    phase: str
+    """What ran: ``profiling``, ``planned``, ``following straggler``, ``stock (safety net)``, ..."""
+
+    source: str
+    """``measured`` or ``modelled``: where the energy and time figures come from."""
+
+    scalars: dict[str, float]
+    """The line's scalars (``energy/j_per_iter_total``, ``energy/iteration_s``, ...): interval means."""
+
+
+def append_record(path: Path, record: EnergyRecord) -> None:
+    """Append ``record`` to the JSON-lines file ``path`` (created with its folder if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(asdict(record)) + "\n")
+
+
+def read_records(path: Path) -> list[EnergyRecord]:
+    """The records of a ``--energy-log-file``, in the order they were written.
+
+    Raises:
+        ValueError: A line is not such a record.
+    """
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            data = json.loads(line)
+            records.append(
+                EnergyRecord(
+                    int(data["iteration"]),
+                    str(data["phase"]),
+                    str(data["source"]),
+                    {str(name): float(value) for name, value in data["scalars"].items()},
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as problem:
+            raise ValueError(f"{path}:{number} is not an energy log record ({problem})") from None
+    return records

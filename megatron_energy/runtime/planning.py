@@ -18,7 +18,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,22 @@ class StockBaseline:
     energy_by_rank: dict[int, float] = field(default_factory=dict)
     """Energy per iteration of each global rank's GPU."""
 
+    step_iteration_s: tuple[float, ...] = ()
+    """Each measured stock step's iteration time (the slowest rank's), in the order the steps ran."""
+
+    step_energy_j: tuple[float, ...] = ()
+    """Each measured stock step's energy over every GPU of the job."""
+
     def to_json(self) -> str:
         """The baseline as the cache stores it."""
         return json.dumps(
-            {"stock_time_s": self.iteration_s, "stock_energy_by_rank": self.energy_by_rank}, indent=2
+            {
+                "stock_time_s": self.iteration_s,
+                "stock_energy_by_rank": self.energy_by_rank,
+                "stock_step_time_s": list(self.step_iteration_s),
+                "stock_step_energy_j": list(self.step_energy_j),
+            },
+            indent=2,
         )
 
     @classmethod
@@ -51,6 +63,8 @@ class StockBaseline:
         return cls(
             iteration_s=None if time_s is None else float(time_s),
             energy_by_rank={int(k): float(v) for k, v in data.get("stock_energy_by_rank", {}).items()},
+            step_iteration_s=tuple(float(v) for v in data.get("stock_step_time_s", ())),
+            step_energy_j=tuple(float(v) for v in data.get("stock_step_energy_j", ())),
         )
 
 
@@ -172,13 +186,21 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 
 
 def baseline_from_profiling(
-    gathered: Sequence[tuple[Sequence[ProfileRow], StepRecord | None]],
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's profiling records (rank = position)."""
-    stock = [(rank, record) for rank, (_, record) in enumerate(gathered) if record is not None]
+    """The stock-clock baseline from every rank's measured stock steps (rank = position).
+
+    Per rank, the mean over its stock steps; per step, the slowest rank's time and the energy of all ranks
+    (over the steps every rank measured).
+    """
+    stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
+    means = {rank: mean_record(steps) for rank, steps in stock}
+    per_step = list(zip(*(steps for _, steps in stock), strict=False))
     return StockBaseline(
-        iteration_s=max((record.iteration_s for _, record in stock), default=None),
-        energy_by_rank={rank: record.energy_j for rank, record in stock},
+        iteration_s=max((record.iteration_s for record in means.values()), default=None),
+        energy_by_rank={rank: record.energy_j for rank, record in means.items()},
+        step_iteration_s=tuple(max(record.iteration_s for record in step) for step in per_step),
+        step_energy_j=tuple(sum(record.energy_j for record in step) for step in per_step),
     )
 
 
