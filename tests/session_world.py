@@ -105,6 +105,9 @@ class RankReport:
     """Iteration time at stock clocks measured while profiling (the slowest rank's; modelled)."""
     stock_energy_j: float | None
     """This rank's energy per iteration at stock clocks measured while profiling."""
+    scalars: tuple[tuple[str, float, int], ...] = ()
+    """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
+    writers live on the last rank only; here every rank has one)."""
 
 
 def session_worker(rank: int, world_size: int, settings: SessionSettings) -> RankReport:
@@ -117,10 +120,12 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     from megatron_energy.runtime.assembly import build_session
 
     world = PipelineWorld(settings.pipeline_size)
+    scalars: list[tuple[str, float, int]] = []
     context, comms = parallel_job_context(
         shape=TransformerShape.from_name(settings.model),
         num_microbatches=settings.num_microbatches,
         log_interval=settings.log_interval,
+        log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
     )
     lines: list[str] = []
 
@@ -153,6 +158,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         losses=tuple(losses),
         stock_time_s=session.baseline.iteration_s,
         stock_energy_j=session.baseline.energy_by_rank.get(rank),
+        scalars=tuple(scalars),
     )
 
 

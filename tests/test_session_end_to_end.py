@@ -172,6 +172,19 @@ def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_saving(fir
     assert all("| profiling |" in line and "predicted" not in line for line in profiled)
 
 
+def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
+    """Megatron's TensorBoard/W&B writers sit on the last rank; the line is printed on rank 0."""
+    _, reports = first_run
+    lines = energy_lines(reports[0])
+    for report in reports:
+        totals = {
+            iteration: value for name, value, iteration in report.scalars if name == "energy/j_per_iter_total"
+        }
+        assert sorted(totals) == [step + 1 for step in sorted(lines)]  # 1-based, as Megatron's iterations
+        for step, line in lines.items():
+            assert f"total={totals[step + 1]:.1f} " in line
+
+
 def test_the_cache_folder_holds_the_job(first_run):
     demo, _ = first_run
     folder = job_folder(demo.energy_dir)

@@ -87,6 +87,13 @@ def publish(
 ) -> None:
     """Print the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
     printer(line)
+    write_scalars(scalars, iteration, sinks)
+
+
+def write_scalars(
+    scalars: dict[str, float], iteration: int, sinks: Sequence[Callable[[str, float, int], Any]]
+) -> None:
+    """Write each scalar to every metric sink at ``iteration``."""
     for sink in sinks:
         for name, value in scalars.items():
             sink(name, value, iteration)

@@ -43,6 +43,7 @@ from megatron_energy.runtime.energy_log import (
     append_record,
     format_energy_line,
     publish,
+    write_scalars,
 )
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.parts import Controller, Guard, Meter
@@ -389,12 +390,18 @@ class EnergySession:
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
             stock_iteration_s=self.baseline.iteration_s,
         )
+        iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
         gathered = self.comms.gather_to_root(mine)
+        scalars: dict[str, float] | None = None
         if gathered is not None:
-            iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
             line, scalars = format_energy_line(iteration, gathered, self.timer.source, phase)
             publish(line, scalars, iteration, self.context.log_sinks, self.printer)
             self._write_record(EnergyRecord(iteration, phase, self.timer.source, scalars))
+        # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
+        if self.context.world_size > 1:
+            scalars = self.comms.broadcast_from_root(scalars)
+            if gathered is None and scalars is not None:
+                write_scalars(scalars, iteration, self.context.log_sinks)
 
     def _write_record(self, record: EnergyRecord) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
