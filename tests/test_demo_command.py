@@ -168,6 +168,9 @@ def test_the_demo_takes_the_launchers_flag_names_and_checks(capsys: pytest.Captu
     with pytest.raises(SystemExit):
         main(["demo", "--target", "iso-time"])
     assert "unrecognized arguments: --target" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--run-iters", "1"])
+    assert "the first iteration under the plan settles" in capsys.readouterr().err
 
 
 def test_every_demo_option_has_a_line_and_a_default(capsys: pytest.CaptureFixture[str]) -> None:
