@@ -133,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
     )
     command = job.command(free_port())
     print(f"launcher command: {shlex.join(command)}", flush=True)
-    status = run_ranks(command, rank_environment(), job.ranks_log, _echo)
+    try:
+        status = run_ranks(command, rank_environment(), job.ranks_log, _echo)
+    except KeyboardInterrupt:
+        fail("demo", f"interrupted; the ranks were stopped (their output: {job.ranks_log})")
+        return 130
     if status != 0:
         fail("demo", f"the ranks exited with status {status}; every rank's output is in {job.ranks_log}")
         return status
