@@ -1,7 +1,8 @@
 """The energy session end to end: megatron-core's real pipeline schedule over gloo with simulated GPUs.
 
-Each scenario spawns one world through ``run_demo`` (a tiny GPT whose simulated GPUs time the stage work of
-GPT-3 1.3B on an H100 SXM; every figure is modelled) and the tests read its ``RankReport``s:
+Each scenario spawns one world through ``session_world.run_world`` (a tiny GPT whose simulated GPUs time the
+stage work of GPT-3 1.3B on an H100 SXM; every figure is modelled; each rank's session is built as the
+launcher builds it) and the tests read its ``RankReport``s:
 
 - PP=4, 8 microbatches: every rank profiles a 4-clock grid then runs the iso-time plan, which saves energy
   against the stock clocks measured while profiling; the log, the cache folder and ``megatron-energy report``.
@@ -22,9 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from session_world import RankReport, SessionSettings, run_world, summarise
 
 from megatron_energy.cli import main
-from megatron_energy.commands.demo_run import DemoSettings, RankReport, run_demo, summarise
 from megatron_energy.plan import Plan
 
 GRID_MHZ = (1980, 1755, 1530, 1305)
@@ -35,25 +36,25 @@ THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
 
 ENERGY_LINE = re.compile(
-    r"\[energy\] iteration (?P<step>\d+) \| (?P<phase>[^|]+) \| J/iter (?P<source>\w+): "
+    r"\[energy\] iteration (?P<iteration>\d+) \| (?P<phase>[^|]+) \| J/iter (?P<source>\w+): "
 )
+"""An energy log line; its iteration is 1-based, as Megatron's."""
 
 
-def settings(energy_dir: Path, **changes) -> DemoSettings:
-    """The small demo every scenario starts from: 4-clock grid, one measured step per clock."""
-    base = DemoSettings(
+def settings(energy_dir: Path, **changes) -> SessionSettings:
+    """The small job every scenario starts from: 4-clock grid, one measured step per clock."""
+    base = SessionSettings(
         gpu_spec="h100-sxm",
         freq_grid=GRID_MHZ,
         profile_iters=1,
         run_steps=RUN_STEPS,
         log_interval=RUN_STEPS,
         energy_dir=energy_dir,
-        progress=False,
     )
     return replace(base, **changes)
 
 
-def profiling_steps(demo: DemoSettings) -> int:
+def profiling_steps(demo: SessionSettings) -> int:
     """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock."""
     assert demo.freq_grid is not None
     return len(demo.freq_grid) * (demo.profile_iters + 1)
@@ -64,12 +65,12 @@ def phases(report: RankReport) -> list[str]:
 
 
 def energy_lines(report: RankReport) -> dict[int, str]:
-    """The per-interval energy lines a rank printed, by iteration."""
+    """The per-interval energy lines a rank printed, by the (0-based) index of the interval's last step."""
     found = {}
     for line in report.lines:
         match = ENERGY_LINE.match(line)
         if match:
-            found[int(match["step"])] = line
+            found[int(match["iteration"]) - 1] = line
     return found
 
 
@@ -88,9 +89,9 @@ def plan_line(report: RankReport) -> str:
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> tuple[DemoSettings, list[RankReport]]:
+def first_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     demo = settings(tmp_path_factory.mktemp("energy"))
-    return demo, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return demo, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +100,9 @@ def cache_runs(first_run, tmp_path_factory) -> tuple[Path, list[RankReport], lis
     demo, _ = first_run
     energy_dir = tmp_path_factory.mktemp("cache") / "energy"
     shutil.copytree(demo.energy_dir, energy_dir)
-    again = run_demo(replace(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
+    again = run_world(replace(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
     changed_demo = replace(demo, energy_dir=energy_dir, num_microbatches=4)
-    changed = run_demo(changed_demo, tmp_path_factory.mktemp("results"))
+    changed = run_world(changed_demo, tmp_path_factory.mktemp("results"))
     return energy_dir, again, changed
 
 
@@ -171,6 +172,19 @@ def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_saving(fir
     assert all("| profiling |" in line and "predicted" not in line for line in profiled)
 
 
+def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
+    """Megatron's TensorBoard/W&B writers sit on the last rank; the line is printed on rank 0."""
+    _, reports = first_run
+    lines = energy_lines(reports[0])
+    for report in reports:
+        totals = {
+            iteration: value for name, value, iteration in report.scalars if name == "energy/j_per_iter_total"
+        }
+        assert sorted(totals) == [step + 1 for step in sorted(lines)]  # 1-based, as Megatron's iterations
+        for step, line in lines.items():
+            assert f"total={totals[step + 1]:.1f} " in line
+
+
 def test_the_cache_folder_holds_the_job(first_run):
     demo, _ = first_run
     folder = job_folder(demo.energy_dir)
@@ -184,7 +198,8 @@ def test_the_cache_folder_holds_the_job(first_run):
     assert len(rows) - 1 == 4 * 2 * len(GRID_MHZ)  # stage x (forward, backward) x clock
     plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
     assert plan.num_stages == 4 and plan.target == "iso-time"
-    assert {step.clock_mhz for stage in range(4) for step in plan.rank_clocks(stage)} <= set(GRID_MHZ)
+    planned = {clock for stage in range(4) for clock in plan.target_point.clock_table(stage).values()}
+    assert planned <= set(GRID_MHZ)
 
 
 def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
@@ -202,7 +217,8 @@ def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
                 for event in timeline["traceEvents"]
                 if event["ph"] == "X" and event["pid"] == stage and event["cat"] == kind
             )
-            planned = sorted(step.clock_mhz for step in plan.rank_clocks(stage) if step.kind == kind)
+            table = plan.target_point.clock_table(stage)
+            planned = sorted(clock for instruction, clock in table.items() if instruction.kind == kind)
             assert shown == planned and len(planned) == demo.num_microbatches
 
 
@@ -241,7 +257,7 @@ def straggler_run(tmp_path_factory) -> tuple[range, list[RankReport]]:
     profiling = profiling_steps(demo)
     window = range(profiling + 3, profiling + 7)
     demo = replace(demo, throttle=(1, window[0], window[-1], THROTTLE_MHZ))
-    return window, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return window, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 def test_the_other_replica_follows_a_throttled_replica_and_comes_back(straggler_run):
@@ -288,12 +304,12 @@ def test_the_throttled_replica_keeps_its_plan(straggler_run):
 
 
 @pytest.fixture(scope="module")
-def safety_run(tmp_path_factory) -> tuple[DemoSettings, list[RankReport]]:
+def safety_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     """PP=2, one replica, its GPUs throttled through the whole run phase; 2 % tolerance."""
     demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=6, safety_tolerance=0.02)
     profiling = profiling_steps(demo)
     demo = replace(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
-    return demo, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return demo, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 def test_a_plan_slower_than_allowed_reverts_to_stock_clocks(safety_run):

@@ -70,8 +70,8 @@ def test_energy_line_sums_peers_per_stage_and_labels_every_figure():
     assert f"total={total:.1f}" in line
     assert f"predicted (modelled)={predicted:.1f}" in line
     assert f"saving vs stock (modelled)={100 * (1 - total / stock):.1f}%" in line
-    assert "iter 130.0 ms" in line  # the slowest rank's iteration
-    assert "stock 95.0 ms" in line
+    assert "iter 130.0 ms (modelled)" in line  # the slowest rank's iteration
+    assert "stock 95.0 ms (modelled)" in line
     assert scalars == pytest.approx(
         {
             "energy/j_per_iter_total": total,
@@ -92,7 +92,7 @@ def test_energy_line_leaves_out_prediction_and_saving_it_cannot_compute():
     line, scalars = format_energy_line(4, ranks, "measured", "profiling")
     assert "J/iter measured: s0=10.0 s1=20.0" in line
     assert "predicted" not in line and "saving" not in line
-    assert "stock 95.0 ms" in line  # the one rank that knows the stock time
+    assert "stock 95.0 ms (measured)" in line  # the one rank that knows the stock time
     assert set(scalars) == {
         "energy/j_per_iter_total",
         "energy/j_per_iter_stage0",

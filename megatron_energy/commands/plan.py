@@ -23,6 +23,7 @@ from megatron_energy.commands.arguments import (
     non_negative_float,
     non_negative_int,
     output_file,
+    plain_text,
     readable_file,
 )
 from megatron_energy.config import EnergyTarget, known_gpu_spec, parse_target, positive_int
@@ -46,13 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="compute the time–energy frontier and a clock plan from a profile CSV",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
     )
     parser.add_argument(
         "--config",
         type=readable_file,
         help="job YAML (configs/examples/*.yaml): orders, transfers, tail and GPU from the job, so "
-        "`simulate --config` replays the plan exactly; without --profile the job's modelled profile",
+        "simulate --config replays the plan exactly; without --profile the job's modelled profile",
     )
     parser.add_argument("--profile", type=readable_file, help="profile CSV (Perseus/lowtime columns)")
     parser.add_argument("--stages", type=positive_int, help="pipeline-parallel size (without --config)")

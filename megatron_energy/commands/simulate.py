@@ -12,7 +12,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from megatron_energy.commands.arguments import fail, output_file, readable_file
+from megatron_energy.commands.arguments import fail, output_file, plain_text, readable_file
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="modelled iteration time and per-stage energy of a job (optionally under a plan)",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
     )
     parser.add_argument(
         "--config", required=True, type=readable_file, help="job YAML, e.g. configs/examples/*.yaml"

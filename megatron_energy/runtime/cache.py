@@ -1,6 +1,6 @@
 """Profiles and plans under ``--energy-dir``, keyed by a fingerprint of the job; atomic and verified.
 
-Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,baseline.json,manifest.json}``
+Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,baseline.json,manifest.json}``
 plus ``<dir>/last_job.json``, the facts of the most recent job, so that a miss can say what changed.
 
 :meth:`JobCache.store` writes every artefact atomically under the folder's exclusive lock, then the manifest

@@ -7,7 +7,9 @@ text, so what runs is exactly what the file says.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,22 @@ class StockBaseline:
     energy_by_rank: dict[int, float] = field(default_factory=dict)
     """Energy per iteration of each global rank's GPU."""
 
+    step_iteration_s: tuple[float, ...] = ()
+    """Each measured stock step's iteration time (the slowest rank's), in the order the steps ran."""
+
+    step_energy_j: tuple[float, ...] = ()
+    """Each measured stock step's energy over every GPU of the job."""
+
     def to_json(self) -> str:
         """The baseline as the cache stores it."""
         return json.dumps(
-            {"stock_time_s": self.iteration_s, "stock_energy_by_rank": self.energy_by_rank}, indent=2
+            {
+                "stock_time_s": self.iteration_s,
+                "stock_energy_by_rank": self.energy_by_rank,
+                "stock_step_time_s": list(self.step_iteration_s),
+                "stock_step_energy_j": list(self.step_energy_j),
+            },
+            indent=2,
         )
 
     @classmethod
@@ -50,6 +64,8 @@ class StockBaseline:
         return cls(
             iteration_s=None if time_s is None else float(time_s),
             energy_by_rank={int(k): float(v) for k, v in data.get("stock_energy_by_rank", {}).items()},
+            step_iteration_s=tuple(float(v) for v in data.get("stock_step_time_s", ())),
+            step_energy_j=tuple(float(v) for v in data.get("stock_step_energy_j", ())),
         )
 
 
@@ -65,6 +81,10 @@ class PlanRelease:
 
     profile_csv: str
     """The profile the plan was made from (CSV text)."""
+
+    frontier_csv: str = ""
+    """The plan's instant-switch frontier curve (CSV text, :func:`frontier_csv_text`); empty when the release
+    was loaded from the cache, which already holds it."""
 
 
 @dataclass(frozen=True)
@@ -107,22 +127,45 @@ def plan_on_root(
         The release to broadcast (and to cache with :func:`store_release`).
     """
     plan = optimiser.plan(profile, job)
-    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text())
+    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan))
+
+
+def frontier_csv_text(plan: Plan) -> str:
+    """The plan's instant-switch frontier curve as ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent``.
+
+    One row per sample, all modelled; the columns of ``megatron-energy plan``'s frontier.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["deadline_s", "time_s", "energy_j", "lower_bound_j", "gap_percent"])
+    for sample in plan.frontier:
+        gap = sample.energy_j / sample.lower_bound_j - 1.0 if sample.lower_bound_j > 0 else 0.0
+        writer.writerow(
+            [
+                f"{sample.deadline_s:.9g}",
+                f"{sample.time_s:.9g}",
+                f"{sample.energy_j:.9g}",
+                f"{sample.lower_bound_j:.9g}",
+                f"{100 * gap:.6f}",
+            ]
+        )
+    return out.getvalue()
 
 
 def store_release(cache: JobCache, release: PlanRelease) -> None:
-    """Cache the plan file, the baseline and the profile it was planned from (atomic, verified).
+    """Cache the plan file, the baseline, the profile it was planned from and its frontier (atomic, verified).
 
     Raises:
         OSError: The cache cannot be written.
     """
-    cache.store(
-        {
-            "plan.json": release.plan_text,
-            "baseline.json": release.baseline.to_json(),
-            "profile.csv": release.profile_csv,
-        }
-    )
+    artefacts = {
+        "plan.json": release.plan_text,
+        "baseline.json": release.baseline.to_json(),
+        "profile.csv": release.profile_csv,
+    }
+    if release.frontier_csv:
+        artefacts["frontier.csv"] = release.frontier_csv
+    cache.store(artefacts)
 
 
 def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
@@ -144,13 +187,21 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 
 
 def baseline_from_profiling(
-    gathered: Sequence[tuple[Sequence[ProfileRow], StepRecord | None]],
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's profiling records (rank = position)."""
-    stock = [(rank, record) for rank, (_, record) in enumerate(gathered) if record is not None]
+    """The stock-clock baseline from every rank's measured stock steps (rank = position).
+
+    Per rank, the mean over its stock steps; per step, the slowest rank's time and the energy of all ranks
+    (over the steps every rank measured).
+    """
+    stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
+    means = {rank: mean_record(steps) for rank, steps in stock}
+    per_step = list(zip(*(steps for _, steps in stock), strict=False))
     return StockBaseline(
-        iteration_s=max((record.iteration_s for _, record in stock), default=None),
-        energy_by_rank={rank: record.energy_j for rank, record in stock},
+        iteration_s=max((record.iteration_s for record in means.values()), default=None),
+        energy_by_rank={rank: record.energy_j for rank, record in means.items()},
+        step_iteration_s=tuple(max(record.iteration_s for record in step) for step in per_step),
+        step_energy_j=tuple(sum(record.energy_j for record in step) for step in per_step),
     )
 
 

@@ -114,16 +114,23 @@ class ProfileCollector:
             for (work, clock), times in sorted(self._times.items())
         ]
 
+    def stock_steps(self) -> list[StepRecord]:
+        """The measured steps at the grid's first (stock) clock, in the order they ran."""
+        return [record for record in self.steps if record.clock_mhz == self.clocks_mhz[0]]
+
     def stock_baseline(self) -> StepRecord | None:
         """Mean iteration time and energy at the grid's first (stock) clock."""
-        stock = [record for record in self.steps if record.clock_mhz == self.clocks_mhz[0]]
-        if not stock:
-            return None
-        return StepRecord(
-            clock_mhz=self.clocks_mhz[0],
-            iteration_s=sum(r.iteration_s for r in stock) / len(stock),
-            energy_j=sum(r.energy_j for r in stock) / len(stock),
-        )
+        stock = self.stock_steps()
+        return mean_record(stock) if stock else None
+
+
+def mean_record(records: Sequence[StepRecord]) -> StepRecord:
+    """The mean iteration time and energy of steps at one clock (the first record's)."""
+    return StepRecord(
+        clock_mhz=records[0].clock_mhz,
+        iteration_s=sum(r.iteration_s for r in records) / len(records),
+        energy_j=sum(r.energy_j for r in records) / len(records),
+    )
 
 
 def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[Work, dict[int, tuple[float, float]]]:

@@ -37,7 +37,14 @@ from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.energy_log import (
+    EnergyRecord,
+    StageEnergy,
+    append_record,
+    format_energy_line,
+    publish,
+    write_scalars,
+)
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
@@ -132,6 +139,7 @@ class EnergySession:
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
         self._steps_in_interval: list[StepFigures] = []
+        self._log_file = config.log_file
         self._start_from_cache()
 
     @property
@@ -226,10 +234,10 @@ class EnergySession:
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
 
-    def _profile_contribution(self) -> tuple[list[ProfileRow], StepRecord | None] | Fallback:
-        """This rank's rows and stock record for the gather, or why it has none."""
+    def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
+        """This rank's rows and measured stock steps for the gather, or why it has none."""
         try:
-            return self.collector.rows(), self.collector.stock_baseline()
+            return self.collector.rows(), self.collector.stock_steps()
         except Exception as problem:  # reported to rank 0, which decides for every rank
             return Fallback(f"rank {self.context.global_rank} could not summarise its profile: {problem}")
 
@@ -251,7 +259,7 @@ class EnergySession:
             )
         return release
 
-    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], StepRecord | None]]) -> PlanRelease:
+    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]]) -> PlanRelease:
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
             rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
@@ -382,7 +390,25 @@ class EnergySession:
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
             stock_iteration_s=self.baseline.iteration_s,
         )
+        iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
         gathered = self.comms.gather_to_root(mine)
+        scalars: dict[str, float] | None = None
         if gathered is not None:
-            line, scalars = format_energy_line(step, gathered, self.timer.source, phase)
-            publish(line, scalars, step, self.context.log_sinks, self.printer)
+            line, scalars = format_energy_line(iteration, gathered, self.timer.source, phase)
+            publish(line, scalars, iteration, self.context.log_sinks, self.printer)
+            self._write_record(EnergyRecord(iteration, phase, self.timer.source, scalars))
+        # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
+        if self.context.world_size > 1:
+            scalars = self.comms.broadcast_from_root(scalars)
+            if gathered is None and scalars is not None:
+                write_scalars(scalars, iteration, self.context.log_sinks)
+
+    def _write_record(self, record: EnergyRecord) -> None:
+        """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
+        if self._log_file is None:
+            return
+        try:
+            append_record(self._log_file, record)
+        except OSError as problem:
+            self.printer(f"[energy] cannot append to {self._log_file} ({problem}); no more --energy-log-file")
+            self._log_file = None

@@ -1,31 +1,31 @@
-"""``megatron-energy demo``: the whole profile → plan → run loop on real megatron-core schedules, no GPU.
+"""Energy sessions in a gloo world over megatron-core's real pipeline schedule, for the end-to-end tests.
 
-A tiny GPT runs megatron-core's real pipeline schedule over gloo (PP=4 by default, one process per stage);
-the launcher path's hooks (timers proxy + traced P2P communicator) feed one ``EnergySession`` per rank, whose
-simulated GPUs time every instruction on a virtual clock with the work of a real model's stage (GPT-3 XL by
-default) from the time/power model. Everything the demo reports is therefore *modelled*.
+``run_world`` spawns one world (``megatron_harness.spawn_world``): every rank builds a pipeline stage of the
+tiny GPT and its energy session the way the launcher does (the job context from megatron-core's parallel
+state with the executed pipeline orders, ``session_factory.parallel_job_context``; the session from
+``runtime.assembly.build_session``; the launcher-path hooks, ``megatron.hooks.install_hooks``), runs the
+schedule step after step and reports what it saw. The simulated GPUs time every instruction with the work of
+a real model's stage (GPT-3 1.3B by default), so every figure here is modelled.
 
-The CPU workarounds megatron-core needs (CUDA-only allocations in the schedule) live in the test harness,
-``tests/megatron_harness.py``, never in the package; the demo runs from a source checkout and uses it.
+Unlike the launcher, the worker drives the steps itself: it can throttle a replica's simulated GPUs between
+two steps (a straggler) and read each step's figures from the session.
 """
 
 from __future__ import annotations
 
-import importlib
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.config import EnergyConfig, EnergyTarget
+from megatron_harness import PipelineWorld, spawn_world
 
-HARNESS = Path(__file__).resolve().parents[2] / "tests" / "megatron_harness.py"
+from megatron_energy.config import EnergyConfig, EnergyTarget
 
 
 @dataclass(frozen=True)
-class DemoSettings:
-    """What the demo runs."""
+class SessionSettings:
+    """What one world runs."""
 
     pipeline_size: int = 4
     """Pipeline stages (one gloo process each, times the data-parallel size)."""
@@ -67,9 +67,6 @@ class DemoSettings:
     safety_tolerance: float = 0.05
     """``--energy-safety-tolerance``."""
 
-    progress: bool = True
-    """Show a progress bar while profiling."""
-
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -105,81 +102,53 @@ class RankReport:
     lines: tuple[str, ...]
     losses: tuple[float, ...]
     stock_time_s: float | None
-    """Iteration time at stock clocks measured while profiling (modelled on simulated GPUs)."""
+    """Iteration time at stock clocks measured while profiling (the slowest rank's; modelled)."""
     stock_energy_j: float | None
     """This rank's energy per iteration at stock clocks measured while profiling."""
+    scalars: tuple[tuple[str, float, int], ...] = ()
+    """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
+    writers live on the last rank only; here every rank has one)."""
 
 
-def load_harness() -> Any:
-    """Import ``tests/megatron_harness.py`` from the source checkout.
-
-    Raises:
-        RuntimeError: The package is not running from a source checkout.
-    """
-    if not HARNESS.exists():
-        raise RuntimeError(
-            f"the demo runs megatron-core on CPU through the test harness {HARNESS}, which is not here; "
-            "run it from a source checkout of megatron_energy (git clone, then bash scripts/setup.sh)"
-        )
-    if str(HARNESS.parent) not in sys.path:
-        sys.path.insert(0, str(HARNESS.parent))
-    return importlib.import_module("megatron_harness")
-
-
-def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankReport:
-    """One rank of the demo: a pipeline stage of the tiny GPT with its energy session."""
-    from megatron.core import parallel_state
+def session_worker(rank: int, world_size: int, settings: SessionSettings) -> RankReport:
+    """One rank: a pipeline stage of the tiny GPT with its energy session, run for the whole job."""
     from megatron.training import global_vars
 
     from megatron_energy.megatron.hooks import install_hooks
-    from megatron_energy.megatron.schedule import pipeline_orders
-    from megatron_energy.pipeline.profile import TransformerShape
+    from megatron_energy.megatron.session_factory import parallel_job_context
+    from megatron_energy.pipeline.workload import TransformerShape
     from megatron_energy.runtime.assembly import build_session
-    from megatron_energy.runtime.comms import TorchComms
-    from megatron_energy.runtime.context import JobContext
 
-    harness = load_harness()
-    world = harness.PipelineWorld(settings.pipeline_size)
-    context = JobContext(
-        pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(),
-        orders=pipeline_orders(settings.pipeline_size, settings.num_microbatches),
-        data_parallel_rank=parallel_state.get_data_parallel_rank(),
-        data_parallel_size=parallel_state.get_data_parallel_world_size(),
+    world = PipelineWorld(settings.pipeline_size)
+    scalars: list[tuple[str, float, int]] = []
+    context, comms = parallel_job_context(
         shape=TransformerShape.from_name(settings.model),
-        global_rank=rank,
-        world_size=world_size,
+        num_microbatches=settings.num_microbatches,
         log_interval=settings.log_interval,
+        log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
     )
     lines: list[str] = []
 
     def printer(line: str) -> None:
         lines.append(line)
-        if rank == 0 or "straggler" in line or "safety" in line:
-            print(line, flush=True)
 
-    comms = TorchComms(parallel_state.get_pipeline_model_parallel_group(), device="cpu")
     session = build_session(settings.energy_config(), context, comms, printer=printer)
     installation = install_hooks(session, num_microbatches_fn=lambda: settings.num_microbatches)
     world.config.timers = global_vars.Timers(0, "minmax")
     profiling = 0 if session.phase != "profiling" else session.collector.steps_needed
-    steps, losses = [], []
-    progress = _progress(settings, rank, profiling)
+    steps: list[StepReport] = []
+    losses: list[float] = []
     try:
         for step in range(profiling + settings.run_steps):
-            _apply_throttle(session, settings, context, step)
+            _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
             phase = session.phase
             losses += world.run(settings.num_microbatches, seed=step)
             world.zero_grads()
             figures = session.history[-1]
             steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j))
-            if progress is not None and step < profiling:
-                progress.advance(0)
     finally:
-        if progress is not None:
-            progress.stop()
         installation.uninstall()
         session.close()
-    baseline = session.baseline
     return RankReport(
         rank=rank,
         stage=context.pipeline_rank,
@@ -187,33 +156,22 @@ def demo_worker(rank: int, world_size: int, settings: DemoSettings) -> RankRepor
         steps=tuple(steps),
         lines=tuple(lines),
         losses=tuple(losses),
-        stock_time_s=baseline.iteration_s,
-        stock_energy_j=baseline.energy_by_rank.get(rank),
+        stock_time_s=session.baseline.iteration_s,
+        stock_energy_j=session.baseline.energy_by_rank.get(rank),
+        scalars=tuple(scalars),
     )
 
 
-def _apply_throttle(session: Any, settings: DemoSettings, context: Any, step: int) -> None:
+def _apply_throttle(session: Any, settings: SessionSettings, replica: int, device: int, step: int) -> None:
     if settings.throttle is None:
         return
-    replica, first, last, ceiling = settings.throttle
-    if context.data_parallel_rank == replica:
-        gpus = session.meter.gpus
-        gpus.throttle(context.local_device_index, ceiling if first <= step <= last else None)
-
-
-def _progress(settings: DemoSettings, rank: int, profiling_steps: int) -> Any:
-    if rank != 0 or not settings.progress or profiling_steps == 0:
-        return None
-    from rich.progress import Progress
-
-    progress = Progress(transient=True)
-    progress.start()
-    progress.add_task("profiling clocks (simulated GPUs, modelled)", total=profiling_steps)
-    return progress
+    throttled, first, last, ceiling = settings.throttle
+    if replica == throttled:
+        session.meter.gpus.throttle(device, ceiling if first <= step <= last else None)
 
 
 @dataclass(frozen=True)
-class DemoSummary:
+class JobSummary:
     """Stock-clock profiling steps against planned steps, whole job (modelled)."""
 
     stock_iteration_s: float
@@ -226,32 +184,29 @@ class DemoSummary:
         """Relative energy saved per iteration."""
         return 1.0 - self.planned_energy_j / self.stock_energy_j
 
-    @property
-    def slowdown(self) -> float:
-        """Relative change of the iteration time."""
-        return self.planned_iteration_s / self.stock_iteration_s - 1.0
 
-
-def summarise(reports: list[RankReport]) -> DemoSummary:
+def summarise(reports: list[RankReport]) -> JobSummary:
     """Whole-job energy per iteration and iteration time: stock clocks (profiling) against the plan.
 
     Planned figures are medians over the steps every rank ran with the target plan.
     """
     planned = sorted({s.step for s in reports[0].steps if s.phase == "planned"})
-    if not planned or any(r.stock_energy_j is None or r.stock_time_s is None for r in reports):
-        raise ValueError("the demo ran no planned step or has no stock baseline; raise run_steps")
+    stock_times = [r.stock_time_s for r in reports if r.stock_time_s is not None]
+    stock_energies = [r.stock_energy_j for r in reports if r.stock_energy_j is not None]
+    if not planned or len(stock_times) < len(reports) or len(stock_energies) < len(reports):
+        raise ValueError("the world ran no planned step or has no stock baseline; raise run_steps")
     times = [max(s.iteration_s for r in reports for s in r.steps if s.step == step) for step in planned]
     energies = [sum(s.energy_j for r in reports for s in r.steps if s.step == step) for step in planned]
-    return DemoSummary(
-        stock_iteration_s=max(r.stock_time_s for r in reports),  # type: ignore[type-var]
+    return JobSummary(
+        stock_iteration_s=max(stock_times),
         planned_iteration_s=statistics.median(times),
-        stock_energy_j=sum(r.stock_energy_j for r in reports),  # type: ignore[misc]
+        stock_energy_j=sum(stock_energies),
         planned_energy_j=statistics.median(energies),
     )
 
 
-def run_demo(settings: DemoSettings, result_dir: Path) -> list[RankReport]:
-    """Spawn the gloo world and run the demo on every rank.
+def run_world(settings: SessionSettings, result_dir: Path) -> list[RankReport]:
+    """Spawn the gloo world and run ``session_worker`` on every rank.
 
     Args:
         settings: What to run.
@@ -260,6 +215,5 @@ def run_demo(settings: DemoSettings, result_dir: Path) -> list[RankReport]:
     Returns:
         Every rank's report, by rank.
     """
-    harness = load_harness()
     world_size = settings.pipeline_size * settings.data_parallel_size
-    return harness.spawn_world(demo_worker, world_size, result_dir, payload=settings)
+    return spawn_world(session_worker, world_size, result_dir, payload=settings)
