@@ -6,6 +6,9 @@ that cut energy at the same iteration time. See README.md.
 
 Layers (imports only run down; ``tests/test_layering.py`` checks every import):
 
+6. ``demo_model/``'s modules: the demo's training job, a Megatron training script the launcher runs;
+   nothing in the package imports them.
+
 5. what a user calls: ``commands/``, ``report/``, ``launch``, ``cli``, ``job`` (the offline job description
    the commands read).
 4. ``megatron/``: the only room that imports ``megatron.*``: hooks, executed pipeline orders, refused modes,

@@ -40,15 +40,20 @@ LAYERS: dict[str, int] = {
     "megatron_energy.launch": 5,
     "megatron_energy.cli": 5,
     "megatron_energy.job": 5,
+    "megatron_energy.demo_model": 5,
+    "megatron_energy.demo_model.cpu_shims": 6,
+    "megatron_energy.demo_model.tiny_gpt": 6,
+    "megatron_energy.demo_model.pretrain_tiny_gpt": 6,
 }
 """The layer of each module or package prefix; the longest matching prefix decides."""
 
-OWNERS: dict[str, str] = {
-    "megatron": "megatron_energy.megatron",
-    "zeus": "megatron_energy.dvfs",
-    "pynvml": "megatron_energy.dvfs",
+OWNERS: dict[str, tuple[str, ...]] = {
+    "megatron": ("megatron_energy.megatron", "megatron_energy.demo_model"),
+    "zeus": ("megatron_energy.dvfs",),
+    "pynvml": ("megatron_energy.dvfs",),
 }
-"""Third-party packages only one room of the package may import."""
+"""Third-party packages only some rooms of the package may import (the demo's training job is a Megatron
+training script, run by the launcher like ``pretrain_gpt.py``)."""
 
 LOWEST_TORCH_LAYER = 3
 """Layers below this one are pure Python + numpy/scipy/networkx: no torch."""
@@ -129,13 +134,13 @@ def test_the_package_imports_nothing_from_the_test_tree() -> None:
 
 @pytest.mark.parametrize("dependency", sorted(OWNERS))
 def test_a_heavy_dependency_is_imported_by_its_owner_only(dependency: str) -> None:
-    owner = OWNERS[dependency]
+    owners = OWNERS[dependency]
     strays = [
         str(edge)
         for edge in all_edges()
-        if is_within(edge.imported, dependency) and not is_within(edge.importer, owner)
+        if is_within(edge.imported, dependency) and not any(is_within(edge.importer, o) for o in owners)
     ]
-    assert not strays, f"only {owner} may import {dependency}:\n" + "\n".join(strays)
+    assert not strays, f"only {', '.join(owners)} may import {dependency}:\n" + "\n".join(strays)
 
 
 def test_lower_layers_do_not_import_torch() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
 from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.runtime.energy_log import EnergyRecord, read_records
@@ -24,7 +25,7 @@ from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
 
 
-class SummaryError(ValueError):
+class SummaryError(EnergyValueError):
     """The run left nothing to compare; the message says why."""
 
 
