@@ -54,6 +54,7 @@ from megatron_harness import (
 )
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
+from megatron_energy.events import read_trace
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX, manifest_for
 
@@ -110,6 +111,8 @@ class Job:
     """Start together with the other world (both worlds' ranks meet at a barrier first)."""
     until_killed: bool = False
     """Keep training (cached plan running) until the test kills the world."""
+    trace: bool = False
+    """Add ``--energy-trace <energy dir>/trace.jsonl`` (one file per rank)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ MAIN_JOBS = (
     Job("gpu-held-rank1", "gpu-held-rank1", prepare="hold-rank1-gpu"),
     Job("planner-raises", "planner-raises", mode="fault-raises"),
     Job("rank1-cannot-run-plan", "rank1-cannot-run-plan", mode="fault-rank1-plan"),
+    Job("trace-disk-full-rank1", "trace-disk-full-rank1", prepare="trace-to-full-disk-on-rank1", trace=True),
     Job("killed", "killed", prepare="copy-clean", until_killed=True, steps=10_000),
 )
 WORLDS = (World("main", MAIN_JOBS), World("peer", CONCURRENT))
@@ -295,6 +299,10 @@ def prepare(key: str, root: Path, job: Job) -> None:
     target = root / job.energy_dir
     if key == "hold-rank1-gpu":
         _hold_rank1_gpu(target)
+        return
+    if key == "trace-to-full-disk-on-rank1":  # every write of rank 1's trace fails with ENOSPC
+        target.mkdir(parents=True)
+        (target / "trace.jsonl.rank1").symlink_to("/dev/full")
         return
     shutil.copytree(root / "clean", target)
     folder = job_folder(target)
@@ -425,6 +433,8 @@ def _run_job(rank: int, job: Job, root: Path, world: PipelineWorld, meet: Any, r
         "--energy-freq-grid", ",".join(map(str, GRID_MHZ)), "--energy-profile-iters", "1",
         "--energy-dir", str(energy_dir),
     ]  # fmt: skip
+    if job.trace:
+        flags += ["--energy-trace", str(energy_dir / "trace.jsonl")]
     config, _, _ = launch.split_command([*flags, str(TINY_GPT_SCRIPT)])
     config = dataclasses.replace(config, mode=job.mode)  # the parser only lists the packaged modes
     phases: list[str] = []
@@ -836,6 +846,18 @@ def test_a_plan_rank1_cannot_run_sends_every_rank_to_stock_clocks(fault_run: Fau
         assert "a rank could not run the plan" in line
     cached = list((fault_run.root / "rank1-cannot-run-plan").glob("*/plan.json"))
     assert not cached, "a plan some rank cannot run must not be cached for the next run"
+
+
+def test_a_full_disk_under_rank1s_trace_stops_the_trace_not_the_job(fault_run: FaultRun) -> None:
+    """Every write of rank 1's ``--energy-trace`` file fails with ENOSPC (it is ``/dev/full``)."""
+    results = fault_run.job("trace-disk-full-rank1")
+    assert_healthy_end(results)
+    assert results[0].phases == PLANNED_AFTER_PROFILING
+    (stopped,) = lines_with(results[1], "stopped writing the trace")
+    assert "No space left on device" in stopped and "training continues" in stopped
+    assert not lines_with(results[0], "stopped writing the trace")
+    events = read_trace(fault_run.root / "trace-disk-full-rank1" / "trace.jsonl.rank0")
+    assert [e["step"] for e in events if e["event"] == "step_end"] == list(range(JOB_STEPS))
 
 
 def test_two_jobs_at_once_on_one_energy_dir(fault_run: FaultRun) -> None:
