@@ -72,7 +72,6 @@ DEATH_LIMIT_S = 20.0
 
 GPU_SPEC = "h100-sxm"
 GRID_MHZ = (1980, 1500)
-STOCK_MHZ = GRID_MHZ[0]
 PROFILING_STEPS = 2 * len(GRID_MHZ)  # a settling and a measured step per clock
 RUN_STEPS = 2
 JOB_STEPS = PROFILING_STEPS + RUN_STEPS
@@ -100,9 +99,9 @@ class Job:
     energy_dir: str
     """Folder under the run root used as ``--energy-dir``."""
     prepare: str | None = None
-    """Key of ``PREPARATIONS``: what rank 0 does to the energy dir before the job (every rank waits)."""
+    """A key of :func:`prepare`: what rank 0 does to the energy dir before the job (every rank waits)."""
     fault: str | None = None
-    """Key of ``FAULTS``: what is injected on ``fault_rank`` while the job runs."""
+    """A key of :func:`inject`: what is injected on ``fault_rank`` while the job runs."""
     fault_rank: int = 0
     mode: str = "perseus"
     """``--energy-mode``; the test optimisers are registered in every rank."""
@@ -668,8 +667,13 @@ def assert_finished(results: list[RankResult], steps: int = JOB_STEPS) -> None:
 
 
 def assert_same_outcome(results: list[RankResult]) -> None:
-    """Both ranks went through the same phases, step for step."""
+    """Both ranks went through the same phases, step for step, and each logged the same number of fallbacks.
+
+    (The reasons may differ: the rank that failed names its own error, the others that another rank did.)
+    """
     assert results[0].phases == results[1].phases, [r.phases for r in results]
+    fallbacks = [len(lines_with(result, NOT_OPTIMISING)) for result in results]
+    assert fallbacks[0] == fallbacks[1] <= 1, [result.lines for result in results]
 
 
 def assert_at_stock(results: list[RankResult]) -> None:
@@ -878,9 +882,11 @@ def test_two_jobs_at_once_on_one_energy_dir(fault_run: FaultRun) -> None:
                 "failed verification" in line or "unusable" in line for r in results for line in r.lines
             )
     shared = fault_run.root / "shared"
-    (folder,) = [path.parent for path in shared.glob("*/job.json")]
-    assert JobCache(shared, _parts(folder)).load().hit
-    assert not quarantines(folder)
+    folders = [path.parent for path in shared.glob("*/job.json")]
+    assert folders, "no job cached its plan"
+    for folder in folders:  # two when one job found the GPUs held by the other (another fingerprint)
+        assert JobCache(shared, _parts(folder)).load().hit
+        assert not quarantines(folder)
     assert not list(shared.rglob(".*.tmp")), "no temporary file may be left behind"
     for rank in (0, 1):
         (gpu,) = json.loads((shared / "simulated" / f"rank{rank}.json").read_text())["gpus"]
