@@ -31,15 +31,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated_state import STATE_SCHEMA_VERSION, read_state, reset_state_file
 from megatron_energy.dvfs.spec import GpuSpec
 
-STATE_SCHEMA_VERSION = 1
+__all__ = ["STATE_SCHEMA_VERSION", "SimulatedGPU", "SimulatedGPUs", "read_state", "reset_state_file"]
+
 SIMULATED_TEMPERATURE_C = 50
 """Constant die temperature the simulated GPUs report (the power model has no thermal state)."""
 AVERAGE_POWER_WINDOW_S = 1.0
@@ -386,27 +387,3 @@ class SimulatedGPUs(GPUs):
             ),
             durable=False,
         )
-
-
-def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a simulated GPUs' state file (see the module docstring for what it holds)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None = None) -> None:
-    """Reset the locked SM clocks recorded in a state file, as a clock reset would, from another process.
-
-    Used by the clock watchdog when the process owning the simulated GPUs died without resetting them. The
-    reset takes effect at once (there is no virtual clock left to wait on).
-
-    Args:
-        path: The state file.
-        indices: GPUs to reset; None = all.
-    """
-    state = read_state(path)
-    for gpu in state["gpus"]:
-        if indices is None or gpu["index"] in indices:
-            gpu["reset_calls"] += 1
-            gpu["locked_sm_clock_mhz"] = gpu["pending_sm_clock_mhz"] = gpu["pending_at_s"] = None
-            gpu["sm_clock_mhz"] = state["default_sm_clock_mhz"]
-    write_atomically(path, json.dumps(state), durable=False)

@@ -19,6 +19,8 @@ cache, a rank that cannot summarise its profile, a solver error, a cache write e
 run) is caught, and every rank reaches the same outcome through the collectives every rank joins anyway
 (the gather, the broadcast, one small all-reduce): all re-profile, all fall back to stock clocks, or (a
 cache write error) all run the uncached plan. Each rank logs why; no exception reaches Megatron's step.
+(Whatever stops a rank from starting its session is agreed on before the first of these collectives, by
+``runtime.assembly.build_session``.)
 """
 
 from __future__ import annotations
@@ -204,26 +206,47 @@ class EnergySession:
     # ------------------------------------------------------------------------------------------- phases
 
     def _start_from_cache(self) -> None:
-        """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile."""
+        """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile.
+
+        A cache that verifies but cannot be used (a baseline that is not one, a plan of another job, a plan
+        some rank cannot run) is moved aside by rank 0 like one that fails verification, so the store after
+        re-planning never overwrites it.
+        """
         decision: PlanRelease | None = None
         if self.context.global_rank == 0:
             try:
                 decision, message = load_release(self.cache)
             except Exception as problem:  # any unreadable cache means: profile again
-                decision, message = (
-                    None,
-                    f"energy cache at {self.cache.folder} unusable ({problem}); profiling",
-                )
+                decision, message = None, self._set_cache_aside(f"unusable ({problem})")
             self.printer(f"[energy] {message}")
         decision = self.comms.broadcast_from_root(decision)
         if decision is not None and not self._adopt_everywhere(decision):
+            if self.context.global_rank == 0:
+                self.printer(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
             self.printer(
                 f"[energy] rank {self.context.global_rank}: not using the cached plan; profiling again"
             )
         self.meter.lap()
 
+    def _set_cache_aside(self, why: str) -> str:
+        """Move the job's cached files aside (rank 0); the log line that says why and where."""
+        try:
+            aside = self.cache.set_aside()
+        except OSError as error:
+            return f"energy cache at {self.cache.folder} {why}; could not move it aside ({error}); profiling"
+        if aside is None:
+            return f"energy cache at {self.cache.folder} {why}; profiling again"
+        return (
+            f"energy cache at {self.cache.folder} {why}; moved its files to {aside} (kept for inspection, "
+            "delete when done); profiling again"
+        )
+
     def _plan(self) -> None:
-        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere."""
+        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere.
+
+        Rank 0 caches the plan only once every rank has adopted it: a plan some rank cannot run is never
+        cached.
+        """
         gathered = self.comms.gather_to_root(self._profile_contribution())
         decision: PlanRelease | Fallback | None = None
         if gathered is not None:
@@ -233,6 +256,8 @@ class EnergySession:
             self._fall_back(decision.reason)
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
+        elif self.context.global_rank == 0:
+            self._store(decision)
 
     def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
         """This rank's rows and measured stock steps for the gather, or why it has none."""
@@ -247,9 +272,12 @@ class EnergySession:
         if failures:
             return failures[0]
         try:
-            release = self._plan_profile(gathered)
+            return self._plan_profile(gathered)
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
+
+    def _store(self, release: PlanRelease) -> None:
+        """Cache the release every rank runs (rank 0); a write error only costs the next run a profile."""
         try:
             store_release(self.cache, release)
         except OSError as problem:
@@ -257,7 +285,6 @@ class EnergySession:
                 f"[energy] could not cache the plan in {self.cache.folder} ({problem}); running it uncached, "
                 "the next run profiles again"
             )
-        return release
 
     def _plan_profile(self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]]) -> PlanRelease:
         rows = [rank_rows for rank_rows, _ in gathered]
