@@ -44,7 +44,7 @@ def install_cpu_shims() -> None:
     zeros_on_cpu.cpu_shim = True  # type: ignore[attr-defined]
     torch.zeros = zeros_on_cpu
     # megatron/core/pipeline_parallel/p2p_communication.py:334/342: device=torch.cuda.current_device()
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
     torch.set_num_threads(1)
 
 
