@@ -215,3 +215,25 @@ def test_plan_command_refuses_a_profile_of_another_pipeline_than_the_job_config(
     assert args.func(args) == 2
     assert "covers 2 stages x 1 chunks, but the job" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_measured_tail_moves_every_point_by_its_time_and_energy():
+    """The tail is a constant of the job: as good plans, each longer by its time and dearer by its energy."""
+    from megatron_energy.perseus.frontier import FrontierSolver
+    from megatron_energy.pipeline.dag import IterationTail
+
+    orders, profile = pipeline_orders(2, 4), _profile(2)
+    tail = IterationTail.measured(outside_s=0.01, stage_energy_j=(9.0, 6.0))
+    plain = FrontierSolver(PipelineDag.build(orders), profile)
+    tailed = FrontierSolver(PipelineDag.build(orders, tail=tail), profile)
+    assert tailed.min_time_s == pytest.approx(plain.min_time_s + 0.01)
+    for slack in (1.0, 1.05, 1.2):
+        without = plain.solve(plain.min_time_s * slack)
+        with_tail = tailed.solve(plain.min_time_s * slack + 0.01)
+        assert with_tail.time_s <= plain.min_time_s * slack + 0.01 * (1 + 1e-9)
+        assert with_tail.lower_bound_j == pytest.approx(without.lower_bound_j + 15.0, rel=1e-9)
+        # both searches stop within TARGET_GAP of their bound; equally good plans may differ in clocks
+        assert with_tail.energy_j == pytest.approx(without.energy_j + 15.0, rel=2e-4)
+        assert with_tail.gap == pytest.approx(without.gap, abs=2e-4)
+        simulated = Simulator(PipelineDag.build(orders, tail=tail), profile).run(with_tail.clocks)
+        assert [stage.tail_energy_j for stage in simulated.stages] == [9.0, 6.0]

@@ -4,7 +4,10 @@ Energy is accounted exactly as :mod:`megatron_energy.sim.simulator` does. With `
 node ``i`` (energy ``e_i(d_i)``), ``end_s`` the end of stage ``s``'s last compute node and ``T`` the iteration
 time, one iteration costs::
 
-    E = Σ_i (e_i(d_i) − P_blocked·d_i) + Σ_s (P_blocked − P_idle)·end_s + S·P_idle·T
+    E = Σ_i (e_i(d_i) − P_blocked·d_i) + Σ_s (P_blocked − P_idle)·end_s + S·P_idle·T + C
+
+where ``C`` (``Simulator.tail_offset_j``) is what a measured iteration tail's energy adds beyond idle power
+over it: a constant of the job, 0 for a modelled tail, which moves every energy and bound alike.
 
 **Relaxation.** Each instruction's options are replaced by the lower convex hull of their (time, energy)
 points, which makes ``e_i`` convex and piecewise linear. Write ``d_i = t_i0 + Σ_k δ_ik`` with one variable
@@ -195,7 +198,7 @@ class FrontierSolver:
         node_cost = np.zeros(num_nodes)
         node_cost[self._sink] = self.dag.num_stages * idle_w
         node_cost[last] += blocked_w - idle_w
-        self._offset_j = 0.0
+        self._offset_j = self.simulator.tail_offset_j
         segment_node, segment_len, segment_cost = [], [], []
         segment_count = np.zeros(num_nodes, dtype=np.int64)
         for i, (times, energies) in hulls.items():
@@ -302,7 +305,9 @@ class FrontierSolver:
         relaxed = self.relaxed(deadline_s)
         choice = self._tighten(self._rounded(relaxed), deadline_s)
         target_j = relaxed.lower_bound_j * (1 + TARGET_GAP)
-        choice = self._search.improve(choice, self._durations(choice), deadline_s, target_j)
+        choice = self._search.improve(  # the search's energy leaves out the tail's constant
+            choice, self._durations(choice), deadline_s, target_j - self.simulator.tail_offset_j
+        )
         nodes = self.dag.nodes
         clocks = {nodes[i]: table.options[choice[i]].clock_mhz for i, table in self._tables.items()}
         result = self.simulator.run(clocks)

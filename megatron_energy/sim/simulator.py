@@ -9,10 +9,19 @@ frontier solver shares:
 * **blocked** -- time from the iteration start to the end of the stage's last compute node during which it
   computes nothing (waiting for activations or gradients, before its first instruction), at
   ``blocked_power_w``;
-* **idle** -- time from the end of the stage's last compute node to the end of the iteration (the
-  data-parallel sync and optimizer tail included), at ``idle_power_w``.
+* **tail** -- the DAG's iteration tail (:class:`~megatron_energy.pipeline.dag.IterationTail`), which starts
+  when the stage's last compute node ends: a *measured* tail (the session's profiling: gradient sync,
+  optimizer step, data loading, logging, measured as one span) counts exactly the energy measured on the
+  stage's GPU over it, nothing else; a *modelled* tail (gradient sync and optimizer step of a job
+  description) counts its time at ``idle_power_w``;
+* **idle** -- time from the end of the stage's tail to the end of the iteration (waiting for a slower
+  stage), at ``idle_power_w``.
 
-So ``busy_s + blocked_s + idle_s == iteration_time_s`` on every stage. All results are *modelled*.
+So ``busy_s + blocked_s + tail_s + idle_s == iteration_time_s`` on every stage, and each second of the
+iteration is counted once: the instructions' own energy in busy, the waits between them in blocked, what
+the GPU does outside the pipeline span in tail, and the wait for the iteration's end in idle. A measured tail
+is a constant of the plan (it does not depend on the instructions' clocks; it was measured at the stock
+clock). All results are *modelled*, from measured parts where the profile and the tail are measured.
 
 **Switch latency.** With ``switch_latency_s`` L > 0 a clock change is not instant, exactly as on
 :class:`~megatron_energy.dvfs.simulated.SimulatedGPUs`:
@@ -132,10 +141,12 @@ class StageEnergy:
         stage: Pipeline stage.
         busy_s: Time computing.
         blocked_s: Time waiting before the stage's last compute node ends.
-        idle_s: Time after the stage's last compute node until the iteration ends.
+        idle_s: Time after the stage's tail until the iteration ends.
         busy_energy_j: Profile energy of the stage's compute nodes.
         blocked_energy_j: ``blocked_s`` at blocked power.
         idle_energy_j: ``idle_s`` at idle power.
+        tail_s: The iteration tail after the stage's last compute node.
+        tail_energy_j: The tail's energy: as measured, or (a modelled tail) ``tail_s`` at idle power.
     """
 
     stage: int
@@ -145,11 +156,13 @@ class StageEnergy:
     busy_energy_j: float
     blocked_energy_j: float
     idle_energy_j: float
+    tail_s: float = 0.0
+    tail_energy_j: float = 0.0
 
     @property
     def total_energy_j(self) -> float:
-        """Busy + blocked + idle energy."""
-        return self.busy_energy_j + self.blocked_energy_j + self.idle_energy_j
+        """Busy + blocked + tail + idle energy."""
+        return self.busy_energy_j + self.blocked_energy_j + self.tail_energy_j + self.idle_energy_j
 
 
 @dataclass(frozen=True)
@@ -407,11 +420,12 @@ class Simulator:
         busy_s = np.bincount(self._stage_of, weights=passed.times_s, minlength=num_stages)
         busy_j = np.bincount(self._stage_of, weights=passed.energies_j, minlength=num_stages)
         iteration_s = passed.iteration_s
+        tail, idle_w = self.dag.tail, self.powers.idle_power_w
         stages = []
         for stage in range(num_stages):
             last_end_s = float(passed.end_s[self._last_compute[stage]])
             blocked_s = last_end_s - float(busy_s[stage])
-            idle_s = iteration_s - last_end_s
+            idle_s = max(0.0, iteration_s - last_end_s - tail.time_s)
             stages.append(
                 StageEnergy(
                     stage=stage,
@@ -420,10 +434,24 @@ class Simulator:
                     idle_s=idle_s,
                     busy_energy_j=float(busy_j[stage]),
                     blocked_energy_j=blocked_s * self.powers.blocked_power_w,
-                    idle_energy_j=idle_s * self.powers.idle_power_w,
+                    idle_energy_j=idle_s * idle_w,
+                    tail_s=tail.time_s,
+                    tail_energy_j=tail.energy_j(stage, idle_w),
                 )
             )
         return stages
+
+    @property
+    def tail_offset_j(self) -> float:
+        """What the tail's energy adds beyond idle power over it, all stages: 0 for a modelled tail.
+
+        The frontier solver's closed form charges idle power from each stage's last compute node to the
+        iteration's end; adding this constant gives the energy this simulator reports.
+        """
+        tail, idle_w = self.dag.tail, self.powers.idle_power_w
+        return sum(
+            tail.energy_j(stage, idle_w) - idle_w * tail.time_s for stage in range(self.dag.num_stages)
+        )
 
     def _timeline(self, passed: _Pass, chosen: list[_Option]) -> list[Slice]:
         """Slices of every compute, transfer and tail node, in index (topological) order."""

@@ -44,7 +44,8 @@ def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
 def _power_counter(
     result: SimResult, stage: int, powers: StagePowers, slices: list[Slice]
 ) -> Iterator[dict[str, Any]]:
-    """Modelled power of one stage: busy power in each compute slice, blocked power between, idle after.
+    """Modelled power of one stage: busy power in each compute slice, blocked power between, then the
+    iteration tail at its own mean power (a measured tail's energy over its time), idle after.
 
     One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
     """
@@ -56,7 +57,12 @@ def _power_counter(
             samples.pop()
         samples.append((piece.start_s, piece.energy_j / (piece.end_s - piece.start_s)))
         samples.append((piece.end_s, powers.blocked_power_w))
-    samples[-1] = (samples[-1][0], powers.idle_power_w)
+    energy = result.stages[stage]
+    if energy.tail_s > 0:
+        samples[-1] = (samples[-1][0], energy.tail_energy_j / energy.tail_s)
+        samples.append((samples[-1][0] + energy.tail_s, powers.idle_power_w))
+    else:
+        samples[-1] = (samples[-1][0], powers.idle_power_w)
     samples.append((result.iteration_time_s, powers.idle_power_w))
     for time_s, power_w in samples:
         yield {
