@@ -34,9 +34,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
-
 import numpy as np
+from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.emulation import Emulation

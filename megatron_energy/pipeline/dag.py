@@ -3,8 +3,8 @@
 A node is one piece of work with a duration: a forward or backward pass of one microbatch on one pipeline
 stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), one point-to-point
 transfer between stages (a :class:`Transfer`, named after the instruction that sends), a per-stage tail step
-(:class:`TailStep` ``dp_sync``, ``optimizer``, or ``outside`` for a measured tail) or the dummy ``"source"`` / ``"sink"``. Edges are
-dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
+(:class:`TailStep` ``dp_sync``, ``optimizer``, or ``outside`` for a measured tail) or the dummy
+``"source"`` / ``"sink"``. Edges are dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
 its neighbour's activation (forward) or gradient (backward) has arrived.
 
 The graph is kept as a ``networkx.DiGraph`` for inspection and for solvers that want one. The longest-path
@@ -119,7 +119,7 @@ class IterationTail:
         return self.dp_sync_s + self.optimizer_s + self.outside_s
 
     def energy_j(self, stage: int, idle_power_w: float) -> float:
-        """Energy of one stage's GPU over its tail: as measured, or (modelled) its time at ``idle_power_w``."""
+        """Energy of one stage's GPU over its tail: as measured, or (modelled) its time at idle power."""
         if self.is_measured:
             return self.stage_energy_j[stage]
         return self.time_s * idle_power_w

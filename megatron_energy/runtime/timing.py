@@ -81,8 +81,11 @@ class InstructionTimer(Protocol):
     source: Literal["measured", "modelled"]
 
     def wait_for_device(self) -> None:
-        """Return once the device has finished what it was given (while profiling, before the energy counter
-        is read at a step's start, so the work between the two schedules lies wholly before the read)."""
+        """Return once the device has finished what it was given.
+
+        Called while profiling, before the energy counter is read at a step's start, so the work between the
+        two schedules lies wholly before the read.
+        """
         ...
 
     def step_begin(self) -> Any:

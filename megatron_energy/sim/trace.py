@@ -44,10 +44,9 @@ def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
 def _power_counter(
     result: SimResult, stage: int, powers: StagePowers, slices: list[Slice]
 ) -> Iterator[dict[str, Any]]:
-    """Modelled power of one stage: busy power in each compute slice, blocked power between, then the
-    iteration tail at its own mean power (a measured tail's energy over its time), idle after.
+    """Modelled power of one stage: busy in each compute slice, blocked between, the tail's mean, idle after.
 
-    One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
+    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
     """
     samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
     for piece in slices:
