@@ -1,3 +1,4 @@
+import itertools
 import math
 import statistics
 
@@ -100,7 +101,7 @@ def _period_reads(gpus: SimulatedGPUs, index: int, periods: int, period_s: float
     for _ in range(periods):
         gpus.wait(index, period_s, blocked=False)
         reads.append(gpus.get_total_energy_consumption(index))
-    return [(b - a) / 1000 for a, b in zip(reads, reads[1:], strict=False)]
+    return [(b - a) / 1000 for a, b in itertools.pairwise(reads)]
 
 
 def test_counter_noise_is_seeded_per_gpu_and_averages_to_the_exact_energy(spec, tmp_path):

@@ -8,9 +8,9 @@ import pytest
 
 from megatron_energy.commands import plan as plan_command
 from megatron_energy.commands import simulate
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.dag import IterationTail, PipelineDag, TailStep
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile

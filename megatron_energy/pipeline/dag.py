@@ -4,8 +4,9 @@ A node is one piece of work with a duration: a forward or backward pass of one m
 stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), one point-to-point
 transfer between stages (a :class:`Transfer`, named after the instruction that sends), a per-stage tail step
 (:class:`TailStep` ``dp_sync``, ``optimizer``, or ``outside`` for a measured tail) or the dummy
-``"source"`` / ``"sink"``. Edges are dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
-its neighbour's activation (forward) or gradient (backward) has arrived.
+``"source"`` / ``"sink"``. Edges are dependencies: each rank runs its instructions in the order it is given,
+and a stage cannot start a pass before its neighbour's activation (forward) or gradient (backward) has
+arrived.
 
 The graph is kept as a ``networkx.DiGraph`` for inspection and for solvers that want one. The longest-path
 passes (ASAP schedule, latest start, slack) run on integer arrays built once: every node has an index, and

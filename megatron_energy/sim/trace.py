@@ -46,7 +46,8 @@ def _power_counter(
 ) -> Iterator[dict[str, Any]]:
     """Modelled power of one stage: busy in each compute slice, blocked between, the tail's mean, idle after.
 
-    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
+    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a slice
+    that starts where the previous one ended gets no blocked sample between.
     """
     samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
     for piece in slices:
