@@ -3,6 +3,11 @@
 Rank 0 plans (or, on a cache hit, loads the cached plan file) and broadcasts a :class:`PlanRelease`: the
 plan file's exact text and the stock-clock baseline measured while profiling. Every rank parses the same
 text, so what runs is exactly what the file says.
+
+The plan is anchored to what profiling measured at stock clocks: the profile's rows there are the measured
+instruction times and energies, and the measured iteration tail (:func:`tail_from_profiling`: the time and
+energy of an iteration outside the pipeline instructions, per stage) is part of the job the optimiser plans
+(``PlanningJob.tail``), so the stock plan's predicted iteration time and energy are the measured ones.
 """
 
 from __future__ import annotations
@@ -11,10 +16,13 @@ import csv
 import hashlib
 import io
 import json
+import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
@@ -37,6 +45,11 @@ class StockBaseline:
 
     step_energy_j: tuple[float, ...] = ()
     """Each measured stock step's energy over every GPU of the job."""
+
+    @property
+    def steps(self) -> int:
+        """Measured stock steps (per-step samples kept)."""
+        return len(self.step_energy_j)
 
     def to_json(self) -> str:
         """The baseline as the cache stores it."""
@@ -205,6 +218,32 @@ def baseline_from_profiling(
     )
 
 
+def tail_from_profiling(
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
+) -> IterationTail | None:
+    """The measured iteration tail: what the stock steps spent outside the pipeline span (rank = position).
+
+    Its time is the slowest rank's mean (the ranks' spans end together, at the replica's pipeline end); each
+    stage's energy is the mean over the ranks of that stage (peers of a stage are one GPU each, as in
+    :func:`~megatron_energy.runtime.profiling.merge_rows`) of their mean energy over it.
+
+    Returns:
+        The tail, or ``None`` when no stock step was measured or its energy is unknown (no energy counter).
+    """
+    by_stage: dict[int, list[float]] = defaultdict(list)
+    time_s = 0.0
+    for rows, steps in gathered:
+        if not rows or not steps:
+            return None
+        mean = mean_record(steps)
+        time_s = max(time_s, mean.outside_s)
+        by_stage[rows[0].work.stage].append(mean.outside_j)
+    energies = [sum(values) / len(values) for _, values in sorted(by_stage.items())]
+    if not energies or not all(map(math.isfinite, energies)) or not math.isfinite(time_s):
+        return None
+    return IterationTail.measured(time_s, energies)
+
+
 def plan_digest(plan_text: str) -> str:
     """A short SHA-256 of a plan file's text: the log names the exact bytes that run."""
     return hashlib.sha256(plan_text.encode()).hexdigest()[:16]
@@ -214,11 +253,19 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
     """A few lines describing the plan parsed from ``plan_text``, for the log (all figures modelled)."""
     target = plan.target_point
     stock_j = plan.baseline.energy_j
+    tail = plan.measured_tail
+    outside = (
+        ""
+        if tail is None
+        else f" (with the {1e3 * tail.time_s:.1f} ms and {sum(tail.stage_energy_j):.1f} J per iteration "
+        "outside the pipeline instructions, as measured at stock clocks)"
+    )
     return (
         f"[energy] plan for {plan.target} ({', '.join(plan.optimisers)}): iteration "
         f"{1e3 * target.iteration_time_s:.1f} ms vs {1e3 * plan.baseline.iteration_time_s:.1f} ms at stock "
         f"clocks; energy {target.energy_j:.1f} J vs {stock_j:.1f} J per pipeline iteration "
-        f"({100 * (1 - target.energy_j / stock_j):.1f}% less), modelled from a {plan.provenance} profile on "
+        f"({100 * (1 - target.energy_j / stock_j):.1f}% less){outside}, modelled from a {plan.provenance} "
+        "profile on "
         f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {len(plan.frontier)} "
         f"frontier points, {100 * target.gap:.2f}% above the relaxed (instant-switch) bound; plan sha256 "
         f"{plan_digest(plan_text)}"

@@ -3,14 +3,17 @@
 The session does not know how plans are made: it asks the optimiser ``--energy-mode`` selected
 (``megatron_energy.registry``) what to profile and for a plan, and runs whatever plan comes back.
 
-Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps;
-the timer times every instruction on the device timeline; the meter gives each step's energy.
+Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps,
+the stock clock first and for as long as the stock baseline needs (``runtime.baseline_length``); the timer
+times every instruction on the device timeline and the whole iteration; the meter gives each step's energy,
+the part between two schedules apart from the pipeline span's (``runtime.step_figures``).
 Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
 optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
 instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
-prediction; data-parallel replicas follow a straggler's pace to another point of the same plan; a safety
-net reverts to stock clocks if the plan is slow.
+prediction, with its change against the stock baseline over a window of the phase's iterations
+(``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
+plan; a safety net reverts to stock clocks if the plan is slow.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 
@@ -25,29 +28,31 @@ cache write error) all run the uncached plan. Each rank logs why; no exception r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
+from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import (
     EnergyRecord,
     StageEnergy,
+    StockSamples,
     append_record,
     format_energy_line,
     publish,
     write_scalars,
 )
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.log_window import PhaseWindow
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
@@ -60,19 +65,12 @@ from megatron_energy.runtime.planning import (
     plan_summary,
     profile_from_rows,
     store_release,
+    tail_from_profiling,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
-from megatron_energy.runtime.timing import InstructionTimer, StepTiming
-
-
-@dataclass
-class StepFigures:
-    """What one finished step measured on this rank."""
-
-    iteration_s: float
-    energy_j: float
-    timing: StepTiming
+from megatron_energy.runtime.step_figures import StepFigures, step_figures
+from megatron_energy.runtime.timing import InstructionTimer
 
 
 class EnergySession:
@@ -132,7 +130,9 @@ class EnergySession:
             steps_per_clock=config.profile_iters,
             blocked_power_w=spec.blocked_power_w,
             idle_power_w=spec.idle_power_w,
+            stock_iters=pilot_steps(config.profile_iters),
         )
+        self._stock_decided = False
         self.phase = "profiling"
         self.plan: Plan | None = None
         self.baseline = StockBaseline()
@@ -140,7 +140,9 @@ class EnergySession:
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
-        self._steps_in_interval: list[StepFigures] = []
+        self._window = PhaseWindow()
+        self._outside: EnergyWindow | None = None
+        self._lapped_at_start = False
         self._log_file = config.log_file
         self._start_from_cache()
 
@@ -152,7 +154,15 @@ class EnergySession:
     # ----------------------------------------------------------------------------------- schedule events
 
     def on_step_begin(self, step: int) -> None:
-        """Start a step: choose its clock while profiling, and start timing and metering."""
+        """Start a step: choose its clock while profiling, and start timing and metering.
+
+        While profiling, the energy between the two schedules is read apart: the device finishes first, then
+        the meter laps, then the step's timing starts.
+        """
+        self._lapped_at_start = self.phase == "profiling"
+        if self._lapped_at_start:
+            self.timer.wait_for_device()
+            self._outside = self.meter.lap()
         boundary = self.timer.step_begin()
         if self.phase == "profiling":
             self.controller.request(self.collector.clock_for_next_step(), boundary)
@@ -180,14 +190,12 @@ class EnergySession:
         """Finish the step's measurements and advance the phase."""
         ran_in, ran_with = self.phase, self.runner  # the log describes the step as it ran
         timing = self.timer.finish_step()
-        window = self.meter.lap()
-        energy_j = timing.energy_j
-        if energy_j is None:
-            energy_j = window.energy_j if window is not None else math.nan
-        figures = StepFigures(iteration_s=timing.intrinsic_s, energy_j=energy_j, timing=timing)
+        figures = step_figures(timing, self._outside, self.meter.lap(), self._lapped_at_start)
         self.history.append(figures)
         if self.phase == "profiling":
-            self.collector.add_step(timing, figures.energy_j, figures.iteration_s)
+            self.collector.add_step(figures)
+            if not self._stock_decided and self.collector.stock_measured == self.collector.stock_iters:
+                self._decide_stock_steps(figures.exact)
             if self.collector.done:
                 self._plan()
         else:
@@ -204,6 +212,17 @@ class EnergySession:
             self.guard.close()
 
     # ------------------------------------------------------------------------------------------- phases
+
+    def _decide_stock_steps(self, exact: bool) -> None:
+        """After the stock pilot, every rank agrees on how many stock steps the baseline measures (max)."""
+        self._stock_decided = True
+        period_s = 0.0 if exact else self.spec.energy_counter_period_s
+        try:
+            mine = stock_steps_needed(self.collector.stock_steps(), period_s)
+        except Exception:  # a rank that cannot tell keeps the pilot; the others decide
+            mine = self.collector.stock_iters
+        (agreed,) = self.comms.all_reduce_max([float(mine)])
+        self.collector.set_stock_steps(int(agreed))
 
     def _start_from_cache(self) -> None:
         """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile.
@@ -302,6 +321,7 @@ class EnergySession:
             fingerprint=self.cache.fingerprint,
             target=self.config.target,
             switch_latency_s=self.spec.switch_latency_s,
+            tail=tail_from_profiling(gathered),
         )
         return plan_on_root(self.optimiser, profile, job, baseline_from_profiling(gathered))
 
@@ -352,7 +372,9 @@ class EnergySession:
         nominal_s = self.straggler.nominal_time_s
         runner = self.runner
         predicted_s = plan.baseline.iteration_time_s if runner is None else runner.predicted_time_s
-        mine = self.straggler.contribution(figures.timing.intrinsic_s, predicted_s)
+        tail_s = 0.0 if plan.measured_tail is None else plan.measured_tail.time_s
+        # the pipeline span, which a slower replica does not lengthen on this one, plus the measured tail
+        mine = self.straggler.contribution(figures.timing.intrinsic_s + tail_s, predicted_s)
         slowest_s, negated_fastest_s = self.comms.all_reduce_max([mine, -mine])
         straggling = mine != nominal_s
         slow_alone = straggling and -negated_fastest_s == nominal_s
@@ -405,30 +427,38 @@ class EnergySession:
             )
 
     def _log(self, step: int, figures: StepFigures, phase: str, runner: PlanRunner | None) -> None:
-        self._steps_in_interval.append(figures)
+        self._window.add(step, phase, figures)
         if (step + 1) % self.context.log_interval != 0:
             return
-        steps, self._steps_in_interval = self._steps_in_interval, []
+        steps = self._window.take_interval()
         mine = StageEnergy(
             stage=self.context.pipeline_rank,
             measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
             predicted_j_per_iter=None if runner is None else runner.predicted_energy_j,
-            stock_j_per_iter=self.baseline.energy_by_rank.get(self.context.global_rank),
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
-            stock_iteration_s=self.baseline.iteration_s,
+            window=self._window.rank_window(),
         )
         iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
         gathered = self.comms.gather_to_root(mine)
         scalars: dict[str, float] | None = None
         if gathered is not None:
-            line, scalars = format_energy_line(iteration, gathered, self.timer.source, phase)
+            source = self.timer.source
+            line, scalars = format_energy_line(iteration, gathered, source, phase, self._stock(figures))
             publish(line, scalars, iteration, self.context.log_sinks, self.printer)
-            self._write_record(EnergyRecord(iteration, phase, self.timer.source, scalars))
+            self._write_record(EnergyRecord(iteration, phase, source, scalars))
         # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
         if self.context.world_size > 1:
             scalars = self.comms.broadcast_from_root(scalars)
             if gathered is None and scalars is not None:
                 write_scalars(scalars, iteration, self.context.log_sinks)
+
+    def _stock(self, figures: StepFigures) -> StockSamples | None:
+        """The stock baseline's iterations, as the log compares with them; ``None`` before it is known."""
+        baseline = self.baseline
+        if not baseline.steps:
+            return None
+        period_s = 0.0 if figures.exact else self.spec.energy_counter_period_s
+        return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
 
     def _write_record(self, record: EnergyRecord) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
