@@ -21,6 +21,7 @@ from typing import Any
 from megatron_harness import PipelineWorld, spawn_world
 
 from megatron_energy.config import EnergyConfig, EnergyTarget
+from megatron_energy.dvfs.emulation import Emulation
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,13 @@ class SessionSettings:
     safety_tolerance: float = 0.05
     """``--energy-safety-tolerance``."""
 
+    dry_run: bool = False
+    """``--energy-dry-run``: the controller records the clocks and sets none."""
+
+    emulation: Emulation | None = None
+    """How the simulated GPUs depart from exact (counter noise, hidden energies, work between schedules);
+    each rank's GPUs draw their own noise (the seed plus the rank)."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -78,6 +86,7 @@ class SessionSettings:
             profile_iters=self.profile_iters,
             freq_grid=self.freq_grid,
             safety_tolerance=self.safety_tolerance,
+            dry_run=self.dry_run,
         )
 
 
@@ -89,6 +98,9 @@ class StepReport:
     phase: str
     iteration_s: float
     energy_j: float
+    exact_energy_j: float
+    """The simulated GPU's exact modelled energy over the step (from the previous step's end), whatever its
+    energy counter showed."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,8 @@ class RankReport:
     """Iteration time at stock clocks measured while profiling (the slowest rank's; modelled)."""
     stock_energy_j: float | None
     """This rank's energy per iteration at stock clocks measured while profiling."""
+    stock_steps: int = 0
+    """Stock-clock steps the baseline measured (``runtime.baseline_length``)."""
     scalars: tuple[tuple[str, float, int], ...] = ()
     """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
     writers live on the last rank only; here every rank has one)."""
@@ -132,20 +146,38 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     def printer(line: str) -> None:
         lines.append(line)
 
-    session = build_session(settings.energy_config(), context, comms, printer=printer)
+    config = settings.energy_config()
+    handle = None
+    if settings.emulation is not None:
+        from dataclasses import replace
+
+        from megatron_energy.dvfs.backends import open_gpus
+
+        handle = open_gpus(
+            "simulated",
+            settings.gpu_spec,
+            settings.dry_run,
+            local_index=context.local_device_index,
+            state_path=Path(config.dir) / "simulated" / f"rank{rank}.json",
+            emulation=replace(settings.emulation, seed=settings.emulation.seed + rank),
+        )
+    session = build_session(config, context, comms, printer=printer, handle=handle)
     installation = install_hooks(session, num_microbatches_fn=lambda: settings.num_microbatches)
     world.config.timers = global_vars.Timers(0, "minmax")
-    profiling = 0 if session.phase != "profiling" else session.collector.steps_needed
+    gpu = session.meter.gpus.state(context.local_device_index)
     steps: list[StepReport] = []
     losses: list[float] = []
+    step = 0
     try:
-        for step in range(profiling + settings.run_steps):
+        while sum(report.phase != "profiling" for report in steps) < settings.run_steps:
             _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
-            phase = session.phase
+            phase, exact_before_mj = session.phase, gpu.energy_mj
             losses += world.run(settings.num_microbatches, seed=step)
             world.zero_grads()
             figures = session.history[-1]
-            steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j))
+            exact_j = (gpu.energy_mj - exact_before_mj) / 1000
+            steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j, exact_j))
+            step += 1
     finally:
         installation.uninstall()
         session.close()
@@ -158,6 +190,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         losses=tuple(losses),
         stock_time_s=session.baseline.iteration_s,
         stock_energy_j=session.baseline.energy_by_rank.get(rank),
+        stock_steps=session.baseline.steps,
         scalars=tuple(scalars),
     )
 

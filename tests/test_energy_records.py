@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.energy_log import EnergyRecord, append_record, read_records
-from megatron_energy.runtime.planning import StockBaseline, baseline_from_profiling
-from megatron_energy.runtime.profiling import StepRecord
+from megatron_energy.runtime.planning import StockBaseline, baseline_from_profiling, tail_from_profiling
+from megatron_energy.runtime.profiling import ProfileRow, StepRecord
 
 
 def test_energy_records_are_appended_and_read_back_in_order(tmp_path: Path) -> None:
@@ -46,3 +47,20 @@ def test_a_baseline_cached_without_step_samples_still_loads() -> None:
     baseline = StockBaseline.from_json(old)
     assert baseline.energy_by_rank == {0: 10.0}
     assert baseline.step_energy_j == () and baseline.step_iteration_s == ()
+
+
+def test_the_measured_tail_is_the_slowest_ranks_time_and_each_stages_mean_energy_per_gpu() -> None:
+    def rows(stage: int) -> list[ProfileRow]:
+        return [ProfileRow(Work(stage, 0, "forward"), 1980, 0.01, 1.0, 2)]
+
+    # ranks 0 and 2 run stage 0 (two replicas), rank 1 runs stage 1
+    rank0 = [StepRecord(1980, 1.2, 500.0, 0.10, 40.0), StepRecord(1980, 1.2, 500.0, 0.12, 44.0)]
+    rank1 = [StepRecord(1980, 1.2, 600.0, 0.09, 30.0), StepRecord(1980, 1.2, 600.0, 0.09, 30.0)]
+    rank2 = [StepRecord(1980, 1.2, 500.0, 0.13, 50.0), StepRecord(1980, 1.2, 500.0, 0.13, 50.0)]
+    tail = tail_from_profiling([(rows(0), rank0), (rows(1), rank1), (rows(0), rank2)])
+    assert tail is not None and tail.is_measured
+    assert tail.outside_s == pytest.approx(0.13)
+    assert tail.stage_energy_j == pytest.approx((46.0, 30.0))
+    # no energy counter: no measured tail
+    unknown = [StepRecord(1980, 1.2, float("nan"), 0.1, float("nan"))] * 2
+    assert tail_from_profiling([(rows(0), unknown)]) is None

@@ -27,11 +27,14 @@ from session_world import RankReport, SessionSettings, run_world, summarise
 
 from megatron_energy.cli import main
 from megatron_energy.plan import Plan
+from megatron_energy.runtime.baseline_length import pilot_steps
+from megatron_energy.stats import relative_change
 
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 
-RUN_STEPS = 4
+RUN_STEPS = 6
+LOG_INTERVAL = 4
 THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
 
@@ -48,16 +51,17 @@ def settings(energy_dir: Path, **changes) -> SessionSettings:
         freq_grid=GRID_MHZ,
         profile_iters=1,
         run_steps=RUN_STEPS,
-        log_interval=RUN_STEPS,
+        log_interval=LOG_INTERVAL,
         energy_dir=energy_dir,
     )
     return replace(base, **changes)
 
 
 def profiling_steps(demo: SessionSettings) -> int:
-    """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock."""
+    """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock, and at
+    the stock clock the pilot of the baseline (exact simulated energies never need more)."""
     assert demo.freq_grid is not None
-    return len(demo.freq_grid) * (demo.profile_iters + 1)
+    return (pilot_steps(demo.profile_iters) + 1) + (len(demo.freq_grid) - 1) * (demo.profile_iters + 1)
 
 
 def phases(report: RankReport) -> list[str]:
@@ -116,6 +120,7 @@ def test_every_rank_profiles_the_grid_then_runs_the_plan(first_run):
     for report in reports:
         assert phases(report) == ["profiling"] * profiling + ["planned"] * RUN_STEPS
         assert report.stock_time_s is not None and report.stock_energy_j is not None
+        assert report.stock_steps == pilot_steps(demo.profile_iters) == 3
         # profiling walks down the grid: the lowest clock is slower and cheaper than stock
         stock, lowest = report.steps[1], report.steps[profiling - 1]
         assert lowest.iteration_s > stock.iteration_s
@@ -145,31 +150,46 @@ def test_losses_are_finite(first_run):
     assert all(math.isfinite(loss) for report in reports for loss in report.losses)
 
 
-def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_saving(first_run):
+def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_changes_against_stock(first_run):
     demo, reports = first_run
     last_step = len(reports[0].steps) - 1
     lines = energy_lines(reports[0])
-    assert sorted(lines) == list(range(RUN_STEPS - 1, last_step + 1, RUN_STEPS))
+    assert sorted(lines) == list(range(LOG_INTERVAL - 1, last_step + 1, LOG_INTERVAL))
     assert all(not energy_lines(report) for report in reports[1:])  # gathered on rank 0 only
 
     line = lines[last_step]
     assert ENERGY_LINE.match(line)["source"] == "modelled"
     assert "| planned |" in line
     assert "predicted (modelled)=" in line
-    assert "saving vs stock (modelled)=" in line
-    # the figures are the ranks' own: mean J/iter over the interval per stage, saving against stock
-    interval = range(last_step + 1 - RUN_STEPS, last_step + 1)
+    # the figures are the ranks' own: mean J/iter over the interval per stage
+    interval = range(last_step + 1 - LOG_INTERVAL, last_step + 1)
     means = [statistics.mean(report.steps[i].energy_j for i in interval) for report in reports]
     per_stage = re.findall(r"\bs(\d)=(\d+\.\d)", line)
     assert [int(stage) for stage, _ in per_stage] == [0, 1, 2, 3]
     assert [float(energy) for _, energy in per_stage] == pytest.approx(means, abs=0.051)
-    saving = float(re.search(r"saving vs stock \(modelled\)=(-?\d+\.\d)%", line)[1])
-    stock_j = sum(report.stock_energy_j for report in reports)
-    assert saving == pytest.approx(100 * (1 - sum(means) / stock_j), abs=0.051)
+    # the changes compare the phase's iterations after its first (which settles) with the stock steps
+    profiling = profiling_steps(demo)
+    stock_steps = range(1, 1 + reports[0].stock_steps)  # after the stock clock's settling step
+    window = range(profiling + 1, last_step + 1)
+
+    def job(steps: range, figure: str) -> list[float]:
+        values = [[getattr(report.steps[i], figure) for report in reports] for i in steps]
+        return [sum(v) if figure == "energy_j" else max(v) for v in values]
+
+    energy = relative_change(job(stock_steps, "energy_j"), job(window, "energy_j"), source="modelled")
+    assert energy.excludes_zero and energy.change < -0.05  # exact simulated energies: a resolved saving
+    assert f"| energy vs stock: {energy.format()} |" in line
+    time = relative_change(job(stock_steps, "iteration_s"), job(window, "iteration_s"), source="modelled")
+    assert line.endswith(f"| time vs stock: {time.format()}")
     # intervals that ran while profiling are labelled so, even the one whose last step made the plan
-    profiled = [lines[i] for i in lines if i < profiling_steps(demo)]
-    assert profiled and profiling_steps(demo) - 1 in lines
-    assert all("| profiling |" in line and "predicted" not in line for line in profiled)
+    profiled = [lines[i] for i in lines if i < profiling]
+    assert profiled and all("| profiling |" in line and "predicted" not in line for line in profiled)
+    assert all("vs stock" not in line for line in profiled)
+    # a line whose interval began while profiling speaks for its planned steps only
+    (straddling,) = [lines[i] for i in lines if i - LOG_INTERVAL < profiling - 1 < i]
+    planned_part = range(profiling, max(i for i in lines if i - LOG_INTERVAL < profiling - 1 < i) + 1)
+    stage0 = statistics.mean(reports[0].steps[i].energy_j for i in planned_part)
+    assert f"s0={stage0:.1f} " in straddling and "| planned |" in straddling
 
 
 def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
@@ -231,6 +251,7 @@ def test_a_second_run_of_the_same_job_skips_profiling(first_run, cache_runs):
     for report in again:
         assert phases(report) == ["planned"] * RUN_STEPS
     assert printed(again, "energy cache hit")[0] == 1
+    assert "| energy vs stock: " in energy_lines(again[0])[LOG_INTERVAL - 1]  # against the cached baseline
     assert plan_line(again[0]) == plan_line(first[0])  # the same plan, from the cached profile
     assert [r.stock_energy_j for r in again] == [r.stock_energy_j for r in first]  # cached baseline
 

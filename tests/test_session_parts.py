@@ -31,15 +31,15 @@ from megatron_energy.plan import (
 )
 from megatron_energy.registry import resolve
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
+from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache, describe_changes
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import StageEnergy, StockSamples, format_energy_line, publish
-from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
-from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.step_figures import StepFigures
@@ -693,7 +693,11 @@ def test_extrapolated_rows_keep_the_stock_time_and_slow_down_at_lower_clocks():
     stock = ProfileRow(work=Work(1, 0, "backward"), clock_mhz=1980, time_s=0.02, energy_j=9.0, samples=3)
     rows = {row.clock_mhz: row for row in extrapolate_rows([stock], spec, [1980, 1500, 1005])}
     assert set(rows) == {1980, 1500, 1005}
-    assert rows[1980].time_s == pytest.approx(0.02, rel=1e-6)
+    assert rows[1980].time_s == pytest.approx(0.02, rel=1e-9)
+    assert rows[1980].energy_j == pytest.approx(
+        9.0, rel=1e-9
+    )  # anchored: the measured energy, not the model's
     assert rows[1980].time_s <= rows[1500].time_s <= rows[1005].time_s
+    assert rows[1005].energy_j < rows[1980].energy_j
     assert rows[1005].time_s > rows[1980].time_s
     assert all((row.work, row.samples) == (Work(1, 0, "backward"), 3) for row in rows.values())
