@@ -23,7 +23,7 @@ from megatron_energy.runtime.energy_log import read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
 
-PROFILING_ITERS = 2 * (2 + 1)  # two clocks, each a settling and two measured iterations
+PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
 RUN_ITERS = 3
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
 MEGATRON_LINE = re.compile(
@@ -79,12 +79,15 @@ def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> Non
 
 def test_the_ranks_log_like_megatron_one_based_with_timestamps(demo: DemoRun) -> None:
     megatron = [MEGATRON_LINE.match(line) for line in demo.lines]
-    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [(i, TRAIN_ITERS) for i in range(1, 10)]
+    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [(i, TRAIN_ITERS) for i in range(1, 11)]
     energy = [ENERGY_LINE.match(line) for line in demo.lines]
     phases = [(int(m[1]), m[2]) for m in energy if m]
     expected = [(i, "profiling") for i in range(1, PROFILING_ITERS + 1)]
     expected += [(i, "planned") for i in range(PROFILING_ITERS + 1, TRAIN_ITERS + 1)]
     assert phases == expected
+    compared = [int(m[1]) for m, line in zip(energy, demo.lines, strict=True) if m and "vs stock" in line]
+    # not while profiling, and not the plan's settling iteration alone: the planned iterations after it
+    assert compared == list(range(PROFILING_ITERS + 2, TRAIN_ITERS + 1))
 
 
 def test_cpu_noise_stays_out_and_megatrons_arguments_go_to_the_log(demo: DemoRun) -> None:
@@ -121,7 +124,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
 
     # the run's figures: stock steps measured while profiling, planned iterations less the settling one
     baseline = StockBaseline.from_json((demo.job / "baseline.json").read_text())
-    assert len(baseline.step_energy_j) == 2  # the two measured stock iterations
+    assert len(baseline.step_energy_j) == 3  # the stock baseline's pilot: exact energies need no more
     records = [r for r in read_records(demo.energy_dir / "demo" / "energy_log.jsonl") if r.phase == "planned"]
     assert [r.iteration for r in records] == list(range(PROFILING_ITERS + 1, TRAIN_ITERS + 1))
     planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]
@@ -134,6 +137,16 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
     ]
     settling = f"left out of the run's figures: iteration {PROFILING_ITERS + 1}, the first under the plan"
     assert settling in demo.out
+    # the log's last record compares the same iterations with the same stock steps, with its interval
+    change = relative_change(baseline.step_energy_j, planned, source="modelled")
+    last = records[-1].scalars
+    assert last["energy/change_vs_stock"] == pytest.approx(change.change)
+    assert (last["energy/change_vs_stock_low"], last["energy/change_vs_stock_high"]) == pytest.approx(
+        (change.low, change.high)
+    )
+    assert last["energy/change_vs_stock_resolved"] == float(change.excludes_zero)
+    assert last["energy/window_iterations"] == len(planned)
+    assert "energy/change_vs_stock" not in records[0].scalars  # the settling iteration alone: no window
 
     # what ran is what the plan file predicted: the stock run is the plan's baseline, the plan its target
     assert statistics.mean(baseline.step_energy_j) == pytest.approx(predicted_stock.energy_j, rel=0.005)

@@ -21,6 +21,7 @@ from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
+from megatron_energy.runtime.baseline_length import pilot_steps
 
 DEMO_FOLDER = "demo"
 """The demo's own files go to ``<energy dir>/demo/``: every rank's output, the energy log, TensorBoard."""
@@ -75,10 +76,16 @@ class DemoJob:
 
     @property
     def profiling_iters(self) -> int:
-        """Iterations the profiling grid takes: a settling and ``profile_iters`` measured ones per clock."""
+        """Iterations the profiling grid takes: a settling and ``profile_iters`` measured ones per clock.
+
+        The stock clock's measured iterations are the stock baseline's pilot: the demo's simulated GPUs
+        report exact energies, whose spread is nil, so the baseline never asks for more
+        (``runtime.baseline_length``).
+        """
         spec = load_gpu_spec(self.energy.gpu_spec or "")
         grid = profiling_grid(self.energy.freq_grid, spec.sm_clocks_mhz)
-        return len(grid) * (self.energy.profile_iters + 1)
+        per_clock = self.energy.profile_iters + 1
+        return (pilot_steps(self.energy.profile_iters) + 1) + (len(grid) - 1) * per_clock
 
     @property
     def train_iters(self) -> int:

@@ -42,17 +42,8 @@ from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_nee
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import (
-    EnergyRecord,
-    StageEnergy,
-    StockSamples,
-    append_record,
-    format_energy_line,
-    publish,
-    write_scalars,
-)
+from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
-from megatron_energy.runtime.log_window import PhaseWindow
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
@@ -140,10 +131,10 @@ class EnergySession:
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
-        self._window = PhaseWindow()
         self._outside: EnergyWindow | None = None
         self._lapped_at_start = False
-        self._log_file = config.log_file
+        self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
+        self.energy_logger.log_file = config.log_file
         self._start_from_cache()
 
     @property
@@ -203,7 +194,8 @@ class EnergySession:
             # that skipped it would leave the others waiting in the collective
             alone = self._follow_stragglers(figures)
             self._check_safety(figures, slow_alone=alone)
-        self._log(step, figures, ran_in, ran_with)
+        predicted_j = None if ran_with is None else ran_with.predicted_energy_j
+        self.energy_logger.add(step, ran_in, figures, predicted_j, self.baseline)
 
     def close(self) -> None:
         """Stop the controller (which resets the clocks it locked) and release the clock guard."""
@@ -425,47 +417,3 @@ class EnergySession:
                 f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
                 "steps; clocks reverted to stock for the rest of the run"
             )
-
-    def _log(self, step: int, figures: StepFigures, phase: str, runner: PlanRunner | None) -> None:
-        self._window.add(step, phase, figures)
-        if (step + 1) % self.context.log_interval != 0:
-            return
-        steps = self._window.take_interval()
-        mine = StageEnergy(
-            stage=self.context.pipeline_rank,
-            measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
-            predicted_j_per_iter=None if runner is None else runner.predicted_energy_j,
-            iteration_s=sum(s.iteration_s for s in steps) / len(steps),
-            window=self._window.rank_window(),
-        )
-        iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
-        gathered = self.comms.gather_to_root(mine)
-        scalars: dict[str, float] | None = None
-        if gathered is not None:
-            source = self.timer.source
-            line, scalars = format_energy_line(iteration, gathered, source, phase, self._stock(figures))
-            publish(line, scalars, iteration, self.context.log_sinks, self.printer)
-            self._write_record(EnergyRecord(iteration, phase, source, scalars))
-        # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
-        if self.context.world_size > 1:
-            scalars = self.comms.broadcast_from_root(scalars)
-            if gathered is None and scalars is not None:
-                write_scalars(scalars, iteration, self.context.log_sinks)
-
-    def _stock(self, figures: StepFigures) -> StockSamples | None:
-        """The stock baseline's iterations, as the log compares with them; ``None`` before it is known."""
-        baseline = self.baseline
-        if not baseline.steps:
-            return None
-        period_s = 0.0 if figures.exact else self.spec.energy_counter_period_s
-        return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
-
-    def _write_record(self, record: EnergyRecord) -> None:
-        """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
-        if self._log_file is None:
-            return
-        try:
-            append_record(self._log_file, record)
-        except OSError as problem:
-            self.printer(f"[energy] cannot append to {self._log_file} ({problem}); no more --energy-log-file")
-            self._log_file = None
