@@ -38,6 +38,10 @@ Source = Literal["measured", "modelled"]
 RESOLVABLE_PERIODS = 2.0
 """A window of iterations must span at least this many energy-counter periods (cf. ``dvfs.meter``)."""
 
+ROUNDING = 1e-9
+"""A relative change smaller than this is floating-point rounding (identical simulated figures), never a
+resolved change."""
+
 
 @dataclass(frozen=True)
 class MeanInterval:
@@ -103,8 +107,8 @@ class RelativeChange:
 
     @property
     def excludes_zero(self) -> bool:
-        """True when the interval lies wholly above or below zero: the change is resolved."""
-        return self.low > 0.0 or self.high < 0.0
+        """True when the interval lies wholly above or below zero (past rounding): the change is resolved."""
+        return self.low > ROUNDING or self.high < -ROUNDING
 
     def format(self) -> str:
         """The change as a log line states it.

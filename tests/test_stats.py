@@ -127,6 +127,11 @@ def test_baseline_steps_rejects_nonsense():
         baseline_steps(1.0, target_halfwidth=0.0, observed_cv=0.05)
 
 
+def test_identical_figures_up_to_rounding_are_not_a_change():
+    same = relative_change([0.1 + 1e-17, 0.1, 0.1], [0.1, 0.1 - 1e-17, 0.1])
+    assert not same.excludes_zero and same.format() == "within noise (±0.00 %)"
+
+
 def test_exact_energies_need_no_counter_span():
     # simulated GPUs' modelled energies are exact: every iteration is a sample, at least 3 of them
     assert iterations_per_sample(0.03, counter_period_s=0.0) == 1
