@@ -74,7 +74,7 @@ class EnergyLogger:
             phase: What ran in it.
             figures: What it measured on this rank.
             predicted_j: The running plan point's prediction for this rank's GPU, if a plan ran.
-            baseline: The stock baseline (empty before it is known).
+            baseline: The stock baseline to compare with (empty: no comparison, as while profiling).
         """
         self.window.add(step, phase, figures)
         if (step + 1) % self.context.log_interval != 0:
@@ -91,7 +91,7 @@ class EnergyLogger:
         gathered = self.comms.gather_to_root(mine)
         scalars: dict[str, float] | None = None
         if gathered is not None:
-            stock = self._stock(baseline, phase, figures.exact)
+            stock = self._stock(baseline, figures.exact)
             line, scalars = format_energy_line(iteration, gathered, self.source, phase, stock)
             publish(line, scalars, iteration, self.context.log_sinks, self.printer)
             self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
@@ -101,13 +101,9 @@ class EnergyLogger:
             if gathered is None and scalars is not None:
                 write_scalars(scalars, iteration, self.context.log_sinks)
 
-    def _stock(self, baseline: StockBaseline, phase: str, exact: bool) -> StockSamples | None:
-        """The stock baseline's iterations, as the log compares with them.
-
-        ``None`` before it is known, and while profiling: profiling runs every clock of the grid, which no
-        comparison with the stock clock describes.
-        """
-        if not baseline.steps or phase == "profiling":
+    def _stock(self, baseline: StockBaseline, exact: bool) -> StockSamples | None:
+        """The stock baseline's iterations, as the log compares with them; ``None`` when it has none."""
+        if not baseline.steps:
             return None
         period_s = 0.0 if exact else self.counter_period_s
         return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)

@@ -195,7 +195,12 @@ class EnergySession:
             alone = self._follow_stragglers(figures)
             self._check_safety(figures, slow_alone=alone)
         predicted_j = None if ran_with is None else ran_with.predicted_energy_j
-        self.energy_logger.add(step, ran_in, figures, predicted_j, self.baseline)
+        compared = self.baseline if ran_in != "profiling" else StockBaseline()  # profiling runs every clock
+        self.energy_logger.add(step, self._label(ran_in), figures, predicted_j, compared)
+
+    def _label(self, phase: str) -> str:
+        """What the log says ran: the phase, and that no clock was set when the controller only records."""
+        return phase if self.can_set_clocks else f"{phase} (clocks not set)"
 
     def close(self) -> None:
         """Stop the controller (which resets the clocks it locked) and release the clock guard."""
