@@ -64,3 +64,6 @@ def test_the_measured_tail_is_the_slowest_ranks_time_and_each_stages_mean_energy
     # no energy counter: no measured tail
     unknown = [StepRecord(1980, 1.2, float("nan"), 0.1, float("nan"))] * 2
     assert tail_from_profiling([(rows(0), unknown)]) is None
+    # nothing ran between the schedules (exact simulated GPUs): no tail, not a zero-length one
+    nothing = [StepRecord(1980, 1.2, 500.0, 0.0, 0.0)] * 2
+    assert tail_from_profiling([(rows(0), nothing)]) is None

@@ -453,10 +453,10 @@ def _add_tail(
     """Add each stage's tail steps after its last compute node; return their edges.
 
     Every stage gets a gradient sync and an optimizer step (modelled; zero-length for a measured tail), and a
-    measured tail one more step, ``outside``, of its measured time.
+    tail with a measured time one more step, ``outside``, of that time.
     """
     steps = [("dp_sync", tail.dp_sync_s), ("optimizer", tail.optimizer_s)]
-    if tail.is_measured or tail.outside_s > 0:
+    if tail.outside_s > 0:
         steps.append(("outside", tail.outside_s))
     edges: list[tuple[NodeId, NodeId]] = []
     for stage, order in enumerate(stage_orders):

@@ -30,6 +30,11 @@ from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
 
 
+NOTHING_S = 1e-9
+"""A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
+NOTHING_J = 1e-9
+
+
 @dataclass(frozen=True)
 class StockBaseline:
     """The job at stock clocks, as profiling measured it (modelled on simulated GPUs)."""
@@ -228,7 +233,8 @@ def tail_from_profiling(
     :func:`~megatron_energy.runtime.profiling.merge_rows`) of their mean energy over it.
 
     Returns:
-        The tail, or ``None`` when no stock step was measured or its energy is unknown (no energy counter).
+        The tail, or ``None`` when no stock step was measured, its energy is unknown (no energy counter), or
+        nothing ran outside the pipeline span (simulated GPUs without work between two schedules).
     """
     by_stage: dict[int, list[float]] = defaultdict(list)
     time_s = 0.0
@@ -240,6 +246,8 @@ def tail_from_profiling(
         by_stage[rows[0].work.stage].append(mean.outside_j)
     energies = [sum(values) / len(values) for _, values in sorted(by_stage.items())]
     if not energies or not all(map(math.isfinite, energies)) or not math.isfinite(time_s):
+        return None
+    if time_s <= NOTHING_S and all(energy <= NOTHING_J for energy in energies):
         return None
     return IterationTail.measured(time_s, energies)
 
