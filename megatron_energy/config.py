@@ -209,7 +209,8 @@ class EnergyConfig:
     """``--energy-dir``: where profiles, plans, reports and traces are written (keyed by job fingerprint)."""
 
     profile_iters: int = 2
-    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid."""
+    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid (the stock
+    clock: at least 3, and as many as its baseline needs, ``runtime.baseline_length``)."""
 
     freq_grid: tuple[int, ...] | None = None
     """``--energy-freq-grid``: SM clocks (MHz) to profile, highest first; ``None``: the GPU's own list."""
@@ -310,7 +311,8 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
     EnergyFlag(
         "profile_iters",
         ("--energy-profile-iters",),
-        "Training steps measured at each profiled clock, after one settling step.",
+        "Training steps measured at each profiled clock, after one settling step (the stock clock: at least "
+        "3, and as many as its baseline needs to resolve a saving, up to 20).",
         {"type": positive_int, "metavar": "N"},
     ),
     EnergyFlag(

@@ -29,7 +29,6 @@ from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
 
-
 NOTHING_S = 1e-9
 """A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
 NOTHING_J = 1e-9
