@@ -15,8 +15,12 @@ import pytest
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.emulation import Emulation
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
@@ -43,7 +47,7 @@ from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.step_figures import StepFigures
-from megatron_energy.runtime.timing import InstructionSample, StepTiming
+from megatron_energy.runtime.timing import InstructionSample, SimulatedTimer, StepTiming
 
 # ------------------------------------------------------------------------------------------- energy log
 
@@ -701,3 +705,56 @@ def test_extrapolated_rows_keep_the_stock_time_and_slow_down_at_lower_clocks():
     assert rows[1005].energy_j < rows[1980].energy_j
     assert rows[1005].time_s > rows[1980].time_s
     assert all((row.work, row.samples) == (Work(1, 0, "backward"), 3) for row in rows.values())
+
+
+# ---------------------------------------------------------------------------------- the simulated timer
+
+
+def _simulated_step(timer: SimulatedTimer, session_laps: bool) -> StepTiming:
+    """One single-stage step: wait for the device when the session laps at the start, then F and B."""
+    if session_laps:
+        timer.wait_for_device()
+    timer.step_begin()
+    for kind in ("forward", "backward"):
+        instruction = Instruction(0, 0, 0, kind)
+        timer.begin(instruction)
+        timer.end(instruction)
+    return timer.finish_step()
+
+
+@pytest.mark.parametrize("session_laps", [True, False])
+def test_the_simulated_timer_runs_the_work_between_schedules_once_and_times_the_whole_iteration(
+    tmp_path, session_laps
+):
+    spec = load_gpu_spec("h100-sxm")
+    between = WorkProfile(compute_s=0.002, memory_s=0.008)
+    emulation = Emulation(between_steps=between, idle_between_steps_s=0.005)
+    gpus = SimulatedGPUs(spec, state_path=tmp_path / "gpus.json", emulation=emulation)
+    work = {Work(0, 0, "forward"): WorkProfile(0.01, 0.0), Work(0, 0, "backward"): WorkProfile(0.02, 0.0)}
+    timer = SimulatedTimer(gpus, 0, work, LocalComms(), PipelineDag.build(pipeline_orders(1, 1)))
+    model = GpuPowerModel(spec)
+    clock = spec.default_sm_clock_mhz
+    outside_s = model.time_s(between, clock) + 0.005
+    outside_j = model.energy_j(between, clock) + 0.005 * spec.idle_power_w
+    for _ in range(2):
+        before_j = gpus.state(0).energy_mj / 1000
+        timing = _simulated_step(timer, session_laps)
+        pipeline_s = sum(model.time_s(profile, clock) for profile in work.values())
+        assert timing.intrinsic_s == pytest.approx(pipeline_s)
+        assert timing.cycle_s == pytest.approx(timing.intrinsic_s + outside_s)
+        assert timing.outside_s == pytest.approx(outside_s)
+        assert timing.outside_energy_j == pytest.approx(outside_j)
+        assert timing.energy_j + timing.outside_energy_j == pytest.approx(
+            gpus.state(0).energy_mj / 1000 - before_j
+        )
+    # a real GPU's view: no energy from the timer, only the counter knows
+    hidden = SimulatedGPUs(
+        spec,
+        state_path=tmp_path / "hidden.json",
+        emulation=dataclasses.replace(emulation, exact_energy=False),
+    )
+    timer = SimulatedTimer(hidden, 0, work, LocalComms(), PipelineDag.build(pipeline_orders(1, 1)))
+    timing = _simulated_step(timer, session_laps)
+    assert timing.energy_j is None and timing.outside_energy_j is None
+    assert all(sample.energy_j is None for sample in timing.samples)
+    assert timing.outside_s == pytest.approx(outside_s)
