@@ -55,6 +55,7 @@ from megatron_harness import (
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.events import read_trace
+from megatron_energy.runtime.baseline_length import pilot_steps
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX, manifest_for
 
@@ -72,7 +73,8 @@ DEATH_LIMIT_S = 20.0
 
 GPU_SPEC = "h100-sxm"
 GRID_MHZ = (1980, 1500)
-PROFILING_STEPS = 2 * len(GRID_MHZ)  # a settling and a measured step per clock
+STOCK_PROFILING_STEPS = 1 + pilot_steps(1)  # a settling step and the stock baseline's pilot (exact energies)
+PROFILING_STEPS = STOCK_PROFILING_STEPS + 2 * (len(GRID_MHZ) - 1)  # then a settling and a measured step
 RUN_STEPS = 2
 JOB_STEPS = PROFILING_STEPS + RUN_STEPS
 NUM_MICROBATCHES = 4
@@ -823,7 +825,8 @@ def test_a_gpu_held_by_another_job_on_rank1_gives_one_mode_on_every_rank(fault_r
     """
     results = fault_run.job("gpu-held-rank1")
     assert_healthy_end(results)
-    assert results[0].phases == ("profiling",) + ("planned",) * (JOB_STEPS - 1)  # stock clock only
+    stock_only = STOCK_PROFILING_STEPS - 1
+    assert results[0].phases == ("profiling",) * stock_only + ("planned",) * (JOB_STEPS - stock_only)
     assert lines_with(results[1], "held by another job")
     assert lines_with(results[0], "another rank cannot set its GPU clocks")
     for result in results:

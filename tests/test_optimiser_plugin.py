@@ -21,7 +21,7 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.plan import Plan
 
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "optimiser_plugin"
-TRAIN_ITERS = 6
+TRAIN_ITERS = 8  # 6 profiling (stock: settling + the baseline's 3-step pilot; 1005 MHz: 1 + 1), 2 planned
 MEGATRON_ARGS = [
     "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2",
     "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
