@@ -23,6 +23,8 @@ from megatron_energy.runtime.energy_log import read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 PROFILING_ITERS = 2 * (2 + 1)  # two clocks, each a settling and two measured iterations
 RUN_ITERS = 3
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS

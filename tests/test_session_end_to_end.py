@@ -28,6 +28,8 @@ from session_world import RankReport, SessionSettings, run_world, summarise
 from megatron_energy.cli import main
 from megatron_energy.plan import Plan
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 
