@@ -102,7 +102,7 @@ def test_a_plan_past_its_deadline_is_repaired_at_the_fastest_clocks(toy):
     # The rounding meets the deadline by construction; this guard covers relaxed solutions that miss it by the
     # solver's tolerance. All-slow clocks take 19.5 s; the repair must reach 13 s, the all-fast time.
     solver = FrontierSolver(*toy)
-    all_slow = [1 if i in solver._tables else -1 for i in range(len(solver.dag.nodes))]
+    all_slow = [-1 if table is None else 1 for table in solver._tables]
     repaired = solver._tighten(all_slow, 13.0)
     assert solver.dag.schedule_array(np.asarray(solver._durations(repaired))).makespan_s <= 13.0
     with pytest.raises(ValueError, match="cannot be met even at the fastest clocks"):
