@@ -143,9 +143,7 @@ def lowtime_dag(case: Case) -> tuple[nx.DiGraph, dict[NodeId, Operation]]:
                 options=CandidateExecutionOptions[int](options=[fixed]), cost_model=ConstantCost()
             )
             graph.add_node(ids[node], op=Operation(spec=spec))
-    graph.add_edges_from(
-        (ids[u], ids[v]) for u, v in case.dag.graph.edges if u != "source" and v != "sink"
-    )
+    graph.add_edges_from((ids[u], ids[v]) for u, v in case.dag.graph.edges if u != "source" and v != "sink")
     add_source_node(graph, ids["source"])
     add_sink_node(graph, ids["sink"])
     graph.graph["source_node"], graph.graph["sink_node"] = ids["source"], ids["sink"]

@@ -32,6 +32,7 @@ to the bound is reported with every point, as computed: never rounded down.
 profile where a lower clock is faster (measurement noise), that is not the quickest plan; the sweep still
 starts at the quickest one (``FrontierSolver.min_time_s``).
 """
+
 from __future__ import annotations
 
 import csv

@@ -121,6 +121,4 @@ def family_profile(family: ProfileFamily, seed: int) -> Profile:
                     ClockOption(int(clock), float(t), float(e))
                     for clock, t, e in zip(family.clocks_mhz, times, energies, strict=True)
                 ]
-    return Profile(
-        options, family.gpu_name, "modelled", family.blocked_power_w, family.idle_power_w
-    )
+    return Profile(options, family.gpu_name, "modelled", family.blocked_power_w, family.idle_power_w)
