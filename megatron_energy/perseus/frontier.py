@@ -19,9 +19,10 @@ the bound on ``T`` changes, and HiGHS' dual simplex restarts from the previous b
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
 construction and slack freed by earlier instructions is handed on.
 
-**Sweep.** Deadlines are solved from the largest down, so each LP restarts from a nearby basis; plans are then
-made from the smallest deadline up, so each deadline also starts from the previous deadline's plan (which
-meets it, with time to spare) when that beats its own rounding.
+**Sweep.** Deadlines are solved from the largest down, so each LP restarts from a nearby basis. A plan for one
+deadline meets every larger one, so each point holds the least-energy plan found within its deadline.
+(Starting the local search from the previous deadline's plan instead of the rounding was tried: it ends
+higher, the search keeps the old plan's critical structure.)
 
 **Local search** (:mod:`megatron_energy.perseus.local_search`): fills of floats and trades between
 neighbouring critical instructions, each judged exactly as above; it stops when a round gains less than
@@ -52,7 +53,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 
-TARGET_GAP = 1e-4
+TARGET_GAP = 2e-4
 """The local search stops once a plan is within this fraction of the relaxed lower bound."""
 MIN_GAIN = 1e-5
 """The local search stops when a round gains less than this fraction of the plan's energy."""
@@ -340,29 +341,18 @@ class FrontierSolver:
         Raises:
             ValueError: If the deadline is below the all-fastest iteration time.
         """
-        return self._plan(self.relaxed(deadline_s))[0]
+        return self._plan(self.relaxed(deadline_s))
 
-    def _plan(
-        self, relaxed: RelaxedSolution, warm: list[int] | None = None
-    ) -> tuple[FrontierPoint, list[int]]:
-        """Round ``relaxed``, start from ``warm`` instead if it meets the deadline and uses less, improve.
-
-        Returns:
-            The point and its option choice.
-        """
+    def _plan(self, relaxed: RelaxedSolution) -> FrontierPoint:
+        """Round ``relaxed`` to options, improve the plan by local search, and return it as a point."""
         deadline_s = relaxed.deadline_s
         search = self._search
         choice = self._tighten(self._rounded(relaxed), deadline_s)
         energy_j = search.load(choice)
-        if warm is not None:
-            warm_j = search.load(warm)
-            if warm_j < energy_j and search.makespan_s <= deadline_s * (1 + REL_TOL):
-                choice, energy_j = warm, warm_j
-        if energy_j > relaxed.lower_bound_j * (1 + TARGET_GAP):
-            choice = search.improve(choice, deadline_s, MIN_GAIN * energy_j)
-        else:
-            search.load(choice)
-        return self._point(deadline_s, relaxed.lower_bound_j), choice
+        target_j = relaxed.lower_bound_j * (1 + TARGET_GAP)
+        if energy_j > target_j:
+            search.improve(choice, deadline_s, MIN_GAIN * energy_j, target_j)
+        return self._point(deadline_s, relaxed.lower_bound_j)
 
     def _point(self, deadline_s: float, lower_bound_j: float) -> FrontierPoint:
         """The search's current plan as a frontier point (figures as the simulator accounts them)."""
@@ -389,8 +379,8 @@ class FrontierSolver:
     def sweep(self, num_points: int = 100, max_time_s: float | None = None) -> Frontier:
         """The frontier for ``num_points`` deadlines evenly spaced from the all-fastest time.
 
-        The relaxed problems are solved from the largest deadline down (each LP restarts from a nearby
-        basis), the plans from the smallest up (each may start from the previous deadline's plan).
+        Deadlines are solved from the largest down, so each LP restarts from a nearby basis. A plan found for
+        one deadline also meets every larger one, so each point holds the best plan found within its deadline.
 
         Args:
             num_points: Number of deadlines (at least 2).
@@ -404,12 +394,7 @@ class FrontierSolver:
         if max_time_s is None:
             max_time_s = max(self.relaxed(math.inf).time_s, self.min_time_s)
         deadlines = np.linspace(self.min_time_s, max_time_s, num_points)
-        relaxed = [self.relaxed(float(deadline)) for deadline in deadlines[::-1]][::-1]
-        solved: list[FrontierPoint] = []
-        warm: list[int] | None = None
-        for solution in relaxed:
-            point, warm = self._plan(solution, warm)
-            solved.append(point)
+        solved = [self._plan(self.relaxed(float(deadline))) for deadline in deadlines[::-1]][::-1]
         points = []
         for point in solved:
             best = min(
