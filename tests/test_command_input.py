@@ -129,6 +129,7 @@ def _copy_latest_job(energy_dir: Path, tmp_path: Path) -> Path:
     return copy / fingerprint
 
 
+@pytest.mark.world
 @pytest.mark.parametrize("damage", ["truncated profile", "unknown GPU"])
 def test_report_explains_a_damaged_job_in_one_line(
     demo_energy_dir: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]

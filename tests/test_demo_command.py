@@ -23,6 +23,8 @@ from megatron_energy.runtime.energy_log import read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
 RUN_ITERS = 3
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS

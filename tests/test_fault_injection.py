@@ -59,6 +59,8 @@ from megatron_energy.runtime.baseline_length import pilot_steps
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX, manifest_for
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 COLLECTIVE_TIMEOUT_S = 30
 """Longest wait of a gloo collective in these worlds: a rank left alone in a collective fails after this."""
 

@@ -122,6 +122,7 @@ def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> N
         assert p2p and all(event["op"] for event in p2p)
 
 
+@pytest.mark.world
 def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
     """The executed order (non-default group size) is the order the hooks see AND the order the plan has.
 

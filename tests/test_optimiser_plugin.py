@@ -20,6 +20,8 @@ from megatron_energy import registry
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.plan import Plan
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "optimiser_plugin"
 TRAIN_ITERS = 8  # 6 profiling (stock: settling + the baseline's 3-step pilot; 1005 MHz: 1 + 1), 2 planned
 MEGATRON_ARGS = [

@@ -11,6 +11,7 @@ from megatron_energy.perseus import relaxation
 from megatron_energy.perseus.frontier import FrontierSolver
 from megatron_energy.perseus.relaxation import lower_convex_hull
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.sim import Simulator
 
@@ -20,7 +21,7 @@ TOY_TIMES = {(0, "forward"): 1.0, (0, "backward"): 2.0, (1, "forward"): 2.0, (1,
 def toy_profile() -> Profile:
     """Two clocks per instruction: fast (t s at 100 W) and slow (1.5 t s at 60 W); blocked 50 W, idle 30 W."""
     options = {
-        (stage, kind, 0): [ClockOption(1500, t, 100 * t), ClockOption(1000, 1.5 * t, 90 * t)]
+        Work(stage, 0, kind): [ClockOption(1500, t, 100 * t), ClockOption(1000, 1.5 * t, 90 * t)]
         for (stage, kind), t in TOY_TIMES.items()
     }
     return Profile(options, "toy-gpu", "modelled", blocked_power_w=50.0, idle_power_w=30.0)
@@ -82,7 +83,7 @@ def test_toy_iso_time_optimum_known_by_hand(toy):
     assert point.time_s == 13.0
     assert point.energy_j == pytest.approx(1955.0)
     slowed = {node for node, clock in point.clocks.items() if clock == 1000}
-    assert slowed == {("forward", 0, 0, 1), ("backward", 0, 0, 0)}
+    assert slowed == {Instruction(0, 0, 1, "forward"), Instruction(0, 0, 0, "backward")}
     assert point.lower_bound_j == pytest.approx(1955.0)
 
 
@@ -101,7 +102,7 @@ def test_a_plan_past_its_deadline_is_repaired_at_the_fastest_clocks(toy):
     # The rounding meets the deadline by construction; this guard covers relaxed solutions that miss it by the
     # solver's tolerance. All-slow clocks take 19.5 s; the repair must reach 13 s, the all-fast time.
     solver = FrontierSolver(*toy)
-    all_slow = [1 if i in solver._tables else -1 for i in range(len(solver.dag.nodes))]
+    all_slow = [-1 if table is None else 1 for table in solver._tables]
     repaired = solver._tighten(all_slow, 13.0)
     assert solver.dag.schedule_array(np.asarray(solver._durations(repaired))).makespan_s <= 13.0
     with pytest.raises(ValueError, match="cannot be met even at the fastest clocks"):

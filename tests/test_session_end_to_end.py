@@ -30,6 +30,8 @@ from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps
 from megatron_energy.stats import relative_change
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 

@@ -28,6 +28,8 @@ from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import MAX_STOCK_STEPS
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 REAL_GPU = Emulation(
     counter_noise=0.02,
     seed=12,

@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from megatron_energy.commands.accounting import Accounting, format_gap, row_warning_lines
 from megatron_energy.commands.arguments import (
     fail,
     non_negative_float,
@@ -115,19 +116,20 @@ def run(args: argparse.Namespace) -> int:
     """
     console = Console()
     try:
-        profile, job, source = _planning_inputs(args)
+        profile, job, source, accounting = _planning_inputs(args)
         plan = PerseusOptimiser().plan(profile, job)
         plan.save(args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)
     console.print(_summary(plan))
     console.print(
-        f"modelled: the pipeline simulated from a {profile.source} profile "
-        f"({source}, GPU {profile.gpu_name}, "
-        f"blocked {profile.blocked_power_w:g} W, idle {profile.idle_power_w:g} W, clock switches "
-        f"{1e3 * job.switch_latency_s:g} ms); the lower bound is the convex relaxation's optimum (instant "
-        "switches), which no plan can beat"
+        f"modelled: the pipeline simulated from a {profile.source} profile ({source}, GPU "
+        f"{profile.gpu_name}); the lower bound is the convex relaxation's optimum (instant switches), which "
+        "no plan can beat"
     )
+    console.print(accounting.describe(), markup=False)
+    for line in row_warning_lines(profile):
+        console.print(line, markup=False)
     console.print(f"plan written to {args.out} (job fingerprint {plan.fingerprint})")
     if args.plot:
         plot_frontier(plan, args.plot)
@@ -135,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str]:
-    """The profile, the job to plan and a label of where the profile came from."""
+def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str, Accounting]:
+    """The profile, the job to plan, a label of where the profile came from, and the energy accounting."""
     if args.config is not None:
         return _job_config_inputs(args)
     if args.profile is None or args.stages is None or args.microbatches is None:
@@ -170,6 +172,15 @@ def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, st
     latency_ms = args.switch_latency_ms
     if latency_ms is None:
         latency_ms = 1e3 * spec.switch_latency_s if spec is not None else 0.0
+    from_spec = f"from --gpu-spec {spec.name}" if spec is not None else ""
+    latency_from = from_spec or "no GPU spec given"
+    accounting = Accounting(
+        blocked_power_w=blocked_w,
+        idle_power_w=idle_w,
+        powers_from=_powers_origin(args, from_spec),
+        switch_latency_s=latency_ms / 1e3,
+        latency_from="from --switch-latency-ms" if args.switch_latency_ms is not None else latency_from,
+    )
     job = PlanningJob(
         orders=pipeline_orders(args.stages, args.microbatches, args.vpp),
         fingerprint=job_fingerprint,
@@ -178,10 +189,10 @@ def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, st
         comm=comm,
         frontier_points=args.points,
     )
-    return profile, job, str(args.profile)
+    return profile, job, str(args.profile), accounting
 
 
-def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str]:
+def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, str, Accounting]:
     """Plan for a job YAML: its orders, transfers, tail, GPU and fingerprint, so ``simulate`` replays it."""
     given = [flag for flag, value in _JOB_FLAGS.items() if getattr(args, value) is not None]
     if given:
@@ -201,6 +212,14 @@ def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, 
         )
         source = str(args.profile)
     latency_ms = args.switch_latency_ms
+    from_spec = f"from the job's GPU spec {spec.name}"
+    accounting = Accounting(
+        blocked_power_w=spec.blocked_power_w,
+        idle_power_w=spec.idle_power_w,
+        powers_from=from_spec,
+        switch_latency_s=spec.switch_latency_s if latency_ms is None else latency_ms / 1e3,
+        latency_from=from_spec if latency_ms is None else "from --switch-latency-ms",
+    )
     job = PlanningJob(
         orders=config.orders(),
         fingerprint=config.fingerprint(),
@@ -210,7 +229,7 @@ def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, 
         tail=config.iteration_tail(spec),
         frontier_points=args.points,
     )
-    return profile, job, source
+    return profile, job, source, accounting
 
 
 _JOB_FLAGS = {
@@ -242,6 +261,15 @@ def _check_profile_covers(
             f"{args.profile} covers {profile.num_stages} stages x {profile.num_chunks} chunks, but {given}; "
             "profile the job with this parallelism"
         )
+
+
+def _powers_origin(args: argparse.Namespace, from_spec: str) -> str:
+    """Where the blocked and idle power came from: flags, the GPU spec, or both."""
+    given = (("--blocked-power-w", args.blocked_power_w), ("--idle-power-w", args.idle_power_w))
+    flags = [flag for flag, value in given if value is not None]
+    if len(flags) == 2 or not from_spec:
+        return "from " + " and ".join(flags)
+    return from_spec if not flags else f"from {flags[0]}, the other {from_spec}"
 
 
 def _read_profile(args: argparse.Namespace, gpu_name: str, blocked_w: float, idle_w: float) -> Profile:
@@ -288,7 +316,7 @@ def _summary(plan: Plan) -> Table:
         f"lower bound at {target.deadline_s:.4f} s (J)",
         "",
         f"{target.lower_bound_j:,.1f}",
-        f"plan {100 * target.gap:+.3f} %",
+        f"plan {format_gap(target.gap)}",
         "modelled",
     )
     return table

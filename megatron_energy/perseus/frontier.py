@@ -22,10 +22,19 @@ the bound on ``T`` changes, and HiGHS' dual simplex restarts from the previous b
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
 construction and slack freed by earlier instructions is handed on.
 
-**Local search.** Single moves (an instruction to the best option its float allows) and pair moves (two
-neighbouring instructions, one a step slower and one a step faster) are kept when the energy, accounted as
-above on the exact ASAP schedule, drops and the deadline still holds; the search stops once the plan is
-within ``TARGET_GAP`` of the lower bound or no move helps. The remaining gap is reported with every point.
+**Sweep.** Deadlines are solved from the largest down, so each LP restarts from a nearby basis. A plan for one
+deadline meets every larger one, so each point holds the least-energy plan found within its deadline.
+(Starting the local search from the previous deadline's plan instead of the rounding was tried: it ends
+higher, the search keeps the old plan's critical structure.)
+
+**Local search** (:mod:`megatron_energy.perseus.local_search`): fills of floats and trades between
+neighbouring critical instructions, each judged exactly as above; it stops when a round gains less than
+``MIN_GAIN`` of the plan's energy or the plan is within ``TARGET_GAP`` of the lower bound. The remaining gap
+to the bound is reported with every point, as computed: never rounded down.
+
+**Baseline.** Every instruction at its maximum clock (:func:`all_max_clocks`), as the GPU runs unplanned. On a
+profile where a lower clock is faster (measurement noise), that is not the quickest plan; the sweep still
+starts at the quickest one (``FrontierSolver.min_time_s``).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +56,36 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 
-TARGET_GAP = 1e-4
+TARGET_GAP = 2e-4
 """The local search stops once a plan is within this fraction of the relaxed lower bound."""
+MIN_GAIN = 1e-5
+"""The local search stops when a round gains less than this fraction of the plan's energy."""
+
+
+def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[NodeId, int]:
+    """Every compute node of ``dag`` at the highest clock its instruction was profiled at (the baseline)."""
+    top = {key: max(option.clock_mhz for option in profile.options(key)) for key in profile}
+    return {node: top[node.work] for node in dag.compute_nodes()}
+
+
+class PlanClocks(Mapping[NodeId, int]):
+    """The SM clock of every compute node of one plan, stored as an array (a read-only mapping)."""
+
+    def __init__(self, positions: Mapping[NodeId, int], clocks: Sequence[int]):
+        self._positions = positions
+        self._clocks = tuple(clocks)
+
+    def __getitem__(self, node: NodeId) -> int:
+        return self._clocks[self._positions[node]]
+
+    def __iter__(self) -> Iterator[NodeId]:
+        return iter(self._positions)
+
+    def __len__(self) -> int:
+        return len(self._clocks)
+
+    def __repr__(self) -> str:
+        return f"PlanClocks({len(self)} instructions)"
 
 
 @dataclass(frozen=True)
@@ -85,16 +122,13 @@ class Frontier:
 
     Attributes:
         points: One point per deadline, ascending deadline.
-        baseline: Simulation of every instruction at its fastest option (the all-maximum-clocks run).
+        baseline: Simulation of every instruction at its maximum clock (:func:`all_max_clocks`).
+        min_time_s: Iteration time with every instruction at its fastest option (the first deadline).
     """
 
     points: tuple[FrontierPoint, ...]
     baseline: SimResult
-
-    @property
-    def min_time_s(self) -> float:
-        """Iteration time with every instruction at its fastest option."""
-        return self.baseline.iteration_time_s
+    min_time_s: float
 
     def min_energy_point(self) -> FrontierPoint:
         """The point of least energy (the quickest of equals)."""
@@ -146,12 +180,18 @@ class FrontierSolver:
         dag: The iteration DAG.
         profile: Time and energy per clock of every instruction.
         powers: Blocked and idle power; the profile's when ``None`` (as in the simulator).
+
+    Attributes:
+        baseline: Simulation of every instruction at its maximum clock (:func:`all_max_clocks`).
+        min_time_s: Iteration time with every instruction at its fastest option: no plan is quicker.
     """
 
     def __init__(self, dag: PipelineDag, profile: Profile, powers: StagePowers | None = None):
         self.dag = dag
         self.simulator = Simulator(dag, profile, powers)
         self._powers = (self.simulator.powers.blocked_power_w, self.simulator.powers.idle_power_w)
+        self._tail_offset_j = np.array(self.simulator.tail_offsets_j())
+        num_nodes = len(dag.nodes)
         self._preds: list[list[int]] = [[] for _ in dag.nodes]
         self._succs: list[list[int]] = [[] for _ in dag.nodes]
         edges = dag.edges_array()
@@ -159,27 +199,30 @@ class FrontierSolver:
             self._preds[v].append(u)
             self._succs[u].append(v)
         self._sink = dag.index["sink"]
-        last = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
-        marginal_w = np.full(len(dag.nodes), self._powers[0])
-        marginal_w[last] = self._powers[1]
-        keys = {}
-        tables: dict[tuple[Work, float], OptionTable] = {}
-        self._tables: dict[int, OptionTable] = {}
-        for i in dag.compute_indices().tolist():
-            keys[i] = dag.nodes[i].work
+        self._last = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
+        marginal_w = np.full(num_nodes, self._powers[0])
+        marginal_w[self._last] = self._powers[1]
+        self._compute: list[int] = dag.compute_indices().tolist()
+        keys: dict[int, Work] = {}
+        shared: dict[tuple[Work, float], OptionTable] = {}
+        self._tables: list[OptionTable | None] = [None] * num_nodes
+        for i in self._compute:
+            keys[i] = dag.nodes[i].work  # type: ignore[union-attr]
             table_key = (keys[i], float(marginal_w[i]))
-            if table_key not in tables:
-                tables[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
-            self._tables[i] = tables[table_key]
+            if table_key not in shared:
+                shared[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
+            self._tables[i] = shared[table_key]
         hulls = {key: lower_convex_hull(profile.options(key)) for key in set(keys.values())}
-        self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, last)
-        self._search = LocalSearch(self._preds, self._succs, self._tables, last, self._sink, self._powers)
-        self.baseline = self.simulator.run({})
-
-    @property
-    def min_time_s(self) -> float:
-        """Iteration time with every instruction at its fastest option (the all-maximum-clocks time)."""
-        return self.baseline.iteration_time_s
+        self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, self._last)
+        fixed_s = dag.fixed_durations_s().tolist()
+        self._search = LocalSearch(
+            self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers
+        )
+        self._positions = {dag.nodes[i]: position for position, i in enumerate(self._compute)}
+        self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)  # type: ignore[union-attr]
+        self.baseline = self.simulator.run(all_max_clocks(dag, profile))
+        self._search.load([0 if table else -1 for table in self._tables])
+        self.min_time_s = self._search.makespan_s
 
     def _build_program(
         self,
@@ -254,8 +297,8 @@ class FrontierSolver:
     def _durations(self, choice: list[int]) -> list[float]:
         """Durations by node index of an option choice."""
         durations = self._base_s.tolist()
-        for i, table in self._tables.items():
-            durations[i] = table.times_s[choice[i]]
+        for i in self._compute:
+            durations[i] = self._tables[i].times_s[choice[i]]  # type: ignore[union-attr]
         return durations
 
     def _rounded(self, relaxed: RelaxedSolution) -> list[int]:
@@ -272,7 +315,7 @@ class FrontierSolver:
         end = [0.0] * len(durations)
         for v, preds in enumerate(self._preds):
             start = max([end[u] for u in preds]) if preds else 0.0
-            table = self._tables.get(v)
+            table = self._tables[v]
             if table is not None:
                 choice[v] = table.choose(min([latest[w] for w in self._succs[v]]) - start)
                 durations[v] = table.times_s[choice[v]]
@@ -290,7 +333,7 @@ class FrontierSolver:
             if schedule.makespan_s <= deadline_s * (1 + REL_TOL):
                 return choice
             slack = self.dag.latest_start_s(durations, deadline_s) - schedule.start_s
-            late = [i for i in self._tables if slack[i] < 0 and choice[i] != 0]
+            late = [i for i in self._compute if slack[i] < 0 and choice[i] != 0]
             if not late:
                 raise ValueError(f"deadline {deadline_s:.9g} s cannot be met even at the fastest clocks")
             for i in late:
@@ -302,29 +345,48 @@ class FrontierSolver:
         Raises:
             ValueError: If the deadline is below the all-fastest iteration time.
         """
-        relaxed = self.relaxed(deadline_s)
+        return self._plan(self.relaxed(deadline_s))
+
+    def _plan(self, relaxed: RelaxedSolution) -> FrontierPoint:
+        """Round ``relaxed`` to options, improve the plan by local search, and return it as a point."""
+        deadline_s = relaxed.deadline_s
+        search = self._search
         choice = self._tighten(self._rounded(relaxed), deadline_s)
+        energy_j = search.load(choice)
         target_j = relaxed.lower_bound_j * (1 + TARGET_GAP)
-        choice = self._search.improve(  # the search's energy leaves out the tail's constant
-            choice, self._durations(choice), deadline_s, target_j - self.simulator.tail_offset_j
-        )
-        nodes = self.dag.nodes
-        clocks = {nodes[i]: table.options[choice[i]].clock_mhz for i, table in self._tables.items()}
-        result = self.simulator.run(clocks)
+        tail_j = self.simulator.tail_offset_j  # the search's energy leaves out the tail's constant
+        if energy_j + tail_j > target_j:
+            search.improve(choice, deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j)
+        return self._point(deadline_s, relaxed.lower_bound_j)
+
+    def _point(self, deadline_s: float, lower_bound_j: float) -> FrontierPoint:
+        """The search's current plan as a frontier point (figures as the simulator accounts them)."""
+        search, compute, tables = self._search, self._compute, self._tables
+        choice, durations, start = search.choice, search.durations, search.start
+        options = [tables[i].options[choice[i]] for i in compute]  # type: ignore[union-attr]
+        stages = self.dag.num_stages
+        busy_s = np.bincount(self._stage_of, [durations[i] for i in compute], minlength=stages)
+        busy_j = np.bincount(self._stage_of, [option.energy_j for option in options], minlength=stages)
+        iteration_s = start[self._sink]
+        last_end_s = np.array([start[i] + durations[i] for i in self._last])
+        blocked_w, idle_w = self._powers
+        stage_j = busy_j + blocked_w * (last_end_s - busy_s) + idle_w * (iteration_s - last_end_s)
+        stage_j += self._tail_offset_j  # a measured tail: its energy instead of idle power over it
         return FrontierPoint(
             deadline_s=deadline_s,
-            time_s=result.iteration_time_s,
-            energy_j=result.total_energy_j,
-            lower_bound_j=relaxed.lower_bound_j,
-            stage_energy_j=tuple(stage.total_energy_j for stage in result.stages),
-            stage_busy_s=tuple(stage.busy_s for stage in result.stages),
-            clocks=clocks,
+            time_s=iteration_s,
+            energy_j=float(stage_j.sum()),
+            lower_bound_j=lower_bound_j,
+            stage_energy_j=tuple(stage_j.tolist()),
+            stage_busy_s=tuple(busy_s.tolist()),
+            clocks=PlanClocks(self._positions, [option.clock_mhz for option in options]),
         )
 
     def sweep(self, num_points: int = 100, max_time_s: float | None = None) -> Frontier:
         """The frontier for ``num_points`` deadlines evenly spaced from the all-fastest time.
 
-        Deadlines are solved from the largest down, so each solve restarts from a nearby basis.
+        Deadlines are solved from the largest down, so each LP restarts from a nearby basis. A plan found for
+        one deadline also meets every larger one, so each point holds the best plan found within its deadline.
 
         Args:
             num_points: Number of deadlines (at least 2).
@@ -338,7 +400,7 @@ class FrontierSolver:
         if max_time_s is None:
             max_time_s = max(self.relaxed(math.inf).time_s, self.min_time_s)
         deadlines = np.linspace(self.min_time_s, max_time_s, num_points)
-        solved = [self.solve(float(deadline)) for deadline in deadlines[::-1]][::-1]
+        solved = [self._plan(self.relaxed(float(deadline))) for deadline in deadlines[::-1]][::-1]
         points = []
         for point in solved:
             best = min(
@@ -348,4 +410,4 @@ class FrontierSolver:
             points.append(
                 dataclasses.replace(best, deadline_s=point.deadline_s, lower_bound_j=point.lower_bound_j)
             )
-        return Frontier(tuple(points), self.baseline)
+        return Frontier(tuple(points), self.baseline, self.min_time_s)

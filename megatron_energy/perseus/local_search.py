@@ -1,4 +1,28 @@
-"""Exact local search on a rounded frontier plan, judged by the simulator's energy accounting."""
+"""Exact local search on a frontier plan, judged by the simulator's energy accounting.
+
+A plan is an option index per compute node. With ``c_i = e_i − λ_i·t_i`` the marginal cost of node
+``i``'s option (``λ_i`` its marginal power: blocked power, idle power for a stage's last instruction),
+``start(last_s)`` the start of stage ``s``'s last instruction and ``T`` the iteration time, the
+simulator's energy is exactly::
+
+    E = Σ_i c_i + (P_blocked − P_idle)·Σ_s start(last_s) + S·P_idle·T
+
+Two kinds of step, both exact (the deadline holds and ``E`` is recomputed, never estimated):
+
+* **fill**: one backward pass gives every node the cheapest option that fits between its earliest start and
+  the latest end its successors allow, within a cap on ``T`` (the current one, or the deadline). Floats are
+  handed backwards, so a whole chain can slow down in one pass. Kept only if ``E`` drops.
+* **trade**: a near-critical node one step slower, paid for by a neighbour (at most two edges away, through a
+  transfer) on the same critical paths one step faster. Only nodes whose float is too small for their next
+  slower option are tried (the others are the fill's), and only neighbours with no more float than them
+  (the others are not on their critical paths). Both durations change at once and the earliest starts after
+  them are updated incrementally (node indices are topological), so a trade costs time proportional to the
+  part of the schedule it shifts.
+
+The search alternates trade sweeps (most promising first, by the change of marginal cost) and fills, and
+stops when a round gains less than the caller's ``min_gain_j`` or the energy reaches ``target_j``: it is
+bounded by what it still gains, not by luck in reaching the lower bound.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +37,38 @@ REL_TOL = 1e-12
 
 
 class OptionTable:
-    """An instruction's options, time ascending, and the cheapest (least ``e − λ·t``) one up to each time.
+    """An instruction's options, time ascending, with the cheapest (least ``e − λ·t``) one up to each time.
 
     ``λ`` is the instruction's marginal power: blocked power, or idle power for a stage's last instruction.
+
+    Attributes:
+        options: The options, time ascending (then energy).
+        times_s: Their times.
+        energies_j: Their energies.
+        costs: Their marginal costs ``e − λ·t``.
+        slower: Per option, the next option of the (time, cost) staircase after it, or -1: the step a trade
+            slows a node by.
+        faster: Per option, the last staircase option before it, or -1: the step a trade speeds a node by.
     """
 
     def __init__(self, options: Sequence[ClockOption], marginal_power_w: float):
         self.options = sorted(options, key=lambda option: (option.time_s, option.energy_j))
         self.times_s = [option.time_s for option in self.options]
-        self.costs = [option.energy_j - marginal_power_w * option.time_s for option in self.options]
-        self._best_up_to = [0]
-        for k in range(1, len(self.options)):
-            previous = self._best_up_to[-1]
-            self._best_up_to.append(k if self.costs[k] < self.costs[previous] else previous)
+        self.energies_j = [option.energy_j for option in self.options]
+        self.costs = [option.energy_j - float(marginal_power_w) * option.time_s for option in self.options]
+        self._best_up_to: list[int] = []
+        staircase: list[int] = []
+        for k, cost in enumerate(self.costs):
+            if not staircase or cost < self.costs[staircase[-1]]:
+                staircase.append(k)
+            self._best_up_to.append(staircase[-1])
+        self.slower = [-1] * len(self.options)
+        self.faster = [-1] * len(self.options)
+        for k in range(len(self.options)):
+            position = bisect.bisect_right(staircase, k)
+            self.slower[k] = staircase[position] if position < len(staircase) else -1
+            before = bisect.bisect_left(staircase, k)
+            self.faster[k] = staircase[before - 1] if before > 0 else -1
 
     def choose(self, window_s: float) -> int:
         """Index of the cheapest option that fits ``window_s`` (the fastest one when none fits)."""
@@ -33,38 +76,46 @@ class OptionTable:
         return self._best_up_to[k] if k >= 0 else 0
 
 
-_Undo = tuple[int, int, float, list[tuple[int, float]], float]
-"""A move's node, its previous option and duration, the earliest starts it changed, and its energy change."""
-
-
 class LocalSearch:
-    """Exact local search on a rounded plan, judged by the simulator's energy accounting.
+    """Exact local search on plans of one DAG (see the module docstring).
 
-    Moves: one instruction to the option of least marginal cost that fits its float, or a pair of neighbouring
-    instructions (one a step slower, the other a step faster). A move is kept only if the deadline still holds
-    and the energy drops. Earliest starts are updated incrementally (node indices are topological), so a move
-    costs time proportional to the part of the schedule it shifts.
+    Args:
+        preds: Predecessor indices of every node (indices are topological).
+        succs: Successor indices of every node.
+        tables: Option table of every compute node, ``None`` for other nodes.
+        fixed_s: Duration of every node that is not a compute node.
+        last_nodes: Index of every stage's last instruction.
+        sink: Index of the sink.
+        powers: Blocked and idle power.
     """
 
     def __init__(
         self,
         preds: list[list[int]],
         succs: list[list[int]],
-        tables: dict[int, OptionTable],
+        tables: Sequence[OptionTable | None],
+        fixed_s: Sequence[float],
         last_nodes: Sequence[int],
         sink: int,
         powers: tuple[float, float],
     ):
-        self.preds, self.succs, self.tables, self.sink = preds, succs, tables, sink
+        self.preds, self.succs, self.sink = preds, succs, sink
+        self.tables = list(tables)
+        self.compute = [i for i, table in enumerate(self.tables) if table is not None]
+        self.fixed_s = list(fixed_s)
         self.is_last = [False] * len(preds)
         for i in last_nodes:
             self.is_last[i] = True
-        self.blocked_w, self.idle_w = powers
-        self.num_stages = len(last_nodes)
-        self.neighbours = {i: sorted(self._near(i) - {i}) for i in tables}
+        blocked_w, idle_w = powers
+        self.end_weight_w = blocked_w - idle_w
+        self.time_weight_w = len(last_nodes) * idle_w
+        self.neighbours = {i: sorted(self._near(i) - {i}) for i in self.compute}
         self.choice: list[int] = []
         self.durations: list[float] = []
         self.start: list[float] = []
+        self.energy_j = 0.0
+        self.deadline_s = float("inf")
+        self._latest: list[float] = []
 
     def _near(self, i: int) -> set[int]:
         """Compute nodes at most two edges away from ``i`` (through a transfer node), either direction."""
@@ -73,112 +124,267 @@ class LocalSearch:
             for j in step[i]:
                 near.add(j)
                 near.update(step[j])
-        return near & self.tables.keys()
+        return {j for j in near if self.tables[j] is not None}
 
-    def improve(
-        self, choice: list[int], durations: list[float], deadline_s: float, target_j: float
-    ) -> list[int]:
-        """Return an improved copy of ``choice`` that still meets ``deadline_s``.
+    # ----- plan state ------------------------------------------------------------------------------------
 
-        The search stops once the energy is at most ``target_j`` or no move helps.
-        """
-        self.choice, self.durations = list(choice), list(durations)
-        self.start = [0.0] * len(durations)
+    def load(self, choice: Sequence[int]) -> float:
+        """Make ``choice`` (option index per node, -1 for non-compute nodes) the current plan; its energy."""
+        self.choice = list(choice)
+        self.durations = list(self.fixed_s)
+        for i in self.compute:
+            self.durations[i] = self.tables[i].times_s[self.choice[i]]  # type: ignore[union-attr]
+        self.start = self._earliest_starts(self.durations)
+        self.energy_j = self._energy()
+        return self.energy_j
+
+    @property
+    def makespan_s(self) -> float:
+        """Iteration time of the current plan."""
+        return self.start[self.sink]
+
+    def _earliest_starts(self, durations: list[float]) -> list[float]:
+        """ASAP start of every node."""
+        start = [0.0] * len(durations)
         for v, preds in enumerate(self.preds):
-            self.start[v] = max([self.start[u] + self.durations[u] for u in preds]) if preds else 0.0
-        self.deadline_s = deadline_s * (1 + REL_TOL)
-        self.excess_j = self._energy() - target_j
-        while self.excess_j > 0 and (self._sweep(pairs=False) or self._sweep(pairs=True)):
-            pass
-        return self.choice
+            if preds:
+                start[v] = max([start[u] + durations[u] for u in preds])
+        return start
+
+    def _latest_starts(self, durations: list[float], makespan_s: float) -> list[float]:
+        """Latest start of every node that lets the sink start by ``makespan_s``."""
+        latest = [0.0] * len(durations)
+        for v in range(len(durations) - 1, -1, -1):
+            succs = self.succs[v]
+            latest[v] = (min([latest[w] for w in succs]) if succs else makespan_s) - durations[v]
+        return latest
 
     def _energy(self) -> float:
         """Energy of the current plan (see the module docstring)."""
-        ends = sum(self.start[i] + self.durations[i] for i, last in enumerate(self.is_last) if last)
-        busy = sum(
-            table.options[self.choice[i]].energy_j - self.blocked_w * self.durations[i]
-            for i, table in self.tables.items()
-        )
-        iteration_s = self.start[self.sink]
-        return busy + (self.blocked_w - self.idle_w) * ends + self.num_stages * self.idle_w * iteration_s
+        costs = sum(self.tables[i].costs[self.choice[i]] for i in self.compute)  # type: ignore[union-attr]
+        last_starts = sum(self.start[i] for i, last in enumerate(self.is_last) if last)
+        return costs + self.end_weight_w * last_starts + self.time_weight_w * self.start[self.sink]
 
-    def _moves(self, pairs: bool) -> list[tuple[float, tuple[tuple[int, int], ...]]]:
-        """Candidate moves with their change of marginal cost (negative: promising), most promising first."""
-        latest_end = [0.0] * len(self.durations)
-        for v in range(len(self.durations) - 1, -1, -1):
-            succs = self.succs[v]
-            latest_end[v] = (
-                min([latest_end[w] - self.durations[w] for w in succs]) if succs else self.deadline_s
-            )
-        moves = []
-        for i, table in self.tables.items():
-            current = self.choice[i]
-            if not pairs:
-                best = table.choose(latest_end[i] - self.start[i])
-                if table.costs[best] < table.costs[current]:
-                    moves.append((table.costs[best] - table.costs[current], ((i, best),)))
+    # ----- search ----------------------------------------------------------------------------------------
+
+    def improve(
+        self, choice: Sequence[int], deadline_s: float, min_gain_j: float, target_j: float = 0.0
+    ) -> list[int]:
+        """Return an improved copy of ``choice`` that still meets ``deadline_s``.
+
+        Args:
+            choice: Option index per node (-1 for non-compute nodes); must meet the deadline.
+            deadline_s: The iteration-time budget.
+            min_gain_j: A round of trades and fills that gains less than this ends the search.
+            target_j: The search also ends once the energy is at most this.
+        """
+        self.load(choice)
+        self.deadline_s = deadline_s = deadline_s * (1 + REL_TOL)
+        self.fill(self.makespan_s)
+        if self.makespan_s < deadline_s:
+            self.fill(deadline_s)
+        while self.energy_j > target_j:
+            before_j = self.energy_j
+            self.trade(deadline_s)
+            self.fill(self.makespan_s)
+            if before_j - self.energy_j < min_gain_j:
+                break
+        return self.choice
+
+    def fill(self, cap_s: float) -> bool:
+        """One backward pass of cheapest options within the floats (iteration time at most ``cap_s``).
+
+        Returns:
+            Whether the plan changed (it is kept only if its energy drops).
+        """
+        choice, durations, start, succs = list(self.choice), list(self.durations), self.start, self.succs
+        latest = [0.0] * len(durations)
+        end_weight = self.end_weight_w
+        changed = False
+        for v in range(len(durations) - 1, -1, -1):
+            successors = succs[v]
+            latest_end = min([latest[w] for w in successors]) if successors else cap_s
+            table = self.tables[v]
+            if table is not None:
+                k = table.choose(latest_end - start[v])
+                if table.costs[k] < table.costs[choice[v]]:
+                    choice[v], durations[v], changed = k, table.times_s[k], True
+            latest[v] = latest_end - durations[v]
+            if self.is_last[v] and end_weight > 0 and latest[v] > start[v]:
+                latest[v] = start[v]  # a later stage end costs blocked over idle power
+        if not changed:
+            return False
+        old = self.choice, self.durations, self.start, self.energy_j
+        self.choice, self.durations = choice, durations
+        self.start = self._earliest_starts(durations)
+        self.energy_j = self._energy()
+        limit_s = min(cap_s * (1 + REL_TOL), self.deadline_s)
+        if self.energy_j < old[3] - 1e-9 and self.makespan_s <= limit_s:
+            return True
+        self.choice, self.durations, self.start, self.energy_j = old
+        return False
+
+    def trade(self, deadline_s: float) -> None:
+        """One sweep of trades, most promising first; each is kept if the deadline holds and energy drops."""
+        self._latest = self._latest_starts(self.durations, deadline_s)
+        slack = [late - early for late, early in zip(self._latest, self.start, strict=True)]
+        candidates = []
+        for i in self.compute:
+            table, k = self.tables[i], self.choice[i]
+            slower = table.slower[k]  # type: ignore[union-attr]
+            if slower < 0 or slack[i] >= table.times_s[slower] - table.times_s[k]:  # type: ignore[union-attr]
                 continue
-            if current + 1 == len(table.costs):
-                continue
-            slower = table.costs[current + 1] - table.costs[current]
+            gain = table.costs[k] - table.costs[slower]  # type: ignore[union-attr]
+            limit = slack[i] + 1e-9 * deadline_s
             for j in self.neighbours[i]:
+                if slack[j] > limit:
+                    continue
                 other, at = self.tables[j], self.choice[j]
-                if at > 0 and slower + other.costs[at - 1] - other.costs[at] < 0:
-                    moves.append(
-                        (slower + other.costs[at - 1] - other.costs[at], ((j, at - 1), (i, current + 1)))
+                faster = other.faster[at]  # type: ignore[union-attr]
+                if faster >= 0:
+                    loss = other.costs[faster] - other.costs[at]  # type: ignore[union-attr]
+                    if loss < gain:
+                        candidates.append((loss - gain, j, faster, i, slower))
+        candidates.sort()
+        touched: set[int] = set()
+        for change, j, faster, i, slower in candidates:
+            if i in touched or j in touched or not self._plausible(j, faster, i, slower, deadline_s, change):
+                continue
+            undo = self._apply(((j, faster), (i, slower)), deadline_s)
+            if undo is not None and self.start[self.sink] <= deadline_s and undo[-1] < -1e-9:
+                self.energy_j += undo[-1]
+                touched.update((i, j))
+                self._update_latest((i, j), deadline_s)
+            elif undo is not None:
+                self._undo(undo)
+
+    def _plausible(
+        self, j: int, faster: int, i: int, slower: int, deadline_s: float, change_j: float
+    ) -> bool:
+        """Whether the trade can keep the deadline and save energy, judged at ``i``'s neighbours only.
+
+        ``j`` lies within two edges of ``i``, before it (an ancestor) or after it (a descendant). The new end
+        of ``i`` is computed from its predecessors (with ``j``'s new duration where it feeds them), and the
+        latest end its successors allow for the deadline from theirs (with ``j``'s new duration where they
+        feed it). Past that latest end the deadline fails; past the latest end for the current iteration time
+        the iteration grows, at ``S·P_idle`` per second. Cheap, and it spares most trades the full shift.
+        """
+        start, durations, preds, succs, latest = (
+            self.start,
+            self.durations,
+            self.preds,
+            self.succs,
+            self._latest,
+        )
+        j_time = self.tables[j].times_s[faster]  # type: ignore[union-attr]
+        i_time = self.tables[i].times_s[slower]  # type: ignore[union-attr]
+        if j < i:
+            begin = 0.0
+            for u in preds[i]:
+                if u == j:
+                    end = start[j] + j_time
+                elif j in preds[u]:
+                    end = (
+                        max([start[w] + (j_time if w == j else durations[w]) for w in preds[u]])
+                        + durations[u]
                     )
-        return sorted(moves)
+                else:
+                    end = start[u] + durations[u]
+                begin = max(begin, end)
+            end_i = begin + i_time
+            limit = min([latest[w] for w in succs[i]])
+        else:
+            end_i = start[i] + i_time
+            after_j = min([latest[x] for x in succs[j]]) if succs[j] else deadline_s
+            limit = deadline_s
+            for w in succs[i]:
+                if w == j:
+                    late = after_j - j_time
+                elif j in succs[w]:
+                    late = min([after_j - j_time if x == j else latest[x] for x in succs[w]]) - durations[w]
+                else:
+                    late = latest[w]
+                limit = min(limit, late)
+        if end_i > limit + REL_TOL * deadline_s:
+            return False
+        growth_s = end_i - limit + deadline_s - start[self.sink]
+        return growth_s <= 0 or self.end_weight_w < 0 or change_j + self.time_weight_w * growth_s < 0
 
-    def _sweep(self, pairs: bool) -> bool:
-        """Try every single (or pair) move once; True if any was kept."""
-        kept = False
-        for _, move in self._moves(pairs):
-            undo = [self._apply(i, k) for i, k in move if self.choice[i] != k]
-            delta_j = sum(record[-1] for record in undo)
-            if self.start[self.sink] <= self.deadline_s and delta_j < -1e-9:
-                self.excess_j += delta_j
-                kept = True
-            else:
-                for record in reversed(undo):
-                    self._undo(record)
-        return kept
+    def _apply(
+        self, moves: Sequence[tuple[int, int]], deadline_s: float
+    ) -> tuple[list[tuple[int, int, float]], list[tuple[int, float]], float] | None:
+        """Set the moves' options, shift the earliest starts after them and account the energy change.
 
-    def _apply(self, i: int, k: int) -> _Undo:
-        """Move node ``i`` to option ``k``, shift the earliest starts after it and account the energy."""
-        table, sink = self.tables[i], self.sink
-        old_k, old_duration = self.choice[i], self.durations[i]
-        self.choice[i], self.durations[i] = k, table.times_s[k]
-        step_s = self.durations[i] - old_duration
-        end_shift_s, time_shift_s = (step_s if self.is_last[i] else 0.0), 0.0
-        changed: list[tuple[int, float]] = []
-        heap = list(self.succs[i])
+        The shift is given up (and undone; ``None`` returned) as soon as a node after both moved ones starts
+        past its latest start for the deadline, or so late that the iteration time grows by more than the
+        moves save: neither can be undone further down, since nothing after that node changed.
+        """
+        choice, durations, start = self.choice, self.durations, self.start
+        preds, succs, latest = self.preds, self.succs, self._latest
+        undone: list[tuple[int, int, float]] = []
+        delta_j = 0.0
+        heap: list[int] = []
+        for i, k in moves:
+            table = self.tables[i]
+            undone.append((i, choice[i], durations[i]))
+            delta_j += table.costs[k] - table.costs[choice[i]]  # type: ignore[union-attr]
+            choice[i], durations[i] = k, table.times_s[k]  # type: ignore[union-attr]
+            heap.extend(succs[i])
         heapq.heapify(heap)
         queued = set(heap)
+        after = max(i for i, _ in moves)
+        tolerance_s = REL_TOL * deadline_s
+        # Latest starts for the current iteration time are those for the deadline less the spare time.
+        spare_s = deadline_s - start[self.sink]
+        # With no later stage end cheaper (blocked >= idle power), a later start bounds the energy change.
+        time_weight = self.time_weight_w if self.end_weight_w >= 0 else 0.0
+        changed: list[tuple[int, float]] = []
+        last_shift_s = sink_shift_s = 0.0
         while heap:
             v = heapq.heappop(heap)
-            start = max([self.start[u] + self.durations[u] for u in self.preds[v]])
-            if start == self.start[v]:
+            begin = max([start[u] + durations[u] for u in preds[v]])
+            if begin == start[v]:
                 continue
-            shift = start - self.start[v]
-            changed.append((v, self.start[v]))
-            self.start[v] = start
-            end_shift_s += shift if self.is_last[v] else 0.0
-            time_shift_s += shift if v == sink else 0.0
-            for w in self.succs[v]:
+            if v > after and (
+                begin > latest[v] + tolerance_s or delta_j + time_weight * (begin - latest[v] - spare_s) >= 0
+            ):
+                record = undone, changed, 0.0
+                self._undo(record)
+                return None
+            changed.append((v, start[v]))
+            if self.is_last[v]:
+                last_shift_s += begin - start[v]
+            elif v == self.sink:
+                sink_shift_s = begin - start[v]
+            start[v] = begin
+            for w in succs[v]:
                 if w not in queued:
                     queued.add(w)
                     heapq.heappush(heap, w)
-        delta_j = (
-            table.options[k].energy_j
-            - table.options[old_k].energy_j
-            - self.blocked_w * step_s
-            + (self.blocked_w - self.idle_w) * end_shift_s
-            + self.num_stages * self.idle_w * time_shift_s
-        )
-        return i, old_k, old_duration, changed, delta_j
+        delta_j += self.end_weight_w * last_shift_s + self.time_weight_w * sink_shift_s
+        return undone, changed, delta_j
 
-    def _undo(self, record: _Undo) -> None:
-        i, k, duration, changed, _ = record
-        self.choice[i], self.durations[i] = k, duration
-        for v, start in changed:
-            self.start[v] = start
+    def _update_latest(self, moved: Sequence[int], deadline_s: float) -> None:
+        """Update the latest starts for ``deadline_s`` after the ``moved`` nodes changed duration."""
+        latest, durations, preds, succs = self._latest, self.durations, self.preds, self.succs
+        heap = [-v for v in moved]
+        heapq.heapify(heap)
+        queued = set(moved)
+        while heap:
+            v = -heapq.heappop(heap)
+            successors = succs[v]
+            late = (min([latest[w] for w in successors]) if successors else deadline_s) - durations[v]
+            if late == latest[v]:
+                continue
+            latest[v] = late
+            for u in preds[v]:
+                if u not in queued:
+                    queued.add(u)
+                    heapq.heappush(heap, -u)
+
+    def _undo(self, record: tuple[list[tuple[int, int, float]], list[tuple[int, float]], float]) -> None:
+        undone, changed, _ = record
+        for i, k, duration in undone:
+            self.choice[i], self.durations[i] = k, duration
+        for v, begin in changed:
+            self.start[v] = begin

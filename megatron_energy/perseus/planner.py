@@ -1,10 +1,12 @@
 """Pick the frontier point for a target, executable under the GPU's clock-switch latency.
 
-Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maximum clocks, ``slowdown:X``
-allows ``(1 + X)`` times that, ``min-energy`` takes the frontier's minimum-energy point. For data-parallel
-stragglers, :meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that
-still finishes within ``T'``; past the minimum-energy point it stays there, since running slower than that
-only adds energy.
+Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maximum clocks (every
+instruction at its highest profiled clock, as the GPU runs unplanned; see
+:func:`~megatron_energy.perseus.frontier.all_max_clocks`), ``slowdown:X`` allows ``(1 + X)`` times that,
+``min-energy`` takes the frontier's minimum-energy point. For data-parallel stragglers,
+:meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that still
+finishes within ``T'``; past the minimum-energy point it stays there, since running slower than that only
+adds energy.
 """
 
 from __future__ import annotations
@@ -93,4 +95,4 @@ class Planner:
         target = parse_target(target) if isinstance(target, str) else target
         if target.kind == "min-energy":
             return self.executable(self.min_energy_point)
-        return self.point_for_time(self.solver.min_time_s * (1.0 + target.slowdown))
+        return self.point_for_time(self.solver.baseline.iteration_time_s * (1.0 + target.slowdown))

@@ -27,7 +27,7 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.pipeline.instruction import KINDS, Work
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
-__all__ = ["ClockOption", "Profile", "ProfileSource", "TransformerShape", "Work"]
+__all__ = ["ClockOption", "Profile", "ProfileSource", "RowWarning", "TransformerShape", "Work"]
 
 ProfileSource = Literal["measured", "modelled"]
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
@@ -51,6 +51,46 @@ class ClockOption:
             raise ValueError(f"time_s must be positive and finite, got {self.time_s!r}")
         if not math.isfinite(self.energy_j) or self.energy_j < 0:
             raise ValueError(f"energy_j must be non-negative and finite, got {self.energy_j!r}")
+
+
+@dataclass(frozen=True)
+class RowWarning:
+    """A profile row that is faster at a lower clock than at a higher one (measurement noise, or a mix-up).
+
+    The planner copes (it only looks at time and energy), but the row makes "all maximum clocks" slower than
+    some other plan, so it is worth a look.
+
+    Attributes:
+        work: The instruction.
+        clock_mhz: The lower clock.
+        time_s: Its time.
+        energy_j: Its energy.
+        higher_clock_mhz: The highest clock that takes longer.
+        higher_time_s: That clock's time.
+        higher_energy_j: That clock's energy.
+    """
+
+    work: Work
+    clock_mhz: int
+    time_s: float
+    energy_j: float
+    higher_clock_mhz: int
+    higher_time_s: float
+    higher_energy_j: float
+
+    @property
+    def cheaper(self) -> bool:
+        """Whether the lower clock also uses less energy (then it dominates the higher one)."""
+        return self.energy_j < self.higher_energy_j
+
+    def __str__(self) -> str:
+        stage, chunk, kind = self.work
+        energy = "and uses less energy" if self.cheaper else "but uses more energy"
+        return (
+            f"stage {stage} chunk {chunk} {kind}: {self.clock_mhz} MHz takes {1e3 * self.time_s:.3f} ms, "
+            f"less than {1e3 * self.higher_time_s:.3f} ms at {self.higher_clock_mhz} MHz, {energy} "
+            f"({self.energy_j:.4g} J vs {self.higher_energy_j:.4g} J)"
+        )
 
 
 def _sort_key(option: ClockOption) -> tuple[float, float, int]:
@@ -152,6 +192,30 @@ class Profile:
             if option.clock_mhz == clock_mhz:
                 return option
         raise KeyError(f"instruction {key} has no option at {clock_mhz} MHz")
+
+    def row_warnings(self) -> list[RowWarning]:
+        """Rows faster at a lower clock than at some higher clock, by instruction and clock.
+
+        Each lower-clock row is reported once, against the highest clock that takes longer than it.
+        """
+        warnings = []
+        for key in self.keys():
+            by_clock = sorted(self._options[key], key=lambda option: -option.clock_mhz)
+            for position, option in enumerate(by_clock):
+                slower = next((high for high in by_clock[:position] if high.time_s > option.time_s), None)
+                if slower is not None:
+                    warnings.append(
+                        RowWarning(
+                            key,
+                            option.clock_mhz,
+                            option.time_s,
+                            option.energy_j,
+                            slower.clock_mhz,
+                            slower.time_s,
+                            slower.energy_j,
+                        )
+                    )
+        return warnings
 
     def _lookup(self, key: Work) -> tuple[ClockOption, ...]:
         try:

@@ -12,7 +12,7 @@ from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clo
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.errors import EnergyValueError
+from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.optimiser import Optimiser
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.workload import instruction_work
@@ -80,7 +80,7 @@ def build_timer(
     return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders))
 
 
-class SessionStartError(RuntimeError):
+class SessionStartError(EnergyRuntimeError):
     """Another rank could not start its energy session, so no rank starts one."""
 
 

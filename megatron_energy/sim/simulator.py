@@ -441,17 +441,19 @@ class Simulator:
             )
         return stages
 
-    @property
-    def tail_offset_j(self) -> float:
-        """What the tail's energy adds beyond idle power over it, all stages: 0 for a modelled tail.
+    def tail_offsets_j(self) -> list[float]:
+        """What each stage's tail energy adds beyond idle power over the tail: 0 for a modelled tail.
 
         The frontier solver's closed form charges idle power from each stage's last compute node to the
-        iteration's end; adding this constant gives the energy this simulator reports.
+        iteration's end; adding these constants gives the energy this simulator reports.
         """
         tail, idle_w = self.dag.tail, self.powers.idle_power_w
-        return sum(
-            tail.energy_j(stage, idle_w) - idle_w * tail.time_s for stage in range(self.dag.num_stages)
-        )
+        return [tail.energy_j(stage, idle_w) - idle_w * tail.time_s for stage in range(self.dag.num_stages)]
+
+    @property
+    def tail_offset_j(self) -> float:
+        """:meth:`tail_offsets_j` over all stages."""
+        return sum(self.tail_offsets_j())
 
     def _timeline(self, passed: _Pass, chosen: list[_Option]) -> list[Slice]:
         """Slices of every compute, transfer and tail node, in index (topological) order."""
