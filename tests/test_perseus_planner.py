@@ -109,7 +109,10 @@ def test_slowdown_trades_time_for_energy_within_its_budget(planner, orders):
     assert slow.energy_j <= iso.energy_j
     plan = _optimised(planner, orders, "slowdown:0.05")
     assert plan.target == "slowdown:0.05" and plan.target_point.label == "slowdown:0.05"
-    assert plan.target_point.iteration_time_s == slow.time_s
+    # the optimiser solves the same deadline on its own (warm starts may pick another plan of that budget)
+    assert plan.target_point.deadline_s == pytest.approx(slow.deadline_s, rel=1e-12)
+    assert plan.target_point.iteration_time_s <= slow.deadline_s * (1 + 1e-9)
+    assert plan.target_point.energy_j == pytest.approx(slow.energy_j, rel=2e-3)
 
 
 def test_min_energy_point_is_the_least_energy_on_the_frontier(planner):
