@@ -51,8 +51,8 @@ import scipy.sparse as sp
 
 from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
-from megatron_energy.pipeline.dag import NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 
@@ -62,23 +62,23 @@ MIN_GAIN = 1e-5
 """The local search stops when a round gains less than this fraction of the plan's energy."""
 
 
-def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[NodeId, int]:
+def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[Instruction, int]:
     """Every compute node of ``dag`` at the highest clock its instruction was profiled at (the baseline)."""
     top = {key: max(option.clock_mhz for option in profile.options(key)) for key in profile}
     return {node: top[node.work] for node in dag.compute_nodes()}
 
 
-class PlanClocks(Mapping[NodeId, int]):
+class PlanClocks(Mapping[Instruction, int]):
     """The SM clock of every compute node of one plan, stored as an array (a read-only mapping)."""
 
-    def __init__(self, positions: Mapping[NodeId, int], clocks: Sequence[int]):
+    def __init__(self, positions: Mapping[Instruction, int], clocks: Sequence[int]):
         self._positions = positions
         self._clocks = tuple(clocks)
 
-    def __getitem__(self, node: NodeId) -> int:
+    def __getitem__(self, node: Instruction) -> int:
         return self._clocks[self._positions[node]]
 
-    def __iter__(self) -> Iterator[NodeId]:
+    def __iter__(self) -> Iterator[Instruction]:
         return iter(self._positions)
 
     def __len__(self) -> int:
@@ -108,7 +108,7 @@ class FrontierPoint:
     lower_bound_j: float
     stage_energy_j: tuple[float, ...]
     stage_busy_s: tuple[float, ...]
-    clocks: Mapping[NodeId, int]
+    clocks: Mapping[Instruction, int]
 
     @property
     def gap(self) -> float:
@@ -207,7 +207,7 @@ class FrontierSolver:
         shared: dict[tuple[Work, float], OptionTable] = {}
         self._tables: list[OptionTable | None] = [None] * num_nodes
         for i in self._compute:
-            keys[i] = dag.nodes[i].work  # type: ignore[union-attr]
+            keys[i] = dag.nodes[i].work
             table_key = (keys[i], float(marginal_w[i]))
             if table_key not in shared:
                 shared[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
@@ -219,7 +219,7 @@ class FrontierSolver:
             self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers
         )
         self._positions = {dag.nodes[i]: position for position, i in enumerate(self._compute)}
-        self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)  # type: ignore[union-attr]
+        self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)
         self.baseline = self.simulator.run(all_max_clocks(dag, profile))
         self._search.load([0 if table else -1 for table in self._tables])
         self.min_time_s = self._search.makespan_s
@@ -242,7 +242,9 @@ class FrontierSolver:
         node_cost[self._sink] = self.dag.num_stages * idle_w
         node_cost[last] += blocked_w - idle_w
         self._offset_j = self.simulator.tail_offset_j
-        segment_node, segment_len, segment_cost = [], [], []
+        segment_node: list[int] = []
+        segment_len: list[float] = []
+        segment_cost: list[float] = []
         segment_count = np.zeros(num_nodes, dtype=np.int64)
         for i, (times, energies) in hulls.items():
             self._base_s[i] = times[0]
@@ -271,9 +273,9 @@ class FrontierSolver:
             ),
             shape=(len(edges), num_columns),
         )
-        upper = np.concatenate([np.full(num_nodes, np.inf), np.asarray(segment_len, dtype=float)])
+        upper = np.concatenate([np.full(num_nodes, np.inf), np.array(segment_len, dtype=np.float64)])
         upper[self.dag.index["source"]] = 0.0
-        cost = np.concatenate([node_cost, np.asarray(segment_cost, dtype=float)])
+        cost = np.concatenate([node_cost, np.array(segment_cost, dtype=np.float64)])
         self._program = HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
 
     def relaxed(self, deadline_s: float) -> RelaxedSolution:
