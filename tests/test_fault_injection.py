@@ -898,6 +898,10 @@ def test_two_jobs_at_once_on_one_energy_dir(fault_run: FaultRun) -> None:
         assert gpu["locked_sm_clock_mhz"] is None
 
 
+LEASE_RELEASE_LIMIT_S = 10.0
+"""How long a dead rank's watchdog may take to remove its lease on a loaded machine."""
+
+
 def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_lock(
     fault_run: FaultRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -908,6 +912,10 @@ def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_l
     # rank 0 died with its parent (SIGINT from the kernel) and reset its own clock
     state0 = json.loads(Path(zero.state_path).read_text())["gpus"][0]
     assert state0["locked_sm_clock_mhz"] is None
+    # its lease goes with it: the guard removes it, or its watchdog does on the guard's EOF (asynchronously)
+    deadline = time.monotonic() + LEASE_RELEASE_LIMIT_S
+    while Path(zero.lease_path).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not Path(zero.lease_path).exists()
     # rank 1 and its watchdog were SIGKILLed: its clock stays locked, its lease names the dead owners
     state1 = json.loads(Path(one.state_path).read_text())["gpus"][0]
