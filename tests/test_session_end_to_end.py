@@ -14,6 +14,7 @@ launcher builds it) and the tests read its ``RankReport``s:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -248,13 +249,16 @@ def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
 
 
 def test_a_second_run_of_the_same_job_skips_profiling(first_run, cache_runs):
-    _, first = first_run
+    demo, first = first_run
     _, again, _ = cache_runs
     for report in again:
         assert phases(report) == ["planned"] * RUN_STEPS
     assert printed(again, "energy cache hit")[0] == 1
     assert "| energy vs stock: " in energy_lines(again[0])[LOG_INTERVAL - 1]  # against the cached baseline
     assert plan_line(again[0]) == plan_line(first[0])  # the same plan, from the cached profile
+    # what ran is byte for byte the cached plan.json: the line names the sha256 of the text every rank parsed
+    cached = (job_folder(demo.energy_dir) / "plan.json").read_bytes()
+    assert f"plan sha256 {hashlib.sha256(cached).hexdigest()[:16]}" in plan_line(again[0])
     assert [r.stock_energy_j for r in again] == [r.stock_energy_j for r in first]  # cached baseline
 
 
