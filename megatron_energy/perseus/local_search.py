@@ -197,8 +197,8 @@ class LocalSearch:
         compound = False
         while self.energy_j > target_j:
             before_j = self.energy_j
-            self.trade(deadline_s, compound)
-            self.fill(self.makespan_s)
+            if self.trade(deadline_s, compound):
+                self.fill(self.makespan_s)
             if before_j - self.energy_j >= min_gain_j:
                 compound = False
             elif compound:
@@ -240,13 +240,17 @@ class LocalSearch:
         self.choice, self.durations, self.start, self.energy_j = old
         return False
 
-    def trade(self, deadline_s: float, compound: bool = False) -> None:
+    def trade(self, deadline_s: float, compound: bool = False) -> bool:
         """One sweep of trades, most promising first; each is kept if the deadline holds and energy drops.
 
-        Pairs first (one node a step slower, a neighbour a step faster); with ``compound``, then trades for
+        Pairs first (one node a step slower, a neighbour a step faster, or two steps where one frees too
+        little time); with ``compound``, then trades for
         the nodes no pair moved of one node a step slower paid for by two or three neighbours or nodes close
         on its stage a step faster each, or a critical node a step faster paying for two or three of them a
         step slower each. Compound trades cost more to try, so the search uses them only once pairs stall.
+
+        Returns:
+            Whether any trade was kept.
         """
         self._latest = self._latest_starts(self.durations, deadline_s)
         slack = [late - early for late, early in zip(self._latest, self.start, strict=True)]
@@ -255,6 +259,7 @@ class LocalSearch:
         # lacks), and of a step faster (time: what it frees).
         slower_steps: dict[int, tuple[float, int, float]] = {}
         faster_steps: dict[int, tuple[float, int, float]] = {}
+        double_steps: dict[int, tuple[float, int, float]] = {}  # two steps faster
         for i in self.compute:
             table, k = self.tables[i], self.choice[i]
             times, costs = table.times_s, table.costs  # type: ignore[union-attr]
@@ -263,16 +268,18 @@ class LocalSearch:
                 slower_steps[i] = (costs[k] - costs[slower], slower, times[slower] - times[k] - slack[i])
             if faster >= 0:
                 faster_steps[i] = (costs[faster] - costs[k], faster, times[k] - times[faster])
+                double = table.faster[faster]  # type: ignore[union-attr]
+                if double >= 0:
+                    double_steps[i] = (costs[double] - costs[k], double, times[k] - times[double])
         candidates = []
         for i, (gain, slower, lacks_s) in slower_steps.items():
             for j in self.neighbours[i]:
-                step = faster_steps.get(j)
-                if (
-                    step is not None
-                    and step[0] < gain
-                    and step[2] >= lacks_s - tolerance_s
-                    and slack[j] <= slack[i] + tolerance_s
-                ):
+                if slack[j] > slack[i] + tolerance_s or j not in faster_steps:
+                    continue
+                step = faster_steps[j]
+                if step[2] < lacks_s - tolerance_s:  # one step frees too little: try two
+                    step = double_steps.get(j, step)
+                if step[0] < gain and step[2] >= lacks_s - tolerance_s:
                     candidates.append((step[0] - gain, j, step[1], i, slower))
         candidates.sort()
         touched: set[int] = set()
@@ -283,6 +290,7 @@ class LocalSearch:
                 touched.update((i, j))
         if compound:
             self._compound(slower_steps, faster_steps, slack, touched, deadline_s)
+        return bool(touched)
 
     def _compound(
         self,
