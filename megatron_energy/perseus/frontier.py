@@ -215,8 +215,9 @@ class FrontierSolver:
         hulls = {key: lower_convex_hull(profile.options(key)) for key in set(keys.values())}
         self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, self._last)
         fixed_s = dag.fixed_durations_s().tolist()
+        chains = [[dag.index[node] for node in dag.stage_order(stage)] for stage in range(dag.num_stages)]
         self._search = LocalSearch(
-            self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers
+            self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers, chains
         )
         self._positions = {dag.nodes[i]: position for position, i in enumerate(self._compute)}
         self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)

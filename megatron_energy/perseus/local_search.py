@@ -34,6 +34,8 @@ from megatron_energy.pipeline.profile import ClockOption
 
 REL_TOL = 1e-12
 """Relative tolerance of deadline checks (floating-point noise)."""
+CHAIN_REACH = 3
+"""Compound trades also take partners up to this many places before and after a node on its stage."""
 
 
 class OptionTable:
@@ -87,6 +89,9 @@ class LocalSearch:
         last_nodes: Index of every stage's last instruction.
         sink: Index of the sink.
         powers: Blocked and idle power.
+        chains: Every stage's instructions in execution order (node indices). A node trades in pairs with
+            the compute nodes within two edges of it, in compound trades also with those within
+            ``CHAIN_REACH`` places of it on its stage.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class LocalSearch:
         last_nodes: Sequence[int],
         sink: int,
         powers: tuple[float, float],
+        chains: Sequence[Sequence[int]] = (),
     ):
         self.preds, self.succs, self.sink = preds, succs, sink
         self.tables = list(tables)
@@ -110,6 +116,11 @@ class LocalSearch:
         self.end_weight_w = blocked_w - idle_w
         self.time_weight_w = len(last_nodes) * idle_w
         self.neighbours = {i: sorted(self._near(i) - {i}) for i in self.compute}
+        partners = {i: set(near) for i, near in self.neighbours.items()}
+        for chain in chains:
+            for place, i in enumerate(chain):
+                partners[i].update(chain[max(0, place - CHAIN_REACH) : place + CHAIN_REACH + 1])
+        self.partners = {i: sorted(near - {i}) for i, near in partners.items()}
         self.choice: list[int] = []
         self.durations: list[float] = []
         self.start: list[float] = []
@@ -185,12 +196,17 @@ class LocalSearch:
         self.fill(self.makespan_s)
         if self.makespan_s < deadline_s:
             self.fill(deadline_s)
+        compound = False
         while self.energy_j > target_j:
             before_j = self.energy_j
-            self.trade(deadline_s)
-            self.fill(self.makespan_s)
-            if before_j - self.energy_j < min_gain_j:
+            if self.trade(deadline_s, compound):
+                self.fill(self.makespan_s)
+            if before_j - self.energy_j >= min_gain_j:
+                compound = False
+            elif compound:
                 break
+            else:
+                compound = True
         return self.choice
 
     def fill(self, cap_s: float) -> bool:
@@ -226,39 +242,112 @@ class LocalSearch:
         self.choice, self.durations, self.start, self.energy_j = old
         return False
 
-    def trade(self, deadline_s: float) -> None:
-        """One sweep of trades, most promising first; each is kept if the deadline holds and energy drops."""
+    def trade(self, deadline_s: float, compound: bool = False) -> bool:
+        """One sweep of trades, most promising first; each is kept if the deadline holds and energy drops.
+
+        Pairs first (one node a step slower, a neighbour a step faster, or two steps where one frees too
+        little time); with ``compound``, then trades for
+        the nodes no pair moved of one node a step slower paid for by two or three neighbours or nodes close
+        on its stage a step faster each, or a critical node a step faster paying for two or three of them a
+        step slower each. Compound trades cost more to try, so the search uses them only once pairs stall.
+
+        Returns:
+            Whether any trade was kept.
+        """
         self._latest = self._latest_starts(self.durations, deadline_s)
         slack = [late - early for late, early in zip(self._latest, self.start, strict=True)]
-        candidates = []
+        tolerance_s = 1e-9 * deadline_s
+        # Per node: (cost change, option, time) of a step slower that its float cannot take (time: what it
+        # lacks), and of a step faster (time: what it frees).
+        slower_steps: dict[int, tuple[float, int, float]] = {}
+        faster_steps: dict[int, tuple[float, int, float]] = {}
+        double_steps: dict[int, tuple[float, int, float]] = {}  # two steps faster
         for i in self.compute:
             table, k = self.tables[i], self.choice[i]
-            slower = table.slower[k]  # type: ignore[union-attr]
-            if slower < 0 or slack[i] >= table.times_s[slower] - table.times_s[k]:  # type: ignore[union-attr]
-                continue
-            gain = table.costs[k] - table.costs[slower]  # type: ignore[union-attr]
-            limit = slack[i] + 1e-9 * deadline_s
+            times, costs = table.times_s, table.costs  # type: ignore[union-attr]
+            slower, faster = table.slower[k], table.faster[k]  # type: ignore[union-attr]
+            if slower >= 0 and slack[i] < times[slower] - times[k]:
+                slower_steps[i] = (costs[k] - costs[slower], slower, times[slower] - times[k] - slack[i])
+            if faster >= 0:
+                faster_steps[i] = (costs[faster] - costs[k], faster, times[k] - times[faster])
+                double = table.faster[faster]  # type: ignore[union-attr]
+                if double >= 0:
+                    double_steps[i] = (costs[double] - costs[k], double, times[k] - times[double])
+        candidates = []
+        for i, (gain, slower, lacks_s) in slower_steps.items():
             for j in self.neighbours[i]:
-                if slack[j] > limit:
+                if slack[j] > slack[i] + tolerance_s or j not in faster_steps:
                     continue
-                other, at = self.tables[j], self.choice[j]
-                faster = other.faster[at]  # type: ignore[union-attr]
-                if faster >= 0:
-                    loss = other.costs[faster] - other.costs[at]  # type: ignore[union-attr]
-                    if loss < gain:
-                        candidates.append((loss - gain, j, faster, i, slower))
+                step = faster_steps[j]
+                if step[2] < lacks_s - tolerance_s:  # one step frees too little: try two
+                    step = double_steps.get(j, step)
+                if step[0] < gain and step[2] >= lacks_s - tolerance_s:
+                    candidates.append((step[0] - gain, j, step[1], i, slower))
         candidates.sort()
         touched: set[int] = set()
         for change, j, faster, i, slower in candidates:
             if i in touched or j in touched or not self._plausible(j, faster, i, slower, deadline_s, change):
                 continue
-            undo = self._apply(((j, faster), (i, slower)), deadline_s)
-            if undo is not None and self.start[self.sink] <= deadline_s and undo[-1] < -1e-9:
-                self.energy_j += undo[-1]
+            if self._try(((j, faster), (i, slower)), deadline_s):
                 touched.update((i, j))
-                self._update_latest((i, j), deadline_s)
-            elif undo is not None:
-                self._undo(undo)
+        if compound:
+            self._compound(slower_steps, faster_steps, slack, touched, deadline_s)
+        return bool(touched)
+
+    def _compound(
+        self,
+        slower_steps: dict[int, tuple[float, int, float]],
+        faster_steps: dict[int, tuple[float, int, float]],
+        slack: list[float],
+        touched: set[int],
+        deadline_s: float,
+    ) -> None:
+        """Trades of one node against two or three of its neighbours, the pivot's largest gain first."""
+        tolerance_s = 1e-9 * deadline_s
+        pivots = [(-gain, i, True) for i, (gain, _, _) in slower_steps.items()]
+        critical_s = deadline_s - self.makespan_s + tolerance_s
+        pivots += [(loss, j, False) for j, (loss, _, _) in faster_steps.items() if slack[j] <= critical_s]
+        pivots.sort()
+        for _, pivot, slows in pivots:
+            if pivot in touched:
+                continue
+            own, partners = (slower_steps, faster_steps) if slows else (faster_steps, slower_steps)
+            worth, step, time_s = own[pivot]
+            # Partners on the pivot's critical paths: a faster one is at least as critical as the pivot, a
+            # slower one at most as critical and lacking no more time than the pivot frees.
+            sign = 1.0 if slows else -1.0
+            near = [
+                (sign * partners[j][0], j, partners[j][1], partners[j][2])
+                for j in self.partners[pivot]
+                if j in partners
+                and j not in touched
+                and sign * (slack[j] - slack[pivot]) <= tolerance_s
+                and (slows or partners[j][2] <= time_s + tolerance_s)
+            ]
+            near.sort()
+            for count in (2, 3):
+                chosen = near[:count]
+                change = sum(value for value, _, _, _ in chosen)
+                if len(chosen) < count or (change >= worth if slows else worth + change >= 0):
+                    break
+                if slows and sum(freed for _, _, _, freed in chosen) < time_s - tolerance_s:
+                    continue
+                moves = ((pivot, step), *((j, k) for _, j, k, _ in chosen))
+                if self._try(moves, deadline_s):
+                    touched.update(node for node, _ in moves)
+                    break
+
+    def _try(self, moves: Sequence[tuple[int, int]], deadline_s: float) -> bool:
+        """Apply ``moves`` and keep them if the deadline holds and the energy drops; True if kept."""
+        undo = self._apply(moves, deadline_s)
+        if undo is None:
+            return False
+        if self.start[self.sink] <= deadline_s and undo[-1] < -1e-9:
+            self.energy_j += undo[-1]
+            self._update_latest([node for node, _ in moves], deadline_s)
+            return True
+        self._undo(undo)
+        return False
 
     def _plausible(
         self, j: int, faster: int, i: int, slower: int, deadline_s: float, change_j: float

@@ -1,0 +1,222 @@
+import itertools
+import statistics
+
+import numpy as np
+import pytest
+
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.perseus.frontier import FrontierSolver, PlanClocks, all_max_clocks
+from megatron_energy.perseus.planner import Planner
+from megatron_energy.perseus.profile_family import A100_CLOCKS_MHZ, ProfileFamily, family_profile
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
+from megatron_energy.pipeline.profile import ClockOption, Profile
+from megatron_energy.sim import Simulator
+
+# ----- the family generator ---------------------------------------------------------------------------------
+
+
+def test_family_draws_are_reproducible_and_differ_by_seed():
+    family = ProfileFamily(4, 2)
+    first, again, other = family_profile(family, 7), family_profile(family, 7), family_profile(family, 8)
+    assert first.to_csv_text() == again.to_csv_text()
+    assert first.to_csv_text() != other.to_csv_text()
+    assert (first.num_stages, first.num_chunks, first.source) == (4, 2, "modelled")
+    assert first.blocked_power_w == first.idle_power_w == 85.0
+    for key in first:
+        clocks = sorted((option.clock_mhz for option in first.options(key)), reverse=True)
+        assert clocks == list(A100_CLOCKS_MHZ)
+
+
+def test_family_draw_is_pinned():
+    # The benchmark caches lowtime's results per profile: a silent change of the generator must show here.
+    option = family_profile(ProfileFamily(2), 0).options(Work(0, 0, "forward"))[0]
+    assert (option.clock_mhz, option.time_s, option.energy_j) == pytest.approx(
+        (1410, 0.03205442530982181, 7.147334662708293), rel=1e-12
+    )
+
+
+def test_the_a100_grid():
+    assert A100_CLOCKS_MHZ[0] == 1410 and A100_CLOCKS_MHZ[-1] == 900 and len(A100_CLOCKS_MHZ) == 18
+    assert set(np.diff(A100_CLOCKS_MHZ)) == {-30}
+
+
+def test_family_varies_stages_sensitivity_and_power_within_its_ranges():
+    family = ProfileFamily(8)
+    profile = family_profile(family, 3)
+    forward_s = [profile.option_at(Work(stage, 0, "forward"), 1410).time_s for stage in range(8)]
+    assert max(forward_s) / min(forward_s) > 1.2  # stages are imbalanced
+    assert all(0.75 * family.forward_s <= t <= 1.25 * family.forward_s for t in forward_s)
+    slowdowns = []
+    for key in profile:
+        top, bottom = profile.option_at(key, 1410), profile.option_at(key, 900)
+        slowdowns.append(bottom.time_s / top.time_s)
+        assert 220.0 <= top.energy_j / top.time_s <= 400.0  # power at the maximum clock
+        times = [option.time_s for option in sorted(profile.options(key), key=lambda o: -o.clock_mhz)]
+        assert all(np.diff(times) > 0)  # noise-free rows: a lower clock is always slower
+    assert all(1.0 < ratio <= 1410 / 900 + 1e-12 for ratio in slowdowns)
+    assert max(slowdowns) - min(slowdowns) > 0.2  # clock sensitivity varies per instruction
+    assert profile.row_warnings() == []
+
+
+def test_family_rejects_nonsense():
+    with pytest.raises(ValueError, match="stage_imbalance"):
+        ProfileFamily(2, stage_imbalance=1.5)
+    with pytest.raises(ValueError, match="sensitivity"):
+        ProfileFamily(2, sensitivity=(0.5, 1.5))
+    with pytest.raises(ValueError, match="distinct"):
+        ProfileFamily(2, clocks_mhz=(1410, 1410))
+
+
+# ----- row warnings -----------------------------------------------------------------------------------------
+
+
+def _profile(rows: dict[tuple[int, str], list[tuple[int, float, float]]]) -> Profile:
+    options = {Work(s, 0, kind): [ClockOption(*row) for row in opts] for (s, kind), opts in rows.items()}
+    return Profile(options, "toy-gpu", "measured", blocked_power_w=50.0, idle_power_w=30.0)
+
+
+def test_row_warnings_name_rows_faster_at_a_lower_clock():
+    profile = _profile(
+        {
+            (0, "forward"): [(1410, 1.0, 10.0), (1200, 0.9, 9.0), (1000, 1.2, 8.0)],
+            (0, "backward"): [(1410, 2.0, 20.0), (1200, 2.2, 21.0), (1000, 1.9, 25.0)],
+        }
+    )
+    warnings = profile.row_warnings()
+    found = [(w.work.kind, w.clock_mhz, w.higher_clock_mhz, w.cheaper) for w in warnings]
+    assert found == [("backward", 1000, 1410, False), ("forward", 1200, 1410, True)]
+    assert "1200 MHz takes 900.000 ms, less than 1000.000 ms at 1410 MHz, and uses less energy" in str(
+        warnings[1]
+    )
+    assert "but uses more energy" in str(warnings[0])
+
+
+def test_noisy_family_profiles_get_row_warnings():
+    noisy = family_profile(ProfileFamily(4, noise=0.01), 1)
+    assert len(noisy.row_warnings()) > 0
+    assert all(w.time_s < w.higher_time_s and w.clock_mhz < w.higher_clock_mhz for w in noisy.row_warnings())
+
+
+# ----- the baseline -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def inverted():
+    """Two stages whose forward passes are faster (and cheaper) at 1200 MHz than at 1410 MHz."""
+    rows = {}
+    for stage in range(2):
+        rows[stage, "forward"] = [(1410, 1.0, 10.0), (1200, 0.8, 8.0), (1000, 1.3, 7.0)]
+        rows[stage, "backward"] = [(1410, 2.0, 20.0), (1200, 2.4, 18.0), (1000, 3.0, 17.0)]
+    return PipelineDag.build(pipeline_orders(2, 3)), _profile(rows)
+
+
+def test_all_max_clocks_is_every_instruction_at_its_highest_clock(inverted):
+    dag, profile = inverted
+    clocks = all_max_clocks(dag, profile)
+    assert set(clocks) == set(dag.compute_nodes())
+    assert set(clocks.values()) == {1410}
+
+
+def test_baseline_is_all_max_even_when_a_lower_clock_is_faster(inverted):
+    dag, profile = inverted
+    solver = FrontierSolver(dag, profile)
+    all_max = Simulator(dag, profile).run(all_max_clocks(dag, profile))
+    assert solver.baseline.iteration_time_s == all_max.iteration_time_s
+    assert solver.baseline.total_energy_j == all_max.total_energy_j
+    assert solver.min_time_s < all_max.iteration_time_s  # the 1200 MHz forwards are quicker
+    frontier = solver.sweep(6)
+    assert frontier.baseline.total_energy_j == all_max.total_energy_j
+    assert frontier.min_time_s == solver.min_time_s == frontier.points[0].deadline_s
+
+
+def test_iso_time_keeps_the_all_max_time_not_the_fastest_time(inverted):
+    dag, profile = inverted
+    planner = Planner(dag, profile, num_points=6)
+    iso = planner.point("iso-time")
+    all_max_s = planner.solver.baseline.iteration_time_s
+    assert iso.time_s <= all_max_s
+    # Held to the quicker all-fastest time it would have to spend more energy.
+    fastest = planner.solver.solve(planner.solver.min_time_s)
+    assert iso.energy_j < fastest.energy_j
+    assert iso.energy_j < planner.solver.baseline.total_energy_j
+
+
+# ----- sweep quality ----------------------------------------------------------------------------------------
+
+
+def test_plan_clocks_is_a_read_only_mapping(inverted):
+    dag, profile = inverted
+    point = FrontierSolver(dag, profile).solve(math_inf := float("inf"))
+    assert point.deadline_s == math_inf
+    assert isinstance(point.clocks, PlanClocks)
+    as_dict = dict(point.clocks)
+    assert set(as_dict) == set(dag.compute_nodes()) and len(point.clocks) == len(as_dict)
+    assert point.clocks == as_dict
+    assert point.clocks[Instruction(0, 0, 0, "forward")] == as_dict[Instruction(0, 0, 0, "forward")]
+
+
+BRUTE_FORCE_SEEDS = range(12)
+
+
+def _brute_force(dag: PipelineDag, profile: Profile, clocks_mhz: tuple[int, ...]) -> np.ndarray:
+    """(iteration time, energy) of every clock assignment."""
+    simulator = Simulator(dag, profile)
+    nodes = dag.compute_nodes()
+    return np.array(
+        [
+            simulator.evaluate(dict(zip(nodes, clocks, strict=True)))
+            for clocks in itertools.product(clocks_mhz, repeat=len(nodes))
+        ]
+    )
+
+
+def test_sweep_against_brute_force_on_small_family_profiles():
+    """8 instructions, 3 clocks each: every plan is enumerated (6561 per profile)."""
+    clocks = (1410, 1140, 900)
+    dag = PipelineDag.build(pipeline_orders(2, 2))
+    excesses = []
+    for seed in BRUTE_FORCE_SEEDS:
+        profile = family_profile(ProfileFamily(2, clocks_mhz=clocks), seed)
+        every = _brute_force(dag, profile, clocks)
+        frontier = FrontierSolver(dag, profile).sweep(8)
+        for point in frontier.points:
+            optimum = every[every[:, 0] <= point.deadline_s * (1 + 1e-12), 1].min()
+            assert point.lower_bound_j <= optimum + 1e-9  # the bound is a bound
+            assert point.energy_j >= optimum - 1e-9 and point.time_s <= point.deadline_s * (1 + 1e-12)
+            excesses.append(point.energy_j / optimum - 1)
+    # A local search on a coarse grid: most deadlines reach the optimum, none strays far from it.
+    exact = sum(excess <= 1e-9 for excess in excesses) / len(excesses)
+    assert exact >= 0.85
+    assert max(excesses) <= 0.015
+
+
+@pytest.mark.parametrize(("stages", "microbatches", "chunks"), [(4, 8, 1), (4, 8, 2), (2, 6, 1)])
+def test_sweep_is_close_to_the_lp_bound_on_family_profiles(stages, microbatches, chunks):
+    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks))
+    gaps = []
+    for seed in range(3):
+        profile = family_profile(ProfileFamily(stages, chunks), seed)
+        frontier = FrontierSolver(dag, profile).sweep(20)
+        simulator = Simulator(dag, profile)
+        for point in frontier.points:
+            result = simulator.run(point.clocks)
+            assert result.iteration_time_s <= point.deadline_s * (1 + 1e-12)
+            assert result.iteration_time_s == pytest.approx(point.time_s, rel=1e-12)
+            assert result.total_energy_j == pytest.approx(point.energy_j, rel=1e-12)
+            assert [stage.total_energy_j for stage in result.stages] == pytest.approx(point.stage_energy_j)
+            assert [stage.busy_s for stage in result.stages] == pytest.approx(point.stage_busy_s)
+            assert point.gap >= -1e-9  # honest: never below the bound
+            gaps.append(point.gap)
+        energies = [point.energy_j for point in frontier.points]
+        assert all(b <= a for a, b in itertools.pairwise(energies))
+    assert max(gaps) <= 0.005
+    assert statistics.median(gaps) <= 0.0015
+
+
+def test_every_kind_and_chunk_of_a_family_profile_is_planned():
+    dag = PipelineDag.build(pipeline_orders(2, 4, 2))
+    profile = family_profile(ProfileFamily(2, 2), 5)
+    point = FrontierSolver(dag, profile).solve(float("inf"))
+    planned = {node.work for node in point.clocks}
+    assert planned == {Work(s, c, k) for s in range(2) for c in range(2) for k in KINDS}
