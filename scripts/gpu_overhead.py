@@ -3,17 +3,26 @@ r"""Plugin off vs on, same machine, same invocation: iteration time and energy o
 Runs ``scripts/pretrain_gpt.py`` under torchrun without and with the launcher (``--energy-optimise
 --energy-dry-run --energy-trace``) in ``--pairs`` pairs (at least 4), alternating the order inside a pair
 (off-on, on-off, off-on, ...) so that a drift over the session hits both sides alike, and reads Megatron's own
-per-iteration log (``--log-interval 1``): "elapsed time per iteration (ms)" and, with ``--log-energy``,
-Megatron's own "energy per GPU (J/iter/GPU)" (NVML counter). Warm-up iterations (the plugin's profiling steps
-included) are dropped; each run gives the median of its kept iterations, and the overhead is the mean of the
-per-pair ratios ``on / off - 1`` with its 95 % Student-t interval over pairs
+per-iteration log (``--log-interval 1``, ``megatron_energy.megatron.training_log``): "elapsed time per
+iteration (ms)" and, with ``--log-energy``, Megatron's own "energy per GPU (J/iter/GPU)" (NVML counter).
+Warm-up iterations are dropped (``--warmup``; the plugin's profiling steps are kept: they are part of what it
+costs, and each kept iteration's phase is recorded); each run gives the median of its kept iterations, and
+the overhead is the mean of the per-pair ratios ``on / off - 1`` with its 95 % Student-t interval over pairs
 (``megatron_energy.stats.paired_relative_change``): run-to-run differences (allocator, cuBLAS choices, GPU
 temperature) vary from run to run, so the run, not the iteration, is the unit of the comparison. All figures
 are *measured*. GPU machines are shared: the plugin runs in dry-run, so no clock or power setting is changed.
-``--deadline-s`` starts no pair that the time left cannot fit (judged by the slowest run so far);
-``--resume summary.json`` goes on from the pairs such a session completed.
 
-    python scripts/gpu_overhead.py --pairs 4 --iters 20 --out result_dir
+The default model is the issue's GPT shape (16 layers, hidden 2048, seq 2048, bf16, PP=1) with 4
+microbatches of one sequence (``--microbatches``, ``--micro-batch-size``): on one H200 a run spends about
+30 s outside its iterations (torchrun, imports, Megatron's initialisation, exit) and about 0.25 s per
+iteration (estimated from the 16-microbatch run at ~1.6 s), so a pair of 20-iteration runs takes about 75 s
+and six pairs fit in ten minutes. Shorter iterations make the plugin's fixed per-iteration cost a larger
+fraction, so the overhead measured here is an upper bound for the 16-microbatch job. ``--deadline-s`` starts
+no pair that the time left cannot fit (judged by the slowest run so far); ``--resume summary.json`` goes on
+from the pairs such a session completed; ``--json OUT`` writes every iteration's figures (kept or not, with
+the plugin's phase) and the summary to one file.
+
+    python scripts/gpu_overhead.py --pairs 6 --iters 20 --deadline-s 540 --json overhead.json
 """
 
 from __future__ import annotations
@@ -28,26 +37,55 @@ import sys
 import time
 from pathlib import Path
 
+from megatron_energy.megatron.training_log import parse_iteration_lines
 from megatron_energy.stats import paired_relative_change
 
-ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ .*?elapsed time per iteration \(ms\): ([\d.]+)")
-ENERGY = re.compile(r"energy per GPU \(J/iter/GPU\): ([\d.]+)")
+PHASE = re.compile(r"\[energy\] iteration (\d+) \| ([^|]+?)\s*\|")
+"""Our own log line's iteration and phase (``profiling``, ``planned``, ``stock (safety net)``...)."""
+NOT_SET = "(clocks not set)"
+"""What a dry run's phase carries after its name."""
 
 
-def model_args(iters: int, pipeline: int) -> list[str]:
-    """A small GPT that runs a few hundred ms per iteration on one H200."""
+def model_args(args: argparse.Namespace, pipeline: int) -> list[str]:
+    """The GPT of the module docstring, ``args.microbatches`` microbatches of ``args.micro_batch_size``."""
+    global_batch = args.microbatches * args.micro_batch_size
     return (
         "--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-        "--max-position-embeddings 2048 --micro-batch-size 2 --global-batch-size 32 "
-        f"--pipeline-model-parallel-size {pipeline} --train-iters {iters} --lr 1e-4 --bf16 "
+        f"--max-position-embeddings 2048 --micro-batch-size {args.micro_batch_size} "
+        f"--global-batch-size {global_batch} --pipeline-model-parallel-size {pipeline} "
+        f"--train-iters {args.iters} --lr 1e-4 --bf16 "
         "--mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --log-interval 1 --log-energy "
         "--eval-iters 0 --eval-interval 1000000 --transformer-impl local --no-gradient-accumulation-fusion "
         "--no-masked-softmax-fusion --no-persist-layer-norm --no-rope-fusion"
     ).split()
 
 
+def iteration_records(log: str, warmup: int) -> list[dict]:
+    """Every iteration Megatron logged, with its figures, whether it is kept, and the plugin's phase.
+
+    Args:
+        log: The run's combined output.
+        warmup: Iterations ``1..warmup`` are logged but not kept.
+
+    Returns:
+        One dict per iteration: ``iteration``, ``elapsed_ms``, ``energy_j`` (None without ``--log-energy``),
+        ``kept``, ``phase`` (our log line's phase; None without the plugin).
+    """
+    phases = {int(m.group(1)): m.group(2).removesuffix(NOT_SET).strip() for m in PHASE.finditer(log)}
+    return [
+        {
+            "iteration": line.iteration,
+            "elapsed_ms": line.elapsed_ms,
+            "energy_j": line.energy_j,
+            "kept": line.iteration > warmup,
+            "phase": phases.get(line.iteration),
+        }
+        for line in parse_iteration_lines(log)
+    ]
+
+
 def run_once(plugin: bool, args: argparse.Namespace, out: Path, tag: str) -> dict:
-    """One training run; returns its per-iteration times and energies and our log lines."""
+    """One training run; returns its per-iteration figures, their medians and our last log lines."""
     gpus = args.gpus
     command = [
         sys.executable,
@@ -56,7 +94,7 @@ def run_once(plugin: bool, args: argparse.Namespace, out: Path, tag: str) -> dic
         f"--nproc-per-node={gpus}",
         "--master-port=29517",
     ]
-    script = ["scripts/pretrain_gpt.py", *model_args(args.iters, min(gpus, 2))]
+    script = ["scripts/pretrain_gpt.py", *model_args(args, min(gpus, 2))]
     if plugin:
         trace = out / f"trace-{tag}.jsonl"
         command += ["-m", "megatron_energy.launch", *script, "--energy-optimise", "--energy-dry-run"]
@@ -65,22 +103,28 @@ def run_once(plugin: bool, args: argparse.Namespace, out: Path, tag: str) -> dic
         command += script
     started = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
+    wall_s = time.perf_counter() - started
     log = result.stdout + result.stderr
     (out / f"log-{tag}.txt").write_text(log)
     if result.returncode != 0:
         raise SystemExit(f"run {tag} failed ({result.returncode}); tail:\n{log[-4000:]}")
-    times = {int(m.group(1)): float(m.group(2)) for m in ITERATION.finditer(log)}
-    energies = [float(m.group(1)) for m in ENERGY.finditer(log)]
-    kept = [t for i, t in sorted(times.items()) if i > args.warmup]
-    kept_energy = energies[args.warmup :]
+    iterations = iteration_records(log, args.warmup)
+    kept = [record for record in iterations if record["kept"]]
+    if not kept:
+        raise SystemExit(f"run {tag}: no iteration after the {args.warmup} warm-up ones was logged")
+    energies = [record["energy_j"] for record in kept]
+    phases = [record["phase"] for record in kept if record["phase"] is not None]
     return {
         "plugin": plugin,
-        "wall_s": time.perf_counter() - started,
+        "wall_s": wall_s,
+        "training_s": sum(record["elapsed_ms"] for record in iterations) / 1000.0,
         "iterations_kept": len(kept),
-        "median_iteration_ms": statistics.median(kept),
-        "median_energy_j_per_iter_per_gpu": statistics.median(kept_energy) if kept_energy else None,
-        "iteration_ms": kept,
-        "energy_j_per_iter_per_gpu": kept_energy,
+        "kept_phases": {phase: phases.count(phase) for phase in dict.fromkeys(phases)},
+        "median_iteration_ms": statistics.median(record["elapsed_ms"] for record in kept),
+        "median_energy_j_per_iter_per_gpu": (
+            statistics.median(energies) if all(e is not None for e in energies) else None
+        ),
+        "iterations": iterations,
         "energy_lines": [line for line in log.splitlines() if "[energy]" in line][-12:],
     }
 
@@ -102,26 +146,61 @@ def summarise(runs: list[dict], key: str) -> dict:
     }
 
 
-def main() -> int:
+def complete_pairs(runs: list[dict]) -> list[dict]:
+    """The runs of pairs that have both members (a deadline may stop between the two)."""
+    counts = {run["pair"]: sum(1 for r in runs if r["pair"] == run["pair"]) for run in runs}
+    return [run for run in runs if counts[run["pair"]] == 2]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The script's flags (see the module docstring); bad values exit with a message."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--pairs", type=int, default=4, help="off/on pairs (at least 4), order alternated")
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=6, help="off/on pairs (at least 4), order alternated")
+    parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--warmup", type=int, default=5, help="first iterations dropped")
+    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per iteration")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="sequences per microbatch")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--deadline-s", type=float, default=None, help="start no pair past this budget")
     parser.add_argument("--out", type=Path, default=Path("build/gpu_overhead"))
+    parser.add_argument("--json", type=Path, default=None, help="every iteration's figures and the summary")
     parser.add_argument(
         "--resume", type=Path, default=None, help="summary.json of a session stopped at its deadline: go on"
     )
     parser.add_argument("energy_args", nargs="*", help="extra --energy-* flags for the plugin runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.pairs < 4:
         parser.error("--pairs must be at least 4: fewer cannot resolve a 0.5 % overhead")
+    if args.iters <= args.warmup:
+        parser.error(f"--iters ({args.iters}) must exceed --warmup ({args.warmup}): nothing would be kept")
+    if min(args.microbatches, args.micro_batch_size, args.gpus) < 1:
+        parser.error("--microbatches, --micro-batch-size and --gpus must be at least 1")
+    return args
+
+
+def report_lines(summary: dict) -> list[str]:
+    """The closing lines: each figure's change with its interval, and what a pair cost."""
+    lines = []
+    for label, key in (("iteration time", "iteration_time"), ("energy/iteration", "energy_per_iteration")):
+        if key in summary:
+            result = summary[key]
+            lines.append(
+                f"plugin on vs off, {label} (measured, {summary['pairs']} pairs): "
+                f"{100 * result['change']:+.2f} % "
+                f"(95 % CI {100 * result['low']:+.2f} % to {100 * result['high']:+.2f} %): {result['text']}"
+            )
+    lines.append(f"one pair took {summary['pair_wall_s']:.0f} s on average (measured wall clock)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runs: list[dict] = json.loads(args.resume.read_text())["runs"] if args.resume else []
+    runs = complete_pairs(runs)
     for pair in range(len(runs) // 2, args.pairs):
         slowest_s = max((run["wall_s"] for run in runs), default=0.0)
         if args.deadline_s is not None and time.perf_counter() - started + 2.2 * slowest_s > args.deadline_s:
@@ -130,29 +209,29 @@ def main() -> int:
         order = (False, True) if pair % 2 == 0 else (True, False)
         for plugin in order:
             run = run_once(plugin, args, args.out, f"{pair}-{'on' if plugin else 'off'}")
-            runs.append({"pair": pair, **run})
-            print(json.dumps({k: v for k, v in runs[-1].items() if k != "energy_lines"}), flush=True)
+            runs.append({"pair": pair, "order": "off-on" if pair % 2 == 0 else "on-off", **run})
+            shown = {k: v for k, v in runs[-1].items() if k not in ("energy_lines", "iterations")}
+            print(json.dumps(shown), flush=True)
     if not runs:
         raise SystemExit("no pair fits the deadline")
+    if len(runs) < 4:
+        print(f"only {len(runs) // 2} pair: no interval (it needs two pairs at least)", flush=True)
     summary: dict = {
         "source": "measured (Megatron's iteration timer and NVML energy counter)",
         "statistic": "mean of per-pair ratios on/off - 1 over per-run medians, 95 % Student-t CI over pairs",
         "pairs": len(runs) // 2,
+        "pair_wall_s": 2 * statistics.fmean(run["wall_s"] for run in runs),
         "iteration_time": summarise(runs, "median_iteration_ms"),
-        "runs": runs,
     }
     if all(run["median_energy_j_per_iter_per_gpu"] is not None for run in runs):
         summary["energy_per_iteration"] = summarise(runs, "median_energy_j_per_iter_per_gpu")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
-    for label, key in (("iteration time", "iteration_time"), ("energy/iteration", "energy_per_iteration")):
-        if key in summary:
-            result = summary[key]
-            print(
-                f"plugin on vs off, {label} (measured, {summary['pairs']} pairs): "
-                f"{100 * result['change']:+.2f} % "
-                f"(95 % CI {100 * result['low']:+.2f} % to {100 * result['high']:+.2f} %): {result['text']}"
-            )
+    document = {**summary, "runs": runs}
+    (args.out / "summary.json").write_text(json.dumps(document, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2))
+    print(json.dumps(summary, indent=2))
+    print("\n".join(report_lines(summary)))
     return 0
 
 

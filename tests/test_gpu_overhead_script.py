@@ -1,0 +1,128 @@
+"""scripts/gpu_overhead.py on the CPU: flags, pairing, order, per-iteration JSON (training runs faked)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.megatron.training_log import parse_iteration_lines
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_overhead.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("gpu_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def megatron_line(iteration: int, total: int, ms: float, joules: float | None) -> str:
+    energy = f" energy per GPU (J/iter/GPU): {joules:.1f} | power per GPU (W/GPU): 600.0 |" if joules else ""
+    return (
+        f" [2026-12-02 02:44:38.493685] iteration {iteration:8d}/{total:8d} | consumed samples: 96 "
+        f"| elapsed time per iteration (ms): {ms:.1f} |{energy} learning rate: 9.0E-05 | lm loss: 9.8E+00 |"
+    )
+
+
+def test_megatron_lines_parse_with_and_without_energy():
+    text = "\n".join(
+        [
+            "noise line",
+            megatron_line(2, 30, 1599.9, 1090.1),
+            megatron_line(1, 30, 2809.6, None),
+            megatron_line(2, 30, 1.0, 1.0),  # a repeat keeps the first
+            " iteration        3/      30 | validation loss: 3.0 |",  # no elapsed time: skipped
+        ]
+    )
+    lines = parse_iteration_lines(text)
+    assert [(line.iteration, line.elapsed_ms, line.energy_j) for line in lines] == [
+        (1, 2809.6, None),
+        (2, 1599.9, 1090.1),
+    ]
+    assert lines[0].train_iters == 30
+
+
+class FakeTorchrun:
+    """Stands in for subprocess.run: a Megatron log whose iterations are 1 % slower with the plugin."""
+
+    def __init__(self) -> None:
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command, **_kwargs):
+        self.commands.append(command)
+        iters = int(command[command.index("--train-iters") + 1])
+        plugin = "megatron_energy.launch" in command
+        run = len(self.commands)
+        lines = []
+        for i in range(1, iters + 1):
+            ms = (1000.0 + 3.0 * (i % 3) + run) * (1.01 if plugin else 1.0)
+            lines.append(megatron_line(i, iters, ms, 500.0 + (i % 2)))
+            if plugin:
+                phase = "profiling" if i <= 8 else "planned" if i < 12 else "stock (safety net)"
+                phase += " (clocks not set)"
+                lines.append(f"[energy] iteration {i} | {phase} | J/iter measured: s0=500.0 | total=500.0")
+        return subprocess.CompletedProcess(command, 0, stdout="\n".join(lines), stderr="")
+
+
+def test_pairs_alternate_and_json_holds_every_iteration(tmp_path, monkeypatch, capsys):
+    script = load_script()
+    fake = FakeTorchrun()
+    monkeypatch.setattr(script.subprocess, "run", fake)
+    out_json = tmp_path / "overhead.json"
+    argv = [
+        "--pairs",
+        "4",
+        "--iters",
+        "12",
+        "--warmup",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+        "--json",
+        str(out_json),
+    ]
+    assert script.main(argv) == 0
+    assert len(fake.commands) == 8
+    plugin_flags = ["megatron_energy.launch" in command for command in fake.commands]
+    assert plugin_flags == [False, True, True, False, False, True, True, False]  # order alternated
+    assert all(command[command.index("--train-iters") + 1] == "12" for command in fake.commands)
+    assert all(command[command.index("--global-batch-size") + 1] == "4" for command in fake.commands)
+    document = json.loads(out_json.read_text())
+    assert document["pairs"] == 4
+    assert len(document["runs"]) == 8
+    first = document["runs"][0]["iterations"]
+    assert [record["iteration"] for record in first] == list(range(1, 13))
+    assert [record["kept"] for record in first] == [False, False] + [True] * 10
+    on = next(run for run in document["runs"] if run["plugin"])
+    assert on["kept_phases"] == {"profiling": 6, "planned": 3, "stock (safety net)": 1}
+    # The plugin's 1 % is found, with an interval that excludes zero (the fake's runs differ by 1 ms only).
+    change = document["iteration_time"]
+    assert change["change"] == pytest.approx(0.01, abs=2e-3)
+    assert change["resolved"] and change["low"] > 0
+    assert "plugin on vs off, iteration time (measured, 4 pairs): +1.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pairs", "2"], "at least 4"),
+        (["--iters", "5", "--warmup", "5"], "must exceed --warmup"),
+        (["--microbatches", "0"], "at least 1"),
+    ],
+)
+def test_bad_flags_are_refused(argv, message, capsys):
+    script = load_script()
+    with pytest.raises(SystemExit):
+        script.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_script_help_runs():
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and "--json" in result.stdout
