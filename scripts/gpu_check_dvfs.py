@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from megatron_energy.dvfs.backends import open_gpus, supported_sm_clocks_mhz
+from megatron_energy.dvfs.calibration_nvml import SetterTripwires
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 
@@ -47,32 +48,19 @@ ZEUS_SETTERS = (
     "set_gpu_locked_clocks",
     "reset_gpu_locked_clocks",
 )
-NVML_SETTER_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear")
 
 
-class Tripwires:
+class Tripwires(SetterTripwires):
     """Replaces every setter that could reach the GPU with a function that counts and raises."""
 
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def install(self, gpus: Any) -> None:
+    def install_all(self, gpus: Any) -> None:
         """Wire the zeus setters of ``gpus`` and its GPUs, and every pynvml set/reset/clear function."""
         import pynvml
 
         for target in (gpus, *gpus.gpus):
             for name in ZEUS_SETTERS:
-                setattr(target, name, self._wire(f"zeus {type(target).__name__}.{name}"))
-        for name in dir(pynvml):
-            if name.startswith(NVML_SETTER_PREFIXES):
-                setattr(pynvml, name, self._wire(f"pynvml.{name}"))
-
-    def _wire(self, label: str) -> Callable[..., None]:
-        def tripped(*args: object, **kwargs: object) -> None:
-            self.calls.append(label)
-            raise AssertionError(f"read-only GPU check reached a setter: {label}")
-
-        return tripped
+                setattr(target, name, self.wire(f"zeus {type(target).__name__}.{name}"))
+        self.install(pynvml)
 
 
 def median_ms(samples_s: list[float]) -> float:
@@ -308,7 +296,7 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 1
     tripwires = Tripwires()
-    tripwires.install(handle.gpus)
+    tripwires.install_all(handle.gpus)
     try:
         result["gpu"] = read_gpu_facts(handle.gpus)
         a = torch.randn(args.size, args.size, device="cuda", dtype=torch.bfloat16)

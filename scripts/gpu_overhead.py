@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpt_job import gpt_args
+
 from megatron_energy.megatron.training_log import parse_iteration_lines
 from megatron_energy.stats import paired_relative_change
 
@@ -44,20 +46,6 @@ PHASE = re.compile(r"\[energy\] iteration (\d+) \| ([^|]+?)\s*\|")
 """Our own log line's iteration and phase (``profiling``, ``planned``, ``stock (safety net)``...)."""
 NOT_SET = "(clocks not set)"
 """What a dry run's phase carries after its name."""
-
-
-def model_args(args: argparse.Namespace, pipeline: int) -> list[str]:
-    """The GPT of the module docstring, ``args.microbatches`` microbatches of ``args.micro_batch_size``."""
-    global_batch = args.microbatches * args.micro_batch_size
-    return (
-        "--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
-        f"--max-position-embeddings 2048 --micro-batch-size {args.micro_batch_size} "
-        f"--global-batch-size {global_batch} --pipeline-model-parallel-size {pipeline} "
-        f"--train-iters {args.iters} --lr 1e-4 --bf16 "
-        "--mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --log-interval 1 --log-energy "
-        "--eval-iters 0 --eval-interval 1000000 --transformer-impl local --no-gradient-accumulation-fusion "
-        "--no-masked-softmax-fusion --no-persist-layer-norm --no-rope-fusion"
-    ).split()
 
 
 def iteration_records(log: str, warmup: int) -> list[dict]:
@@ -94,7 +82,8 @@ def run_once(plugin: bool, args: argparse.Namespace, out: Path, tag: str) -> dic
         f"--nproc-per-node={gpus}",
         "--master-port=29517",
     ]
-    script = ["scripts/pretrain_gpt.py", *model_args(args, min(gpus, 2))]
+    job = gpt_args(args.microbatches, args.micro_batch_size, args.iters, pipeline=min(gpus, 2))
+    script = ["scripts/pretrain_gpt.py", *job]
     if plugin:
         trace = out / f"trace-{tag}.jsonl"
         command += ["-m", "megatron_energy.launch", *script, "--energy-optimise", "--energy-dry-run"]

@@ -10,10 +10,13 @@ import pytest
 
 from megatron_energy.megatron.training_log import parse_iteration_lines
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_overhead.py"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPT = SCRIPTS / "gpu_overhead.py"
 
 
 def load_script():
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))  # as `python scripts/gpu_overhead.py` has it
     spec = importlib.util.spec_from_file_location("gpu_overhead", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -258,6 +258,43 @@ def spec_differences(shipped: GpuSpec, calibrated: GpuSpec, rel_tol: float = 0.0
     return lines
 
 
+COMPARISON_HEADER = "shipped vs calibrated"
+"""The first line of :func:`comparison_lines` (scripts look for it)."""
+
+
+def comparison_lines(shipped: GpuSpec, calibrated: GpuSpec) -> list[str]:
+    """Every field side by side: shipped value, calibrated value, change, and where the new one came from.
+
+    Args:
+        shipped: The shipped spec.
+        calibrated: The spec from :func:`calibrate_spec`.
+
+    Returns:
+        A header line (starting with :data:`COMPARISON_HEADER`), then one line per field:
+        ``idle_power_w  shipped 125  calibrated 118.2 (-5.4 %)  measured``; the last word is ``measured``
+        (this run) or ``carried`` (from the shipped file, unchanged).
+    """
+    lines = [f"{COMPARISON_HEADER} ({shipped.name}.yaml -> {calibrated.name}.yaml), per value:"]
+    for f in dataclasses.fields(GpuSpec):
+        if f.name in ("name", "display_name", "sources"):
+            continue
+        old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
+        provenance = "measured" if calibrated.sources.get(f.name, "").startswith("measured") else "carried"
+        if isinstance(old, tuple):
+            old_text, new_text = _clock_summary(old), _clock_summary(new)
+            change = "same" if old == new else "differs"
+        else:
+            old_text = "-" if old is None else f"{old:g}"
+            new_text = "-" if new is None else f"{new:g}"
+            change = (
+                "same" if old == new else (f"{100 * (new / old - 1):+.1f} %" if old and new else "differs")
+            )
+        lines.append(
+            f"  {f.name:26s} shipped {old_text:>22s}  calibrated {new_text:>22s}  ({change})  {provenance}"
+        )
+    return lines
+
+
 def _clock_summary(clocks: tuple[int, ...]) -> str:
     """``n clocks lo-hi MHz``."""
     return f"{len(clocks)} clocks {min(clocks)}-{max(clocks)} MHz"

@@ -1,0 +1,41 @@
+"""The GPT job the GPU scripts train: the issue's shape, flags known to run on one H200 without TE or Apex.
+
+16 layers, hidden 2048, 16 heads, seq 2048, bf16, mock data with the NullTokenizer, Megatron's own
+per-iteration log with energy (``--log-interval 1 --log-energy``), the local transformer implementation.
+``scripts/gpu_overhead.py`` and ``scripts/gpu_validate.py`` differ only in the batch and the iterations.
+"""
+
+from __future__ import annotations
+
+FIXED = (
+    "--num-layers 16 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+    "--max-position-embeddings 2048 --lr 1e-4 --bf16 "
+    "--mock-data --tokenizer-type NullTokenizer --vocab-size 32000 --log-interval 1 --log-energy "
+    "--eval-iters 0 --eval-interval 1000000 --transformer-impl local --no-gradient-accumulation-fusion "
+    "--no-masked-softmax-fusion --no-persist-layer-norm --no-rope-fusion"
+)
+
+
+def gpt_args(microbatches: int, micro_batch_size: int, train_iters: int, pipeline: int = 1) -> list[str]:
+    """Megatron's flags for the job.
+
+    Args:
+        microbatches: Microbatches per iteration (global batch = microbatches x micro batch size, DP=1).
+        micro_batch_size: Sequences per microbatch.
+        train_iters: Training iterations.
+        pipeline: Pipeline-parallel size.
+
+    Returns:
+        The arguments after ``scripts/pretrain_gpt.py``.
+    """
+    return [
+        *FIXED.split(),
+        "--micro-batch-size",
+        str(micro_batch_size),
+        "--global-batch-size",
+        str(microbatches * micro_batch_size),
+        "--pipeline-model-parallel-size",
+        str(pipeline),
+        "--train-iters",
+        str(train_iters),
+    ]
