@@ -147,7 +147,10 @@ def test_trace_is_valid_json_with_one_compute_track_per_stage(tmp_path):
     for stage in range(stages):
         on_stage = sorted((e for e in compute if e["pid"] == stage), key=lambda e: e["ts"])
         assert len(on_stage) == 2 * microbatches * chunks
-        assert all(e["args"]["clock_mhz"] == 1500 and e["args"]["source"] == "modelled" for e in on_stage)
+        assert all(
+            e["args"]["clock_in_effect_mhz"] == e["args"]["clock_requested_mhz"] == 1500 for e in on_stage
+        )
+        assert all(e["args"]["source"] == "modelled" and e["name"].endswith("@1500 MHz") for e in on_stage)
         assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-6 for a, b in pairwise(on_stage))
     sends = [e for e in events if e["ph"] == "X" and e["cat"] == "send"]
     assert len(sends) == 2 * microbatches * (stages * chunks - 1)

@@ -14,6 +14,7 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.sim import Simulator
+from megatron_energy.sim.simulator import StagePowers
 
 ONE_STAGE = PipelineOrders(
     (
@@ -210,3 +211,48 @@ def test_count_switches_is_cyclic():
     assert count_switches(dag, _plan(dag, [1000, 1000, 1000, 1000])) == 0
     assert count_switches(dag, _plan(dag, [1000, 1000, 1500, 1500])) == 2
     assert count_switches(dag, _plan(dag, [1500, 1000, 1000, 1500])) == 2
+
+
+def _trace_compute(result):
+    from megatron_energy.sim.trace import trace_events
+
+    events = trace_events(result, StagePowers(50.0, 30.0))
+    return [event for event in events if event["ph"] == "X" and event["cat"] in ("forward", "backward")]
+
+
+def test_trace_slices_show_the_clock_in_effect_and_the_clock_requested():
+    dag = PipelineDag.build(ONE_STAGE)
+    result = Simulator(dag, _two_clock_profile(), switch_latency_s=0.5).run(
+        _plan(dag, [1000, 1000, 1000, 1500])
+    )
+    events = _trace_compute(result)
+    f0 = dag.stage_order(0)[0].label
+    first, second = (event for event in events if event["args"]["instruction"] == f0)
+    # F0 asked for 1000 MHz; 1500 stayed in effect for 0.5 s (half of F0's work), then 1000 for 0.75 s.
+    assert (first["name"], first["args"]["clock_in_effect_mhz"], first["args"]["clock_requested_mhz"]) == (
+        f"{f0} @1500 MHz",
+        1500,
+        1000,
+    )
+    assert "not yet in effect" in first["args"]["switch"]
+    assert (first["ts"], first["dur"]) == (0.0, pytest.approx(0.5e6))
+    assert first["args"]["energy_j"] == pytest.approx(50.0)  # 0.5 s of the 1500 MHz option's 100 W
+    assert (second["name"], second["args"]["clock_in_effect_mhz"]) == (f"{f0} @1000 MHz", 1000)
+    assert "switch" not in second["args"]
+    assert (second["ts"], second["dur"]) == (pytest.approx(0.5e6), pytest.approx(0.75e6))
+    assert second["args"]["energy_j"] == pytest.approx(45.0)
+    # Every instruction's parts add up to its simulated time and energy.
+    for piece in _compute(result):
+        parts = [event for event in events if event["args"]["instruction"] == piece.node.label]
+        assert sum(event["dur"] for event in parts) == pytest.approx((piece.end_s - piece.start_s) * 1e6)
+        assert sum(event["args"]["energy_j"] for event in parts) == pytest.approx(piece.energy_j)
+
+
+def test_a_switch_that_never_came_during_an_instruction_leaves_one_slice_at_the_old_clock():
+    dag = PipelineDag.build(ONE_STAGE)
+    simulator = Simulator(dag, _two_clock_profile(with_1200=("forward", "backward")), switch_latency_s=2.5)
+    result = simulator.run(_plan(dag, [1000, 1200, 1200, 1500]))
+    b0 = dag.stage_order(0)[1].label
+    (only,) = (event for event in _trace_compute(result) if event["args"]["instruction"] == b0)
+    assert (only["name"], only["args"]["clock_requested_mhz"]) == (f"{b0} @1500 MHz", 1200)
+    assert only["dur"] == pytest.approx(2.0e6)  # B0's 2 s at 1500 MHz, not its 2.5 s at 1200

@@ -131,6 +131,8 @@ class Slice(NamedTuple):
     stale_s: float = 0.0
     """Seconds the compute node ran at ``stale_clock_mhz`` before the switch took effect (its whole duration
     when the switch came after it ended)."""
+    stale_energy_j: float = 0.0
+    """The part of ``energy_j`` spent during ``stale_s`` (at ``stale_clock_mhz``)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ class _Pass(NamedTuple):
     energies_j: list[float]
     stale_clock_mhz: list[int | None]
     stale_s: list[float]
+    stale_energy_j: list[float]
 
 
 class Simulator:
@@ -337,6 +340,7 @@ class Simulator:
             energies_j=[option.energy_j for option in chosen],
             stale_clock_mhz=[None] * len(chosen),
             stale_s=[0.0] * len(chosen),
+            stale_energy_j=[0.0] * len(chosen),
         )
 
     def _switching_pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
@@ -354,6 +358,7 @@ class Simulator:
         energies_j = [0.0] * len(chosen)
         stale_clock: list[int | None] = [None] * len(chosen)
         stale_s = [0.0] * len(chosen)
+        stale_j = [0.0] * len(chosen)
         for v, node_preds in enumerate(preds):
             begin = max(map(end.__getitem__, node_preds)) if node_preds else 0.0
             start[v] = begin
@@ -373,14 +378,16 @@ class Simulator:
                 ran_s = due_s[stage] - begin
                 if ran_s >= old_time_s:
                     time_s, energy_j, ran_s = old_time_s, old_energy_j, old_time_s
+                    stale_j[pos] = old_energy_j
                 else:
                     done = ran_s / old_time_s
                     time_s = ran_s + (1.0 - done) * time_s
                     energy_j = done * old_energy_j + (1.0 - done) * energy_j
+                    stale_j[pos] = done * old_energy_j
                 stale_clock[pos], stale_s[pos] = effective[stage], ran_s
             times_s[pos], energies_j[pos] = time_s, energy_j
             end[v] = begin + time_s
-        return _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s)
+        return _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s, stale_j)
 
     def _structure(self) -> tuple[list[list[int]], list[int]]:
         """Predecessor indices and compute position (-1: not compute) of every node, built once."""
@@ -476,6 +483,7 @@ class Simulator:
                     energy_j=passed.energies_j[pos] if pos is not None else 0.0,
                     stale_clock_mhz=passed.stale_clock_mhz[pos] if pos is not None else None,
                     stale_s=passed.stale_s[pos] if pos is not None else 0.0,
+                    stale_energy_j=passed.stale_energy_j[pos] if pos is not None else 0.0,
                 )
             )
         return timeline

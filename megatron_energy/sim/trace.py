@@ -1,16 +1,21 @@
 """Chrome / Perfetto trace (JSON) of a simulated iteration.
 
 Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each pipeline stage is a process with one
-``compute`` thread holding a slice per forward, backward and tail node (name like ``F3c1``; clock, energy and
-provenance in ``args``) and a ``power`` counter of the modelled power draw. Point-to-point transfers sit on a
-separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. Every name and
+``compute`` thread holding a slice per forward, backward and tail node and a ``power`` counter of the
+modelled power draw. A compute slice is named after the instruction and the clock **in effect** while it ran
+(``F3c1 @1980 MHz``); its ``args`` give ``clock_in_effect_mhz``, ``clock_requested_mhz`` (the plan's clock
+for the instruction), its energy and provenance. Under switch latency a requested clock takes effect only
+later (``sim.simulator``): an instruction that ran wholly at the previous clock is one slice at that clock,
+and one during which the switch took effect is two slices, the first at the previous clock and the second at
+the requested one, each with the duration and energy it ran at its own clock. Point-to-point transfers sit on
+a separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. Every name and
 ``args`` entry says the figures are modelled.
 """
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from megatron_energy.pipeline.dag import Transfer
 from megatron_energy.pipeline.instruction import Instruction
@@ -18,6 +23,37 @@ from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
 _COMPUTE_THREAD = 0
+SWITCH_PENDING = "requested clock not yet in effect (switch latency); time and energy at the clock in effect"
+"""What a compute slice run at another clock than requested says in its ``args``."""
+_SAME_INSTANT_S = 1e-12
+"""A switch this close to a slice's end came after it (rounding of the simulator's sums)."""
+
+
+class _Part(NamedTuple):
+    """A stretch of a compute slice at one clock in effect."""
+
+    start_s: float
+    end_s: float
+    clock_mhz: int
+    energy_j: float
+
+
+def _compute_parts(piece: Slice) -> list[_Part]:
+    """``piece`` split where its requested clock took effect: one part, or two when the switch fell inside.
+
+    A compute slice always has a requested clock (``clock_mhz``).
+    """
+    requested = piece.clock_mhz
+    assert requested is not None
+    if piece.stale_clock_mhz is None:
+        return [_Part(piece.start_s, piece.end_s, requested, piece.energy_j)]
+    switch_s = piece.start_s + piece.stale_s
+    if switch_s >= piece.end_s - _SAME_INSTANT_S:
+        return [_Part(piece.start_s, piece.end_s, piece.stale_clock_mhz, piece.energy_j)]
+    return [
+        _Part(piece.start_s, switch_s, piece.stale_clock_mhz, piece.stale_energy_j),
+        _Part(switch_s, piece.end_s, requested, piece.energy_j - piece.stale_energy_j),
+    ]
 
 
 def _slice_name(piece: Slice) -> str:
@@ -42,11 +78,11 @@ def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
 
 
 def _power_counter(
-    result: SimResult, stage: int, powers: StagePowers, slices: list[Slice]
+    result: SimResult, stage: int, powers: StagePowers, slices: list[_Part]
 ) -> Iterator[dict[str, Any]]:
-    """Modelled power of one stage: busy in each compute slice, blocked between, the tail's mean, idle after.
+    """Modelled power of one stage: busy in each compute part, blocked between, the tail's mean, idle after.
 
-    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a slice
+    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a part
     that starts where the previous one ended gets no blocked sample between.
     """
     samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
@@ -92,9 +128,14 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
         events.append(_thread_metadata(stage, _COMPUTE_THREAD, "compute"))
     events += _process_metadata(comm_pid, "p2p transfers (modelled)", num_stages)
     comm_threads: dict[tuple[int, str], int] = {}
-    compute_by_stage: list[list[Slice]] = [[] for _ in range(num_stages)]
+    compute_by_stage: list[list[_Part]] = [[] for _ in range(num_stages)]
     for piece in result.timeline:
         args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
+        if piece.clock_mhz is not None and not isinstance(piece.node, Transfer):
+            parts = _compute_parts(piece)
+            compute_by_stage[piece.stage] += parts
+            events += [_compute_event(piece, part, args) for part in parts]
+            continue
         if isinstance(piece.node, Transfer):
             direction = piece.node.sender.kind
             key = (piece.stage, direction)
@@ -105,25 +146,45 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
             pid, tid = comm_pid, comm_threads[key]
         else:
             pid, tid = piece.stage, _COMPUTE_THREAD
-            if piece.clock_mhz is not None:
-                args.update(clock_mhz=piece.clock_mhz, energy_j=piece.energy_j)
-                compute_by_stage[piece.stage].append(piece)
-        events.append(
-            {
-                "ph": "X",
-                "name": _slice_name(piece),
-                "cat": piece.kind,
-                "pid": pid,
-                "tid": tid,
-                "ts": piece.start_s * _MICROSECONDS_PER_S,
-                "dur": (piece.end_s - piece.start_s) * _MICROSECONDS_PER_S,
-                "args": args,
-            }
-        )
+        events.append(_event(_slice_name(piece), piece.kind, pid, tid, piece.start_s, piece.end_s, args))
     for stage, slices in enumerate(compute_by_stage):
         slices.sort(key=lambda piece: piece.start_s)
         events.extend(_power_counter(result, stage, powers, slices))
     return events
+
+
+def _event(
+    name: str, kind: str, pid: int, tid: int, start_s: float, end_s: float, args: dict[str, Any]
+) -> dict[str, Any]:
+    """One complete ("X") trace event."""
+    return {
+        "ph": "X",
+        "name": name,
+        "cat": kind,
+        "pid": pid,
+        "tid": tid,
+        "ts": start_s * _MICROSECONDS_PER_S,
+        "dur": (end_s - start_s) * _MICROSECONDS_PER_S,
+        "args": args,
+    }
+
+
+def _compute_event(piece: Slice, part: _Part, common: dict[str, Any]) -> dict[str, Any]:
+    """One compute part: named after the clock in effect, both clocks and the part's energy in ``args``."""
+    args = {
+        **common,
+        "start_s": part.start_s,
+        "instruction": _slice_name(piece),
+        "clock_in_effect_mhz": part.clock_mhz,
+        "clock_requested_mhz": piece.clock_mhz,
+        "energy_j": part.energy_j,
+    }
+    if part.clock_mhz != piece.clock_mhz:
+        args["switch"] = (
+            "requested clock not yet in effect (switch latency): time and energy at the clock in effect"
+        )
+    name = f"{_slice_name(piece)} @{part.clock_mhz} MHz"
+    return _event(name, piece.kind, piece.stage, _COMPUTE_THREAD, part.start_s, part.end_s, args)
 
 
 def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Path:
