@@ -42,8 +42,8 @@ from megatron_energy.pipeline.instruction import KINDS, Instruction
 SCHEMA_VERSION = 2
 """Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes."""
 
-Provenance = Literal["measured", "modelled"]
-PROVENANCES: tuple[str, ...] = ("measured", "modelled")
+Provenance = Literal["measured", "modelled", "simulated"]
+PROVENANCES: tuple[str, ...] = ("measured", "modelled", "simulated")
 
 
 class PlanError(EnergyValueError):
@@ -178,7 +178,8 @@ class Plan:
     Attributes:
         fingerprint: :func:`fingerprint` of the job and GPU the plan was computed for.
         gpu_name: GPU spec or device name the profile came from.
-        provenance: ``"measured"`` when the profile was measured on GPUs, else ``"modelled"``.
+        provenance: The profile's source: ``"measured"`` on GPUs, ``"modelled"`` by the time/power model
+            (extrapolated from the stock clock included), ``"simulated"`` on simulated GPUs.
         target: The planning target (``iso-time``, ``min-energy``, ``slowdown:X``).
         optimisers: The optimisers that made the plan, in the order they ran.
         switch_latency_s: SM-clock switch latency the points were made executable under.

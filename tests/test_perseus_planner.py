@@ -162,18 +162,23 @@ def test_plan_lists_every_rank_in_execution_order_and_round_trips(planner, order
     assert loaded.clock_for(2, backward) == point.clocks[backward]
 
 
-@pytest.mark.parametrize("source", ["measured", "modelled"])
+def _with_source(profile: Profile, source: str) -> Profile:
+    options = {key: profile.options(key) for key in profile}
+    return Profile(options, profile.gpu_name, source, profile.blocked_power_w, profile.idle_power_w)
+
+
+@pytest.mark.parametrize("source", ["measured", "modelled", "simulated"])
 def test_plan_command_writes_plan_frontier_and_plot(tmp_path, capsys, monkeypatch, source):
     monkeypatch.setenv("COLUMNS", "200")
     csv = tmp_path / "profile.csv"
-    _profile().to_csv(csv)
+    _with_source(_profile(), source).to_csv(csv)  # the file says where its figures come from
     parser = argparse.ArgumentParser()
     plan_command.register(parser.add_subparsers())
     out, plot = tmp_path / "plan.json", tmp_path / "frontier.png"
     args = parser.parse_args(
         [
             "plan",
-            *("--profile", str(csv), "--profile-source", source),
+            *("--profile", str(csv)),
             *("--stages", str(STAGES), "--microbatches", str(MICROBATCHES)),
             *("--gpu-spec", "a100-sxm-80gb", "--target", "slowdown:0.02", "--points", "12"),
             *("--out", str(out), "--plot", str(plot)),
@@ -181,7 +186,7 @@ def test_plan_command_writes_plan_frontier_and_plot(tmp_path, capsys, monkeypatc
     )
     assert args.func(args) == 0
     printed = capsys.readouterr().out
-    # The per-instruction figures are what --profile-source says; every iteration figure is modelled.
+    # The per-instruction figures are what the file says; every iteration figure is modelled.
     assert f"modelled: the pipeline simulated from a {source} profile" in printed
     assert "energy per iteration (J)" in printed and "│ modelled" in printed
     plan = Plan.load(out)
@@ -190,6 +195,34 @@ def test_plan_command_writes_plan_frontier_and_plot(tmp_path, capsys, monkeypatc
     # The frontier (one sample per deadline of --points) now travels in the plan file.
     assert len(plan.frontier) == 12
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _plan_status(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    plan_command.register(parser.add_subparsers())
+    args = parser.parse_args(["plan", *argv])
+    return args.func(args)
+
+
+def test_plan_command_never_assumes_where_a_profile_comes_from(tmp_path, capsys):
+    pipeline = ("--stages", str(STAGES), "--microbatches", str(MICROBATCHES), "--gpu-spec", "a100-sxm-80gb")
+    stated = tmp_path / "stated.csv"
+    _with_source(_profile(), "simulated").to_csv(stated)
+    # a flag that contradicts the file is refused
+    argv = ["--profile", str(stated), "--profile-source", "measured", *pipeline, "--out", str(tmp_path / "a")]
+    assert _plan_status(argv) == 2
+    assert "says its figures are simulated, not measured" in capsys.readouterr().err
+    # a Perseus/lowtime CSV that does not say needs the flag, and takes it
+    bare = tmp_path / "bare.csv"
+    bare.write_text("\n".join(",".join(row.split(",")[:5]) for row in stated.read_text().splitlines()) + "\n")
+    assert _plan_status(["--profile", str(bare), *pipeline, "--out", str(tmp_path / "b")]) == 2
+    assert "does not say where its figures come from" in capsys.readouterr().err
+    out = tmp_path / "c.json"
+    assert (
+        _plan_status(["--profile", str(bare), "--profile-source", "measured", *pipeline, "--out", str(out)])
+        == 0
+    )
+    assert Plan.load(out).provenance == "measured"
 
 
 def test_plan_command_refuses_a_profile_of_another_pipeline(tmp_path, capsys):

@@ -77,7 +77,7 @@ def test_profile_rejects_malformed_options(options, message):
 
 
 def test_profile_rejects_unknown_source_and_bad_options():
-    with pytest.raises(ValueError, match="'measured' or 'modelled'"):
+    with pytest.raises(ValueError, match=r"one of \('measured', 'modelled', 'simulated'\)"):
         _one_stage(OPTIONS, OPTIONS, source="guessed")
     with pytest.raises(ValueError, match="time_s"):
         ClockOption(1980, 0.0, 1.0)
@@ -95,8 +95,8 @@ def test_csv_round_trip_is_exact(tmp_path, h200, num_chunks):
     path = tmp_path / "profile.csv"
     profile.to_csv(path)
     header = path.read_text().splitlines()[0]
-    assert header == HEADER.strip() + (",chunk" if num_chunks > 1 else "")
-    loaded = Profile.from_csv(path, gpu_name="h200", source="modelled")
+    assert header == HEADER.strip() + (",chunk" if num_chunks > 1 else "") + ",source"
+    loaded = Profile.from_csv(path, gpu_name="h200")  # the file says it is modelled
     assert loaded.keys() == profile.keys()
     assert all(loaded.options(key) == profile.options(key) for key in profile)
     assert (loaded.blocked_power_w, loaded.idle_power_w) == (h200.blocked_power_w, h200.idle_power_w)
@@ -112,10 +112,50 @@ def test_perseus_style_csv_with_extra_columns_is_read(tmp_path):
         "0,forward,1710,0.0938,28.29,0\n"
         "0,backward,1740,0.2453,69.57,0\n"
     )
-    profile = Profile.from_csv(path, gpu_name="a40", blocked_power_w=70.0, idle_power_w=30.0)
+    profile = Profile.from_csv(
+        path, gpu_name="a40", source="measured", blocked_power_w=70.0, idle_power_w=30.0
+    )
     assert profile.source == "measured"
     assert profile.fastest(Work(0, 0, "forward")) == ClockOption(1740, 0.0937, 28.49)
     assert [o.clock_mhz for o in profile.pareto(Work(0, 0, "forward"))] == [1740, 1710]
+
+
+@pytest.mark.parametrize("source", ["measured", "modelled", "simulated"])
+def test_the_csv_carries_its_provenance(tmp_path, h200, source):
+    synthetic = Profile.synthetic(TransformerShape.from_name("gpt3-1.3b"), h200, 1, clocks_mhz=[1980, 990])
+    options = {key: synthetic.options(key) for key in synthetic}
+    path = tmp_path / "profile.csv"
+    Profile(options, "h200", source, 100.0, 90.0).to_csv(path)
+    assert {line.rsplit(",", 1)[1] for line in path.read_text().splitlines()[1:]} == {source}
+    assert Profile.from_csv(path, gpu_name="h200").source == source
+    assert Profile.from_csv(path, gpu_name="h200", source=source).source == source
+    other = next(name for name in ("measured", "modelled") if name != source)
+    with pytest.raises(ValueError, match=f"says its figures are {source}, not {other}"):
+        Profile.from_csv(path, gpu_name="h200", source=other)
+
+
+def test_a_csv_that_does_not_say_needs_a_source(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text(HEADER + "0,forward,1740,0.09,28\n0,backward,1740,0.2,60\n")
+    with pytest.raises(ValueError, match="does not say where its figures come from"):
+        Profile.from_csv(path, gpu_name="h200")
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            "0,forward,1980,0.1,50,measured\n0,backward,1980,0.2,90,modelled\n",
+            ":3: source 'modelled' differs",
+        ),
+        ("0,forward,1980,0.1,50,guessed\n", ":2: source 'guessed' is not one of"),
+    ],
+)
+def test_a_csv_source_column_must_be_one_known_value(tmp_path, rows, message):
+    path = tmp_path / "p.csv"
+    path.write_text("stage,instruction,frequency,time,energy,source\n" + rows)
+    with pytest.raises(ValueError, match=message):
+        Profile.from_csv(path, gpu_name="h200")
 
 
 def test_csv_of_an_unknown_gpu_needs_explicit_powers(tmp_path):

@@ -52,7 +52,7 @@ def test_plan_command_says_its_accounting_and_warns_about_rows(tmp_path, capsys,
     csv, out = tmp_path / "noisy.csv", tmp_path / "plan.json"
     profile = family_profile(ProfileFamily(2, noise=0.01), 4)
     profile.to_csv(csv)
-    argv = ["--profile", str(csv), "--stages", "2", "--microbatches", "4", "--profile-source", "measured"]
+    argv = ["--profile", str(csv), "--stages", "2", "--microbatches", "4"]  # the file says it is modelled
     argv += ["--blocked-power-w", "85", "--idle-power-w", "85", "--points", "8", "--out", str(out)]
     assert _run_plan(argv) == 0
     printed = capsys.readouterr().out

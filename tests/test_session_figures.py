@@ -130,7 +130,7 @@ def test_a_dry_run_reads_within_noise(dry_run):
 def test_a_real_saving_reads_as_one_with_an_interval_that_holds_the_truth(controlled):
     energy_dir, reports = controlled
     plan = cached_plan(energy_dir)
-    assert plan.provenance == "modelled" and plan.measured_tail is not None
+    assert plan.provenance == "simulated" and plan.measured_tail is not None
     line = last_line(reports[0])
     found = re.search(
         r"\| energy vs stock: (-\d+\.\d) % ± (\d+\.\d) % \(modelled, 95 % CI, n=(\d+) vs (\d+)\) \|", line

@@ -2,11 +2,13 @@
 
 The job comes from a job YAML (``--config``: orders, pipeline transfers, iteration tail, GPU) or from
 ``--stages/--microbatches/--vpp``; the profile from a Perseus/lowtime CSV (``stage,instruction,frequency,
-time,energy`` in seconds and joules, optional ``chunk`` column) or, with ``--config`` alone, from the GPU's
-time/power model. megatron-core's own schedule gives each rank's instruction order. The Perseus optimiser
-solves the time–energy frontier and writes the plan (schema v2) for ``--target``. The per-instruction
-figures are *measured* or *modelled* as ``--profile-source`` says; every iteration figure printed is
-*modelled*: the pipeline is simulated with those per-instruction figures.
+time,energy`` in seconds and joules, optional ``chunk`` and ``source`` columns) or, with ``--config`` alone,
+from the GPU's time/power model. megatron-core's own schedule gives each rank's instruction order. The Perseus
+optimiser solves the time–energy frontier and writes the plan (schema v2) for ``--target``. The
+per-instruction figures are *measured*, *modelled* or *simulated* as the CSV's ``source`` column says (the
+profiles the session writes have one); ``--profile-source`` says it for a CSV without one and is refused
+when it contradicts the file. Every iteration figure printed is *modelled*: the pipeline is simulated with
+those per-instruction figures.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.perseus.optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import CommSpec
-from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.report.frontier_plot import plot_frontier
 
@@ -82,9 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--idle-power-w", type=non_negative_float, help="idle power (default: the spec's)")
     parser.add_argument(
         "--profile-source",
-        choices=("measured", "modelled"),
+        choices=PROFILE_SOURCES,
         default=None,
-        help="where the CSV's figures come from: measured on GPUs, or modelled (required with --profile)",
+        help="where the CSV's figures come from, for a CSV without a 'source' column (the session's profiles "
+        "have one): measured on GPUs, modelled, or simulated GPUs",
     )
     parser.add_argument(
         "--activation-bytes",
@@ -273,11 +276,7 @@ def _powers_origin(args: argparse.Namespace, from_spec: str) -> str:
 
 
 def _read_profile(args: argparse.Namespace, gpu_name: str, blocked_w: float, idle_w: float) -> Profile:
-    if args.profile_source is None:
-        raise ValueError(
-            "say where the profile's figures come from: --profile-source measured (a profiling run on GPUs) "
-            "or modelled (the simulated backend, `megatron-energy demo`)"
-        )
+    """The CSV's profile; its provenance from its ``source`` column or ``--profile-source``, never assumed."""
     return Profile.from_csv(
         args.profile,
         gpu_name=gpu_name,

@@ -2,12 +2,15 @@
 
 A :class:`Profile` maps the work of every pipeline instruction
 (:class:`~megatron_energy.pipeline.instruction.Work`: stage, chunk, kind) to its :class:`ClockOption` list.
-It comes either from measurement (``source="measured"``, e.g. a Perseus/lowtime CSV) or from the time/power
-model (``source="modelled"``, :meth:`Profile.synthetic`).
+Its ``source`` says where the figures come from: ``"measured"`` (timed and metered on GPUs at every clock),
+``"modelled"`` (the time/power model: :meth:`Profile.synthetic`, or a dry run that measured the stock clock
+only and extrapolated the rest) or ``"simulated"`` (profiled on simulated GPUs, whose figures are the model's
+with emulated noise).
 
 CSV format (interoperable with Perseus/lowtime): columns ``stage,instruction,frequency,time,energy`` (seconds,
 joules; ``instruction`` is ``forward`` or ``backward``), plus an optional ``chunk`` column (virtual-pipeline
-model chunk, 0 when absent). Other columns are ignored.
+model chunk, 0 when absent) and an optional ``source`` column (the provenance, the same on every row; written
+by :meth:`Profile.to_csv_text`, so the provenance travels with the file). Other columns are ignored.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
 __all__ = ["ClockOption", "Profile", "ProfileSource", "RowWarning", "TransformerShape", "Work"]
 
-ProfileSource = Literal["measured", "modelled"]
+ProfileSource = Literal["measured", "modelled", "simulated"]
+PROFILE_SOURCES: tuple[str, ...] = get_args(ProfileSource)
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
+SOURCE_COLUMN = "source"
+"""The CSV column that states the profile's provenance."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class Profile:
 
     Attributes:
         gpu_name: The GPU the profile belongs to (a spec name such as ``"h200"``).
-        source: ``"measured"`` or ``"modelled"``.
+        source: ``"measured"``, ``"modelled"`` or ``"simulated"`` (see the module docstring).
         blocked_power_w: Power while blocked on pipeline communication.
         idle_power_w: Power while idle (after the last instruction of an iteration).
         num_stages: Pipeline stages covered.
@@ -124,8 +130,8 @@ class Profile:
             ValueError: On an unknown source, non-positive powers, malformed keys, empty option lists,
                 repeated clocks for one key, or a key set that is not every (stage, chunk, kind) combination.
         """
-        if source not in get_args(ProfileSource):
-            raise ValueError(f"profile source must be 'measured' or 'modelled', got {source!r}")
+        if source not in PROFILE_SOURCES:
+            raise ValueError(f"profile source must be one of {PROFILE_SOURCES}, got {source!r}")
         if not (blocked_power_w > 0 and idle_power_w > 0):
             raise ValueError(f"powers must be positive, got blocked {blocked_power_w}, idle {idle_power_w}")
         if not options:
@@ -224,16 +230,16 @@ class Profile:
             raise KeyError(f"profile has no instruction {key}") from None
 
     def to_csv_text(self) -> str:
-        """The profile as a Perseus/lowtime CSV (with a ``chunk`` column when there are several)."""
+        """The profile as a Perseus/lowtime CSV, with ``source`` (and ``chunk`` when there are several)."""
         with_chunk = self.num_chunks > 1
         buffer = io.StringIO(newline="")
         writer = csv.writer(buffer)
-        writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
+        writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()) + (SOURCE_COLUMN,))
         for key in self.keys():
             stage, chunk, kind = key
             for option in sorted(self._options[key], key=lambda o: -o.clock_mhz):
                 row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
-                writer.writerow(row + ([chunk] if with_chunk else []))
+                writer.writerow(row + ([chunk] if with_chunk else []) + [self.source])
         return buffer.getvalue()
 
     def to_csv(self, path: str | Path) -> None:
@@ -246,29 +252,39 @@ class Profile:
         path: str | Path,
         *,
         gpu_name: str,
-        source: str = "measured",
+        source: str | None = None,
         blocked_power_w: float | None = None,
         idle_power_w: float | None = None,
     ) -> Profile:
-        """Read a Perseus/lowtime CSV.
+        """Read a Perseus/lowtime CSV; its provenance from its ``source`` column, else from ``source``.
 
         Args:
             path: The CSV file.
             gpu_name: The GPU it was measured on.
-            source: ``"measured"`` (default) or ``"modelled"``.
+            source: The provenance the caller knows (``"measured"``, ``"modelled"``, ``"simulated"``);
+                needed when the file has no ``source`` column, and must agree with it when it has one.
             blocked_power_w: Blocked power; taken from the GPU spec ``gpu_name`` when omitted.
             idle_power_w: Idle power; taken from the GPU spec ``gpu_name`` when omitted.
 
         Raises:
-            ValueError: If the file is malformed (the message names the line and the problem), or a power
-                is omitted and ``gpu_name`` is not a known GPU spec.
+            ValueError: If the file is malformed (the message names the line and the problem), its rows
+                disagree on their source, neither the file nor ``source`` says where the figures come from,
+                the two disagree, or a power is omitted and ``gpu_name`` is not a known GPU spec.
         """
         if blocked_power_w is None or idle_power_w is None:
             spec = load_gpu_spec(gpu_name)
             blocked_power_w = spec.blocked_power_w if blocked_power_w is None else blocked_power_w
             idle_power_w = spec.idle_power_w if idle_power_w is None else idle_power_w
-        options = _read_csv_options(Path(path))
-        return cls(options, gpu_name, source, blocked_power_w, idle_power_w)
+        options, stated = _read_csv_options(Path(path))
+        if stated is not None and source is not None and stated != source:
+            raise ValueError(f"{path} says its figures are {stated}, not {source}; drop the contrary source")
+        provenance = stated or source
+        if provenance is None:
+            raise ValueError(
+                f"{path} does not say where its figures come from (no {SOURCE_COLUMN!r} column): give the "
+                f"source, one of {PROFILE_SOURCES} (e.g. `megatron-energy plan --profile-source measured`)"
+            )
+        return cls(options, gpu_name, provenance, blocked_power_w, idle_power_w)
 
     @classmethod
     def synthetic(
@@ -330,10 +346,14 @@ def _checked_options(key: Work, options: Sequence[ClockOption]) -> tuple[ClockOp
     return tuple(sorted(options, key=_sort_key))
 
 
-def _read_csv_options(path: Path) -> dict[Work, list[ClockOption]]:
-    """Parse a profile CSV; every problem raises ValueError naming ``path:line``."""
+def _read_csv_options(path: Path) -> tuple[dict[Work, list[ClockOption]], str | None]:
+    """Parse a profile CSV: its options and its stated source (None without a ``source`` column).
+
+    Every problem raises ValueError naming ``path:line``.
+    """
     options: dict[Work, list[ClockOption]] = {}
     first_seen: dict[tuple[Work, int], int] = {}
+    stated: str | None = None
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames
@@ -365,9 +385,21 @@ def _read_csv_options(path: Path) -> dict[Work, list[ClockOption]]:
             except ValueError as error:
                 raise ValueError(f"{where}: {error}") from error
             options.setdefault(key, []).append(option)
+            if SOURCE_COLUMN in header:
+                stated = _parse_source(row[SOURCE_COLUMN], stated, where)
     if not options:
         raise ValueError(f"{path}: no data rows")
-    return options
+    return options, stated
+
+
+def _parse_source(text: str, stated: str | None, where: str) -> str:
+    """One row's source: a known provenance, the same as the rows before it."""
+    source = text.strip()
+    if source not in PROFILE_SOURCES:
+        raise ValueError(f"{where}: source {text!r} is not one of {PROFILE_SOURCES}")
+    if stated is not None and source != stated:
+        raise ValueError(f"{where}: source {source!r} differs from the rows before ({stated!r})")
+    return source
 
 
 def _parse_int(text: str, column: str, where: str) -> int:

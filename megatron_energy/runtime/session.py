@@ -139,8 +139,15 @@ class EnergySession:
 
     @property
     def profile_source(self) -> str:
-        """``measured`` when the grid's clocks were really set and timed on GPUs, else ``modelled``."""
-        return self.timer.source if self.can_set_clocks else "modelled"
+        """Where the profile's figures come from (its CSV says so too).
+
+        ``measured`` when the grid's clocks were really set and timed on GPUs, ``simulated`` when they were
+        set and timed on simulated GPUs (whose figures are the model's), ``modelled`` when only the stock
+        clock was profiled and the rest extrapolated with the model.
+        """
+        if not self.can_set_clocks:
+            return "modelled"
+        return "simulated" if self.timer.source == "modelled" else "measured"
 
     # ----------------------------------------------------------------------------------- schedule events
 

@@ -176,8 +176,8 @@ class SimResult:
         stages: Time and energy per pipeline stage.
         timeline: One slice per compute, transfer and tail node, in topological order.
         gpu_name: GPU the profile describes.
-        profile_source: ``"measured"`` or ``"modelled"``: where the per-instruction times and energies came
-            from (the iteration itself is always modelled).
+        profile_source: ``"measured"``, ``"modelled"`` or ``"simulated"``: where the per-instruction times and
+            energies came from (the iteration itself is always modelled).
         switch_latency_s: SM-clock switch latency the iteration was simulated with (0: instant switches).
     """
 
