@@ -581,7 +581,7 @@ class _PeerComms(LocalComms):
 SAFETY_STEPS = 3
 
 
-def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True):
+def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True, log_interval: int = 1000):
     controller, comms, lines = _Controller(), _PeerComms(), []
     timer = _Timer(controller)
     spec = load_gpu_spec("h100-sxm")
@@ -590,7 +590,7 @@ def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True)
         orders=pipeline_orders(1, 1),
         data_parallel_rank=0,
         data_parallel_size=data_parallel_size,
-        log_interval=1000,
+        log_interval=log_interval,
     )
     config = EnergyConfig(
         optimise=True, dir=tmp_path, profile_iters=1, safety_tolerance=0.05, safety_steps=SAFETY_STEPS
@@ -629,6 +629,19 @@ def _profile_and_plan(session: EnergySession) -> int:
     assert step == session.collector.steps_needed == (1 + 3) + (1 + 1)
     assert session.phase == "planned" and session.plan is not None
     return step
+
+
+def test_the_first_planned_line_speaks_for_planned_steps_only(tmp_path):
+    # 8-step log interval: steps 0-5 profile (the last two at 1500 MHz, 39.6 ms, 17.6 J), steps 6-7 run the
+    # plan at 1980 MHz (30 ms, 21 J); the line at step 7 must not average the profiling steps in.
+    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1, log_interval=8)
+    step = _profile_and_plan(session)
+    assert step == 6
+    _step(session, 6)
+    _step(session, 7)
+    (line,) = [line for line in lines if line.startswith("[energy] iteration 8 |")]
+    assert "| planned |" in line
+    assert "s0=21.0 | total=21.0" in line and "| iter 30.0 ms (modelled)" in line
 
 
 def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path):
