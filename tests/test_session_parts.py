@@ -771,3 +771,13 @@ def test_the_simulated_timer_runs_the_work_between_schedules_once_and_times_the_
     assert timing.energy_j is None and timing.outside_energy_j is None
     assert all(sample.energy_j is None for sample in timing.samples)
     assert timing.outside_s == pytest.approx(outside_s)
+
+
+def test_the_run_ends_with_the_stock_plan_against_the_measured_stock_steps(tmp_path):
+    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
+    _profile_and_plan(session)
+    session.close()
+    (line,) = [line for line in lines if line.startswith("[energy] model vs measured at stock clocks")]
+    # the simulated timer's stock steps: 10 + 20 ms of instructions, nothing outside them
+    assert "(3 stock steps): iteration time 30.0 ms modelled vs 30.0 ms modelled" in line
+    assert "energy, stage 0 21.0 J modelled vs 21.0 J modelled: +0.00 % (within the ±2 % target)" in line

@@ -1,4 +1,4 @@
-"""``megatron-energy report``: a job's plan against stock clocks, its frontier plot and Perfetto timeline."""
+"""``megatron-energy report``: plan vs stock clocks, model vs measured, frontier plot, Perfetto timeline."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out", type=output_folder, default=None, help="where plot and timeline go (default: job folder)"
     )
+    parser.add_argument(
+        "--log-file",
+        type=Path,
+        default=None,
+        help="the run's --energy-log-file: its measured savings against stock clocks join the report",
+    )
     parser.set_defaults(func=run)
 
 
@@ -33,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
-        report = write_job_report(folder, args.out)
+        report = write_job_report(folder, args.out, args.log_file)
     except ReportError as problem:  # says what to do itself
         return fail("report", problem)
     except (ValueError, OSError) as problem:  # a truncated or corrupt file, an unknown GPU spec
@@ -42,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
             f"cannot report on {folder}: {problem}; rerun the job (or `megatron-energy demo`) to rewrite it",
         )
     console.print(report.table)
+    for line in report.model_vs_measured:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(f"frontier plot: {report.frontier_png}")
     console.print(f"Perfetto timeline (ui.perfetto.dev): {report.timeline_json}")
     return 0

@@ -1,9 +1,11 @@
 """Report on one cached job under ``--energy-dir``: its plan against stock clocks, frontier plot, timeline.
 
-The job folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job facts), ``profile.csv`` and
-``plan.json``. The table and the plot show the plan file's figures (the plan that ran; nothing is solved
-again); the plan's target point is simulated for the timeline. Every figure here is modelled from the
-profile, whose own source (measured or modelled) is named.
+The job folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job facts), ``profile.csv``,
+``plan.json`` and ``baseline.json``. The table and the plot show the plan file's figures (the plan that ran;
+nothing is solved again); the plan's target point is simulated for the timeline. Those figures are modelled
+from the profile, whose own source (measured, modelled or simulated) is named. The "model vs measured at
+stock clocks" section (``report.model_vs_measured``) sets the stock plan's prediction against the measured
+stock steps, and states the run's measured savings with their intervals when the energy log is given.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.report.frontier_plot import plot_frontier
+from megatron_energy.report.model_vs_measured import model_vs_measured_lines
 from megatron_energy.report.tables import stock_vs_plan_table
 from megatron_energy.sim.simulator import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
@@ -43,6 +46,9 @@ class JobReport:
     timeline_json: Path
     """The plan's simulated iteration as a Perfetto / Chrome trace."""
 
+    model_vs_measured: tuple[str, ...] = ()
+    """The "model vs measured at stock clocks" section, line by line."""
+
 
 def latest_job_folder(energy_dir: Path) -> Path:
     """The folder of the most recent job under ``energy_dir`` (from ``last_job.json``).
@@ -61,7 +67,7 @@ def latest_job_folder(energy_dir: Path) -> Path:
     return energy_dir / fingerprint
 
 
-def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
+def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path | None = None) -> JobReport:
     """Plot and simulate the plan that ran in one cached job.
 
     Nothing is solved again: the table and plot show the plan file's own figures, so they are the figures
@@ -70,6 +76,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
     Args:
         folder: ``<energy dir>/<fingerprint>``.
         out_dir: Where the plot and timeline go (default: ``folder``).
+        log_file: The run's ``--energy-log-file`` (for its measured savings), or None.
 
     Returns:
         The summary table and the files written.
@@ -103,7 +110,8 @@ def write_job_report(folder: Path, out_dir: Path | None = None) -> JobReport:
     result = Simulator(dag, profile, switch_latency_s=plan.switch_latency_s).run(clocks)
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
     timeline_json = write_trace(result, powers, out_dir / "timeline.json")
-    return JobReport(plan_table(plan), frontier_png, timeline_json)
+    section = tuple(model_vs_measured_lines(folder, plan, log_file))
+    return JobReport(plan_table(plan), frontier_png, timeline_json, section)
 
 
 def plan_table(plan: Plan) -> Table:

@@ -50,6 +50,12 @@ class StockBaseline:
     step_energy_j: tuple[float, ...] = ()
     """Each measured stock step's energy over every GPU of the job."""
 
+    stage_by_rank: dict[int, int] = field(default_factory=dict)
+    """The pipeline stage of each global rank in ``energy_by_rank`` (empty in caches written before it)."""
+
+    source: str = "measured"
+    """``measured`` (a real GPU's counter and timers) or ``modelled`` (simulated GPUs)."""
+
     @property
     def steps(self) -> int:
         """Measured stock steps (per-step samples kept)."""
@@ -63,6 +69,8 @@ class StockBaseline:
                 "stock_energy_by_rank": self.energy_by_rank,
                 "stock_step_time_s": list(self.step_iteration_s),
                 "stock_step_energy_j": list(self.step_energy_j),
+                "stage_by_rank": self.stage_by_rank,
+                "source": self.source,
             },
             indent=2,
         )
@@ -83,6 +91,8 @@ class StockBaseline:
             energy_by_rank={int(k): float(v) for k, v in data.get("stock_energy_by_rank", {}).items()},
             step_iteration_s=tuple(float(v) for v in data.get("stock_step_time_s", ())),
             step_energy_j=tuple(float(v) for v in data.get("stock_step_energy_j", ())),
+            stage_by_rank={int(k): int(v) for k, v in data.get("stage_by_rank", {}).items()},
+            source=str(data.get("source", "measured")),
         )
 
 
@@ -204,12 +214,13 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 
 
 def baseline_from_profiling(
-    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]], source: str = "measured"
 ) -> StockBaseline:
     """The stock-clock baseline from every rank's measured stock steps (rank = position).
 
-    Per rank, the mean over its stock steps; per step, the slowest rank's time and the energy of all ranks
-    (over the steps every rank measured).
+    Per rank, the mean over its stock steps and its stage (from its profile rows); per step, the slowest
+    rank's time and the energy of all ranks (over the steps every rank measured). ``source`` says whether the
+    figures are measured or modelled (simulated GPUs).
     """
     stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
     means = {rank: mean_record(steps) for rank, steps in stock}
@@ -219,6 +230,8 @@ def baseline_from_profiling(
         energy_by_rank={rank: record.energy_j for rank, record in means.items()},
         step_iteration_s=tuple(max(record.iteration_s for record in step) for step in per_step),
         step_energy_j=tuple(sum(record.energy_j for record in step) for step in per_step),
+        stage_by_rank={rank: rows[0].work.stage for rank, (rows, _) in enumerate(gathered) if rows},
+        source=source,
     )
 
 

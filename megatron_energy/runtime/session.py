@@ -61,6 +61,7 @@ from megatron_energy.runtime.planning import (
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.step_figures import StepFigures, step_figures
+from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer
 
 
@@ -210,10 +211,22 @@ class EnergySession:
         return phase if self.can_set_clocks else f"{phase} (clocks not set)"
 
     def close(self) -> None:
-        """Stop the controller (which resets the clocks it locked) and release the clock guard."""
+        """Stop the controller (which resets the clocks it locked) and release the clock guard.
+
+        Rank 0 of a job that ran a plan then logs the stock plan's prediction against the measured stock
+        steps (``runtime.stock_check``): the run's last word on how well the model matched.
+        """
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
+        if self.context.global_rank == 0 and self.plan is not None:
+            try:
+                comparison = compare_stock(self.plan, self.baseline)
+            except (ValueError, ZeroDivisionError) as problem:  # a closing line never fails the job
+                self.printer(f"[energy] {TITLE}: not computed ({problem})")
+                return
+            if comparison is not None:
+                self.printer(comparison_line(comparison))
 
     # ------------------------------------------------------------------------------------------- phases
 
@@ -327,7 +340,8 @@ class EnergySession:
             switch_latency_s=self.spec.switch_latency_s,
             tail=tail_from_profiling(gathered),
         )
-        return plan_on_root(self.optimiser, profile, job, baseline_from_profiling(gathered))
+        baseline = baseline_from_profiling(gathered, source=self.timer.source)
+        return plan_on_root(self.optimiser, profile, job, baseline)
 
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
         """Every rank parses the same plan text; all run it only if every rank could (one all-reduce)."""

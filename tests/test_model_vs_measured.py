@@ -1,0 +1,119 @@
+"""Model vs measured at stock clocks: the stock plan's prediction against the measured stock steps."""
+
+import json
+
+import pytest
+
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoint, RankPlan
+from megatron_energy.report.model_vs_measured import model_vs_measured_lines
+from megatron_energy.runtime.energy_log import EnergyRecord, append_record
+from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.runtime.stock_check import compare_stock, comparison_line
+
+
+def two_stage_plan(stage_energy_j=(600.0, 500.0), time_s=1.70) -> Plan:
+    ranks = tuple(
+        RankPlan((ClockAction(Boundary(Instruction(stage, 0, 0, "forward")), 1980),), energy_j=e, busy_s=1.0)
+        for stage, e in enumerate(stage_energy_j)
+    )
+    point = PlanPoint("iso-time", time_s, time_s, sum(stage_energy_j) - 1.0, ranks)
+    return Plan(
+        fingerprint="f" * 16,
+        gpu_name="h200",
+        provenance="modelled",
+        target="iso-time",
+        optimisers=("perseus",),
+        switch_latency_s=0.01,
+        baseline=Baseline(time_s, sum(stage_energy_j), tuple(stage_energy_j)),
+        points=(point,),
+        target_index=0,
+    )
+
+
+def baseline(**changes) -> StockBaseline:
+    """Two stages, two data-parallel replicas: ranks 0, 1 on stage 0 and 2, 3 on stage 1."""
+    fields = dict(
+        iteration_s=1.68,
+        energy_by_rank={0: 590.0, 1: 610.0, 2: 515.0, 3: 505.0},
+        step_iteration_s=(1.66, 1.70, 1.68, 1.68),
+        step_energy_j=(2210.0, 2230.0, 2220.0, 2220.0),
+        stage_by_rank={0: 0, 1: 0, 2: 1, 3: 1},
+        source="measured",
+    )
+    return StockBaseline(**(fields | changes))
+
+
+def test_per_stage_and_total_errors_against_the_stage_means():
+    comparison = compare_stock(two_stage_plan(), baseline())
+    figures = {figure.name: figure for figure in comparison.figures}
+    assert list(figures) == ["iteration time", "energy, all stages", "energy, stage 0", "energy, stage 1"]
+    assert figures["energy, stage 0"].measured == pytest.approx(600.0)  # mean of the stage's two GPUs
+    assert figures["energy, stage 1"].error == pytest.approx(500.0 / 510.0 - 1)
+    assert figures["energy, all stages"].measured == pytest.approx(1110.0)
+    assert figures["iteration time"].error == pytest.approx(1.70 / 1.68 - 1)
+    assert figures["iteration time"].within_target  # +1.2 % inside 3 %
+    assert figures["energy, all stages"].within_target and figures["energy, stage 1"].within_target
+    assert figures["iteration time"].halfwidth == pytest.approx(0.0150, abs=0.002)  # t(3)·s/√4 over the mean
+    line = comparison_line(comparison)
+    assert line.startswith("[energy] model vs measured at stock clocks (4 stock steps): iteration time ")
+    assert "1700.0 ms modelled vs 1680.0 ms measured" in line
+    assert "energy, stage 1 500.0 J modelled vs 510.0 J measured: -1.96 % (within the ±2 % target)" in line
+
+
+def test_simulated_gpus_say_modelled_on_both_sides_and_a_miss_says_outside():
+    comparison = compare_stock(two_stage_plan(time_s=1.80), baseline(source="modelled"))
+    line = comparison_line(comparison)
+    assert "1800.0 ms modelled vs 1680.0 ms modelled" in line and "(OUTSIDE the ±3 % target)" in line
+    assert "ms measured" not in line and "J measured" not in line
+
+
+def test_an_old_baseline_without_stages_compares_the_total_or_nothing():
+    one_gpu_per_stage = baseline(energy_by_rank={0: 600.0, 1: 510.0}, stage_by_rank={})
+    names = [figure.name for figure in compare_stock(two_stage_plan(), one_gpu_per_stage).figures]
+    assert names == ["iteration time", "energy, all stages"]
+    names = [figure.name for figure in compare_stock(two_stage_plan(), baseline(stage_by_rank={})).figures]
+    assert names == ["iteration time"]  # four GPUs, stages unknown: no energy to set against the plan's
+    assert compare_stock(two_stage_plan(), StockBaseline()) is None
+
+
+def record(
+    iteration: int, phase: str, change: float, low: float, high: float, resolved: bool
+) -> EnergyRecord:
+    scalars = {"energy/j_per_iter_total": 1000.0, "energy/iteration_s": 1.7, "energy/window_iterations": 12.0}
+    for prefix in ("energy/change_vs_stock", "energy/iteration_change_vs_stock"):
+        scalars |= {
+            prefix: change,
+            f"{prefix}_low": low,
+            f"{prefix}_high": high,
+            f"{prefix}_resolved": float(resolved),
+        }
+    return EnergyRecord(iteration, phase, "measured", scalars)
+
+
+def test_the_report_section_states_the_stock_check_and_the_logged_savings(tmp_path):
+    (tmp_path / "baseline.json").write_text(baseline().to_json())
+    log = tmp_path / "log.jsonl"
+    append_record(log, record(30, "planned", -0.12, -0.14, -0.10, True))
+    append_record(log, record(40, "stock (safety net)", 0.0, -0.01, 0.01, False))  # not the plan's window
+    lines = model_vs_measured_lines(tmp_path, two_stage_plan(), log)
+    assert lines[0].startswith("model vs measured at stock clocks (the stock plan simulated from the")
+    assert "measured over 4 stock steps" in lines[0]
+    assert any("energy, stage 0 600.0 J modelled vs 600.0 J measured" in line for line in lines)
+    savings = lines[lines.index(next(line for line in lines if line.startswith("measured savings"))) :]
+    assert "iteration 30, last window of 12 planned iterations, 95 % CI" in savings[0]
+    assert savings[1] == "  energy per iteration: -12.0 % (saving; 95 % CI -14.0 % to -10.0 %, measured)"
+    # a dry run's window reads within noise
+    append_record(log, record(50, "planned (clocks not set)", 0.004, -0.011, 0.019, False))
+    lines = model_vs_measured_lines(tmp_path, two_stage_plan(), log)
+    assert "  energy per iteration: within noise (±1.5 %, measured)" in lines
+    # without the log the report says how to get the savings
+    assert "pass --log-file FILE" in model_vs_measured_lines(tmp_path, two_stage_plan(), None)[-1]
+
+
+def test_baseline_json_round_trips_stages_and_source():
+    loaded = StockBaseline.from_json(baseline(source="modelled").to_json())
+    assert loaded.stage_by_rank == {0: 0, 1: 0, 2: 1, 3: 1} and loaded.source == "modelled"
+    old = json.loads(baseline().to_json())
+    del old["stage_by_rank"], old["source"]
+    assert StockBaseline.from_json(json.dumps(old)).stage_by_rank == {}
