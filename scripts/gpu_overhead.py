@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -40,12 +39,8 @@ from pathlib import Path
 from gpt_job import gpt_args
 
 from megatron_energy.megatron.training_log import parse_iteration_lines
+from megatron_energy.runtime.energy_log import logged_phases
 from megatron_energy.stats import paired_relative_change
-
-PHASE = re.compile(r"\[energy\] iteration (\d+) \| ([^|]+?)\s*\|")
-"""Our own log line's iteration and phase (``profiling``, ``planned``, ``stock (safety net)``...)."""
-NOT_SET = "(clocks not set)"
-"""What a dry run's phase carries after its name."""
 
 
 def iteration_records(log: str, warmup: int) -> list[dict]:
@@ -59,7 +54,7 @@ def iteration_records(log: str, warmup: int) -> list[dict]:
         One dict per iteration: ``iteration``, ``elapsed_ms``, ``energy_j`` (None without ``--log-energy``),
         ``kept``, ``phase`` (our log line's phase; None without the plugin).
     """
-    phases = {int(m.group(1)): m.group(2).removesuffix(NOT_SET).strip() for m in PHASE.finditer(log)}
+    phases = logged_phases(log)
     return [
         {
             "iteration": line.iteration,

@@ -40,6 +40,9 @@ sys.path.insert(0, str(REPO))
 from gpt_job import gpt_args  # noqa: E402  (scripts/, the folder of this script)
 
 from megatron_energy.megatron.training_log import parse_iteration_lines  # noqa: E402
+from megatron_energy.plan import Plan  # noqa: E402
+from megatron_energy.report.megatron_log_check import megatron_stock_lines  # noqa: E402
+from megatron_energy.runtime.energy_log import logged_phases  # noqa: E402
 
 KEY_LINES = ("model vs measured", "plan for")
 """Our ``[energy]`` lines worth repeating at the end (their figures say measured or modelled themselves)."""
@@ -161,18 +164,34 @@ def dry_run_command(args: argparse.Namespace, work: Path) -> list[str]:
 
 
 def megatron_figures(log: str, warmup: int = 3) -> dict:
-    """Medians of Megatron's own iteration time and energy after ``warmup`` iterations (measured)."""
-    lines = [line for line in parse_iteration_lines(log) if line.iteration > warmup]
-    if not lines:
-        return {"iterations": 0}
-    energies = [line.energy_j for line in lines if line.energy_j is not None]
-    return {
-        "source": "measured (Megatron's iteration timer, --log-energy NVML counter)",
-        "iterations": len(lines),
-        "first_iteration": lines[0].iteration,
-        "median_iteration_ms": statistics.median(line.elapsed_ms for line in lines),
-        "median_energy_j_per_iter": statistics.median(energies) if energies else None,
-    }
+    """Means of Megatron's own iteration time and energy per phase of our log, after ``warmup`` (measured)."""
+    phases = logged_phases(log)
+    figures: dict[str, dict] = {}
+    for phase in dict.fromkeys(phases.values()):
+        lines = [
+            line
+            for line in parse_iteration_lines(log)
+            if line.iteration > warmup and phases.get(line.iteration) == phase
+        ]
+        energies = [line.energy_j for line in lines if line.energy_j is not None]
+        if lines:
+            figures[phase] = {
+                "source": "measured (Megatron's iteration timer, --log-energy NVML counter)",
+                "iterations": f"{lines[0].iteration}-{lines[-1].iteration} ({len(lines)})",
+                "mean_iteration_ms": round(statistics.fmean(line.elapsed_ms for line in lines), 1),
+                "mean_energy_j_per_iter_per_gpu": round(statistics.fmean(energies), 1) if energies else None,
+            }
+    return figures
+
+
+def stock_check_lines(log: str, energy_dir: Path) -> list[str]:
+    """The run's plan's stock prediction against Megatron's own log (``report.megatron_log_check``)."""
+    try:
+        fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
+        plan = Plan.load(energy_dir / fingerprint / "plan.json")
+    except (OSError, ValueError, KeyError) as problem:
+        return [f"stock plan vs Megatron's own log: no plan to compare ({problem})"]
+    return megatron_stock_lines(log, plan)
 
 
 def key_lines(training_log: str, calibration_log: str) -> list[str]:
@@ -226,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         training_log = steps.run("dry-run", dry_run_command(args, work), 480, log=work / "dry-run.log")
     if "report" not in args.skip:
         report = [sys.executable, "-m", "megatron_energy.cli", "report", "--energy-dir", str(work / "energy")]
+        report += ["--log-file", str(work / "energy-log.jsonl")]
         steps.run("report", report, 120, log=args.out / "report.txt")
     if args.overhead_s > 0:
         # gpu_overhead starts no pair past its deadline; the margin lets the pair in flight finish
@@ -243,14 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     calibration_log = work / "calibrate.log"
     figures = {
         "steps": steps.results,
-        "megatron (dry run)": megatron_figures(training_log),
+        "megatron (dry run), by phase": megatron_figures(training_log),
+        "stock plan vs megatron": stock_check_lines(training_log, work / "energy"),
         "our lines": key_lines(training_log, calibration_log.read_text() if calibration_log.exists() else ""),
     }
     (args.out / "key_figures.json").write_text(json.dumps(figures, indent=2))
     pack(args.out, work)
     print("\n=== key figures (each line says measured or modelled)")
     print(json.dumps(figures["steps"]))
-    print(f"Megatron's own figures, dry run: {json.dumps(figures['megatron (dry run)'])}")
+    print(f"Megatron's own figures, dry run, by phase: {json.dumps(figures['megatron (dry run), by phase'])}")
+    print("\n".join(figures["stock plan vs megatron"]))
     print("\n".join(figures["our lines"]))
     if (args.out / "report.txt").exists():
         print((args.out / "report.txt").read_text())

@@ -48,6 +48,10 @@ class FakeChildren:
             (self.work / "energy").mkdir()
             (self.work / "energy" / "plan.json").write_text("{}")
             lines = [megatron_line(i, 1600.0 + i, 1100.0 + i) for i in range(1, 33)]
+            phases = ["profiling"] * 21 + ["planned"] * 11
+            lines += [
+                f"[energy] iteration {i} | {p} (clocks not set) | J/iter" for i, p in enumerate(phases, 1)
+            ]
             lines += [
                 "[energy] plan for iso-time (perseus): iteration 1705.8 ms vs 1705.8 ms (modelled)",
                 "[energy] iteration 32 | planned (clocks not set) | energy vs stock: within noise (±1.7 %)",
@@ -55,6 +59,7 @@ class FakeChildren:
             ]
             text = "\n".join(lines)
         elif "report" in command:
+            assert command[command.index("--log-file") + 1] == str(self.work / "energy-log.jsonl")
             text = "model vs measured at stock clocks\n  total energy ... (measured) ... (modelled)\n"
         return subprocess.CompletedProcess(command, 0, text, "")
 
@@ -88,9 +93,11 @@ def test_steps_commands_and_out_files(tmp_path, monkeypatch, capsys):
     with tarfile.open(out / "energy.tar.gz") as tar:
         assert {"dry-run.log", "calibrate.log", "energy/plan.json"} <= set(tar.getnames())
     figures = json.loads((out / "key_figures.json").read_text())
-    megatron = figures["megatron (dry run)"]
-    assert megatron["iterations"] == 29 and megatron["first_iteration"] == 4
-    assert megatron["median_iteration_ms"] == pytest.approx(1618.0)
+    megatron = figures["megatron (dry run), by phase"]
+    assert megatron["profiling"]["iterations"] == "4-21 (18)"
+    assert megatron["profiling"]["mean_iteration_ms"] == pytest.approx(1612.5)
+    assert megatron["planned"]["mean_energy_j_per_iter_per_gpu"] == pytest.approx(1127.0)
+    assert figures["stock plan vs megatron"][0].startswith("stock plan vs Megatron's own log: no plan")
     assert figures["our lines"][0] == "shipped vs calibrated"
     assert any(line.startswith("[energy] model vs measured") for line in figures["our lines"])
     assert figures["our lines"][-1].startswith("[energy] iteration 32")

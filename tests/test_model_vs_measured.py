@@ -117,3 +117,23 @@ def test_baseline_json_round_trips_stages_and_source():
     old = json.loads(baseline().to_json())
     del old["stage_by_rank"], old["source"]
     assert StockBaseline.from_json(json.dumps(old)).stage_by_rank == {}
+
+
+def test_the_stock_plan_against_megatrons_own_log_of_the_stock_iterations():
+    from megatron_energy.report.megatron_log_check import megatron_stock_lines
+
+    def megatron(i: int, ms: float, joules: float) -> str:
+        return f" [t] iteration {i:8d}/{12:8d} | elapsed time per iteration (ms): {ms:.1f} | energy per GPU (J/iter/GPU): {joules:.1f} |"  # noqa: E501
+
+    output = [megatron(1, 2800.0, 1200.0)]  # warm-up, left out
+    output += [megatron(i, 1600.0 + (i % 2) * 20, 550.0 + (i % 2) * 10) for i in range(2, 11)]
+    output += [megatron(11, 9999.0, 9999.0), megatron(12, 9999.0, 9999.0)]  # planned: not stock
+    phases = ["profiling"] * 10 + ["planned"] * 2
+    output += [f"[energy] iteration {i} | {phase} (clocks not set) | x" for i, phase in enumerate(phases, 1)]
+    lines = megatron_stock_lines("\n".join(output), two_stage_plan(time_s=1.62), settle=1)
+    assert lines[0].startswith("stock plan vs Megatron's own log (measured by Megatron's timer")
+    assert "mean of 9 stock iterations 2-10; energy per GPU x 2 stage(s)" in lines[0]
+    assert lines[1].startswith("  iteration time 1620.0 ms modelled vs 1608.9 ms measured (±")
+    assert "energy, all stages 1100.0 J modelled vs 1108.9 J measured" in lines[2]  # 2 x 554.4 J per GPU
+    assert "within the ±2 % target" in lines[2]
+    assert "0 stock iteration(s)" in megatron_stock_lines("no log", two_stage_plan())[0]

@@ -14,6 +14,7 @@ covers zero), for energy and for iteration time alike.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -107,6 +108,23 @@ def format_energy_line(
         parts.append(f"time vs stock: {time_change.format()}")
         scalars |= time_change.scalars("energy/iteration_change_vs_stock")
     return " | ".join(parts), scalars
+
+
+LOGGED_PHASE = re.compile(r"\[energy\] iteration (\d+) \| ([^|]+?)\s*\|")
+"""An energy log line's iteration and phase, as :func:`format_energy_line` writes them."""
+NOT_SET = "(clocks not set)"
+"""What a phase carries when the controller only recorded its clocks (dry run, monitor-only)."""
+
+
+def logged_phases(text: str) -> dict[int, str]:
+    """The phase of every iteration an energy log line names in ``text`` (a run's output), 1-based.
+
+    A dry run's ``(clocks not set)`` is left out: ``{12: "profiling", 30: "planned"}``.
+    """
+    return {
+        int(match.group(1)): match.group(2).removesuffix(NOT_SET).strip()
+        for match in LOGGED_PHASE.finditer(text)
+    }
 
 
 def publish(
