@@ -33,6 +33,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -222,9 +223,37 @@ def pack(out: Path, work: Path) -> Path:
     return archive
 
 
+class Tee:
+    """Writes what the script prints to the console and to ``validate.log`` (the console's tail is cut)."""
+
+    def __init__(self, console: TextIO, log: TextIO) -> None:
+        self.console, self.log = console, log
+
+    def write(self, text: str) -> int:
+        """Write to both."""
+        self.log.write(text)
+        return self.console.write(text)
+
+    def flush(self) -> None:
+        """Flush both."""
+        self.log.flush()
+        self.console.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    console = sys.stdout
+    with (args.out / "validate.log").open("w", encoding="utf-8") as log:
+        sys.stdout = Tee(console, log)  # type: ignore[assignment]
+        try:
+            return validate(args)
+        finally:
+            sys.stdout = console
+
+
+def validate(args: argparse.Namespace) -> int:
+    """The steps of the module docstring; 1 when a step failed or timed out, else 0."""
     work = args.work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

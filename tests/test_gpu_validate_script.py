@@ -88,7 +88,13 @@ def test_steps_commands_and_out_files(tmp_path, monkeypatch, capsys):
     assert report[report.index("--energy-dir") + 1] == str(work / "energy")
     assert not any("gpu_overhead.py" in name for name in names)  # only with --overhead-s
     files = sorted(path.name for path in out.iterdir())
-    assert files == ["energy.tar.gz", "h200.calibrated.yaml", "key_figures.json", "report.txt"]
+    assert files == [
+        "energy.tar.gz",
+        "h200.calibrated.yaml",
+        "key_figures.json",
+        "report.txt",
+        "validate.log",
+    ]
     assert len(files) <= 8  # what $OUT brings back
     with tarfile.open(out / "energy.tar.gz") as tar:
         assert {"dry-run.log", "calibrate.log", "energy/plan.json"} <= set(tar.getnames())
@@ -103,6 +109,7 @@ def test_steps_commands_and_out_files(tmp_path, monkeypatch, capsys):
     assert figures["our lines"][-1].startswith("[energy] iteration 32")
     printed = capsys.readouterr().out
     assert "=== key figures" in printed and "model vs measured at stock clocks" in printed
+    assert (out / "validate.log").read_text() == printed
 
 
 def test_a_failing_step_fails_the_script_but_the_rest_still_runs(tmp_path, monkeypatch):
