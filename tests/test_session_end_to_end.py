@@ -217,8 +217,9 @@ def test_the_cache_folder_holds_the_job(first_run):
     assert parts["pipeline_size"] == 4 and parts["num_microbatches"] == 8
     assert parts["grid_mhz"] == list(GRID_MHZ)
     rows = (folder / "profile.csv").read_text().splitlines()
-    assert rows[0] == "stage,instruction,frequency,time,energy"
+    assert rows[0] == "stage,instruction,frequency,time,energy,source"
     assert len(rows) - 1 == 4 * 2 * len(GRID_MHZ)  # stage x (forward, backward) x clock
+    assert {row.rsplit(",", 1)[1] for row in rows[1:]} == {"simulated"}  # profiled on simulated GPUs
     plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
     assert plan.num_stages == 4 and plan.target == "iso-time"
     planned = {clock for stage in range(4) for clock in plan.target_point.clock_table(stage).values()}
