@@ -226,10 +226,17 @@ def test_the_cache_folder_holds_the_job(first_run):
     assert planned <= set(GRID_MHZ)
 
 
-def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
+def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run, capsys):
     demo, _ = first_run
     folder = job_folder(demo.energy_dir)
     assert main(["report", "--energy-dir", str(demo.energy_dir)]) == 0
+    printed = capsys.readouterr().out
+    # the stock plan against the stock steps the simulated GPUs ran: modelled on both sides, within target
+    assert "model vs measured at stock clocks" in printed
+    assert re.search(
+        r"iteration time [\d.]+ ms modelled vs [\d.]+ ms modelled .*\(within the ±3 % target\)", printed
+    )
+    assert "energy, stage 3 " in printed
     assert (folder / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     timeline = json.loads((folder / "timeline.json").read_text())
     assert timeline["otherData"]["source"] == "modelled"
