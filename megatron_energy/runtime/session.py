@@ -13,7 +13,10 @@ Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (
 instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
 prediction, with its change against the stock baseline over a window of the phase's iterations
 (``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
-plan; a safety net reverts to stock clocks if the plan is slow.
+plan; a safety net reverts to stock clocks if the plan is slow. Nothing the session does at a run-phase
+step's end waits for the GPU: a real GPU's timing is read one step later (``runtime.cuda_timer``), paired
+with the energy lapped at that step's own end, and the session's messages go over gloo (CPU) groups
+(``runtime.comms.control_plane_comms``); so the policies and the log see each step one step late.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 

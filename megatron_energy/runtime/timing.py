@@ -63,7 +63,8 @@ class StepTiming:
 
     cycle_s: float | None = None
     """The whole iteration on this rank: from the previous step's end to this step's end (what ran between
-    the two schedules included); ``None`` when unknown (the first step on real GPUs)."""
+    the two schedules included); ``None`` when unknown (the first step on real GPUs). On real GPUs the ends
+    are the host's, as ``runtime.cuda_timer`` explains (in the run phase, the host's schedule ends)."""
 
     outside_energy_j: float | None = None
     """The exact energy of this GPU from the previous step's end to this step's start, when the timer knows
