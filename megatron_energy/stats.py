@@ -2,7 +2,8 @@
 
 One module so that the energy log, the summary, the report, TensorBoard/W&B scalars and the scripts all
 state a measured saving the same way: a mean over a window of iterations with a 95 % confidence interval,
-and "within noise" when the interval covers zero.
+and "within noise" when the interval covers zero ("too few samples yet" while a side holds fewer than
+``MIN_SAMPLES_TO_RESOLVE``).
 
 * :func:`mean_interval`: Student-t interval of a mean (samples taken as independent).
 * :func:`relative_change`: change of the treatment mean relative to the baseline mean, two independent
@@ -41,6 +42,10 @@ RESOLVABLE_PERIODS = 2.0
 ROUNDING = 1e-9
 """A relative change smaller than this is floating-point rounding (identical simulated figures), never a
 resolved change."""
+
+MIN_SAMPLES_TO_RESOLVE = 3
+"""Fewest samples on each side of a comparison before a change of estimated spread is called resolved (a
+spread needs a few; the stock baseline measures at least as many, ``runtime.baseline_length``)."""
 
 
 @dataclass(frozen=True)
@@ -106,18 +111,32 @@ class RelativeChange:
         return self.change + self.halfwidth
 
     @property
+    def too_few(self) -> bool:
+        """True when a side holds fewer than ``MIN_SAMPLES_TO_RESOLVE`` samples and the spread is estimated.
+
+        Two samples give a spread with one degree of freedom: an interval from them is too often narrow by
+        luck (a dry run's first planned iterations read as a saving), so no change is called resolved on
+        so few. Exact figures (zero spread, simulated GPUs) need no spread estimate.
+        """
+        return self.halfwidth > 0.0 and min(self.n_baseline, self.n_treatment) < MIN_SAMPLES_TO_RESOLVE
+
+    @property
     def excludes_zero(self) -> bool:
-        """True when the interval lies wholly above or below zero (past rounding): the change is resolved."""
-        return self.low > ROUNDING or self.high < -ROUNDING
+        """True when the change is resolved: enough samples, and the interval wholly above or below zero."""
+        return not self.too_few and (self.low > ROUNDING or self.high < -ROUNDING)
 
     def format(self) -> str:
         """The change as a log line states it.
 
         Returns:
-            ``"-12.1 % ± 0.8 % (measured, 95 % CI, n=20 vs 20)"`` when the interval excludes zero, else
-            ``"within noise (±1.3 %)"``; two decimals when the half-width is below 0.1 %.
+            ``"-12.1 % ± 0.8 % (measured, 95 % CI, n=20 vs 20)"`` when the change is resolved,
+            ``"within noise (±1.3 %)"`` when its interval covers zero, ``"too few samples yet (n=2 vs 20)"``
+            when a side has fewer than ``MIN_SAMPLES_TO_RESOLVE``; two decimals when the half-width is below
+            0.1 %.
         """
         digits = 2 if self.halfwidth < 0.001 else 1
+        if self.too_few:
+            return f"too few samples yet (n={self.n_baseline} vs {self.n_treatment})"
         if not self.excludes_zero:
             return f"within noise (±{_percent(self.halfwidth, digits)} %)"
         return (

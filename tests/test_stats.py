@@ -64,7 +64,12 @@ def test_zero_spread_gives_zero_width_and_missing_spread_gives_no_resolution():
     assert exact.change == pytest.approx(-0.1)
     single = relative_change([100.0], [50.0, 51.0])
     assert math.isinf(single.halfwidth) and not single.excludes_zero
-    assert single.format() == "within noise (±inf %)"
+    assert single.format() == "too few samples yet (n=1 vs 2)"
+    two = relative_change([1000.0, 1003.0, 998.0, 1001.0], [960.0, 961.0])  # tight, but two samples
+    assert two.low < two.high < 0 and not two.excludes_zero
+    assert two.format() == "too few samples yet (n=4 vs 2)"
+    three = relative_change([1000.0, 1003.0, 998.0, 1001.0], [960.0, 961.0, 959.5])
+    assert three.excludes_zero and three.format().startswith("-4.0 % ± ")
 
 
 def test_scalars_carry_interval_and_resolution():

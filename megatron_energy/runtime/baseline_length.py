@@ -26,9 +26,9 @@ import statistics
 from collections.abc import Sequence
 
 from megatron_energy.runtime.profiling import StepRecord
-from megatron_energy.stats import baseline_steps
+from megatron_energy.stats import MIN_SAMPLES_TO_RESOLVE, baseline_steps
 
-MIN_STOCK_STEPS = 3
+MIN_STOCK_STEPS = MIN_SAMPLES_TO_RESOLVE
 """Fewest measured stock-clock iterations: a spread needs a few."""
 
 TARGET_HALFWIDTH = 0.01
