@@ -279,8 +279,8 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         "mode",
         ("--energy-mode",),
         "Optimiser: perseus (clock per pipeline instruction), kareus (collective launch points and CTA "
-        "budgets, at stock clocks), all (every released optimiser composed: perseus then kareus), or the name "
-        "of an optimiser an installed plugin declares; kernel is named but not released yet.",
+        "budgets, at stock clocks), all (every released optimiser composed: perseus then kareus), or the "
+        "name of an optimiser an installed plugin declares; kernel is named but not released yet.",
         {"metavar": "{perseus,kareus,all,PLUGIN}"},
     ),
     EnergyFlag(
