@@ -101,7 +101,7 @@ class KareusOptimiser:
             target_index = base.target_index
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
-        best = self._search(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        best = self.choose(model, workload, base_clocks[target_index], deadline, job.fingerprint)
         points = []
         for index, clocks in enumerate(base_clocks):
             choices = best
@@ -126,7 +126,7 @@ class KareusOptimiser:
             measured_tail=base.measured_tail if base is not None else None,
         )
 
-    def _search(
+    def choose(
         self,
         model: KareusModel,
         workload: CollectiveWorkload,
@@ -134,7 +134,18 @@ class KareusOptimiser:
         deadline_s: float,
         fingerprint: str,
     ) -> dict[ChoiceKey, ClassChoice]:
-        """Stage by stage, the least-energy choices within the deadline (cached by fingerprint)."""
+        """Stage by stage, the least-energy choices within the deadline (cached by fingerprint).
+
+        Args:
+            model: The job's Kareus model.
+            workload: Its collective workload (for the search space).
+            clocks: The base clocks (fastest where absent).
+            deadline_s: The iteration-time budget.
+            fingerprint: The job fingerprint (the cache key, with the other inputs).
+
+        Returns:
+            The choice of every class of every rank (megatron-core's defaults where nothing better fits).
+        """
         cache = SearchCache(self.cache_dir) if self.cache_dir is not None else None
         key = {
             "fingerprint": fingerprint,

@@ -37,12 +37,13 @@ from megatron_energy.kareus.collectives import (
     phase_layer,
 )
 from megatron_energy.pipeline.dag import PipelineDag
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.plan import Boundary, CollectiveAction
 from megatron_energy.sim.contention import CommLoad
 from megatron_energy.sim.overlap import (
     CommLaunch,
     InlineComm,
+    InlinePart,
     OverlapResult,
     OverlapSchedule,
     OverlapSimulator,
@@ -138,7 +139,7 @@ class KareusModel:
         """The overlap schedule of ``choices`` (a class without a choice keeps megatron-core's defaults)."""
         launches: list[CommLaunch] = []
         transfer_s: dict[int, float] = {}
-        inline: dict = {}
+        inline: dict[Work, InlineComm] = {}
         for collective in self.collectives:
             choice = choices.get((collective.stage, collective.cls.key)) or default_choice(collective.cls.key)
             load = self.load(collective, choice.max_ctas)
@@ -146,7 +147,7 @@ class KareusModel:
                 launches.append(self._launch(collective, self.boundary(collective, choice), load))
             elif collective.cls.group == "pp":
                 transfer_s[collective.stage] = load.duration_s(collective.traffic_bytes)
-            elif choice != default_choice(collective.cls.key):
+            elif choice.max_ctas is not None or choice.launch != 0:
                 self._add_inline(inline, collective, choice, load)
         return OverlapSchedule(tuple(launches), transfer_s, inline)
 
@@ -171,24 +172,21 @@ class KareusModel:
             fraction,
         )
 
-    def _add_inline(self, inline: dict, collective: Collective, choice: ClassChoice, load: CommLoad) -> None:
-        """Add a tensor-parallel class's per-instruction time (summed over the rank's TP classes)."""
+    def _add_inline(
+        self, inline: dict[Work, InlineComm], collective: Collective, choice: ClassChoice, load: CommLoad
+    ) -> None:
+        """Add a tensor-parallel class's per-instruction collectives to every instruction of its rank."""
         passes = 2 * self.dag.orders.num_microbatches * self.dag.num_chunks
         per_pass = collective.launches_per_iteration / passes
-        comm_s = per_pass * load.duration_s(collective.traffic_bytes)
-        default = self.load(collective, None)
-        profiled_s = per_pass * default.duration_s(collective.traffic_bytes)
-        overlapped = self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE
+        part = InlinePart(
+            per_pass * load.duration_s(collective.traffic_bytes),
+            load,
+            self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE,
+        )
+        profiled_s = per_pass * self.load(collective, None).duration_s(collective.traffic_bytes)
         for work in {node.work for node in self.dag.stage_order(collective.stage)}:
-            previous = inline.get(work)
-            if previous is not None:
-                comm_s_total = previous.comm_s + comm_s
-                profiled_total = previous.profiled_s + profiled_s
-                inline[work] = InlineComm(
-                    comm_s_total, profiled_total, load, overlapped or previous.overlapped
-                )
-            else:
-                inline[work] = InlineComm(comm_s, profiled_s, load, overlapped)
+            previous = inline.get(work, InlineComm((), 0.0))
+            inline[work] = InlineComm((*previous.parts, part), previous.profiled_s + profiled_s)
 
     def clocks(
         self, base: Mapping[Instruction, int] | None, choices: Mapping[ChoiceKey, ClassChoice]

@@ -99,20 +99,31 @@ class CommLaunch:
 
 
 @dataclass(frozen=True)
-class InlineComm:
-    """Tensor-parallel collectives inside every instruction of one ``Work`` (module docstring).
+class InlinePart:
+    """One tensor-parallel class's collectives inside an instruction.
 
     Attributes:
         comm_s: Their time per instruction at the schedule's budget, alone.
-        profiled_s: Their time already inside the profile's instruction time (exposed, at idle power).
         load: Their CTA budget and link.
         overlapped: Beside the instruction's compute (TE userbuffers) rather than exposed.
     """
 
     comm_s: float
-    profiled_s: float
     load: CommLoad
     overlapped: bool = False
+
+
+@dataclass(frozen=True)
+class InlineComm:
+    """Tensor-parallel collectives inside every instruction of one ``Work`` (module docstring).
+
+    Attributes:
+        parts: One per tensor-parallel class, in the order they run.
+        profiled_s: Their time already inside the profile's instruction time (exposed, at idle power).
+    """
+
+    parts: tuple[InlinePart, ...]
+    profiled_s: float
 
 
 @dataclass(frozen=True)
@@ -461,21 +472,18 @@ class OverlapSimulator:
         idle_w = self.spec.idle_power_w
         compute_s = max(option.time_s - inline.profiled_s, 1e-12)
         compute_w = (option.energy_j - idle_w * min(inline.profiled_s, option.time_s)) / compute_s
-        comm_w = self.contention.alone_power_w(inline.load, clock)
-        if not inline.overlapped:
-            return _Pieces(
-                compute_s + inline.comm_s,
-                (("compute", compute_s, compute_w), ("comm", inline.comm_s, comm_w)),
-            )
-        state = self._overlap(work, clock, inline.load)
-        together_s = min(inline.comm_s, compute_s / state.rate)
-        rest_compute_s = compute_s - state.rate * together_s
-        rest_comm_s = inline.comm_s - together_s
-        parts = (
-            ("overlap", together_s, state.power_w),
-            ("compute", rest_compute_s, compute_w),
-            ("comm", rest_comm_s, comm_w),
-        )
+        left_s = compute_s
+        parts: list[tuple[str, float, float]] = []
+        for part in inline.parts:
+            comm_w = self.contention.alone_power_w(part.load, clock)
+            if not part.overlapped:
+                parts.append(("comm", part.comm_s, comm_w))
+                continue
+            state = self._overlap(work, clock, part.load)
+            together_s = min(part.comm_s, left_s / state.rate)
+            left_s -= state.rate * together_s
+            parts += [("overlap", together_s, state.power_w), ("comm", part.comm_s - together_s, comm_w)]
+        parts.append(("compute", left_s, compute_w))
         kept = tuple(part for part in parts if part[1] > 1e-15)
         return _Pieces(sum(part[1] for part in kept), kept)
 
