@@ -331,7 +331,7 @@ class OverlapSimulator:
         self._preds: list[list[int]] = [[] for _ in dag.nodes]
         for u, v in dag.edges_array().tolist():
             self._preds[v].append(u)
-        self._overlaps: dict[tuple[Work, int, CommLoad], OverlapState] = {}
+        self._overlaps: dict[tuple[Work, int, CommLoad, float], OverlapState] = {}
 
     def run(self, clocks: Mapping[Instruction, int] | None, schedule: OverlapSchedule) -> OverlapResult:
         """Simulate one iteration.
@@ -447,18 +447,26 @@ class OverlapSimulator:
             iteration_s, stages, tuple(timeline), comm, self.profile.gpu_name, self.profile.source
         )
 
-    def _overlap(self, work: Work, clock: int, load: CommLoad) -> OverlapState:
-        key = (work, clock, load)
+    def _overlap(self, work: Work, clock: int, load: CommLoad, profiled_s: float = 0.0) -> OverlapState:
+        """Compute of ``work`` beside ``load``.
+
+        ``profiled_s`` of its profiled time (exposed tensor-parallel collectives, at idle power) are left out
+        of its time and power, so only its computation slows and its computation's power is the one
+        overlapped.
+        """
+        key = (work, clock, load, profiled_s)
         state = self._overlaps.get(key)
         if state is None:
             options = self._options[work]
-            state = self._overlaps[key] = self.contention.overlap(
-                load,
-                clock,
-                list(options),
-                lambda c: options[c].time_s,
-                lambda c: options[c].energy_j / options[c].time_s,
-            )
+            idle_w = self.spec.idle_power_w
+
+            def time_s(c: int) -> float:
+                return max(options[c].time_s - profiled_s, 1e-12)
+
+            def power_w(c: int) -> float:
+                return (options[c].energy_j - idle_w * min(profiled_s, options[c].time_s)) / time_s(c)
+
+            state = self._overlaps[key] = self.contention.overlap(load, clock, list(options), time_s, power_w)
         return state
 
     def _pieces(self, work: Work, clock: int, inline: InlineComm | None) -> _Pieces:
@@ -479,7 +487,7 @@ class OverlapSimulator:
             if not part.overlapped:
                 parts.append(("comm", part.comm_s, comm_w))
                 continue
-            state = self._overlap(work, clock, part.load)
+            state = self._overlap(work, clock, part.load, inline.profiled_s)
             together_s = min(part.comm_s, left_s / state.rate)
             left_s -= state.rate * together_s
             parts += [("overlap", together_s, state.power_w), ("comm", part.comm_s - together_s, comm_w)]
