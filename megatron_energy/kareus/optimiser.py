@@ -21,7 +21,7 @@ relaxation does not cover collectives).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +58,7 @@ def class_space(key: str, sequence_parallel: bool) -> ClassSpace:
     if key == "pp.send_recv":
         return ClassSpace(ctas=(CTA_DEFAULT, 1, 2, 4, 8))
     launches = (0, 1) if sequence_parallel else (0,)
-    clocks = (-2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
+    clocks = (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
     return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=launches, clock_steps=clocks)
 
 
@@ -162,7 +162,7 @@ class KareusOptimiser:
             result = model.evaluate(clocks, choices)
             return Measurement(result.iteration_time_s, result.total_energy_j, "modelled")
 
-        best = model.choices_default()
+        best = self._global_start(model, workload, measure, deadline_s)
         for stage in sorted(model.class_keys):
             space = {(stage, k): class_space(k, workload.sequence_parallel) for k in model.class_keys[stage]}
             seeds = [best, *(_overlap_seed(best, space, ctas) for ctas in (4, 8, 16))]
@@ -172,6 +172,43 @@ class KareusOptimiser:
         if cache is not None:
             cache.store(fingerprint, key, best)
         return best
+
+    @staticmethod
+    def _global_start(
+        model: KareusModel,
+        workload: CollectiveWorkload,
+        measure: Callable[[Mapping[ChoiceKey, ClassChoice]], Measurement],
+        deadline_s: float,
+    ) -> dict[ChoiceKey, ClassChoice]:
+        """The start of the stage-by-stage search: the defaults, or a joint move of every rank.
+
+        A joint move (:func:`_joint`) is taken when it fits the deadline with less energy: one stage at a time
+        cannot find it (overlap on every rank shortens the pipeline, and only then can every rank's clock come
+        down).
+        """
+        best = model.choices_default()
+        best_j = measure(best).energy_j
+        for ctas in (4, 8):
+            for steps in (0, -1, -2, -3, -4):
+                candidate = _joint(model, workload, ctas, steps)
+                priced = measure(candidate)
+                if priced.time_s <= deadline_s * (1 + 1e-9) and priced.energy_j < best_j:
+                    best, best_j = candidate, priced.energy_j
+        return best
+
+
+def _joint(
+    model: KareusModel, workload: CollectiveWorkload, ctas: int, clock_steps: int
+) -> dict[ChoiceKey, ClassChoice]:
+    """Every rank alike: collectives overlapped with ``ctas`` CTAs, overlapped work ``clock_steps`` away."""
+    choices = model.choices_default()
+    for stage, keys in model.class_keys.items():
+        for key in keys:
+            space = class_space(key, workload.sequence_parallel)
+            launch = max(space.launches) if key == "dp.all_gather" or key.startswith("tp.") else 0
+            steps = clock_steps if clock_steps in space.clock_steps else 0
+            choices[(stage, key)] = ClassChoice(ctas, launch, steps)
+    return choices
 
 
 def _overlap_seed(

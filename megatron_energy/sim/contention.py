@@ -61,6 +61,8 @@ class CommLoad:
         cta_bandwidth_gbps: Bandwidth one CTA drives, GB/s.
         hbm_bytes_per_byte: HBM traffic per byte moved over the link.
         latency_s: Fixed cost per launch.
+        measured_dynamic_power_w: Its dynamic power measured while it ran alone (power minus blocked
+            power); replaces the estimate of :meth:`ContentionModel.comm_dynamic_power_w` when given.
     """
 
     ctas: int
@@ -68,6 +70,7 @@ class CommLoad:
     cta_bandwidth_gbps: float
     hbm_bytes_per_byte: float = NCCL_HBM_BYTES_PER_BYTE
     latency_s: float = 0.0
+    measured_dynamic_power_w: float | None = None
 
     def __post_init__(self) -> None:
         if self.ctas < 1:
@@ -136,7 +139,12 @@ class ContentionModel:
         return min(1.0, load.ctas / self.spec.sm_count)
 
     def comm_dynamic_power_w(self, load: CommLoad, clock_mhz: float) -> float:
-        """Dynamic power of the collective at ``clock_mhz``: its CTAs' core activity and its HBM traffic."""
+        """Dynamic power of the collective at ``clock_mhz``: its CTAs' core activity and its HBM traffic.
+
+        A load with a measured dynamic power gives that instead (at any clock).
+        """
+        if load.measured_dynamic_power_w is not None:
+            return load.measured_dynamic_power_w
         spec = self.spec
         v_rel = self._power.voltage_v(clock_mhz) / spec.voltage_max_v
         f_max = float(spec.max_sm_clock_mhz)
