@@ -46,6 +46,7 @@ transfers take the schedule's per-stage durations (CTA budget) but their SM shar
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -488,7 +489,7 @@ class OverlapSimulator:
                 parts.append(("comm", part.comm_s, comm_w))
                 continue
             state = self._overlap(work, clock, part.load, inline.profiled_s)
-            together_s = min(part.comm_s, left_s / state.rate)
+            together_s = min(part.comm_s, left_s / state.rate) if state.rate > 0 else part.comm_s
             left_s -= state.rate * together_s
             parts += [("overlap", together_s, state.power_w), ("comm", part.comm_s - together_s, comm_w)]
         parts.append(("compute", left_s, compute_w))
@@ -527,7 +528,7 @@ class OverlapSimulator:
             rate = 1.0 if state is None else state.rate
             horizon = stream.next_start(time_s) if active is None else stream.ends[active]
             target = pending[0].fraction if pending else 1.0
-            step = (target - done) * alone_s / rate
+            step = (target - done) * alone_s / rate if rate > 0 else math.inf  # all SMs taken: it waits
             before = done
             if time_s + step > horizon:
                 step = horizon - time_s
