@@ -10,7 +10,7 @@ import pytest
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice
-from megatron_energy.kareus.search import ClassSpace, Measurement, SearchBudget, search
+from megatron_energy.kareus.search import ClassSpace, Measurement, SearchBudget, refine, search
 
 KEY: ChoiceKey = (0, "dp.reduce_scatter")
 SPACE = {
@@ -73,3 +73,29 @@ def test_budget_counts_measured_trials_in_training_time() -> None:
         SearchBudget(trials=0)
     with pytest.raises(EnergyValueError):
         search({}, synthetic_partition, 1.0, SearchBudget())
+
+
+def test_refinement_measures_the_model_best_first_within_the_training_budget() -> None:
+    def model(choices: Mapping[ChoiceKey, ClassChoice]) -> Measurement:
+        measured = synthetic_partition(choices)
+        return Measurement(measured.time_s * 0.98, measured.energy_j, "modelled")  # the model is optimistic
+
+    modelled = search(SPACE, model, DEADLINE_S, SearchBudget(trials=40, seed=2))
+    budget = SearchBudget(trials=100, max_training_s=60.0, steps_per_trial=4, seed=2)
+    calls: list[Mapping[ChoiceKey, ClassChoice]] = []
+
+    def measure(choices: Mapping[ChoiceKey, ClassChoice]) -> Measurement:
+        calls.append(dict(choices))
+        return synthetic_partition(choices)
+
+    refined = refine(SPACE, measure, DEADLINE_S, budget, modelled, iteration_time_s=0.5)
+    assert len(calls) == 30  # 60 s of training / (4 steps x 0.5 s)
+    best_modelled = min(
+        (t for t in modelled.trials if t.measurement.time_s <= DEADLINE_S),
+        key=lambda t: t.measurement.energy_j,
+    )
+    assert calls[0] == best_modelled.choices
+    assert refined.best.measurement.source == "measured"
+    assert refined.best.measurement.time_s <= DEADLINE_S
+    with pytest.raises(EnergyValueError, match="no measured trial"):
+        refine(SPACE, measure, DEADLINE_S, SearchBudget(max_training_s=1.0), modelled, iteration_time_s=5.0)

@@ -12,7 +12,7 @@ trial when none does). Every trial is priced by a :data:`Measure`:
   *measured* figures) refines it: :func:`search` again with ``seeds`` = the model's best choices, within
   :class:`SearchBudget`'s training time.
 
-Results are cached by fingerprint (:mod:`megatron_energy.kareus.cache`).
+:func:`refine` does the second step. Results are cached by fingerprint (:mod:`megatron_energy.kareus.cache`).
 """
 
 from __future__ import annotations
@@ -240,3 +240,50 @@ def _seed_params(
 
 def _nearest(values: Sequence[int], value: int) -> int:
     return value if value in values else min(values, key=lambda v: (abs(v - value), v))
+
+
+def refine(
+    space: Mapping[ChoiceKey, ClassSpace],
+    measure: Measure,
+    deadline_s: float,
+    budget: SearchBudget,
+    modelled: SearchResult,
+    iteration_time_s: float,
+    fixed: Mapping[ChoiceKey, ClassChoice] | None = None,
+    seeds: int = 4,
+) -> SearchResult:
+    """Refine a model-priced search by measurement, within the budget's training time.
+
+    The ``seeds`` least-energy feasible trials of ``modelled`` are measured first, then the sampler explores
+    with measured figures until :meth:`SearchBudget.measured_trials` trials have run (each costs
+    ``steps_per_trial`` training steps of about ``iteration_time_s``).
+
+    Args:
+        space: The classes searched.
+        measure: The runtime's measurement callback (returns *measured* figures).
+        deadline_s: The iteration-time budget.
+        budget: Trials, training time and steps per trial.
+        modelled: The model-priced search to start from.
+        iteration_time_s: The job's iteration time (to count trials into the training time).
+        fixed: Choices of classes outside ``space``.
+        seeds: Model trials measured first.
+
+    Returns:
+        The best measured trial (its ``measurement.source`` says measured).
+
+    Raises:
+        EnergyValueError: If the training-time budget allows no trial.
+    """
+    trials = budget.measured_trials(iteration_time_s)
+    if trials < 1:
+        raise EnergyValueError(
+            f"{budget.max_training_s:g} s of training allow no measured trial of "
+            f"{budget.steps_per_trial} steps at {iteration_time_s:g} s per iteration; "
+            "raise max_training_s or lower steps_per_trial"
+        )
+    feasible = sorted(
+        (t for t in modelled.trials if t.measurement.time_s <= deadline_s),
+        key=lambda t: t.measurement.energy_j,
+    )
+    starts = [t.choices for t in feasible[:seeds]] or [modelled.best.choices]
+    return search(space, measure, deadline_s, budget, fixed=fixed, seeds=starts, trials=trials)
