@@ -99,6 +99,13 @@ def test_a_job_without_its_collectives_is_refused_with_what_to_do() -> None:
         KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare)
 
 
+def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    bare = PlanningJob(orders=job.orders(), fingerprint="x", target=parse_target("iso-time"))
+    base = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning_job(job))
+    assert KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare, base) is base
+
+
 @pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
 def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: Path) -> None:
     comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2))

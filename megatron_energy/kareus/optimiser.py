@@ -78,9 +78,16 @@ class KareusOptimiser:
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
         """Plan the collectives of ``job`` (alone at stock clocks, or refining ``base``).
 
+        Without the job's collective workload, a composition's ``base`` is returned as it is (its
+        ``optimisers`` then do not name ``kareus``: nothing of the plan came from it), so ``all`` keeps
+        working where the runtime does not yet describe the collectives.
+
         Raises:
-            EnergyValueError: If the job carries no collective workload or the GPU spec cannot be found.
+            EnergyValueError: If the job carries no collective workload and there is no base plan, or the GPU
+                spec cannot be found.
         """
+        if job.collectives is None and base is not None:
+            return base  # nothing to schedule: the plan names base's optimisers only
         workload = _workload(job)
         spec = _spec(job, profile)
         dag = job.dag()
