@@ -1,0 +1,277 @@
+"""Data-parallel gloo worlds: the tiny GPT's chunks wrapped in megatron-core's ``DistributedDataParallel``.
+
+``DdpWorld`` builds a ``PipelineWorld`` and wraps every model chunk in megatron-core's DDP the way
+``megatron.training.training.get_model`` and ``train()`` do: bucketing only on pipeline rank 0's first
+chunk, ``config.no_sync_func``/``grad_sync_func`` (``--align-grad-reduce``) and ``finalize_model_grads``. One
+more CPU shim is needed here: ``param_and_grad_buffer.py:632`` asks for ``torch.cuda.current_stream()``
+before every gradient reduction (:func:`install_stream_shim`).
+
+Workers must live in modules that do not import ``megatron`` at import time (see ``megatron_harness``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron_harness import PipelineWorld
+
+
+class _CpuStream:
+    """Stands in for ``torch.cuda.current_stream()`` on CPU: nothing to wait for."""
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+
+def install_stream_shim() -> None:
+    """``param_and_grad_buffer.py:632``: ``torch.cuda.current_stream()`` before each gradient reduction."""
+    torch.cuda.current_stream = lambda device=None: _CpuStream()  # type: ignore[assignment]
+
+
+class DdpWorld:
+    """A ``PipelineWorld`` whose chunks are wrapped in megatron-core's DDP.
+
+    Args:
+        pipeline_size: Pipeline stages (data parallel = world / pipeline).
+        virtual_size: Model chunks per rank, ``None`` for plain 1F1B.
+        bucket_size: ``--ddp-bucket-size`` (elements); ``None`` for one bucket.
+        overlap_grad_reduce: ``--overlap-grad-reduce``.
+        use_distributed_optimizer: ``--use-distributed-optimizer`` (reduce-scatter instead of all-reduce).
+        align_grad_reduce: ``--align-grad-reduce`` (Megatron's default).
+    """
+
+    def __init__(
+        self,
+        pipeline_size: int,
+        virtual_size: int | None = None,
+        bucket_size: int | None = 40,
+        overlap_grad_reduce: bool = True,
+        use_distributed_optimizer: bool = False,
+        align_grad_reduce: bool = True,
+    ) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+        install_stream_shim()
+        self.world = PipelineWorld(pipeline_size, virtual_size)
+        config = self.world.config
+        self.ddp = []
+        for index, chunk in enumerate(self.world.chunks):
+            ddp_config = DistributedDataParallelConfig(
+                overlap_grad_reduce=overlap_grad_reduce,
+                use_distributed_optimizer=use_distributed_optimizer,
+                bucket_size=bucket_size,
+            )
+            self.ddp.append(DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0))
+        self.world.chunks = self.ddp
+        if overlap_grad_reduce:
+            no_sync = [chunk.no_sync for chunk in self.ddp]
+            config.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
+            if align_grad_reduce:
+                grad_sync = [chunk.start_grad_sync for chunk in self.ddp]
+                config.grad_sync_func = grad_sync if len(grad_sync) > 1 else grad_sync[0]
+        config.finalize_model_grads_func = finalize_model_grads
+
+    def run(self, num_microbatches: int, seed: int = 0) -> list[float]:
+        """One training step of megatron-core's schedule; gradients are zeroed first."""
+        for chunk in self.ddp:
+            chunk.zero_grad_buffer()
+        return self.world.run(num_microbatches, seed=seed)
+
+
+# ------------------------------------------------------------------------------ the launch-point world
+
+NUM_MICROBATCHES = 4
+
+
+def _launch_points(order: list, groups_per_chunk: list[int], early: bool) -> list:
+    """A plan for every bucket group of this rank.
+
+    ``early=False``: chunk 1's groups at the start of the rank's last instruction (later than Megatron
+    launches them), chunk 0's at its end. ``early=True``: every group at the end of its chunk's last backward,
+    the earliest legal point (on pipeline rank 1 earlier than ``--align-grad-reduce`` launches chunk 1).
+    """
+    from megatron_energy.plan import Boundary, CollectiveAction
+    from megatron_energy.runtime.collective_points import (
+        INSTRUCTION_END,
+        bucket_collective_name,
+        earliest_gradient_launch,
+    )
+
+    last = order[-1]
+    actions = []
+    index = 0
+    for chunk, count in enumerate(groups_per_chunk):
+        for _ in range(count):
+            if early:
+                at = earliest_gradient_launch(order, chunk)
+            else:
+                at = Boundary(last, INSTRUCTION_END) if chunk == 0 else Boundary(last)
+            actions.append(CollectiveAction(at, bucket_collective_name("all_reduce", index)))
+            index += 1
+    return actions
+
+
+def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
+    """PP=2 x VPP=2 x DP=2: baseline steps, steps under an empty plan, steps under a plan, refused plans."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.training import global_vars
+    from megatron_harness import RecordingListener
+
+    from megatron_energy.events import ListenerFanout
+    from megatron_energy.megatron.collective_launch import CollectiveLauncher, bucket_groups, bucket_layout
+    from megatron_energy.megatron.communicators import BudgetCommunicators
+    from megatron_energy.megatron.hooks import current_rank_order, install_hooks
+    from megatron_energy.plan import Boundary, CollectiveAction
+
+    world = DdpWorld(2, 2, bucket_size=40)
+    order = list(current_rank_order(NUM_MICROBATCHES))
+    stage = ps.get_pipeline_model_parallel_rank()
+    groups = bucket_groups(world.ddp)
+    names = {
+        id(group): name for (name, _, _), (_, group) in zip(bucket_layout(world.ddp), groups, strict=True)
+    }
+    buffers = {
+        bucket.grad_data.data_ptr(): names[id(group)] for _, group in groups for bucket in group.buckets
+    }
+
+    recorder = RecordingListener()
+    current: list[Any] = []
+
+    class Forward:
+        """Forwards the schedule events to the launcher under test, if any."""
+
+        def __getattr__(self, name: str) -> Any:
+            def forward(*args: Any) -> None:
+                for listener in current:
+                    getattr(listener, name)(*args)
+
+            return forward
+
+    original_all_reduce = dist.all_reduce
+
+    def traced_all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        name = buffers.get(tensor.data_ptr())
+        if name is not None:
+            group = kwargs.get("group")
+            recorder.events.append(("collective", name, dist.get_process_group_ranks(group), id(group)))
+        return original_all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = traced_all_reduce
+    installation = install_hooks(
+        ListenerFanout([recorder, Forward()]), num_microbatches_fn=lambda: NUM_MICROBATCHES
+    )
+    world.world.config.timers = global_vars.Timers(0, "minmax")
+
+    def run_steps(seeds: tuple[int, ...]) -> tuple[list, list]:
+        recorder.events.clear()
+        grads = []
+        for seed in seeds:
+            torch.manual_seed(seed)  # dropout
+            world.run(NUM_MICROBATCHES, seed=seed)
+            grads.append([bucket.grad_data.clone() for _, group in groups for bucket in group.buckets])
+        return list(recorder.events), grads
+
+    report: dict[str, Any] = {"stage": stage, "order": order, "layout": bucket_layout(world.ddp)}
+    report["baseline"], baseline_grads = run_steps((0, 1))
+
+    empty = CollectiveLauncher(world.ddp, [], order, stage)
+    current[:] = [empty]
+    report["empty"], empty_grads = run_steps((0, 1))
+    report["empty_same_grads"] = all(
+        bool((a == b).all())
+        for step_a, step_b in zip(baseline_grads, empty_grads, strict=True)
+        for a, b in zip(step_a, step_b, strict=True)
+    )
+    report["empty_patched"] = [("start_grad_sync" in vars(group)) for _, group in groups]
+
+    groups_per_chunk = [len(ddp.bucket_groups) for ddp in world.ddp]
+    for label, early in (("late", False), ("early", True)):
+        plan = _launch_points(order, groups_per_chunk, early)
+        launcher = CollectiveLauncher(world.ddp, plan, order, stage)
+        current[:] = [launcher]
+        events, grads = run_steps((0, 1))
+        report[label] = {
+            "plan": plan,
+            "events": events,
+            "launches": launcher.launches,
+            "same_grads": all(
+                bool(torch.allclose(a, b))
+                for step_a, step_b in zip(baseline_grads, grads, strict=True)
+                for a, b in zip(step_a, step_b, strict=True)
+            ),
+        }
+        launcher.uninstall()
+    plan = report["late"]["plan"]
+
+    # a CTA budget: the options megatron-core builds, and the communicator chosen at the launch
+    made: list[dict[str, Any]] = []
+
+    def recording_new_group(**kwargs: Any) -> Any:
+        made.append(kwargs)
+        return dist.new_group(kwargs["ranks"], backend="gloo", use_local_synchronization=True)
+
+    budgets = BudgetCommunicators(
+        base_config={"dp_cp": {"is_high_priority_stream": True}}, new_group=recording_new_group
+    )
+    first = plan[0]
+    budget_plan = [CollectiveAction(first.at, first.collective, max_ctas=8)]
+    budget_launcher = CollectiveLauncher(
+        world.ddp, budget_plan, order, stage, communicators=budgets, check_backend=False
+    )
+    current[:] = [budget_launcher]
+    report["budget_events"], _ = run_steps((0,))
+    report["budget_groups"] = [
+        {
+            "ranks": call["ranks"],
+            "backend": call["backend"],
+            "max_ctas": call["pg_options"].config.max_ctas,
+            "min_ctas": call["pg_options"].config.min_ctas,
+            "high_priority": call["pg_options"].is_high_priority_stream,
+            "desc": call["group_desc"],
+        }
+        for call in made
+    ]
+    base_group = groups[0][1].data_parallel_group
+    report["budget_group_id"] = id(budgets.get(base_group, 8))
+    report["base_group_id"] = id(base_group)
+    budget_launcher.uninstall()
+    current.clear()
+
+    # plans this job cannot honour
+    refusals: dict[str, str] = {}
+    before = [i for i in order if i.kind == "backward" and i.chunk == len(world.ddp) - 1][-1]
+    late_chunk_bucket = plan[-1].collective
+    cases = {
+        "before_gradients": [CollectiveAction(Boundary(before), late_chunk_bucket)],
+        "gloo_budget": [CollectiveAction(first.at, first.collective, max_ctas=8)],
+        "pipeline_p2p": [CollectiveAction(first.at, "pp.send_next.microbatch0")],
+        "no_such_bucket": [CollectiveAction(first.at, "dp.all_reduce.bucket99")],
+        "wrong_op": [CollectiveAction(first.at, first.collective.replace("all_reduce", "reduce_scatter"))],
+        "param_gather": [CollectiveAction(first.at, "dp.all_gather.bucket0")],
+    }
+    chunks: dict[str, Any] = {case: world.ddp for case in cases}
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    cases["overlap_off"] = [CollectiveAction(first.at, "dp.all_reduce.bucket0")]
+    chunks["overlap_off"] = [
+        DistributedDataParallel(
+            world.world.config, DistributedDataParallelConfig(overlap_grad_reduce=False), world.ddp[0].module
+        )
+    ]
+    for case, actions in cases.items():
+        try:
+            CollectiveLauncher(chunks[case], actions, order, stage, communicators=BudgetCommunicators())
+        except Exception as error:  # the test asserts type and message
+            refusals[case] = f"{type(error).__name__}: {error}"
+    report["refusals"] = refusals
+    report["untouched_after_refusals"] = not any("start_grad_sync" in vars(group) for _, group in groups)
+
+    installation.uninstall()
+    dist.all_reduce = original_all_reduce
+    return report

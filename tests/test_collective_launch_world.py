@@ -1,0 +1,154 @@
+"""DDP gradient reductions launched at a plan's launch points, on real megatron-core schedules over gloo.
+
+One world (pipeline 2 x virtual pipeline 2 x data parallel 2, the tiny GPT in megatron-core's DDP with
+``--overlap-grad-reduce``, ``--align-grad-reduce`` and 40-element buckets) runs every case, see
+``ddp_world.launch_world_worker``; the collectives are observed by wrapping ``torch.distributed.all_reduce``
+inside the worker, in one record with the hook events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ddp_world import launch_world_worker
+from megatron_harness import spawn_world
+
+from megatron_energy.runtime.collective_points import INSTRUCTION_END
+
+pytestmark = pytest.mark.world
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return spawn_world(launch_world_worker, 4, tmp_path_factory.mktemp("launch-world"))
+
+
+def _steps(events: list[tuple]) -> list[list[tuple]]:
+    """The events of each step, step markers dropped and the step number ignored."""
+    steps: list[list[tuple]] = []
+    for event in events:
+        if event[0] == "step_begin":
+            steps.append([])
+        elif event[0] != "step_end":
+            steps[-1].append(event)
+    return steps
+
+
+def _without_groups(events: list[tuple]) -> list[tuple]:
+    return [event[:2] if event[0] == "collective" else event for event in events]
+
+
+def _hook_event(at: Any) -> tuple:
+    instruction = at.instruction
+    name = "instruction_end" if at.phase == INSTRUCTION_END else "instruction_begin"
+    return (name, instruction.kind, instruction.microbatch, instruction.chunk)
+
+
+def _launched_after(step: list[tuple]) -> dict[str, tuple]:
+    """Each collective of the step and the hook event right before it."""
+    seen: dict[str, tuple] = {}
+    last_hook: tuple = ("step_begin",)
+    for event in step:
+        if event[0] == "collective":
+            assert event[1] not in seen, f"{event[1]} launched twice in one step"
+            seen[event[1]] = last_hook
+        elif event[0].startswith("instruction"):
+            last_hook = event
+    return seen
+
+
+def test_every_bucket_group_is_reduced_once_per_step_without_a_plan(reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        names = {name for name, _, _ in report["layout"]}
+        for step in _steps(report["baseline"]):
+            assert set(_launched_after(step)) == names
+    # megatron-core buckets only pipeline rank 0's first chunk
+    assert [len(r["layout"]) for r in reports] == [9, 9, 2, 2]
+
+
+def test_a_plan_without_collective_actions_leaves_megatron_unchanged(reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        assert _steps(report["empty"]) == _steps(report["baseline"])
+        assert report["empty_same_grads"]
+        assert not any(report["empty_patched"])
+
+
+@pytest.mark.parametrize("label", ["late", "early"])
+def test_collectives_launch_at_the_planned_boundaries(reports: list[dict[str, Any]], label: str) -> None:
+    for report in reports:
+        planned = report[label]
+        expected = {action.collective: _hook_event(action.at) for action in planned["plan"]}
+        steps = _steps(planned["events"])
+        assert len(steps) == 2
+        for step in steps:
+            assert _launched_after(step) == expected
+        assert planned["same_grads"], "retiming the reductions changed the gradients"
+        assert [launch.collective for launch in planned["launches"]].count(planned["plan"][0].collective) == 2
+        assert not any("missed" in launch.where for launch in planned["launches"])
+
+
+def test_the_plans_move_launches_relative_to_megatron(reports: list[dict[str, Any]]) -> None:
+    """The late plan defers chunk 1's reduction past Megatron's launch; the early plan forces it before
+    ``--align-grad-reduce`` would launch it on pipeline rank 1 (so the test shows movement, not a replay)."""
+    for report in reports:
+        chunk1 = next(name for name, chunk, _ in report["layout"] if chunk == 1)
+        megatron = _launched_after(_steps(report["baseline"])[0])[chunk1]
+        late = _launched_after(_steps(report["late"]["events"])[0])[chunk1]
+        assert _index_of(late, report["order"]) > _index_of(megatron, report["order"])
+    rank1 = reports[2]
+    chunk1 = next(name for name, chunk, _ in rank1["layout"] if chunk == 1)
+    megatron = _launched_after(_steps(rank1["baseline"])[0])[chunk1]
+    early = _launched_after(_steps(rank1["early"]["events"])[0])[chunk1]
+    assert early[0] == "instruction_end" and early[1:] == ("backward", 3, 1)
+    assert megatron != early
+
+
+def _index_of(hook: tuple, order: list) -> float:
+    """Position of a hook event in the order (an end counts half an instruction later)."""
+    kind, microbatch, chunk = hook[1:]
+    index = next(
+        i for i, ins in enumerate(order) if (ins.kind, ins.microbatch, ins.chunk) == (kind, microbatch, chunk)
+    )
+    return index + (0.5 if hook[0] == "instruction_end" else 0.0)
+
+
+def test_a_cta_budget_reaches_the_options_megatron_builds_and_picks_its_communicator(
+    reports: list[dict[str, Any]],
+) -> None:
+    for rank, report in enumerate(reports):
+        (made,) = report["budget_groups"]
+        replica_ranks = [rank - rank % 2, rank - rank % 2 + 1]
+        assert made == {
+            "ranks": replica_ranks,
+            "backend": "nccl",
+            "max_ctas": 8,
+            "min_ctas": 8,
+            "high_priority": True,
+            "desc": "dp_cp.ctas8",
+        }
+        (step,) = _steps(report["budget_events"])
+        groups = {event[1]: event[3] for event in step if event[0] == "collective"}
+        assert groups.pop("dp.all_reduce.bucket0") == report["budget_group_id"]
+        assert set(groups.values()) == {report["base_group_id"]}
+
+
+REFUSALS = {
+    "before_gradients": ("CollectivePlanError", "before its gradients exist"),
+    "gloo_budget": ("BudgetError", "runs on gloo"),
+    "pipeline_p2p": ("CollectivePlanError", "pipeline p2p is issued by megatron-core's schedule"),
+    "no_such_bucket": ("CollectivePlanError", "bucket group(s)"),
+    "wrong_op": ("CollectivePlanError", "reduces gradients by all_reduce"),
+    "param_gather": ("CollectivePlanError", "retimes only gradient reductions"),
+    "overlap_off": ("CollectivePlanError", "add --overlap-grad-reduce"),
+}
+
+
+def test_plans_the_job_cannot_honour_are_refused_with_the_fix(reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        assert set(report["refusals"]) == set(REFUSALS)
+        for case, (kind, phrase) in REFUSALS.items():
+            message = report["refusals"][case]
+            assert message.startswith(kind + ":"), message
+            assert phrase in message, message
+        assert report["untouched_after_refusals"]
