@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from megatron_harness import PipelineWorld
+from megatron_harness import PipelineWorld, TinyGpt
 
 
 class _CpuStream:
@@ -42,6 +42,7 @@ class DdpWorld:
         overlap_grad_reduce: ``--overlap-grad-reduce``.
         use_distributed_optimizer: ``--use-distributed-optimizer`` (reduce-scatter instead of all-reduce).
         align_grad_reduce: ``--align-grad-reduce`` (Megatron's default).
+        shape: Model and batch sizes.
     """
 
     def __init__(
@@ -52,12 +53,13 @@ class DdpWorld:
         overlap_grad_reduce: bool = True,
         use_distributed_optimizer: bool = False,
         align_grad_reduce: bool = True,
+        shape: TinyGpt | None = None,
     ) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
         install_stream_shim()
-        self.world = PipelineWorld(pipeline_size, virtual_size)
+        self.world = PipelineWorld(pipeline_size, virtual_size, shape=shape or TinyGpt())
         config = self.world.config
         self.ddp = []
         for index, chunk in enumerate(self.world.chunks):
@@ -88,57 +90,52 @@ class DdpWorld:
 NUM_MICROBATCHES = 4
 
 
-def _launch_points(order: list, groups_per_chunk: list[int], early: bool) -> list:
+def _plan(order: list, layout: list, early: bool) -> list:
     """A plan for every bucket group of this rank.
 
-    ``early=False``: chunk 1's groups at the start of the rank's last instruction (later than Megatron
-    launches them), chunk 0's at its end. ``early=True``: every group at the end of its chunk's last backward,
-    the earliest legal point (on pipeline rank 1 earlier than ``--align-grad-reduce`` launches chunk 1).
+    ``early=True`` (the contract's earliest points): every group where its gradients become complete, at
+    a ``layer<k>`` of its chunk's last backward or at its ``end``. ``early=False``: chunk 1's groups at the
+    start of the rank's last instruction (later than Megatron launches them; an instruction boundary after
+    the last backward), chunk 0's at the end of the last instruction.
     """
     from megatron_energy.plan import Boundary, CollectiveAction
-    from megatron_energy.runtime.collective_points import (
-        INSTRUCTION_END,
-        bucket_collective_name,
-        earliest_gradient_launch,
-    )
+    from megatron_energy.runtime.collective_points import last_backward, ready_phase
 
-    last = order[-1]
     actions = []
-    index = 0
-    for chunk, count in enumerate(groups_per_chunk):
-        for _ in range(count):
-            if early:
-                at = earliest_gradient_launch(order, chunk)
-            else:
-                at = Boundary(last, INSTRUCTION_END) if chunk == 0 else Boundary(last)
-            actions.append(CollectiveAction(at, bucket_collective_name("all_reduce", index)))
-            index += 1
+    for name, chunk, _elements, places in layout:
+        if early:
+            at = Boundary(last_backward(order, chunk), ready_phase(places, LAYERS_PER_CHUNK))
+        else:
+            at = Boundary(order[-1], "end") if chunk == 0 else Boundary(order[-1])
+        actions.append(CollectiveAction(at, name))
     return actions
 
 
+LAYERS_PER_CHUNK = 2
+
+
 def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
-    """PP=2 x VPP=2 x DP=2: baseline steps, steps under an empty plan, steps under a plan, refused plans."""
+    """PP=2 x VPP=2 x DP=2: baseline steps, steps under an empty plan, under two plans, refused plans."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.training import global_vars
     from megatron_harness import RecordingListener
 
     from megatron_energy.events import ListenerFanout
-    from megatron_energy.megatron.collective_launch import CollectiveLauncher, bucket_groups, bucket_layout
+    from megatron_energy.megatron.bucket_layout import bucket_groups, bucket_layout
+    from megatron_energy.megatron.collective_launch import CollectiveLauncher
     from megatron_energy.megatron.communicators import BudgetCommunicators
     from megatron_energy.megatron.hooks import current_rank_order, install_hooks
-    from megatron_energy.plan import Boundary, CollectiveAction
+    from megatron_energy.plan import CollectiveAction
 
-    world = DdpWorld(2, 2, bucket_size=40)
+    world = DdpWorld(2, 2, bucket_size=40, shape=TinyGpt(layers_per_chunk=LAYERS_PER_CHUNK))
     order = list(current_rank_order(NUM_MICROBATCHES))
     stage = ps.get_pipeline_model_parallel_rank()
     groups = bucket_groups(world.ddp)
-    names = {
-        id(group): name for (name, _, _), (_, group) in zip(bucket_layout(world.ddp), groups, strict=True)
-    }
-    buffers = {
-        bucket.grad_data.data_ptr(): names[id(group)] for _, group in groups for bucket in group.buckets
-    }
+    layout = bucket_layout(world.ddp)
+    names = {id(b.group): entry[0] for entry, b in zip(layout, groups, strict=True)}
+    buffers = {bucket.grad_data.data_ptr(): names[id(b.group)] for b in groups for bucket in b.group.buckets}
 
     recorder = RecordingListener()
     current: list[Any] = []
@@ -152,6 +149,17 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
                     getattr(listener, name)(*args)
 
             return forward
+
+    # the moment each layer's backward starts, observed independently of the launcher (registered first)
+    for chunk, ddp in enumerate(world.ddp):
+        for layer, module in enumerate(ddp.module.decoder.layers):
+
+            def on_output(_m: Any, _a: Any, output: Any, chunk: int = chunk, layer: int = layer) -> None:
+                tensor = output[0] if isinstance(output, tuple) else output
+                if torch.is_grad_enabled() and tensor.requires_grad:
+                    tensor.register_hook(lambda _g: recorder.events.append(("layer_backward", chunk, layer)))
+
+            module.register_forward_hook(on_output)
 
     original_all_reduce = dist.all_reduce
 
@@ -174,25 +182,27 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
         for seed in seeds:
             torch.manual_seed(seed)  # dropout
             world.run(NUM_MICROBATCHES, seed=seed)
-            grads.append([bucket.grad_data.clone() for _, group in groups for bucket in group.buckets])
+            grads.append([bucket.grad_data.clone() for b in groups for bucket in b.group.buckets])
         return list(recorder.events), grads
 
-    report: dict[str, Any] = {"stage": stage, "order": order, "layout": bucket_layout(world.ddp)}
+    def same(grads_a: list, grads_b: list) -> bool:
+        return all(
+            bool(torch.allclose(a, b))
+            for step_a, step_b in zip(grads_a, grads_b, strict=True)
+            for a, b in zip(step_a, step_b, strict=True)
+        )
+
+    report: dict[str, Any] = {"stage": stage, "order": order, "layout": layout}
     report["baseline"], baseline_grads = run_steps((0, 1))
 
     empty = CollectiveLauncher(world.ddp, [], order, stage)
     current[:] = [empty]
     report["empty"], empty_grads = run_steps((0, 1))
-    report["empty_same_grads"] = all(
-        bool((a == b).all())
-        for step_a, step_b in zip(baseline_grads, empty_grads, strict=True)
-        for a, b in zip(step_a, step_b, strict=True)
-    )
-    report["empty_patched"] = [("start_grad_sync" in vars(group)) for _, group in groups]
+    report["empty_same_grads"] = same(baseline_grads, empty_grads)
+    report["empty_patched"] = [("start_grad_sync" in vars(b.group)) for b in groups]
 
-    groups_per_chunk = [len(ddp.bucket_groups) for ddp in world.ddp]
     for label, early in (("late", False), ("early", True)):
-        plan = _launch_points(order, groups_per_chunk, early)
+        plan = _plan(order, layout, early)
         launcher = CollectiveLauncher(world.ddp, plan, order, stage)
         current[:] = [launcher]
         events, grads = run_steps((0, 1))
@@ -200,14 +210,9 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
             "plan": plan,
             "events": events,
             "launches": launcher.launches,
-            "same_grads": all(
-                bool(torch.allclose(a, b))
-                for step_a, step_b in zip(baseline_grads, grads, strict=True)
-                for a, b in zip(step_a, step_b, strict=True)
-            ),
+            "same_grads": same(baseline_grads, grads),
         }
         launcher.uninstall()
-    plan = report["late"]["plan"]
 
     # a CTA budget: the options megatron-core builds, and the communicator chosen at the launch
     made: list[dict[str, Any]] = []
@@ -219,7 +224,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     budgets = BudgetCommunicators(
         base_config={"dp_cp": {"is_high_priority_stream": True}}, new_group=recording_new_group
     )
-    first = plan[0]
+    first = report["late"]["plan"][0]
     budget_plan = [CollectiveAction(first.at, first.collective, max_ctas=8)]
     budget_launcher = CollectiveLauncher(
         world.ddp, budget_plan, order, stage, communicators=budgets, check_backend=False
@@ -237,41 +242,58 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
         }
         for call in made
     ]
-    base_group = groups[0][1].data_parallel_group
+    base_group = groups[0].group.data_parallel_group
     report["budget_group_id"] = id(budgets.get(base_group, 8))
     report["base_group_id"] = id(base_group)
+    report["budget_collective"] = first.collective
     budget_launcher.uninstall()
     current.clear()
 
-    # plans this job cannot honour
-    refusals: dict[str, str] = {}
-    before = [i for i in order if i.kind == "backward" and i.chunk == len(world.ddp) - 1][-1]
-    late_chunk_bucket = plan[-1].collective
-    cases = {
-        "before_gradients": [CollectiveAction(Boundary(before), late_chunk_bucket)],
-        "gloo_budget": [CollectiveAction(first.at, first.collective, max_ctas=8)],
-        "pipeline_p2p": [CollectiveAction(first.at, "pp.send_next.microbatch0")],
-        "no_such_bucket": [CollectiveAction(first.at, "dp.all_reduce.bucket99")],
-        "wrong_op": [CollectiveAction(first.at, first.collective.replace("all_reduce", "reduce_scatter"))],
-        "param_gather": [CollectiveAction(first.at, "dp.all_gather.bucket0")],
-    }
-    chunks: dict[str, Any] = {case: world.ddp for case in cases}
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-    cases["overlap_off"] = [CollectiveAction(first.at, "dp.all_reduce.bucket0")]
-    chunks["overlap_off"] = [
-        DistributedDataParallel(
-            world.world.config, DistributedDataParallelConfig(overlap_grad_reduce=False), world.ddp[0].module
-        )
-    ]
-    for case, actions in cases.items():
-        try:
-            CollectiveLauncher(chunks[case], actions, order, stage, communicators=BudgetCommunicators())
-        except Exception as error:  # the test asserts type and message
-            refusals[case] = f"{type(error).__name__}: {error}"
-    report["refusals"] = refusals
-    report["untouched_after_refusals"] = not any("start_grad_sync" in vars(group) for _, group in groups)
-
+    report["refusals"] = _refusals(world, order, stage, layout, first)
+    report["untouched_after_refusals"] = not any("start_grad_sync" in vars(b.group) for b in groups)
+    chunk0 = world.ddp[0].module
+    overlap_off = DistributedDataParallel(
+        world.world.config, DistributedDataParallelConfig(overlap_grad_reduce=False), chunk0
+    )
+    report["refusals"].update(
+        _refusals([overlap_off], order, stage, layout, CollectiveAction(first.at, "dp.all_reduce.bucket0"))
+    )
     installation.uninstall()
     dist.all_reduce = original_all_reduce
     return report
+
+
+def _refusals(chunks: Any, order: list, stage: int, layout: list, first: Any) -> dict[str, str]:
+    """The messages of plans this job cannot honour (one action each)."""
+    from megatron_energy.megatron.collective_launch import CollectiveLauncher
+    from megatron_energy.megatron.communicators import BudgetCommunicators
+    from megatron_energy.plan import Boundary, CollectiveAction
+
+    if not isinstance(chunks, list):
+        chunks = chunks.ddp
+    cases: dict[str, list] = {}
+    if len(chunks) == 1:
+        cases["overlap_off"] = [first]
+    else:
+        chunk1 = next(name for name, chunk, _, _ in layout if chunk == 1)
+        last_b1 = [i for i in order if i.kind == "backward" and i.chunk == 1][-1]
+        cases = {
+            "before_gradients": [CollectiveAction(Boundary(last_b1), chunk1)],
+            "gloo_budget": [CollectiveAction(first.at, first.collective, max_ctas=8)],
+            "pipeline_p2p_moved": [CollectiveAction(first.at, "pp.send_recv")],
+            "pipeline_p2p_budget": [CollectiveAction(Boundary(order[0]), "pp.send_recv", max_ctas=8)],
+            "no_such_bucket": [CollectiveAction(first.at, "dp.all_reduce.chunk0.bucket99")],
+            "no_chunk": [CollectiveAction(first.at, "dp.all_reduce.bucket0")],
+            "wrong_op": [
+                CollectiveAction(first.at, first.collective.replace("all_reduce", "reduce_scatter"))
+            ],
+            "param_gather": [CollectiveAction(first.at, "dp.all_gather.chunk0.bucket0")],
+            "bad_name": [CollectiveAction(first.at, "dp.broadcast.bucket0")],
+        }
+    refusals = {}
+    for case, actions in cases.items():
+        try:
+            CollectiveLauncher(chunks, actions, order, stage, communicators=BudgetCommunicators())
+        except Exception as error:  # the test asserts type and message
+            refusals[case] = f"{type(error).__name__}: {error}"
+    return refusals

@@ -24,8 +24,8 @@ from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Action, CollectiveAction
 
-MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp", "cp": "cp"}
-"""Collective class (the first part of a plan's collective name) -> megatron-core process-group name.
+MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp"}
+"""Group of a plan's collective name (``kareus.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
 
 DDP reduces gradients over ``intra_dp_cp_group``, which is the ``dp_cp`` communicator with a single
 distributed-optimizer instance (``parallel_state.py:967``); with ``--num-distributed-optimizer-instances``
@@ -176,3 +176,32 @@ def write_communicator_config(path: str | Path, config: Mapping[str, Mapping[str
     text = yaml.safe_dump({group: dict(entry) for group, entry in config.items()}, sort_keys=True)
     write_atomically(target, text)
     return target
+
+
+def check_fixed_budget(
+    collective: str, max_ctas: int | None, config: Mapping[str, Mapping[str, Any]] | None
+) -> None:
+    """Refuse a budget for a collective Megatron launches itself unless its communicator was created with it.
+
+    Pipeline p2p and TP collectives run on megatron-core's own communicators, created once at start-up, so
+    their budget must be in the communicator config Megatron read (``--nccl-communicator-config-path``).
+
+    Args:
+        collective: The plan's name (``pp.send_recv``, ``tp.all_reduce``, ...).
+        max_ctas: The plan's budget; ``None`` needs nothing.
+        config: The communicator config the job started with (``None``: none was given).
+
+    Raises:
+        BudgetError: The communicator was created without that budget, with the entry to add.
+    """
+    if max_ctas is None:
+        return
+    budget = CtaBudget(collective_group(collective), max_ctas)
+    entry = (config or {}).get(budget.group, {})
+    if entry.get("max_ctas") != max_ctas or entry.get("min_ctas", max_ctas) != max_ctas:
+        raise BudgetError(
+            f"the plan gives {collective} {max_ctas} CTAs, but megatron-core created the {budget.group!r} "
+            f"communicator with {dict(entry) or 'NCCL defaults'}; a budget is fixed when the communicator is "
+            f"created: add '{budget.group}: {budget.entry()}' to the file given to "
+            "--nccl-communicator-config-path (communicator_budgets.write_communicator_config) and restart"
+        )
