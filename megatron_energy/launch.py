@@ -165,9 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"megatron_energy.launch: {refused}", file=sys.stderr)
         return 2
     put_script_folder_first(script)
+    from megatron_energy.megatron.collective_runner import add_collective_runner
     from megatron_energy.megatron.hooks import install_hooks
 
     listeners = build_listeners(config)
+    restore_model_setup = add_collective_runner(listeners)
     settings = read_megatron_settings(megatron_args)
     installation = install_hooks(
         ListenerFanout(listeners),
@@ -177,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_script(script, megatron_args)
     finally:
         installation.uninstall()
+        restore_model_setup()
         close_listeners(listeners)
     return 0
 

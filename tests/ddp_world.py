@@ -249,6 +249,8 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     budget_launcher.uninstall()
     current.clear()
 
+    report["runner"] = _follow_a_session(world, current, run_steps, order, stage, layout)
+
     report["refusals"] = _refusals(world, order, stage, layout, first)
     report["untouched_after_refusals"] = not any("start_grad_sync" in vars(b.group) for b in groups)
     chunk0 = world.ddp[0].module
@@ -261,6 +263,67 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     installation.uninstall()
     dist.all_reduce = original_all_reduce
     return report
+
+
+def _plan_of(points: list[list], stage: int, num_stages: int) -> Any:
+    """A real plan whose points hold ``points``' actions on this stage (nothing on the others)."""
+    from megatron_energy.plan import Baseline, Plan, PlanPoint, RankPlan
+
+    return Plan(
+        fingerprint="world",
+        gpu_name="cpu",
+        provenance="modelled",
+        target="iso-time",
+        optimisers=("kareus",),
+        switch_latency_s=0.0,
+        baseline=Baseline(1.0, 1.0),
+        points=tuple(
+            PlanPoint(
+                label=f"point{index}",
+                iteration_time_s=1.0 + index,
+                deadline_s=1.0 + index,
+                lower_bound_j=1.0,
+                ranks=tuple(
+                    RankPlan(tuple(actions) if rank == stage else (), 1.0, 1.0) for rank in range(num_stages)
+                ),
+            )
+            for index, actions in enumerate(points)
+        ),
+        target_index=0,
+    )
+
+
+def _follow_a_session(
+    world: DdpWorld, current: list, run_steps: Any, order: list, stage: int, layout: list
+) -> dict:
+    """A ``CollectiveRunner`` behind a session whose plan runner switches point, stops, runs a bad plan."""
+    from types import SimpleNamespace
+
+    from megatron_energy.megatron.collective_runner import CollectiveRunner
+    from megatron_energy.megatron.schedule import pipeline_orders
+    from megatron_energy.plan import CollectiveAction
+    from megatron_energy.runtime.plan_runner import PlanRunner
+
+    orders = pipeline_orders(2, NUM_MICROBATCHES, 2)
+    early, late = _plan(order, layout, True), _plan(order, layout, False)
+    plan = _plan_of([early, late], stage, 2)
+    session = SimpleNamespace(runner=PlanRunner(plan, stage, orders.stage(stage)), context=None)
+    session.context = SimpleNamespace(pipeline_rank=stage, orders=orders)
+    lines: list[str] = []
+    runner = CollectiveRunner(session, lambda: world.ddp, printer=lines.append)
+    current[:] = [runner]
+    steps = {}
+    steps["point0"], _ = run_steps((0,))
+    session.runner.select(1)
+    steps["point1"], _ = run_steps((0,))
+    session.runner = None
+    steps["stopped"], _ = run_steps((0,))
+    bad = _plan_of([[CollectiveAction(late[0].at, "dp.all_reduce.chunk0.bucket99")]], stage, 2)
+    session.runner = PlanRunner(bad, stage, orders.stage(stage))
+    steps["refused"], _ = run_steps((0,))
+    runner.close()
+    current.clear()
+    return {"steps": steps, "lines": lines, "early": early, "late": late}
 
 
 def _refusals(chunks: Any, order: list, stage: int, layout: list, first: Any) -> dict[str, str]:

@@ -174,3 +174,18 @@ def test_plans_the_job_cannot_honour_are_refused_with_the_fix(reports: list[dict
             assert message.startswith(kind + ":"), message
             assert phrase in message, message
         assert report["untouched_after_refusals"]
+
+
+def test_the_runner_follows_the_sessions_plan_point(reports: list[dict[str, Any]]) -> None:
+    for report in reports:
+        runner = report["runner"]
+        steps = {label: _steps(events)[0] for label, events in runner["steps"].items()}
+        for label, plan in (("point0", runner["early"]), ("point1", runner["late"])):
+            expected = {action.collective: _hook_event(action.at) for action in plan}
+            assert _launched_after(steps[label]) == expected, label
+        megatron = _launched_after(_steps(report["baseline"])[0])
+        assert _launched_after(steps["stopped"]) == megatron
+        assert _launched_after(steps["refused"]) == megatron
+        (line,) = runner["lines"]
+        assert "collective actions are not applied (its clocks are)" in line
+        assert "bucket group(s)" in line
