@@ -8,7 +8,9 @@ Usage (one process, or one per rank under torchrun)::
 The launcher takes its own flags out of the command line (anywhere after the launcher; the first other
 argument is the script), refuses Megatron modes whose instructions cannot be observed
 (``megatron.modes``), installs the unpatched-path hooks (``megatron.hooks.install_hooks``: timers proxy and
-P2P communicator swap) feeding the listeners of ``build_listeners``, and runs the script as ``__main__``
+P2P communicator swap) feeding the listeners of ``build_listeners`` (with ``--energy-optimise`` also a
+``megatron.collective_runner.CollectiveRunner``, which applies the running plan's collective actions to the
+model captured from ``setup_model_and_optimizer``), and runs the script as ``__main__``
 with ``sys.argv`` = the script and Megatron's arguments, the script's folder first on ``sys.path`` (as
 ``python SCRIPT`` would, and before megatron is imported, so a Megatron-LM checkout next to the script is
 the megatron that runs). Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
