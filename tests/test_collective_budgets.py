@@ -120,3 +120,20 @@ def test_launch_points_before_the_gradients_exist_are_refused() -> None:
 def test_budget_communicators_must_be_prepared_before_they_are_chosen() -> None:
     with pytest.raises(BudgetError, match="prepare the budgets"):
         BudgetCommunicators().get(object(), 8)
+
+
+def test_the_written_config_gives_megatron_core_the_budgets_when_it_creates_its_communicators(
+    tmp_path: Path,
+) -> None:
+    """Read the file as ``parallel_state.initialize_model_parallel`` does, then build each group's options."""
+    import yaml
+    from megatron.core import parallel_state
+
+    budgets = [CtaBudget("dp_cp", 8), CtaBudget("tp", 16), CtaBudget("pp", 4)]
+    path = write_communicator_config(tmp_path / "nccl.yaml", communicator_config(budgets))
+    with open(path) as stream:
+        megatron_reads = yaml.safe_load(stream)
+    for budget in budgets:
+        options = parallel_state.get_nccl_options(budget.group, megatron_reads)
+        assert (options.config.max_ctas, options.config.min_ctas) == (budget.max_ctas, budget.max_ctas)
+    assert parallel_state.get_nccl_options("ep", megatron_reads) is None  # untouched groups: NCCL defaults
