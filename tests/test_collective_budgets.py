@@ -10,7 +10,7 @@ import pytest
 
 from megatron_energy.megatron.communicators import BudgetCommunicators, nccl_options
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
+from megatron_energy.plan import Baseline, Boundary, ClockAction, CollectiveAction, Plan, PlanPoint, RankPlan
 from megatron_energy.runtime.collective_points import (
     EMBEDDING,
     HEAD,
@@ -24,6 +24,7 @@ from megatron_energy.runtime.communicator_budgets import (
     check_fixed_budget,
     communicator_config,
     plan_budgets,
+    plan_communicator_config,
     read_communicator_config,
     write_communicator_config,
 )
@@ -137,3 +138,40 @@ def test_the_written_config_gives_megatron_core_the_budgets_when_it_creates_its_
         options = parallel_state.get_nccl_options(budget.group, megatron_reads)
         assert (options.config.max_ctas, options.config.min_ctas) == (budget.max_ctas, budget.max_ctas)
     assert parallel_state.get_nccl_options("ep", megatron_reads) is None  # untouched groups: NCCL defaults
+
+
+def _plan_with(*rank_actions: list) -> Plan:
+    return Plan(
+        fingerprint="f",
+        gpu_name="h200",
+        provenance="modelled",
+        target="iso-time",
+        optimisers=("kareus",),
+        switch_latency_s=0.0,
+        baseline=Baseline(1.0, 1.0),
+        points=(
+            PlanPoint("iso-time", 1.0, 1.0, 1.0, tuple(RankPlan(tuple(a), 1.0, 1.0) for a in rank_actions)),
+        ),
+        target_index=0,
+    )
+
+
+def test_a_plans_fixed_budgets_become_the_config_megatron_starts_with() -> None:
+    first0, first1 = Boundary(ORDER[0]), Boundary(Instruction(1, 0, 0, F))
+    plan = _plan_with(
+        [CollectiveAction(first0, "pp.send_recv", 4), CollectiveAction(first0, "tp.all_reduce", 16)],
+        [
+            CollectiveAction(first1, "pp.send_recv", 4),
+            CollectiveAction(Boundary(Instruction(1, 0, 1, B), "end"), "dp.all_reduce.bucket0", 8),
+        ],
+    )
+    config = plan_communicator_config(plan, {"tp": {"cga_cluster_size": 2}})
+    assert config == {
+        "pp": {"max_ctas": 4, "min_ctas": 4},
+        "tp": {"cga_cluster_size": 2, "max_ctas": 16, "min_ctas": 16},
+    }
+    clash = _plan_with(
+        [CollectiveAction(first0, "pp.send_recv", 4)], [CollectiveAction(first1, "pp.send_recv", 8)]
+    )
+    with pytest.raises(BudgetError, match="one budget per group"):
+        plan_communicator_config(clash)

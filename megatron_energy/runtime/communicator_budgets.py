@@ -22,7 +22,7 @@ from typing import Any
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.plan import Action, CollectiveAction
+from megatron_energy.plan import Action, CollectiveAction, Plan
 
 MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp"}
 """Group of a plan's collective name (``kareus.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
@@ -139,6 +139,48 @@ def communicator_config(
         entry.pop("min_ctas", None)
         entry.update(budget.entry())
     return config
+
+
+FIXED_GROUPS = ("pp", "tp")
+"""Groups whose collectives megatron-core launches itself: their budget is fixed for the run."""
+
+
+def plan_communicator_config(
+    plan: Plan, base: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The communicator config to start the job with for a plan: the budgets of pp and tp collectives.
+
+    Their communicators are created by megatron-core at start-up and shared by every rank and point of the
+    plan, so each group takes one budget for the whole run. Data-parallel budgets are left out: they vary by
+    bucket and get communicators of their own at run time (``megatron.communicators``).
+
+    Args:
+        plan: The plan (every point and rank is read).
+        base: The job's own communicator config, kept where the plan sets nothing.
+
+    Returns:
+        The mapping to write with :func:`write_communicator_config` for ``--nccl-communicator-config-path``.
+
+    Raises:
+        BudgetError: The plan gives one fixed group two budgets.
+    """
+    fixed: dict[str, tuple[int, str]] = {}
+    for point in plan.points:
+        for rank in point.ranks:
+            for action in rank.actions:
+                if not isinstance(action, CollectiveAction) or action.max_ctas is None:
+                    continue
+                group = collective_group(action.collective)
+                if group not in FIXED_GROUPS:
+                    continue
+                seen = fixed.setdefault(group, (action.max_ctas, action.collective))
+                if seen[0] != action.max_ctas:
+                    raise BudgetError(
+                        f"the plan gives {seen[1]} {seen[0]} CTAs and {action.collective} {action.max_ctas}, "
+                        f"but both run on megatron-core's {group!r} communicators, created once with one "
+                        "budget: rerun planning with one budget per group"
+                    )
+    return communicator_config([CtaBudget(group, ctas) for group, (ctas, _) in fixed.items()], base)
 
 
 def read_communicator_config(path: str | Path) -> dict[str, dict[str, Any]]:
