@@ -114,83 +114,151 @@ def _plan(order: list, layout: list, early: bool) -> list:
 LAYERS_PER_CHUNK = 2
 
 
-def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
-    """PP=2 x VPP=2 x DP=2: baseline steps, steps under an empty plan, under two plans, refused plans."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.training import global_vars
-    from megatron_harness import RecordingListener
+class ObservedDdp:
+    """A ``DdpWorld`` run under the launcher-path hooks, with every event recorded in one list.
 
-    from megatron_energy.events import ListenerFanout
-    from megatron_energy.megatron.bucket_layout import bucket_groups, bucket_layout
-    from megatron_energy.megatron.collective_launch import CollectiveLauncher
-    from megatron_energy.megatron.communicators import BudgetCommunicators
-    from megatron_energy.megatron.hooks import current_rank_order, install_hooks
-    from megatron_energy.plan import CollectiveAction
+    The record holds the hook events, ``("layer_backward", chunk, layer)`` when a layer's backward starts
+    (this class's own hooks, registered before any launcher's) and ``("collective", name, ranks, group id)``
+    for every bucket reduction (``torch.distributed.all_reduce`` wrapped inside the worker). Schedule events
+    also go to the listeners in ``current`` (the launcher under test).
+    """
 
-    world = DdpWorld(2, 2, bucket_size=40, shape=TinyGpt(layers_per_chunk=LAYERS_PER_CHUNK))
-    order = list(current_rank_order(NUM_MICROBATCHES))
-    stage = ps.get_pipeline_model_parallel_rank()
-    groups = bucket_groups(world.ddp)
-    layout = bucket_layout(world.ddp)
-    names = {id(b.group): entry[0] for entry, b in zip(layout, groups, strict=True)}
-    buffers = {bucket.grad_data.data_ptr(): names[id(b.group)] for b in groups for bucket in b.group.buckets}
+    def __init__(self, pipeline_size: int, virtual_size: int | None) -> None:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.training import global_vars
+        from megatron_harness import RecordingListener
 
-    recorder = RecordingListener()
-    current: list[Any] = []
+        from megatron_energy.events import ListenerFanout
+        from megatron_energy.megatron.bucket_layout import bucket_groups, bucket_layout
+        from megatron_energy.megatron.hooks import current_rank_order, install_hooks
 
-    class Forward:
-        """Forwards the schedule events to the launcher under test, if any."""
+        self.world = DdpWorld(
+            pipeline_size, virtual_size, bucket_size=40, shape=TinyGpt(layers_per_chunk=LAYERS_PER_CHUNK)
+        )
+        self.order = list(current_rank_order(NUM_MICROBATCHES))
+        self.stage = ps.get_pipeline_model_parallel_rank()
+        self.groups = bucket_groups(self.world.ddp)
+        self.layout = bucket_layout(self.world.ddp)
+        names = {id(b.group): entry[0] for entry, b in zip(self.layout, self.groups, strict=True)}
+        buffers = {
+            bucket.grad_data.data_ptr(): names[id(b.group)] for b in self.groups for bucket in b.group.buckets
+        }
+        self.recorder = recorder = RecordingListener()
+        self.current: list[Any] = []
+        current = self.current
 
-        def __getattr__(self, name: str) -> Any:
-            def forward(*args: Any) -> None:
-                for listener in current:
-                    getattr(listener, name)(*args)
+        class Forward:
+            """Forwards the schedule events to the launcher under test, if any."""
 
-            return forward
+            def __getattr__(self, name: str) -> Any:
+                def forward(*args: Any) -> None:
+                    for listener in current:
+                        getattr(listener, name)(*args)
 
-    # the moment each layer's backward starts, observed independently of the launcher (registered first)
-    for chunk, ddp in enumerate(world.ddp):
-        for layer, module in enumerate(ddp.module.decoder.layers):
+                return forward
 
-            def on_output(_m: Any, _a: Any, output: Any, chunk: int = chunk, layer: int = layer) -> None:
-                tensor = output[0] if isinstance(output, tuple) else output
-                if torch.is_grad_enabled() and tensor.requires_grad:
-                    tensor.register_hook(lambda _g: recorder.events.append(("layer_backward", chunk, layer)))
+        for chunk, ddp in enumerate(self.world.ddp):
+            for layer, module in enumerate(ddp.module.decoder.layers):
 
-            module.register_forward_hook(on_output)
+                def on_output(_m: Any, _a: Any, output: Any, chunk: int = chunk, layer: int = layer) -> None:
+                    tensor = output[0] if isinstance(output, tuple) else output
+                    if torch.is_grad_enabled() and tensor.requires_grad:
+                        tensor.register_hook(
+                            lambda _g: recorder.events.append(("layer_backward", chunk, layer))
+                        )
 
-    original_all_reduce = dist.all_reduce
+                module.register_forward_hook(on_output)
 
-    def traced_all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        name = buffers.get(tensor.data_ptr())
-        if name is not None:
-            group = kwargs.get("group")
-            recorder.events.append(("collective", name, dist.get_process_group_ranks(group), id(group)))
-        return original_all_reduce(tensor, *args, **kwargs)
+        self._all_reduce = original = dist.all_reduce
 
-    dist.all_reduce = traced_all_reduce
-    installation = install_hooks(
-        ListenerFanout([recorder, Forward()]), num_microbatches_fn=lambda: NUM_MICROBATCHES
-    )
-    world.world.config.timers = global_vars.Timers(0, "minmax")
+        def traced_all_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            name = buffers.get(tensor.data_ptr())
+            if name is not None:
+                group = kwargs.get("group")
+                recorder.events.append(("collective", name, dist.get_process_group_ranks(group), id(group)))
+            return original(tensor, *args, **kwargs)
 
-    def run_steps(seeds: tuple[int, ...]) -> tuple[list, list]:
-        recorder.events.clear()
+        dist.all_reduce = traced_all_reduce
+        self.installation = install_hooks(
+            ListenerFanout([recorder, Forward()]), num_microbatches_fn=lambda: NUM_MICROBATCHES
+        )
+        self.world.world.config.timers = global_vars.Timers(0, "minmax")
+
+    def run_steps(self, seeds: tuple[int, ...]) -> tuple[list, list]:
+        """Run one step per seed; return the record and each step's reduced gradients."""
+        self.recorder.events.clear()
         grads = []
         for seed in seeds:
             torch.manual_seed(seed)  # dropout
-            world.run(NUM_MICROBATCHES, seed=seed)
-            grads.append([bucket.grad_data.clone() for b in groups for bucket in b.group.buckets])
-        return list(recorder.events), grads
+            self.world.run(NUM_MICROBATCHES, seed=seed)
+            grads.append([bucket.grad_data.clone() for b in self.groups for bucket in b.group.buckets])
+        return list(self.recorder.events), grads
 
-    def same(grads_a: list, grads_b: list) -> bool:
-        return all(
-            bool(torch.allclose(a, b))
-            for step_a, step_b in zip(grads_a, grads_b, strict=True)
-            for a, b in zip(step_a, step_b, strict=True)
-        )
+    def close(self) -> None:
+        """Remove the hooks and the all-reduce tracing."""
+        import torch.distributed as dist
+
+        self.installation.uninstall()
+        dist.all_reduce = self._all_reduce
+
+
+def same_grads(grads_a: list, grads_b: list) -> bool:
+    """Whether two runs' reduced gradients agree, step by step and bucket by bucket."""
+    return all(
+        bool(torch.allclose(a, b))
+        for step_a, step_b in zip(grads_a, grads_b, strict=True)
+        for a, b in zip(step_a, step_b, strict=True)
+    )
+
+
+def grad_ready_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
+    """DP=2, no pipeline: Megatron launches each bucket inside the last backward (``register_grad_ready``)."""
+    from megatron_energy.megatron.collective_launch import CollectiveLauncher
+    from megatron_energy.plan import Boundary, CollectiveAction
+    from megatron_energy.runtime.collective_points import last_backward, ready_phase
+
+    observed = ObservedDdp(1, None)
+    order, layout = observed.order, observed.layout
+    report: dict[str, Any] = {"order": order, "layout": layout}
+    report["baseline"], baseline_grads = observed.run_steps((0, 1, 2))
+    plans = {
+        "end": [CollectiveAction(Boundary(order[-1], "end"), name) for name, *_ in layout],
+        "earliest": [
+            CollectiveAction(
+                Boundary(last_backward(order, chunk), ready_phase(places, LAYERS_PER_CHUNK)), name
+            )
+            for name, chunk, _, places in layout
+        ],
+    }
+    for label, plan in plans.items():
+        launcher = CollectiveLauncher(observed.world.ddp, plan, order, observed.stage)
+        observed.current[:] = [launcher]
+        events, grads = observed.run_steps((0, 1, 2))
+        report[label] = {"plan": plan, "events": events, "same_grads": same_grads(baseline_grads, grads)}
+        launcher.uninstall()
+    observed.close()
+    return report
+
+
+def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, Any]:
+    """PP=2 x VPP=2 x DP=2: baseline steps, steps under an empty plan, under two plans, refused plans."""
+    import torch.distributed as dist
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    from megatron_energy.megatron.collective_launch import CollectiveLauncher
+    from megatron_energy.megatron.communicators import BudgetCommunicators
+    from megatron_energy.plan import CollectiveAction
+
+    observed = ObservedDdp(2, 2)
+    world, order, stage, groups, layout = (
+        observed.world,
+        observed.order,
+        observed.stage,
+        observed.groups,
+        observed.layout,
+    )
+    current, run_steps, same = observed.current, observed.run_steps, same_grads
 
     report: dict[str, Any] = {"stage": stage, "order": order, "layout": layout}
     report["baseline"], baseline_grads = run_steps((0, 1))
@@ -260,8 +328,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     report["refusals"].update(
         _refusals([overlap_off], order, stage, layout, CollectiveAction(first.at, "dp.all_reduce.bucket0"))
     )
-    installation.uninstall()
-    dist.all_reduce = original_all_reduce
+    observed.close()
     return report
 
 

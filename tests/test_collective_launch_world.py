@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddp_world import launch_world_worker
+from ddp_world import grad_ready_world_worker, launch_world_worker
 from megatron_harness import spawn_world
 
 from megatron_energy.kareus.collectives import END_PHASE, phase_layer
@@ -189,3 +189,49 @@ def test_the_runner_follows_the_sessions_plan_point(reports: list[dict[str, Any]
         (line,) = runner["lines"]
         assert "collective actions are not applied (its clocks are)" in line
         assert "bucket group(s)" in line
+
+
+@pytest.fixture(scope="module")
+def grad_ready(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return spawn_world(grad_ready_world_worker, 2, tmp_path_factory.mktemp("grad-ready-world"))
+
+
+def _inside(step: list[tuple], name: str) -> tuple | None:
+    """The instruction running when ``name`` was launched (``None``: between instructions)."""
+    running = None
+    for event in step:
+        if event[0] == "instruction_begin":
+            running = event[1:]
+        elif event[0] == "instruction_end":
+            running = None
+        elif event[0] == "collective" and event[1] == name:
+            return running
+    raise AssertionError(f"{name} was not launched")
+
+
+def test_launches_megatron_makes_inside_the_backward_are_held_or_moved(
+    grad_ready: list[dict[str, Any]],
+) -> None:
+    """Without a pipeline, from the second step on megatron-core launches every bucket inside the last
+    backward, as its gradients become ready; a plan holds them to the backward's end, or launches them at the
+    contract's earliest layer boundaries; the reduced gradients do not change."""
+    for report in grad_ready:
+        last = report["order"][-1]
+        ids = (last.kind, last.microbatch, last.chunk)
+        names = [name for name, *_ in report["layout"]]
+        assert len(names) > 2
+        baseline = _steps(report["baseline"])
+        for step in baseline[1:]:  # the first batch launches in finish_grad_sync (no golden counts yet)
+            assert all(_inside(step, name) == ids for name in names)
+        for label in ("end", "earliest"):
+            planned = report[label]
+            expected = {action.collective: _hook_event(action.at) for action in planned["plan"]}
+            for step in _steps(planned["events"]):
+                assert _launched_after(step) == expected, label
+            assert planned["same_grads"], label
+        held = _steps(report["end"]["events"])[1]
+        assert all(_inside(held, name) is None for name in names)
+        assert any(
+            marker[0][0] == "layer_backward"
+            for marker in map(_hook_event, (a.at for a in report["earliest"]["plan"]))
+        )
