@@ -328,6 +328,10 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     report["refusals"].update(
         _refusals([overlap_off], order, stage, layout, CollectiveAction(first.at, "dp.all_reduce.bucket0"))
     )
+    try:
+        CollectiveLauncher([ddp.module for ddp in world.ddp], [first], order, stage)
+    except Exception as error:  # the test asserts type and message
+        report["refusals"]["not_ddp"] = f"{type(error).__name__}: {error}"
     observed.close()
     return report
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_energy.kareus.collectives import collective_name
-from megatron_energy.runtime.collective_points import EMBEDDING, HEAD
+from megatron_energy.runtime.collective_points import EMBEDDING, HEAD, CollectivePlanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -56,9 +56,20 @@ def chunk_layers(ddp: Any) -> int:
 
 
 def bucket_groups(model_chunks: Sequence[Any]) -> list[BucketGroup]:
-    """Every dense bucket group of this rank's DDP chunks, chunk by chunk in megatron-core's order."""
+    """Every dense bucket group of this rank's DDP chunks, chunk by chunk in megatron-core's order.
+
+    Raises:
+        CollectivePlanError: A chunk is not wrapped in megatron-core's ``DistributedDataParallel`` (e.g.
+            Megatron-FSDP or torch FSDP, whose collectives have no bucket groups to retime).
+    """
     result = []
     for chunk, ddp in enumerate(model_chunks):
+        if not hasattr(ddp, "bucket_groups"):
+            raise CollectivePlanError(
+                f"model chunk {chunk} is a {type(ddp).__name__}, not megatron-core's DistributedDataParallel "
+                "(--use-megatron-fsdp and torch FSDP have no bucket groups to retime): use Megatron's DDP, "
+                "or plan without collective actions"
+            )
         places = {param: parameter_place(name) for name, param in ddp.module.named_parameters()}
         for index, group in enumerate(ddp.bucket_groups):
             where = {places[param] for bucket in group.buckets for param in bucket.params_list}

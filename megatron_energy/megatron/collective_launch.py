@@ -130,8 +130,8 @@ class CollectiveLauncher:
         if not collective_actions:
             return
         self._virtual = len(model_chunks) > 1
-        self._layers = [chunk_layers(ddp) for ddp in model_chunks]
         buckets = {(b.chunk, b.index): b for b in bucket_groups(model_chunks)}
+        self._layers = [chunk_layers(ddp) for ddp in model_chunks]
         planned = []
         for action in collective_actions:
             parsed = parse(action.collective)

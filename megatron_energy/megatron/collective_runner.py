@@ -21,7 +21,7 @@ from typing import Any
 from megatron_energy.errors import EnergyError
 from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.communicators import BudgetCommunicators
-from megatron_energy.plan import Action
+from megatron_energy.plan import Action, CollectiveAction
 
 CommunicatorConfig = Mapping[str, Mapping[str, Any]] | None
 
@@ -65,16 +65,27 @@ class CollectiveRunner:
             self.launcher.uninstall()
             self.launcher = None
         self._running = key
-        chunks = self._model_chunks()
-        if runner is None or not chunks or id(runner.plan) in self._refused:
+        if runner is None or id(runner.plan) in self._refused:
             return
-        if self._communicators is None:
-            source = self._config_source
-            self._config = source() if callable(source) else source
-            self._communicators = BudgetCommunicators(self._config)
         stage = session.context.pipeline_rank
         every_point: list[Action] = [a for point in runner.plan.points for a in point.ranks[stage].actions]
+        if not any(isinstance(action, CollectiveAction) for action in every_point):
+            return
+        chunks = self._model_chunks()
+        if not chunks:
+            self._refuse(
+                runner,
+                stage,
+                "the job's model chunks were not captured (the launcher wraps "
+                "megatron-training's setup_model_and_optimizer; a script that builds its model "
+                "otherwise is not covered)",
+            )
+            return
         try:
+            if self._communicators is None:
+                source = self._config_source
+                self._config = source() if callable(source) else source
+                self._communicators = BudgetCommunicators(self._config)
             self.launcher = CollectiveLauncher(
                 chunks,
                 runner.point.ranks[stage].actions,
@@ -85,11 +96,14 @@ class CollectiveRunner:
                 communicator_config=self._config,
             )
         except EnergyError as refused:
-            self._refused.add(id(runner.plan))
-            self._printer(
-                f"[energy] pipeline rank {stage}: the plan's collective actions are not applied (its clocks "
-                f"are): {refused}"
-            )
+            self._refuse(runner, stage, str(refused))
+
+    def _refuse(self, runner: Any, stage: int, reason: str) -> None:
+        self._refused.add(id(runner.plan))
+        self._printer(
+            f"[energy] pipeline rank {stage}: the plan's collective actions are not applied (its clocks "
+            f"are): {reason}"
+        )
 
     def on_step_begin(self, step: int) -> None:
         """Follow the session's plan point, then pass the event on."""
