@@ -423,6 +423,7 @@ def _refusals(chunks: Any, order: list, stage: int, layout: list, first: Any) ->
             ],
             "param_gather": [CollectiveAction(first.at, "dp.all_gather.chunk0.bucket0")],
             "bad_name": [CollectiveAction(first.at, "dp.broadcast.bucket0")],
+            "twice": [first, first],
         }
     refusals = {}
     for case, actions in cases.items():

@@ -163,6 +163,7 @@ REFUSALS = {
     "param_gather": ("CollectivePlanError", "without --use-distributed-optimizer"),
     "bad_name": ("CollectivePlanError", "does not follow"),
     "overlap_off": ("CollectivePlanError", "add --overlap-grad-reduce"),
+    "twice": ("CollectivePlanError", "more than once"),
     "not_ddp": ("CollectivePlanError", "not megatron-core's DistributedDataParallel"),
 }
 

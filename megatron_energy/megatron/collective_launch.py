@@ -133,6 +133,13 @@ class CollectiveLauncher:
         buckets = {(b.chunk, b.index): b for b in bucket_groups(model_chunks)}
         self._layers = [chunk_layers(ddp) for ddp in model_chunks]
         planned = []
+        named = [action.collective for action in collective_actions]
+        twice = sorted({name for name in named if named.count(name) > 1})
+        if twice:
+            raise CollectivePlanError(
+                f"the plan launches {', '.join(twice)} more than once on pipeline rank {self.stage}; each "
+                "collective launches once per iteration: rerun planning"
+            )
         for action in collective_actions:
             parsed = parse(action.collective)
             self._check_stage(action)
