@@ -46,9 +46,16 @@ Per kind of class:
   (megatron-core's default: synchronously inside the optimizer step) or at ``"layer0"`` of the chunk's
   *first* forward instruction (``--overlap-param-gather``: dispatched before the next iteration's forward,
   waited for before the chunk's first forward computes).
+  Every chunk's buckets may also launch at ``"end"`` of the rank's *last* instruction, which is where
+  megatron-core launches them without ``--overlap-grad-reduce`` (its default); that point is always the last
+  of a bucket's launch points.
 * *inline* classes are launched by megatron-core itself inside or between instructions (every layer, every
-  microbatch), so their launch point is not a choice: a plan holds one action per class per rank, at the
-  rank's first instruction with phase ``None``, whose ``max_ctas`` holds for the whole iteration.
+  microbatch): a plan holds one action per class per rank, at the rank's first instruction, whose
+  ``max_ctas`` holds for the whole iteration. Its phase is ``None`` (NCCL, where megatron-core launches it)
+  or, for the tensor-parallel classes only, ``"gemm_overlap"`` (:data:`GEMM_OVERLAP_PHASE`): split and
+  overlapped with the GEMM it feeds or follows by Transformer Engine's userbuffers
+  (``--tp-comm-overlap``, sequence parallelism required), ``max_ctas`` then being TE's ``num_sm`` for the
+  class's userbuffers ops.
 
 **CTA budgets.** ``max_ctas`` caps the CTAs (thread blocks; NCCL runs one per channel, one per SM) of the
 collective's kernels: NCCL's per-communicator ``maxCTAs`` (``min_ctas``/``max_ctas`` in megatron-core's
@@ -96,8 +103,15 @@ END_PHASE = "end"
 AFTER_OPTIMIZER_PHASE = "after_optimizer"
 """Phase name: after the optimizer step that follows the named (last) instruction of the iteration."""
 
+GEMM_OVERLAP_PHASE = "gemm_overlap"
+"""Phase of a tensor-parallel class's action: overlapped with its GEMMs by TE userbuffers (see above)."""
+
 DEFAULT_BUCKET_ELEMENTS = 40_000_000
 """megatron-core's minimum DDP bucket size (elements); the default is ``max(40e6, 1e6 x dp)``."""
+
+NCCL_DEFAULT_CTAS = 16
+"""CTAs the model gives a collective whose ``max_ctas`` is ``None`` (NCCL's default): assumed; NCCL picks its
+channel count from the topology, typically 16-32 on NVLink and fewer per NIC, and one CTA runs per channel."""
 
 CTA_BUDGETS: dict[str, tuple[int, ...]] = {
     "dp.reduce_scatter": (1, 2, 4, 8, 16, 32),
@@ -197,12 +211,12 @@ def layer_phase(k: int) -> str:
 def phase_layer(phase: str | None, num_layers: int) -> int | None:
     """Layers of the instruction done before a launch at ``phase``: ``k`` for ``layer<k>``, all for ``end``.
 
-    Returns ``None`` for ``after_optimizer`` and for the instruction's start (phase ``None``).
+    Returns ``None`` for ``after_optimizer``, ``gemm_overlap`` and the instruction's start (phase ``None``).
 
     Raises:
         CollectiveNameError: On an unknown phase or a layer index beyond the chunk's layers.
     """
-    if phase is None or phase == AFTER_OPTIMIZER_PHASE:
+    if phase is None or phase in (AFTER_OPTIMIZER_PHASE, GEMM_OVERLAP_PHASE):
         return None
     if phase == END_PHASE:
         return num_layers
@@ -269,7 +283,8 @@ class Collective:
     bandwidth_gbps: float
     """Bandwidth of that link per GPU and direction, GB/s."""
     launch_points: tuple[Boundary, ...]
-    """Allowed launch points, earliest first (one, the rank's first instruction, for inline classes)."""
+    """Allowed launch points, earliest first; for inline classes the rank's first instruction (phase ``None``)
+    and, for TP classes with sequence parallelism, the same with :data:`GEMM_OVERLAP_PHASE`."""
     layers: tuple[int, int] = (0, 0)
     """Bucket classes: the chunk's layers (model order, ``[first, last)``) whose parameters the bucket holds;
     the embedding or output layer counts as a layer of its own just outside ``[0, L)``."""
@@ -418,6 +433,8 @@ def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                     )
                 else:
                     points = _reduce_launch_points(last_backward, model_layers, workload.layers_per_chunk)
+                    if last_backward != order[-1]:
+                        points += (Boundary(order[-1], END_PHASE),)
                 result.append(
                     Collective(
                         name=collective_name("dp", op, chunk if virtual else None, index),
@@ -495,7 +512,9 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                     launches_per_iteration=2 * layers * passes,
                     link="nvlink",
                     bandwidth_gbps=workload.tp_bandwidth_gbps,
-                    launch_points=(first,),
+                    launch_points=(first, first._replace(phase=GEMM_OVERLAP_PHASE))
+                    if workload.sequence_parallel
+                    else (first,),
                 )
             )
     return result
