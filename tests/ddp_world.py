@@ -248,7 +248,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
 
     from megatron_energy.megatron.collective_launch import CollectiveLauncher
     from megatron_energy.megatron.communicators import BudgetCommunicators
-    from megatron_energy.plan import CollectiveAction
+    from megatron_energy.plan import Boundary, CollectiveAction
 
     observed = ObservedDdp(2, 2)
     world, order, stage, groups, layout = (
@@ -326,8 +326,24 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
         world.world.config, DistributedDataParallelConfig(overlap_grad_reduce=False), chunk0
     )
     report["refusals"].update(
-        _refusals([overlap_off], order, stage, layout, CollectiveAction(first.at, "dp.all_reduce.bucket0"))
+        _refusals(
+            [overlap_off],
+            order,
+            stage,
+            layout,
+            CollectiveAction(Boundary(order[-1]), "dp.all_reduce.bucket0"),
+        )
     )
+    # without --overlap-grad-reduce, megatron-core's own point (the end of the last instruction) is accepted
+    megatrons = CollectiveLauncher(
+        [overlap_off], [CollectiveAction(Boundary(order[-1], "end"), "dp.all_reduce.bucket0")], order, stage
+    )
+    report["overlap_off_accepted"] = not any(
+        name in vars(group)
+        for group in overlap_off.bucket_groups
+        for name in ("start_grad_sync", "finish_grad_sync")
+    )
+    megatrons.uninstall()
     try:
         CollectiveLauncher([ddp.module for ddp in world.ddp], [first], order, stage)
     except Exception as error:  # the test asserts type and message
@@ -424,6 +440,7 @@ def _refusals(chunks: Any, order: list, stage: int, layout: list, first: Any) ->
             "param_gather": [CollectiveAction(first.at, "dp.all_gather.chunk0.bucket0")],
             "bad_name": [CollectiveAction(first.at, "dp.broadcast.bucket0")],
             "twice": [first, first],
+            "gemm_overlap": [CollectiveAction(Boundary(order[0], "gemm_overlap"), "tp.all_gather")],
         }
     refusals = {}
     for case, actions in cases.items():

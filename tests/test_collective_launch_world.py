@@ -164,6 +164,7 @@ REFUSALS = {
     "bad_name": ("CollectivePlanError", "does not follow"),
     "overlap_off": ("CollectivePlanError", "add --overlap-grad-reduce"),
     "twice": ("CollectivePlanError", "more than once"),
+    "gemm_overlap": ("CollectivePlanError", "add --tp-comm-overlap"),
     "not_ddp": ("CollectivePlanError", "not megatron-core's DistributedDataParallel"),
 }
 
@@ -176,6 +177,7 @@ def test_plans_the_job_cannot_honour_are_refused_with_the_fix(reports: list[dict
             assert message.startswith(kind + ":"), message
             assert phrase in message, message
         assert report["untouched_after_refusals"]
+        assert report["overlap_off_accepted"]
 
 
 def test_the_runner_follows_the_sessions_plan_point(reports: list[dict[str, Any]]) -> None:

@@ -19,11 +19,16 @@ replaces ``start_grad_sync``/``finish_grad_sync`` on the planned groups' *instan
 - ``finish_grad_sync`` of a group whose point never came launches it first (gradients are always reduced)
   and records the miss; a checked plan cannot miss.
 
+Without ``--overlap-grad-reduce`` megatron-core reduces synchronously in ``finish_grad_sync``: the only
+launch point is then its own, the ``end`` of the rank's last instruction, where only a budget is applied.
+
 **Parameter all-gathers** (``dp.all_gather``) have two launch points in the contract, and they are
 Megatron's own: ``after_optimizer`` without and ``layer0`` of the chunk's first forward with
 ``--overlap-param-gather``; the launcher checks the plan agrees with the flag. **Inline collectives**
 (``pp.send_recv``, ``tp.*``) are launched by Megatron itself; a plan gives them only a budget, which the
-communicator Megatron created must already carry (``communicator_budgets.check_fixed_budget``).
+communicator Megatron created must already carry (``communicator_budgets.check_fixed_budget``); a TP class
+at phase ``gemm_overlap`` needs ``--tp-comm-overlap`` (Transformer Engine userbuffers), whose SMs come from
+``--tp-comm-overlap-cfg`` at start-up, so a budget there is refused.
 
 A plan the job cannot honour is refused when the launcher is built (``CollectivePlanError`` /
 ``BudgetError``, each naming what and how to fix). With no collective actions nothing is replaced, so Megatron
@@ -37,7 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_energy.kareus.collectives import AFTER_OPTIMIZER_PHASE, END_PHASE, ParsedName, layer_phase
+from megatron_energy.kareus.collectives import (
+    AFTER_OPTIMIZER_PHASE,
+    END_PHASE,
+    GEMM_OVERLAP_PHASE,
+    ParsedName,
+    layer_phase,
+)
 from megatron_energy.megatron.bucket_layout import (
     BucketGroup,
     bucket_groups,
@@ -81,6 +92,8 @@ class _Planned:
     bucket: BucketGroup
     start: Callable[..., Any]
     finish: Callable[..., Any]
+    timed: bool = True
+    """False: Megatron's own launch point (no ``--overlap-grad-reduce``), only the budget is applied."""
     launched: bool = False
     request: dict[str, Any] = field(default_factory=dict)
 
@@ -132,6 +145,9 @@ class CollectiveLauncher:
         self._virtual = len(model_chunks) > 1
         buckets = {(b.chunk, b.index): b for b in bucket_groups(model_chunks)}
         self._layers = [chunk_layers(ddp) for ddp in model_chunks]
+        self._tp_comm_overlap = bool(
+            getattr(getattr(model_chunks[0], "config", None), "tp_comm_overlap", False)
+        )
         planned = []
         named = [action.collective for action in collective_actions]
         twice = sorted({name for name in named if named.count(name) > 1})
@@ -187,13 +203,6 @@ class CollectiveLauncher:
     ) -> _Planned:
         bucket = self._bucket(parsed, action, buckets)
         config = bucket.group.ddp_config
-        if not config.overlap_grad_reduce:
-            raise CollectivePlanError(
-                f"the plan launches {action.collective} at the {boundary_label(action.at)}, but without "
-                "--overlap-grad-reduce megatron-core reduces gradients synchronously after the last "
-                "backward, with no launch to move: add --overlap-grad-reduce, or plan without collective "
-                "actions"
-            )
         if config.num_distributed_optimizer_instances > 1:
             raise CollectivePlanError(
                 "collective launch points are not supported with --num-distributed-optimizer-instances > 1 "
@@ -207,8 +216,18 @@ class CollectiveLauncher:
                 f"reduces gradients by {gradient_op(bucket.group)}: rerun planning for this job's optimizer "
                 "setting"
             )
-        check_gradient_launch(order, bucket.chunk, self._layers, bucket.places, action.collective, action.at)
         group = bucket.group
+        if not config.overlap_grad_reduce:
+            megatrons = Boundary(order[-1], END_PHASE)
+            if action.at != megatrons:
+                raise CollectivePlanError(
+                    f"the plan launches {action.collective} at the {boundary_label(action.at)}, but without "
+                    "--overlap-grad-reduce megatron-core reduces gradients synchronously at the "
+                    f"{boundary_label(megatrons)}, with no launch to move: add --overlap-grad-reduce, or "
+                    "rerun planning for this job"
+                )
+            return _Planned(action, bucket, group.start_grad_sync, group.finish_grad_sync, timed=False)
+        check_gradient_launch(order, bucket.chunk, self._layers, bucket.places, action.collective, action.at)
         return _Planned(action, bucket, group.start_grad_sync, group.finish_grad_sync)
 
     def _check_gather(
@@ -249,6 +268,9 @@ class CollectiveLauncher:
         order: Sequence[Instruction],
         communicator_config: Mapping[str, Mapping[str, Any]] | None,
     ) -> None:
+        if action.at.phase == GEMM_OVERLAP_PHASE and action.at._replace(phase=None) == Boundary(order[0]):
+            self._check_gemm_overlap(action)
+            return
         if action.at != Boundary(order[0]):
             raise CollectivePlanError(
                 f"the plan launches {action.collective} at the {boundary_label(action.at)}, but "
@@ -257,6 +279,26 @@ class CollectiveLauncher:
                 "rank's first instruction. Rerun planning"
             )
         check_fixed_budget(action.collective, action.max_ctas, communicator_config)
+
+    def _check_gemm_overlap(self, action: CollectiveAction) -> None:
+        if not action.collective.startswith("tp."):
+            raise CollectivePlanError(
+                f"the plan overlaps {action.collective} with GEMMs ({GEMM_OVERLAP_PHASE!r}); only TP "
+                "collectives can be: rerun planning"
+            )
+        if not self._tp_comm_overlap:
+            raise CollectivePlanError(
+                f"the plan overlaps {action.collective} with its GEMMs ({GEMM_OVERLAP_PHASE!r}), which "
+                "megatron-core does only through Transformer Engine's userbuffers: add --tp-comm-overlap "
+                "(with --sequence-parallel and Transformer Engine), or rerun planning for this job"
+            )
+        if action.max_ctas is not None:
+            raise CollectivePlanError(
+                f"the plan gives {action.collective} {action.max_ctas} SMs under --tp-comm-overlap; "
+                "Transformer Engine takes them per GEMM from --tp-comm-overlap-cfg ('num_sm') at start-up "
+                "and this runtime neither writes nor reads that file: set num_sm there and plan without a "
+                "budget"
+            )
 
     def _prepare_budgets(
         self, planned: list[_Planned], budget_actions: Sequence[Action], buckets: dict, check_backend: bool
@@ -292,6 +334,15 @@ class CollectiveLauncher:
 
     def _install(self, item: _Planned) -> None:
         group = item.bucket.group
+        if not item.timed:
+            if item.action.max_ctas is not None:
+
+                def budgeted_start_grad_sync(*args: Any, **kwargs: Any) -> None:
+                    self._launch(item, "megatron-core's own point", *args, **kwargs)
+
+                group.start_grad_sync = budgeted_start_grad_sync
+                self._restore.append(lambda: _drop_instance_attrs(group, ("start_grad_sync",)))
+            return
 
         def start_grad_sync(*args: Any, **kwargs: Any) -> None:
             if not item.launched:
@@ -334,18 +385,19 @@ class CollectiveLauncher:
         while self._restore:
             self._restore.pop()()
 
-    def _launch(self, item: _Planned, where: str) -> None:
+    def _launch(self, item: _Planned, where: str, *args: Any, **kwargs: Any) -> None:
         budget = item.action.max_ctas
         item.launched = True
         group = item.bucket.group
+        request = kwargs if args or kwargs else item.request
         if budget is None or self.communicators is None:
-            item.start(**item.request)
+            item.start(*args, **request)
         else:
             attr = communicator_attr(group)
             base = getattr(group, attr)
             setattr(group, attr, self.communicators.get(base, budget))
             try:
-                item.start(**item.request)
+                item.start(*args, **request)
             finally:
                 setattr(group, attr, base)
         self.launches.append(Launch(self.step, item.action.collective, where, budget))
