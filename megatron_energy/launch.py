@@ -95,11 +95,13 @@ def attach_to_training(args: argparse.Namespace, model_config: Any) -> None:
     Raises:
         UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
     """
+    from megatron_energy.megatron.collective_runner import add_collective_runner, chunks_from_config
     from megatron_energy.megatron.hooks import attach_hooks
     from megatron_energy.megatron.modes import refused_in_args, require_supported
 
     require_supported(refused_in_args(args))
     listeners = build_listeners(EnergyConfig.from_args(args))
+    add_collective_runner(listeners, lambda: chunks_from_config(model_config))
     if listeners:
         attach_hooks(model_config, ListenerFanout(listeners))
         atexit.register(close_listeners, listeners)

@@ -247,6 +247,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     from megatron_energy.megatron.collective_launch import CollectiveLauncher
+    from megatron_energy.megatron.collective_runner import chunks_from_config
     from megatron_energy.megatron.communicators import BudgetCommunicators
     from megatron_energy.plan import Boundary, CollectiveAction
 
@@ -318,6 +319,10 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     current.clear()
 
     report["runner"] = _follow_a_session(world, current, run_steps, order, stage, layout)
+    found = chunks_from_config(world.world.config) or []
+    report["chunks_from_config"] = len(found) == len(world.ddp) and all(
+        a is b for a, b in zip(found, world.ddp, strict=False)
+    )
 
     report["refusals"] = _refusals(world, order, stage, layout, first)
     report["untouched_after_refusals"] = not any("start_grad_sync" in vars(b.group) for b in groups)

@@ -190,6 +190,9 @@ def test_the_runner_follows_the_sessions_plan_point(reports: list[dict[str, Any]
         megatron = _launched_after(_steps(report["baseline"])[0])
         assert _launched_after(steps["stopped"]) == megatron
         assert _launched_after(steps["refused"]) == megatron
+        assert report["chunks_from_config"], (
+            "the patched path finds the DDP chunks behind config.no_sync_func"
+        )
         (line,) = runner["lines"]
         assert "collective actions are not applied (its clocks are)" in line
         assert "bucket group(s)" in line

@@ -184,20 +184,42 @@ def megatron_communicator_config() -> CommunicatorConfig:
     return None if path is None else read_communicator_config(path)
 
 
-def add_collective_runner(listeners: list[Any]) -> Callable[[], None]:
-    """Launcher path: follow the energy session among ``listeners`` with a :class:`CollectiveRunner`.
+def chunks_from_config(model_config: Any) -> list[Any] | None:
+    """The DDP model chunks behind ``config.no_sync_func``; ``None`` when it is not set.
 
-    Appends the runner (after the session, so it sees the plan the session adopted) and captures the model.
+    Megatron's ``train()`` sets it to the chunks' bound ``no_sync`` methods under ``--overlap-grad-reduce``
+    (patched path: the model itself is not handed to the hooks).
+    """
+    funcs = getattr(model_config, "no_sync_func", None)
+    if funcs is None:
+        return None
+    owners = [getattr(func, "__self__", None) for func in (funcs if isinstance(funcs, list) else [funcs])]
+    return None if any(owner is None for owner in owners) else owners
+
+
+def add_collective_runner(
+    listeners: list[Any], model_chunks: Callable[[], Sequence[Any] | None] | None = None
+) -> Callable[[], None]:
+    """Follow the energy session among ``listeners`` with a :class:`CollectiveRunner`.
+
+    Appends the runner after the session, so it sees the plan the session adopted.
+
+    Args:
+        listeners: The listeners the hooks feed (the session, if any, among them).
+        model_chunks: Returns this rank's DDP chunks; ``None`` (launcher path): captured from
+            megatron-training's ``setup_model_and_optimizer`` (:func:`capture_model`).
 
     Returns:
-        A function restoring megatron-training's ``setup_model_and_optimizer``.
+        A function undoing the capture (a no-op when nothing was captured).
     """
     from megatron_energy.megatron.session_factory import DeferredSession
 
     sessions = [listener for listener in listeners if isinstance(listener, DeferredSession)]
     if not sessions:
         return lambda: None
-    captured, restore = capture_model()
+    restore: Callable[[], None] = lambda: None  # noqa: E731
+    if model_chunks is None:
+        model_chunks, restore = capture_model()
     deferred = sessions[0]
-    listeners.append(CollectiveRunner(lambda: deferred.session, captured, megatron_communicator_config))
+    listeners.append(CollectiveRunner(lambda: deferred.session, model_chunks, megatron_communicator_config))
     return restore
