@@ -278,10 +278,10 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
     EnergyFlag(
         "mode",
         ("--energy-mode",),
-        "Optimiser: perseus (clock per pipeline instruction), all (every released optimiser composed), or "
-        "the name of an optimiser an installed plugin declares; kareus and kernel are named but not released "
-        "yet.",
-        {"metavar": "{perseus,all,PLUGIN}"},
+        "Optimiser: perseus (clock per pipeline instruction), kareus (collective launch points and CTA "
+        "budgets, at stock clocks), all (every released optimiser composed: perseus then kareus), or the "
+        "name of an optimiser an installed plugin declares; kernel is named but not released yet.",
+        {"metavar": "{perseus,kareus,all,PLUGIN}"},
     ),
     EnergyFlag(
         "target",

@@ -12,13 +12,17 @@ before, which it receives as ``base``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from megatron_energy.config import EnergyTarget
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+
+if TYPE_CHECKING:
+    from megatron_energy.dvfs.spec import GpuSpec
+    from megatron_energy.kareus.collectives import CollectiveWorkload
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,14 @@ class PlanningJob:
 
     kept_points: int = 8
     """Executable frontier points a plan keeps besides the target (for a straggler's pace)."""
+
+    collectives: CollectiveWorkload | None = None
+    """What the job's collectives are built from (shape, parallelism, links); the collective scheduler
+    (``kareus``) needs it, the clock planner does not."""
+
+    gpu: GpuSpec | None = None
+    """The GPU spec (SM count, interconnect, powers) for models that need more than the profile; looked up by
+    the profile's GPU name when ``None``."""
 
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""

@@ -1,9 +1,11 @@
 """``--energy-mode`` → optimiser: the one registry every entry point dispatches through.
 
-``perseus`` is the clock-per-instruction optimiser. ``kareus`` (collective launch points and SM budgets)
-and ``kernel`` (phase-level clocks) are named modes whose optimisers have not landed yet: asking for them
-gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`. ``all``
-composes every released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how).
+``perseus`` is the clock-per-instruction optimiser; ``kareus`` chooses the launch point and CTA (SM) budget
+of every collective class jointly with the clock (alone: at stock clocks; it needs the job's collective
+workload, ``PlanningJob.collectives``). ``kernel`` (phase-level clocks) is a named mode whose optimiser has
+not landed yet: asking for it gives an error that says so, at flag-parsing time (:func:`mode_problem`) and
+at :func:`resolve`. ``all`` composes every released optimiser in :data:`COMPOSITION_ORDER`
+(``megatron_energy.composition`` says how): today Perseus's clocks, then Kareus's collectives on them.
 Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
 package by declaring an entry point in the ``megatron_energy.optimisers`` group (``name = module:factory``,
 e.g. in its ``pyproject.toml``: ``[project.entry-points."megatron_energy.optimisers"]`` then
@@ -31,7 +33,6 @@ COMPOSITION_ORDER: tuple[str, ...] = ("perseus", "kareus", "kernel")
 """The order ``all`` runs the optimisers in: clocks per instruction first, then collectives, then phases."""
 
 UNRELEASED: dict[str, str] = {
-    "kareus": "collective launch points and SM budgets (Kareus-style)",
     "kernel": "phase-level (kernel-group) clocks",
 }
 """Modes that are named but whose optimisers have not landed yet, with what they will do."""
@@ -39,7 +40,10 @@ UNRELEASED: dict[str, str] = {
 Factory = Callable[[], "Optimiser"] | str
 """A zero-argument callable returning an optimiser, or its ``module:attribute`` import path."""
 
-_FACTORIES: dict[str, Factory] = {"perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser"}
+_FACTORIES: dict[str, Factory] = {
+    "perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser",
+    "kareus": "megatron_energy.kareus.optimiser:KareusOptimiser",
+}
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"
 """The entry-point group plugin packages declare their optimisers in."""

@@ -8,21 +8,25 @@ for the instruction), its energy and provenance. Under switch latency a requeste
 later (``sim.simulator``): an instruction that ran wholly at the previous clock is one slice at that clock,
 and one during which the switch took effect is two slices, the first at the previous clock and the second at
 the requested one, each with the duration and energy it ran at its own clock. Point-to-point transfers sit on
-a separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. Every name and
+a separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. With collectives
+(``sim.overlap``), each stage process has a second thread, ``collectives (modelled)``, with one slice per
+collective launch (its name, CTA budget and the seconds it ran beside compute in ``args``). Every name and
 ``args`` entry says the figures are modelled.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from megatron_energy.pipeline.dag import Transfer
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.sim.overlap import CommSlice
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
 _COMPUTE_THREAD = 0
+_COLLECTIVES_THREAD = 1
 SWITCH_PENDING = "requested clock not yet in effect (switch latency); time and energy at the clock in effect"
 """What a compute slice run at another clock than requested says in its ``args``."""
 _SAME_INSTANT_S = 1e-12
@@ -110,12 +114,32 @@ def _power_counter(
         }
 
 
-def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]:
+def _collective_events(comm: Sequence[CommSlice]) -> Iterator[dict[str, Any]]:
+    """A ``collectives (modelled)`` thread per stage with one slice per collective launch."""
+    for stage in sorted({piece.stage for piece in comm}):
+        yield _thread_metadata(stage, _COLLECTIVES_THREAD, "collectives (modelled)")
+    for piece in comm:
+        yield {
+            "ph": "X",
+            "name": piece.name,
+            "cat": "collective",
+            "pid": piece.stage,
+            "tid": _COLLECTIVES_THREAD,
+            "ts": piece.start_s * _MICROSECONDS_PER_S,
+            "dur": (piece.end_s - piece.start_s) * _MICROSECONDS_PER_S,
+            "args": {"source": "modelled", "ctas": piece.ctas, "overlapped_s": piece.overlapped_s},
+        }
+
+
+def trace_events(
+    result: SimResult, powers: StagePowers, comm: Sequence[CommSlice] = ()
+) -> list[dict[str, Any]]:
     """Chrome trace events for ``result``.
 
     Args:
         result: A simulated iteration.
         powers: Blocked and idle power used for the power counter (the simulator's ``powers``).
+        comm: Collective launches of the iteration (``sim.overlap``), one track per stage; none when empty.
 
     Returns:
         The ``traceEvents`` list.
@@ -150,6 +174,7 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
     for stage, slices in enumerate(compute_by_stage):
         slices.sort(key=lambda piece: piece.start_s)
         events.extend(_power_counter(result, stage, powers, slices))
+    events.extend(_collective_events(comm))
     return events
 
 
@@ -180,20 +205,21 @@ def _compute_event(piece: Slice, part: _Part, common: dict[str, Any]) -> dict[st
         "energy_j": part.energy_j,
     }
     if part.clock_mhz != piece.clock_mhz:
-        args["switch"] = (
-            "requested clock not yet in effect (switch latency): time and energy at the clock in effect"
-        )
+        args["switch"] = SWITCH_PENDING
     name = f"{_slice_name(piece)} @{part.clock_mhz} MHz"
     return _event(name, piece.kind, piece.stage, _COMPUTE_THREAD, part.start_s, part.end_s, args)
 
 
-def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Path:
+def write_trace(
+    result: SimResult, powers: StagePowers, path: str | Path, comm: Sequence[CommSlice] = ()
+) -> Path:
     """Write ``result`` as a Chrome / Perfetto JSON trace.
 
     Args:
         result: A simulated iteration.
         powers: Blocked and idle power (the simulator's ``powers``), for the power counter.
         path: Destination file; parent folders are created.
+        comm: Collective launches (``sim.overlap``), shown on a collectives track per stage.
 
     Returns:
         The path written.
@@ -201,7 +227,7 @@ def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Pat
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     document = {
-        "traceEvents": trace_events(result, powers),
+        "traceEvents": trace_events(result, powers, comm),
         "displayTimeUnit": "ms",
         "otherData": {
             "source": "modelled",
