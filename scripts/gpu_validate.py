@@ -67,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loop-s", type=float, default=3.0, help="seconds per calibration loop (>= 2)")
     parser.add_argument("--overhead-s", type=float, default=0.0, help="seconds for overhead pairs (0: none)")
     parser.add_argument("--budget-s", type=float, default=570.0, help="no step runs past this (one call)")
+    parser.add_argument(
+        "--script",
+        type=Path,
+        default=Path("scripts/pretrain_gpt.py"),
+        help="the pretrain script the launcher runs, e.g. Megatron-LM's own pretrain_gpt.py (its folder "
+        "goes on PYTHONPATH for its gpt_builders/model_provider imports)",
+    )
     parser.add_argument("--skip", action="append", default=[], choices=("calibrate", "dry-run", "report"))
     args = parser.parse_args(argv)
     if args.train_iters < 25:
@@ -151,7 +158,7 @@ def dry_run_command(args: argparse.Namespace, work: Path) -> list[str]:
         "29519",
         "-m",
         "megatron_energy.launch",
-        "scripts/pretrain_gpt.py",
+        str(args.script),
         *gpt_args(microbatches=16, micro_batch_size=2, train_iters=args.train_iters),
         "--energy-optimise",
         "--energy-dry-run",
@@ -258,7 +265,8 @@ def validate(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(args.site), str(REPO), env.get("PYTHONPATH", "")]).rstrip(":")
+    paths = [str(args.script.resolve().parent), str(args.site), str(REPO), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(":")
     steps = Steps(env, args.budget_s)
     print(install_wheels(args, env), flush=True)
     steps.run("gpu", ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv"], 30)
