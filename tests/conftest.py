@@ -1,4 +1,5 @@
-"""Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder.
+"""Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder;
+the session's one run of ``megatron-energy demo``.
 
 The installed tree itself is never modified, and no test writes clock leases into the machine's run folder.
 """
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from demo_run import DemoRun, run_demo
 
 from megatron_energy.dvfs.lease import RUN_DIR_ENV
 from megatron_energy.megatron import patching
@@ -58,3 +60,9 @@ def megatron_files_copy(tmp_path: Path) -> Callable[[], Path]:
         return root
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The session's one ``megatron-energy demo`` run (``demo_run``), for the tests reading its output."""
+    return run_demo(tmp_path_factory.mktemp("demo") / "energy")
