@@ -7,5 +7,5 @@ cd "$root"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# two pytest-xdist workers, each test file (or group of files sharing a session run) on one worker (conftest)
-.venv/bin/python -m pytest -n "${MEGATRON_ENERGY_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# pytest-xdist workers, a test file on one worker (tests/file_scheduling.py), the world files first (conftest)
+.venv/bin/python -m pytest -n "${MEGATRON_ENERGY_TEST_WORKERS:-2}" --no-loadscope-reorder "$@"

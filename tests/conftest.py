@@ -68,25 +68,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     return run_demo(tmp_path_factory.mktemp("demo") / "energy")
 
 
-SHARED_RUNS = ("demo", "patched_megatron_root")
-"""Session fixtures worth running once: a test file using one goes to the group named after it."""
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order and group the tests for ``pytest -n 2 --dist loadgroup`` (``scripts/test.sh``).
+    """Run the test files that spawn worlds (marked ``world``) first, the order within a file kept.
 
-    Each test file is one ``xdist_group``, so a module-scoped world runs once, on one worker; files sharing
-    a session run (``SHARED_RUNS``) share a group, so it runs once too. Files that spawn worlds (marked
-    ``world``) come first, so the quick files fill the other worker's time at the end. Without xdist the
-    marks do nothing and only the order changes.
+    Under ``pytest -n 2 --no-loadscope-reorder`` (``scripts/test.sh``) the workers take the files in this
+    order, so the quick ones fill the other worker's time at the end.
     """
-    groups: dict[Path, str] = {}
-    for item in items:
-        shared = [name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ())]
-        if shared or item.path not in groups:
-            groups[item.path] = shared[0] if shared else item.path.name
     worlds = {item.path for item in items if item.get_closest_marker("world")}
-    items.sort(key=lambda item: item.path not in worlds)  # stable: the order within a file is kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
+    items.sort(key=lambda item: item.path not in worlds)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist: a file per worker, the demo's readers together (``file_scheduling``)."""
+    from file_scheduling import FileScheduling
+
+    return FileScheduling(config, log)
