@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats as scipy_stats
+from scipy import special  # the quantile functions scipy.stats calls, without its seconds of import
 
 Source = Literal["measured", "modelled"]
 
@@ -178,7 +178,7 @@ def _check_confidence(confidence: float) -> None:
 def _t_quantile(confidence: float, dof: float) -> float:
     """Two-sided Student-t quantile for ``confidence`` at ``dof`` degrees of freedom."""
     _check_confidence(confidence)
-    return float(scipy_stats.t.ppf(0.5 + confidence / 2.0, dof))
+    return float(special.stdtrit(dof, 0.5 + confidence / 2.0))
 
 
 def mean_interval(samples: Sequence[float], confidence: float = 0.95) -> MeanInterval:
@@ -330,7 +330,7 @@ def baseline_steps(
     _check_confidence(confidence)
     per_sample = iterations_per_sample(iteration_s, counter_period_s)
     window_cv = observed_cv / math.sqrt(per_sample)
-    normal_q = float(scipy_stats.norm.ppf(0.5 + confidence / 2.0))
+    normal_q = float(special.ndtri(0.5 + confidence / 2.0))
     samples = max(2, min_samples, math.ceil(2.0 * (normal_q * window_cv / target_halfwidth) ** 2))
     while _t_quantile(confidence, 2 * samples - 2) * window_cv * math.sqrt(2.0 / samples) > target_halfwidth:
         samples += 1

@@ -1,4 +1,5 @@
-"""Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder.
+"""Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder;
+the session's one run of ``megatron-energy demo``.
 
 The installed tree itself is never modified, and no test writes clock leases into the machine's run folder.
 """
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from demo_run import DemoRun, run_demo
 
 from megatron_energy.dvfs.lease import RUN_DIR_ENV
 from megatron_energy.megatron import patching
@@ -58,3 +60,27 @@ def megatron_files_copy(tmp_path: Path) -> Callable[[], Path]:
         return root
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The session's one ``megatron-energy demo`` run (``demo_run``), for the tests reading its output."""
+    return run_demo(tmp_path_factory.mktemp("demo") / "energy")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the test files that spawn worlds (marked ``world``) first, the order within a file kept.
+
+    Under ``pytest -n 2 --no-loadscope-reorder`` (``scripts/test.sh``) the workers take the files in this
+    order, so the quick ones fill the other worker's time at the end.
+    """
+    worlds = {item.path for item in items if item.get_closest_marker("world")}
+    items.sort(key=lambda item: item.path not in worlds)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under pytest-xdist: a file per worker, the demo's readers together (``file_scheduling``)."""
+    from file_scheduling import FileScheduling
+
+    return FileScheduling(config, log)

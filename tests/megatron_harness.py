@@ -1,7 +1,8 @@
 """Run megatron-core's real pipeline schedules on CPU in the tests: gloo worlds of forked ranks.
 
-``spawn_world`` spawns one fresh process (``torch.multiprocessing.spawn``) that installs the CPU shims,
-imports megatron-core once and forks N ranks (a free ``MASTER_PORT`` per world); each rank runs a worker
+``spawn_world`` starts one process, the world's zygote (``zygote.start_zygote``: forked from the session's
+forkserver, which imported torch and megatron-core once, or a fresh interpreter for another megatron tree),
+that installs the CPU shims and forks N ranks (a free ``MASTER_PORT`` per world); each rank runs a worker
 function and its (picklable) result comes back to the parent. Inside a worker, ``PipelineWorld`` builds
 megatron-core's parallel state and a tiny ``GPTModel`` split into pipeline stages and virtual-pipeline chunks.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from zygote import start_zygote
 
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.demo_model.cpu_shims import install_cpu_shims, warnings_silenced
@@ -82,7 +84,7 @@ def _rank_main(rank: int, world_size: int, port: int, worker: Worker, payload: A
 def _zygote(
     _index: int, world_size: int, worker: str, payload: Any, result_dir: str, megatron_root: str | None
 ) -> None:
-    """Import megatron-core once, then fork the ranks: N processes share one import instead of paying N."""
+    """Import megatron-core (if the forkserver has not), then fork the ranks: N processes share one import."""
     if megatron_root is not None:
         sys.path.insert(0, megatron_root)
     install_cpu_shims()
@@ -110,9 +112,11 @@ def spawn_world(
 ) -> list[Any]:
     """Run ``worker(rank, world_size, payload)`` on ``world_size`` gloo processes; return every rank's result.
 
-    One fresh process is spawned (``torch.multiprocessing.spawn``); it puts ``megatron_root`` first on
-    ``sys.path``, installs the CPU shims, imports megatron-core and forks the ranks, so the import (seconds
-    per process) is paid once per world. An exception on any rank is re-raised here with its traceback.
+    One zygote process is started (``zygote.start_zygote``); it puts ``megatron_root`` first on ``sys.path``,
+    installs the CPU shims, imports megatron-core and forks the ranks. Against the installed megatron-core
+    the zygote is forked from the session's forkserver, which imported it already, so a world pays no
+    import; against ``megatron_root`` it is a fresh interpreter that pays it once. An exception on any rank
+    is re-raised here with its traceback.
 
     Args:
         worker: A module-level function; its module must not import megatron at import time.
@@ -127,7 +131,7 @@ def spawn_world(
     result_dir.mkdir(parents=True, exist_ok=True)
     reference = f"{worker.__module__}:{worker.__qualname__}"
     root = None if megatron_root is None else str(megatron_root)
-    mp.spawn(_zygote, args=(world_size, reference, payload, str(result_dir), root), nprocs=1, join=True)
+    start_zygote(_zygote, (world_size, reference, payload, str(result_dir), root), warm=root is None)
     return [pickle.loads((result_dir / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)]
 
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from demo_run import DemoRun
 
 from megatron_energy.cli import main
 
@@ -113,16 +114,6 @@ def test_simulate_explains_an_unknown_gpu_and_a_truncated_plan_in_one_line(
     assert status == 2 and "none.yaml is not a file" in err
 
 
-@pytest.fixture(scope="module")
-def demo_energy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    energy_dir = tmp_path_factory.mktemp("demo") / "energy"
-    argv = ["demo", "--pipeline-model-parallel-size", "2", "--num-microbatches", "2"]
-    argv += ["--energy-freq-grid", "1980,1005", "--energy-profile-iters", "1", "--run-iters", "2"]
-    argv += ["--energy-dir", str(energy_dir)]
-    assert main(argv) == 0
-    return energy_dir
-
-
 def _copy_latest_job(energy_dir: Path, tmp_path: Path) -> Path:
     copy = Path(shutil.copytree(energy_dir, tmp_path / "energy"))
     fingerprint = json.loads((copy / "last_job.json").read_text())["fingerprint"]
@@ -132,9 +123,10 @@ def _copy_latest_job(energy_dir: Path, tmp_path: Path) -> Path:
 @pytest.mark.world
 @pytest.mark.parametrize("damage", ["truncated profile", "unknown GPU"])
 def test_report_explains_a_damaged_job_in_one_line(
-    demo_energy_dir: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+    demo: DemoRun, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = _copy_latest_job(demo_energy_dir, tmp_path)
+    assert demo.status == 0, demo.out[-3000:]  # the session's one demo run (conftest.demo)
+    job = _copy_latest_job(demo.energy_dir, tmp_path)
     if damage == "truncated profile":
         profile = job / "profile.csv"
         profile.write_text(profile.read_text().rsplit(",", 2)[0])  # the last line loses two fields

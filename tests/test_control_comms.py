@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch.distributed as dist
 from megatron_harness import spawn_world
+
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
 PIPELINES = ([0, 1], [2, 3])
 

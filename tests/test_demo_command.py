@@ -1,24 +1,22 @@
 """`megatron-energy demo`, the README's main job without GPUs, through the command line and the launcher path.
 
-One demo runs (PP=4 of GPT-3 1.3B stage work on simulated H100s, 4 microbatches, a 2-clock grid with two
-measured iterations per clock, 3 iterations with the plan) and the tests read what it printed and wrote.
+The session's one demo run (``demo_run``: PP=2 of GPT-3 1.3B stage work on simulated H100s, 4 microbatches,
+a 2-clock grid with two measured iterations per clock, 3 iterations with the plan) and the tests read what it
+printed and wrote.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from demo_run import PIPELINE_SIZE, RUN_ITERS, DemoRun
 
 from megatron_energy.cli import main
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.plan import Plan
-from megatron_energy.report.job_report import latest_job_folder
 from megatron_energy.runtime.energy_log import read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
@@ -26,7 +24,6 @@ from megatron_energy.stats import relative_change
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
 PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
-RUN_ITERS = 3
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
 MEGATRON_LINE = re.compile(
     r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +(\d+) \| consumed samples: +\d+ \| "
@@ -35,45 +32,14 @@ MEGATRON_LINE = re.compile(
 ENERGY_LINE = re.compile(r"^\[energy\] iteration (\d+) \| ([^|]+) \| J/iter modelled: ")
 
 
-@dataclass(frozen=True)
-class DemoRun:
-    status: int
-    out: str
-    energy_dir: Path
-
-    @property
-    def lines(self) -> list[str]:
-        return self.out.splitlines()
-
-    @property
-    def job(self) -> Path:
-        return latest_job_folder(self.energy_dir)
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    """Run the demo once, its standard output captured (it is not a terminal, as when piped)."""
-    energy_dir = tmp_path_factory.mktemp("demo") / "energy"
-    argv = [
-        "demo",
-        "--pipeline-model-parallel-size", "4",
-        "--num-microbatches", "4",
-        "--run-iters", str(RUN_ITERS),
-        "--energy-freq-grid", "1980,1530",
-        "--energy-profile-iters", "2",
-        "--energy-dir", str(energy_dir),
-    ]  # fmt: skip
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    return DemoRun(status, out.getvalue(), energy_dir)
-
-
 def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> None:
     assert demo.status == 0, demo.out[-3000:]
     (command,) = [line for line in demo.lines if line.startswith("launcher command: ")]
-    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in command
-    assert f"-m megatron_energy.launch {TRAINING_SCRIPT} --pipeline-model-parallel-size 4" in command
+    assert f"-m torch.distributed.run --nnodes 1 --nproc-per-node {PIPELINE_SIZE}" in command
+    assert (
+        f"-m megatron_energy.launch {TRAINING_SCRIPT} --pipeline-model-parallel-size {PIPELINE_SIZE}"
+        in command
+    )
     assert "--num-layers 24 --hidden-size 2048" in command  # GPT-3 1.3B, whose stage work is timed
     assert "--energy-optimise --energy-backend simulated --energy-gpu-spec h100-sxm" in command
     assert f"--train-iters {TRAIN_ITERS}" in command
@@ -99,7 +65,7 @@ def test_cpu_noise_stays_out_and_megatrons_arguments_go_to_the_log(demo: DemoRun
     assert f"(Megatron's arguments: in {ranks_log})" in demo.lines
     log = ranks_log.read_text()
     assert "-------------------- end of arguments ---------------------" in log
-    assert re.search(r"^  pipeline_model_parallel_size \.+ 4$", log, flags=re.MULTILINE)
+    assert re.search(rf"^  pipeline_model_parallel_size \.+ {PIPELINE_SIZE}$", log, flags=re.MULTILINE)
 
 
 def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo: DemoRun) -> None:
@@ -111,7 +77,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
         (line,) = [line for line in demo.lines if line.startswith(f"│ {label} ")]
         return [cell.strip() for cell in line.strip("│").split("│")]
 
-    prediction = row("energy per iteration, 4 GPUs, plan file's prediction (modelled)")
+    prediction = row(f"energy per iteration, {PIPELINE_SIZE} GPUs, plan file's prediction (modelled)")
     saving = target.energy_j / predicted_stock.energy_j - 1
     assert prediction[1:] == [
         f"{predicted_stock.energy_j:.1f} J",
@@ -131,7 +97,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
     assert [r.iteration for r in records] == list(range(PROFILING_ITERS + 1, TRAIN_ITERS + 1))
     planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]
     planned_j = statistics.mean(planned)
-    run = row("energy per iteration, 4 GPUs, run (modelled)")
+    run = row(f"energy per iteration, {PIPELINE_SIZE} GPUs, run (modelled)")
     assert run[1:] == [
         f"{statistics.mean(baseline.step_energy_j):.1f} J",
         f"{planned_j:.1f} J",

@@ -1,6 +1,6 @@
 """Fault injection on the launcher path: every fault ends in one outcome on every rank and a finished job.
 
-One spawned process imports megatron-core once and forks two gloo worlds of two pipeline ranks each (PP=2,
+One zygote (megatron-core imported, ``zygote.start_zygote``) forks two gloo worlds of two ranks each (PP=2,
 simulated h100-sxm GPUs, a 2-clock profiling grid). Each rank runs a list of *jobs* one after the other,
 each exactly as ``python -m megatron_energy.launch`` runs one: the ``--energy-*`` flags parsed by the
 launcher's parser, its listeners (``DeferredSession``), its unpatched-path hooks around megatron-core's real
@@ -52,6 +52,7 @@ from megatron_harness import (
     install_cpu_shims,
     warnings_silenced,
 )
+from zygote import start_zygote
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.events import read_trace
@@ -526,7 +527,7 @@ def _rank_main(rank: int, world_spec: World, port: int, root: str, meet: Any, re
 
 
 def _zygote(_index: int, worlds: tuple[World, ...], root: str, ready: Any) -> None:
-    """Import megatron-core once, then fork every world's two ranks (they share the import)."""
+    """Import megatron-core (if the forkserver has not), then fork every world's two ranks (they share it)."""
     install_cpu_shims()
     with warnings_silenced():  # warm every import a job makes, so both worlds start a job equally fast
         import megatron.core.models.gpt
@@ -617,9 +618,8 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory) -> FaultRun:
     """Run both worlds; kill ``main``'s last job once both its ranks run the cached plan."""
     root = tmp_path_factory.mktemp("faults")
     ready, announce = mp.get_context("spawn").Pipe(duplex=False)
-    context = mp.start_processes(
-        _zygote, args=(WORLDS, str(root), announce), nprocs=1, join=False, start_method="spawn"
-    )
+    context = start_zygote(_zygote, (WORLDS, str(root), announce), join=False)
+    assert context is not None
     announce.close()
     (zygote_pid,) = context.pids()
     zygote_ended = context.processes[0].sentinel

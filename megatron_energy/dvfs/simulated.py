@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -393,9 +393,8 @@ class SimulatedGPUs(GPUs):
         self._last_write_s = now_s
         gpus = []
         for state in self._states:
-            record = asdict(state)
-            del record["recent"]
-            gpus.append(record)
+            # the fields but ``recent`` are scalars: no deep copy (asdict's) of its samples at every write
+            gpus.append({f.name: getattr(state, f.name) for f in fields(state) if f.name != "recent"})
         write_atomically(
             self.state_path,
             json.dumps(
