@@ -57,6 +57,10 @@ TARGET_GAP = 2e-4
 """The local search stops once a plan is within this fraction of the relaxed lower bound."""
 MIN_GAIN = 1e-5
 """The local search stops when a round gains less than this fraction of the plan's energy."""
+EXACT_LP_INSTRUCTIONS = 8192
+"""Up to this many instructions, a sweep solves the relaxed problem at every deadline."""
+LARGE_LP_POINTS = 12
+"""Deadlines at which a sweep of a larger DAG solves the relaxed problem (the rest interpolate)."""
 
 
 def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[NodeId, int]:
@@ -93,10 +97,13 @@ class FrontierPoint:
         deadline_s: Iteration-time budget the plan was solved for.
         time_s: Simulated iteration time of the plan (never above ``deadline_s``).
         energy_j: Simulated energy of one iteration under the plan, all stages.
-        lower_bound_j: Optimum of the relaxed problem at ``deadline_s``: no plan meeting it uses less.
+        lower_bound_j: No plan meeting ``deadline_s`` uses less: the optimum of the relaxed problem at the
+            deadline when ``exact_bound``, otherwise the best tangent of the (convex) relaxed optimum as a
+            function of the deadline, taken at the deadlines where it was solved (valid, but looser).
         stage_energy_j: Simulated energy per stage.
         stage_busy_s: Simulated busy (computing) time per stage.
         clocks: SM clock of every compute node.
+        exact_bound: Whether ``lower_bound_j`` is the relaxed optimum at this very deadline.
     """
 
     deadline_s: float
@@ -106,10 +113,11 @@ class FrontierPoint:
     stage_energy_j: tuple[float, ...]
     stage_busy_s: tuple[float, ...]
     clocks: Mapping[NodeId, int]
+    exact_bound: bool = True
 
     @property
     def gap(self) -> float:
-        """Relative distance of the plan's energy above the relaxed lower bound."""
+        """Relative distance of the plan's energy above its lower bound."""
         return self.energy_j / self.lower_bound_j - 1.0
 
 
@@ -155,19 +163,45 @@ class Frontier:
 
 @dataclass(frozen=True)
 class RelaxedSolution:
-    """Optimum of the relaxed (convex-hull) problem at one deadline.
+    """A solution of the relaxed (convex-hull) problem at one deadline, and a lower bound for the deadline.
 
     Attributes:
         deadline_s: The iteration-time budget.
-        time_s: Iteration time of the relaxed optimum (at most the deadline).
-        lower_bound_j: Its energy: a lower bound for every plan that meets the deadline.
+        time_s: Iteration time of the relaxed solution (at most the deadline).
+        lower_bound_j: No plan that meets the deadline uses less.
         durations_s: Relaxed duration of every node, indexed like ``PipelineDag.nodes``.
+        slope_j_per_s: Rate of change of the relaxed optimum with the deadline (a subgradient, at most 0).
+        exact: Whether this is the relaxed optimum itself; otherwise a feasible relaxed solution interpolated
+            between two solved deadlines, with the best tangent of the solved ones as its bound.
     """
 
     deadline_s: float
     time_s: float
     lower_bound_j: float
     durations_s: np.ndarray
+    slope_j_per_s: float = 0.0
+    exact: bool = True
+
+    def tangent_j(self, deadline_s: float) -> float:
+        """The relaxed optimum's tangent through this solution, at ``deadline_s``: a lower bound there."""
+        return self.lower_bound_j + self.slope_j_per_s * (deadline_s - self.deadline_s)
+
+
+def interpolated(low: RelaxedSolution, high: RelaxedSolution, deadline_s: float) -> RelaxedSolution:
+    """A relaxed solution for a deadline between two solved ones, without solving.
+
+    The relaxed problem's constraints are linear, so the convex combination of two feasible solutions is
+    feasible for the same combination of deadlines; its bound is the better of the two tangents (the relaxed
+    optimum is convex in the deadline, so each tangent lies below it).
+    """
+    weight = (high.deadline_s - deadline_s) / (high.deadline_s - low.deadline_s)
+    return RelaxedSolution(
+        deadline_s=deadline_s,
+        time_s=weight * low.time_s + (1 - weight) * high.time_s,
+        lower_bound_j=max(low.tangent_j(deadline_s), high.tangent_j(deadline_s)),
+        durations_s=weight * low.durations_s + (1 - weight) * high.durations_s,
+        exact=False,
+    )
 
 
 class FrontierSolver:
@@ -289,7 +323,8 @@ class FrontierSolver:
         num_nodes = len(self.dag.nodes)
         durations = self._base_s + np.bincount(self._segment_node, solution[num_nodes:], minlength=num_nodes)
         lower_bound_j = float(objective + self._offset_j)
-        return RelaxedSolution(deadline_s, float(solution[self._sink]), lower_bound_j, durations)
+        slope = self._program.upper_bound_dual(self._sink) if math.isfinite(deadline_s) else 0.0
+        return RelaxedSolution(deadline_s, float(solution[self._sink]), lower_bound_j, durations, slope)
 
     def _durations(self, choice: list[int]) -> list[float]:
         """Durations by node index of an option choice."""
@@ -348,14 +383,16 @@ class FrontierSolver:
         """Round ``relaxed`` to options, improve the plan by local search, and return it as a point."""
         deadline_s = relaxed.deadline_s
         search = self._search
-        choice = self._tighten(self._rounded(relaxed), deadline_s)
+        choice = self._rounded(relaxed)
         energy_j = search.load(choice)
+        if search.makespan_s > deadline_s * (1 + REL_TOL):
+            energy_j = search.load(self._tighten(choice, deadline_s))
         target_j = relaxed.lower_bound_j * (1 + TARGET_GAP)
         if energy_j > target_j:
-            search.improve(choice, deadline_s, MIN_GAIN * energy_j, target_j)
-        return self._point(deadline_s, relaxed.lower_bound_j)
+            search.improve(deadline_s, MIN_GAIN * energy_j, target_j)
+        return self._point(deadline_s, relaxed.lower_bound_j, relaxed.exact)
 
-    def _point(self, deadline_s: float, lower_bound_j: float) -> FrontierPoint:
+    def _point(self, deadline_s: float, lower_bound_j: float, exact_bound: bool) -> FrontierPoint:
         """The search's current plan as a frontier point (figures as the simulator accounts them)."""
         search, compute, tables = self._search, self._compute, self._tables
         choice, durations, start = search.choice, search.durations, search.start
@@ -375,9 +412,12 @@ class FrontierSolver:
             stage_energy_j=tuple(stage_j.tolist()),
             stage_busy_s=tuple(busy_s.tolist()),
             clocks=PlanClocks(self._positions, [option.clock_mhz for option in options]),
+            exact_bound=exact_bound,
         )
 
-    def sweep(self, num_points: int = 100, max_time_s: float | None = None) -> Frontier:
+    def sweep(
+        self, num_points: int = 100, max_time_s: float | None = None, lp_points: int | None = None
+    ) -> Frontier:
         """The frontier for ``num_points`` deadlines evenly spaced from the all-fastest time.
 
         Deadlines are solved from the largest down, so each LP restarts from a nearby basis. A plan found for
@@ -386,23 +426,48 @@ class FrontierSolver:
         Args:
             num_points: Number of deadlines (at least 2).
             max_time_s: Largest deadline; default the time of the relaxed minimum-energy point.
+            lp_points: At how many of the deadlines (evenly spread, both ends included) to solve the relaxed
+                problem; the others round an interpolated relaxed solution and are bounded by tangents (see
+                :class:`FrontierPoint`). Default: all of them on a DAG of at most ``EXACT_LP_INSTRUCTIONS``
+                instructions, ``LARGE_LP_POINTS`` on a larger one (where the LP dominates the sweep).
 
         Returns:
             The frontier; each point holds the least-energy plan found whose time is within its deadline.
         """
         if num_points < 2:
             raise ValueError(f"num_points must be at least 2, got {num_points}")
+        if lp_points is None:
+            lp_points = num_points if len(self._compute) <= EXACT_LP_INSTRUCTIONS else LARGE_LP_POINTS
         if max_time_s is None:
             max_time_s = max(self.relaxed(math.inf).time_s, self.min_time_s)
-        deadlines = np.linspace(self.min_time_s, max_time_s, num_points)
-        solved = [self._plan(self.relaxed(float(deadline))) for deadline in deadlines[::-1]][::-1]
+        deadlines = np.linspace(self.min_time_s, max_time_s, num_points).tolist()
+        exact_at = sorted(
+            {round(k * (num_points - 1) / (max(lp_points, 2) - 1)) for k in range(max(lp_points, 2))}
+        )
+        solved = {k: self.relaxed(deadlines[k]) for k in exact_at[::-1]}
+        relaxed = []
+        for k, deadline in enumerate(deadlines):
+            if k in solved:
+                relaxed.append(solved[k])
+                continue
+            low = max(at for at in exact_at if at < k)
+            high = min(at for at in exact_at if at > k)
+            between = interpolated(solved[low], solved[high], deadline)
+            bound_j = max(solution.tangent_j(deadline) for solution in solved.values())
+            relaxed.append(dataclasses.replace(between, lower_bound_j=bound_j))
+        plans = [self._plan(solution) for solution in relaxed]
         points = []
-        for point in solved:
+        for point in plans:
             best = min(
-                (other for other in solved if other.time_s <= point.deadline_s * (1 + REL_TOL)),
+                (other for other in plans if other.time_s <= point.deadline_s * (1 + REL_TOL)),
                 key=lambda other: (other.energy_j, other.time_s),
             )
             points.append(
-                dataclasses.replace(best, deadline_s=point.deadline_s, lower_bound_j=point.lower_bound_j)
+                dataclasses.replace(
+                    best,
+                    deadline_s=point.deadline_s,
+                    lower_bound_j=point.lower_bound_j,
+                    exact_bound=point.exact_bound,
+                )
             )
         return Frontier(tuple(points), self.baseline, self.min_time_s)

@@ -178,18 +178,17 @@ class LocalSearch:
 
     # ----- search ----------------------------------------------------------------------------------------
 
-    def improve(
-        self, choice: Sequence[int], deadline_s: float, min_gain_j: float, target_j: float = 0.0
-    ) -> list[int]:
-        """Return an improved copy of ``choice`` that still meets ``deadline_s``.
+    def improve(self, deadline_s: float, min_gain_j: float, target_j: float = 0.0) -> list[int]:
+        """Improve the current plan (see :meth:`load`; it must meet ``deadline_s``) within the deadline.
 
         Args:
-            choice: Option index per node (-1 for non-compute nodes); must meet the deadline.
             deadline_s: The iteration-time budget.
             min_gain_j: A round of trades and fills that gains less than this ends the search.
             target_j: The search also ends once the energy is at most this.
+
+        Returns:
+            The improved plan (option index per node, -1 for non-compute nodes).
         """
-        self.load(choice)
         self.deadline_s = deadline_s = deadline_s * (1 + REL_TOL)
         self.fill(self.makespan_s)
         if self.makespan_s < deadline_s:
