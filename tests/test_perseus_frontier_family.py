@@ -220,3 +220,24 @@ def test_every_kind_and_chunk_of_a_family_profile_is_planned():
     point = FrontierSolver(dag, profile).solve(float("inf"))
     planned = {node.work for node in point.clocks}
     assert planned == {Work(s, c, k) for s in range(2) for c in range(2) for k in KINDS}
+
+
+def test_deadlines_between_lp_solves_keep_a_valid_bound():
+    dag = PipelineDag.build(pipeline_orders(4, 8))
+    profile = family_profile(ProfileFamily(4), 0)
+    frontier = FrontierSolver(dag, profile).sweep(20, lp_points=5)
+    exact = [k for k, point in enumerate(frontier.points) if point.exact_bound]
+    assert exact == [0, 5, 10, 14, 19]
+    reference = FrontierSolver(dag, profile)
+    simulator = Simulator(dag, profile)
+    for point in frontier.points:
+        optimum_j = reference.relaxed(point.deadline_s).lower_bound_j
+        if point.exact_bound:
+            assert point.lower_bound_j == pytest.approx(optimum_j, rel=1e-9)
+        else:
+            assert point.lower_bound_j <= optimum_j * (1 + 1e-9)  # a tangent lies below the optimum
+            assert point.lower_bound_j >= optimum_j * (1 - 0.01)  # and not far below
+        result = simulator.run(point.clocks)
+        assert result.iteration_time_s <= point.deadline_s * (1 + 1e-12)
+        assert result.total_energy_j == pytest.approx(point.energy_j, rel=1e-12)
+        assert point.gap >= -1e-9

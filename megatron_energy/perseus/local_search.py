@@ -178,13 +178,16 @@ class LocalSearch:
 
     # ----- search ----------------------------------------------------------------------------------------
 
-    def improve(self, deadline_s: float, min_gain_j: float, target_j: float = 0.0) -> list[int]:
+    def improve(
+        self, deadline_s: float, min_gain_j: float, target_j: float = 0.0, trades: bool = True
+    ) -> list[int]:
         """Improve the current plan (see :meth:`load`; it must meet ``deadline_s``) within the deadline.
 
         Args:
             deadline_s: The iteration-time budget.
             min_gain_j: A round of trades and fills that gains less than this ends the search.
             target_j: The search also ends once the energy is at most this.
+            trades: Whether to trade at all (otherwise only fill).
 
         Returns:
             The improved plan (option index per node, -1 for non-compute nodes).
@@ -194,7 +197,7 @@ class LocalSearch:
         if self.makespan_s < deadline_s:
             self.fill(deadline_s)
         compound = False
-        while self.energy_j > target_j:
+        while trades and self.energy_j > target_j:
             before_j = self.energy_j
             if self.trade(deadline_s, compound):
                 self.fill(self.makespan_s)
