@@ -42,9 +42,10 @@ setup(
         "matplotlib>=3.8",
         "rich>=13",
         "pyyaml>=6",
+        "tensorboard>=2.15",  # Megatron's --tensorboard-dir writer, which the energy scalars go to too
     ],
     extras_require={
-        "dev": ["pytest>=8", "ruff>=0.6", "lowtime==0.3.0"],
+        "dev": ["pytest>=8", "ruff>=0.6", "mypy>=1.11", "types-PyYAML", "lowtime==0.3.0"],
     },
     entry_points={"console_scripts": ["megatron-energy=megatron_energy.cli:main"]},
 )

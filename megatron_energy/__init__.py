@@ -3,6 +3,25 @@
 Add ``--energy-optimise`` to a Megatron pretrain command (through ``python -m megatron_energy.launch`` or
 the patch set in ``patches/``) and the training job profiles, plans and applies per-instruction GPU clocks
 that cut energy at the same iteration time. See README.md.
+
+Layers (imports only run down; ``tests/test_layering.py`` checks every import):
+
+6. ``demo_model/``'s modules: the demo's training job, a Megatron training script the launcher runs;
+   nothing in the package imports them.
+
+5. what a user calls: ``commands/``, ``report/``, ``launch``, ``cli``, ``job`` (the offline job description
+   the commands read).
+4. ``megatron/``: the only room that imports ``megatron.*``: hooks, executed pipeline orders, refused modes,
+   patches.
+3. ``runtime/`` (the session and its parts: profiling, cache, collectives, plan runner, energy log) and
+   ``dvfs/`` (GPU backends, controller, guard, lease, meter, simulated GPUs; the only room importing zeus and
+   pynvml).
+2. the optimiser seam and the optimisers: ``optimiser`` (the interface), ``registry`` and ``composition``
+   (``--energy-mode``), ``config`` (the flags that choose them), ``perseus/``. Pure Python, no torch.
+1. pure models: ``pipeline/`` (instruction identity, orders, DAG, workload and profile), ``sim/``, ``plan``
+   (Plan v2, the one executable contract), ``dvfs.model`` and ``dvfs.calibration``.
+0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
+   ``stats``, ``dvfs.spec``.
 """
 
 __version__ = "0.1.0"

@@ -32,7 +32,7 @@ class ComposedOptimiser:
             raise UnknownModeError("--energy-mode all has no released optimiser to compose")
 
     @property
-    def request(self) -> ProfileRequest:  # type: ignore[override]
+    def request(self) -> ProfileRequest:
         """The union of the parts' requests."""
         request = self.parts[0].request
         for part in self.parts[1:]:

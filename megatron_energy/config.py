@@ -13,18 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
 from megatron_energy.registry import mode_problem
 
-Mode = Literal["perseus", "kareus", "kernel", "all"]
 Backend = Literal["auto", "zeus", "simulated"]
 
-MODES: tuple[str, ...] = ("perseus", "kareus", "kernel", "all")
 BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
 MIN_GRID_MHZ = 100
 MAX_GRID_MHZ = 4000
@@ -191,8 +189,9 @@ class EnergyConfig:
     optimise: bool = False
     """``--energy-optimise`` (alias ``--energy-optimize``): profile, plan and apply energy-saving clocks."""
 
-    mode: Mode = "perseus"
-    """``--energy-mode``: which optimiser plans the clocks (``perseus`` per pipeline instruction)."""
+    mode: str = "perseus"
+    """``--energy-mode``: which optimiser plans (``perseus``: a clock per pipeline instruction; ``all``; or an
+    optimiser a plugin package registers, see ``megatron_energy.registry``)."""
 
     target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
     """``--energy-target``: ``iso-time`` (default), ``min-energy`` or ``slowdown:X``."""
@@ -210,13 +209,17 @@ class EnergyConfig:
     """``--energy-dir``: where profiles, plans, reports and traces are written (keyed by job fingerprint)."""
 
     profile_iters: int = 2
-    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid."""
+    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid (the stock
+    clock: at least 3, and as many as its baseline needs, ``runtime.baseline_length``)."""
 
     freq_grid: tuple[int, ...] | None = None
     """``--energy-freq-grid``: SM clocks (MHz) to profile, highest first; ``None``: the GPU's own list."""
 
     trace: Path | None = None
     """``--energy-trace``: write every observed hook event to this file as JSON lines (one file per rank)."""
+
+    log_file: Path | None = None
+    """``--energy-log-file``: also write each energy log line's figures here as JSON lines (rank 0)."""
 
     safety_tolerance: float = 0.05
     """``--energy-safety-tolerance``: relative slowdown over the target that counts as a violation."""
@@ -239,13 +242,132 @@ class EnergyConfig:
             value = getattr(args, f"energy_{spec.name}", None)
             if value is not None:
                 values[spec.name] = value
-        for name in ("dir", "trace"):
+        for name in ("dir", "trace", "log_file"):
             if name in values:
                 values[name] = Path(values[name])
         return cls(**values)
 
 
-def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class EnergyFlag:
+    """One ``--energy-*`` flag: the config field it fills, its spellings, its ``argparse`` settings."""
+
+    config_field: str
+    """The ``EnergyConfig`` field it fills (its namespace destination is ``energy_<config_field>``)."""
+
+    options: tuple[str, ...]
+    """Option strings, the canonical one first."""
+
+    help: str
+    """One line saying what the flag does (its default is appended)."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    """``type``, ``choices``, ``metavar`` or ``action`` for ``add_argument``."""
+
+    unset: str = "none"
+    """How the help names the value ``None``."""
+
+
+ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
+    EnergyFlag(
+        "optimise",
+        ("--energy-optimise", "--energy-optimize"),
+        "Profile, plan and apply per-instruction GPU clocks that save energy at the target speed.",
+        {"action": "store_true"},
+    ),
+    EnergyFlag(
+        "mode",
+        ("--energy-mode",),
+        "Optimiser: perseus (clock per pipeline instruction), all (every released optimiser composed), or "
+        "the name of an optimiser an installed plugin declares; kareus and kernel are named but not released "
+        "yet.",
+        {"metavar": "{perseus,all,PLUGIN}"},
+    ),
+    EnergyFlag(
+        "target",
+        ("--energy-target",),
+        "iso-time (no slower than stock clocks), min-energy, or slowdown:X with 0<X<1.",
+        {"type": parse_target, "metavar": "iso-time|min-energy|slowdown:X"},
+    ),
+    EnergyFlag(
+        "backend",
+        ("--energy-backend",),
+        "GPU backend: zeus (real GPUs through NVML/amdsmi/zeusd), simulated, or auto (real GPUs if any).",
+        {"choices": BACKENDS},
+    ),
+    EnergyFlag(
+        "gpu_spec",
+        ("--energy-gpu-spec",),
+        "GPU the simulated backend models: a name of configs/gpus/NAME.yaml ({specs}) or a spec YAML file.",
+        {"type": known_gpu_spec, "metavar": "NAME"},
+    ),
+    EnergyFlag(
+        "dry_run",
+        ("--energy-dry-run",),
+        "Record the clocks that would be set, never change GPU settings (for shared machines).",
+        {"action": "store_true"},
+    ),
+    EnergyFlag("dir", ("--energy-dir",), "Where profiles, plans and reports go.", {"metavar": "PATH"}),
+    EnergyFlag(
+        "profile_iters",
+        ("--energy-profile-iters",),
+        "Training steps measured at each profiled clock, after one settling step (the stock clock: at least "
+        "3, and as many as its baseline needs to resolve a saving, up to 20).",
+        {"type": positive_int, "metavar": "N"},
+    ),
+    EnergyFlag(
+        "freq_grid",
+        ("--energy-freq-grid",),
+        "SM clocks to profile (MHz, comma-separated) or auto (spread over the top half of the GPU's clocks).",
+        {"type": parse_freq_grid, "metavar": "MHZ,MHZ,...|auto"},
+        unset="auto",
+    ),
+    EnergyFlag(
+        "trace",
+        ("--energy-trace",),
+        "Write every observed schedule event as a JSON line (FILE.rankN when world size > 1).",
+        {"metavar": "FILE"},
+    ),
+    EnergyFlag(
+        "log_file",
+        ("--energy-log-file",),
+        "Also write each energy log line's figures as one JSON object per line to FILE (rank 0, appended).",
+        {"metavar": "FILE"},
+    ),
+    EnergyFlag(
+        "safety_tolerance",
+        ("--energy-safety-tolerance",),
+        "Relative slowdown over the target that counts as a violation.",
+        {"type": _fraction, "metavar": "X"},
+    ),
+    EnergyFlag(
+        "safety_steps",
+        ("--energy-safety-steps",),
+        "Consecutive violating steps after which clocks revert to stock.",
+        {"type": positive_int, "metavar": "N"},
+    ),
+)
+"""Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
+(patched path) and ``megatron-energy demo`` share."""
+
+
+def _shown(flag: EnergyFlag, value: object) -> str:
+    """A default as ``--help`` shows it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return flag.unset
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def add_energy_args(
+    parser: argparse.ArgumentParser,
+    *,
+    only: Collection[str] | None = None,
+    defaults: Mapping[str, str] | None = None,
+) -> argparse.ArgumentParser:
     """Add the ``--energy-*`` flags to ``parser``; usable as Megatron's ``extra_args_provider``.
 
     The parser's ``parse_known_args`` (which ``parse_args`` calls) is wrapped so that contradictory
@@ -253,91 +375,60 @@ def add_energy_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     Args:
         parser: Megatron's argument parser, or any ``argparse.ArgumentParser``.
+        only: The ``EnergyConfig`` fields whose flags to add; every flag when ``None``.
+        defaults: Field -> default value as it would be typed on the command line (parsed like one). Flags
+            without one parse to ``None`` and ``EnergyConfig.from_args`` fills in the config's default; the
+            help names the default either way.
 
     Returns:
         The same parser, extended.
     """
+    defaults = defaults or {}
+    stock = EnergyConfig()
+    specs = ", ".join(available_gpu_specs())
     group = parser.add_argument_group("energy", "megatron_energy: same throughput, less GPU energy")
-    group.add_argument(
-        "--energy-optimise",
-        "--energy-optimize",
-        dest="energy_optimise",
-        action="store_true",
-        default=None,
-        help="Profile, plan and apply per-instruction GPU clocks that save energy at the target speed.",
-    )
-    group.add_argument(
-        "--energy-mode",
-        choices=MODES,
-        default=None,
-        help="Optimiser: perseus (clock per pipeline instruction; the default), "
-        "all (every released optimiser "
-        "composed). kareus and kernel are named but not released yet.",
-    )
-    group.add_argument(
-        "--energy-target",
-        type=parse_target,
-        default=None,
-        help="iso-time (default: no slower than stock clocks), min-energy, or slowdown:X with 0<X<1.",
-    )
-    group.add_argument(
-        "--energy-backend",
-        choices=BACKENDS,
-        default=None,
-        help="GPU backend: zeus (real GPUs through NVML/amdsmi/zeusd), simulated, or auto (default).",
-    )
-    group.add_argument(
-        "--energy-gpu-spec",
-        type=known_gpu_spec,
-        default=None,
-        metavar="NAME",
-        help="GPU spec for the simulated backend, e.g. h100-sxm or h200 (configs/gpus/NAME.yaml).",
-    )
-    group.add_argument(
-        "--energy-dry-run",
-        action="store_true",
-        default=None,
-        help="Record the clocks that would be set, never change GPU settings (for shared machines).",
-    )
-    group.add_argument(
-        "--energy-dir", default=None, metavar="PATH", help="Where profiles, plans and reports go."
-    )
-    group.add_argument(
-        "--energy-profile-iters",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="Training steps measured at each profiled clock (default 2).",
-    )
-    group.add_argument(
-        "--energy-freq-grid",
-        type=parse_freq_grid,
-        default=None,
-        metavar="MHZ,MHZ,...|auto",
-        help="SM clocks to profile (MHz, comma-separated) or auto (the GPU's supported clocks).",
-    )
-    group.add_argument(
-        "--energy-trace",
-        default=None,
-        metavar="FILE",
-        help="Write every observed schedule event as a JSON line (FILE.rankN when world size > 1).",
-    )
-    group.add_argument(
-        "--energy-safety-tolerance",
-        type=_fraction,
-        default=None,
-        metavar="X",
-        help="Relative slowdown over the target that counts as a violation (default 0.05).",
-    )
-    group.add_argument(
-        "--energy-safety-steps",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="Consecutive violating steps after which clocks revert to stock (default 3).",
-    )
+    for flag in ENERGY_FLAGS:
+        if only is not None and flag.config_field not in only:
+            continue
+        default = defaults.get(flag.config_field)
+        shown = default if default is not None else _shown(flag, getattr(stock, flag.config_field))
+        text = flag.help.format(specs=specs)
+        settings = dict(flag.settings)
+        if settings.get("action") == "store_true" and default is not None:
+            raise ValueError(f"{flag.options[0]} is a switch; it takes no default")
+        group.add_argument(
+            *flag.options,
+            dest=f"energy_{flag.config_field}",
+            default=default,
+            help=f"{text.removesuffix('.')} (default: {shown}).",
+            **settings,
+        )
     _validate_after_parsing(parser)
     return parser
+
+
+def energy_argv(config: EnergyConfig) -> list[str]:
+    """The ``--energy-*`` flags that give ``config`` back through ``EnergyConfig.from_args``.
+
+    Fields at their default are left out.
+
+    Args:
+        config: The configuration to pass on (e.g. from ``megatron-energy demo`` to the launcher).
+
+    Returns:
+        The flags and their values, as command-line words.
+    """
+    stock = EnergyConfig()
+    words: list[str] = []
+    for flag in ENERGY_FLAGS:
+        value = getattr(config, flag.config_field)
+        if value == getattr(stock, flag.config_field):
+            continue
+        if isinstance(value, bool):
+            words.append(flag.options[0])
+        else:
+            words += [flag.options[0], _shown(flag, value)]
+    return words
 
 
 OPTIMISATION_FLAGS = {
@@ -350,6 +441,7 @@ OPTIMISATION_FLAGS = {
     "energy_freq_grid": "--energy-freq-grid",
     "energy_safety_tolerance": "--energy-safety-tolerance",
     "energy_safety_steps": "--energy-safety-steps",
+    "energy_log_file": "--energy-log-file",
 }
 
 
@@ -392,7 +484,7 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
 
 
 def _unwritable_output(args: argparse.Namespace) -> str | None:
-    """Check ``--energy-dir`` (given, or the default when optimising) and ``--energy-trace``'s folder."""
+    """Check ``--energy-dir`` (given, or the default when optimising) and the folders of the output files."""
     energy_dir = getattr(args, "energy_dir", None)
     if energy_dir is None and getattr(args, "energy_optimise", None):
         energy_dir = EnergyConfig.dir
@@ -400,15 +492,15 @@ def _unwritable_output(args: argparse.Namespace) -> str | None:
         why = unwritable_folder_reason(Path(energy_dir))
         if why is not None:
             return f"--energy-dir {energy_dir}: {why}; give a folder you can write with --energy-dir PATH"
-    trace = getattr(args, "energy_trace", None)
-    if trace is not None:
-        if Path(trace).is_dir():
-            return (
-                f"--energy-trace {trace} is a folder; give a file name, e.g. {Path(trace) / 'events.jsonl'}"
-            )
-        why = unwritable_folder_reason(Path(trace).parent)
+    for dest, option in (("energy_trace", "--energy-trace"), ("energy_log_file", "--energy-log-file")):
+        path = getattr(args, dest, None)
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            return f"{option} {path} is a folder; give a file name, e.g. {Path(path) / 'events.jsonl'}"
+        why = unwritable_folder_reason(Path(path).parent)
         if why is not None:
-            return f"--energy-trace {trace}: {why}; give a file in a folder you can write"
+            return f"{option} {path}: {why}; give a file in a folder you can write"
     return None
 
 
@@ -425,4 +517,4 @@ def _validate_after_parsing(parser: argparse.ArgumentParser) -> None:
             parser.error(problem)
         return parsed, extras
 
-    parser.parse_known_args = parse_and_check  # type: ignore[method-assign]
+    parser.parse_known_args = parse_and_check  # type: ignore[assignment]

@@ -13,3 +13,7 @@ class EnergyError(Exception):
 
 class EnergyValueError(EnergyError, ValueError):
     """Bad input (a flag, a file, a job description); the message names it and the fix."""
+
+
+class EnergyRuntimeError(EnergyError, RuntimeError):
+    """The environment refuses (a GPU, a Megatron mode, a source tree); the message says what to do."""

@@ -19,7 +19,9 @@ Pure Python: no torch, no megatron imports.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,7 +115,8 @@ class TraceWriter:
     ``instruction_end``, ``p2p_begin``, ``p2p_end``), ``kind``, ``microbatch`` and ``chunk`` (``null``
     where they do not apply), ``op`` for p2p events, and ``host_time_s``: measured host wall-clock time
     (``time.time()``) when the hook fired, i.e. CPU launch time, not GPU completion time. The file is
-    line-buffered, so a crashed run keeps every event written before the crash.
+    line-buffered, so a crashed run keeps every event written before the crash. A write error (a full
+    disk) ends the trace with one line on stderr; it never reaches the training step.
     """
 
     def __init__(self, path: Path, rank: int = 0, world_size: int = 1):
@@ -151,7 +154,23 @@ class TraceWriter:
         }
         if op is not None:
             record["op"] = op
-        self._file.write(json.dumps(record) + "\n")
+        try:
+            self._file.write(json.dumps(record) + "\n")
+        except OSError as error:  # a full disk ends the trace, never the training step
+            self._stop(error)
+
+    def _stop(self, error: OSError) -> None:
+        """Drop the file after a write error and say so once; later events are dropped."""
+        file, self._file = self._file, None
+        if file is not None:
+            with contextlib.suppress(OSError):  # the buffered rest cannot be written either
+                file.close()
+        print(
+            f"[energy] rank {self.rank}: stopped writing the trace {self.path} at step {self._step} "
+            f"({error}); training continues without it",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def on_step_begin(self, step: int) -> None:
         """Record ``step_begin``."""
@@ -180,9 +199,12 @@ class TraceWriter:
         self._write("p2p_end", op=op)
 
     def close(self) -> None:
-        """Close the file; later events are dropped."""
+        """Close the file; later events are dropped. A failing final flush is reported, not raised."""
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as error:
+                self._stop(error)
             self._file = None
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.orders import PipelineOrders
@@ -64,7 +65,7 @@ _BANDWIDTH_KEYS = ("pipeline_bandwidth_gbps", "data_parallel_bandwidth_gbps")
 _JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel")
 
 
-class JobConfigError(ValueError):
+class JobConfigError(EnergyValueError):
     """A job config is invalid; the message names the file and the problem."""
 
 

@@ -80,11 +80,15 @@ class PlanningJob:
 class Optimiser(Protocol):
     """One planning layer (see the module docstring)."""
 
-    name: str
-    """The ``--energy-mode`` name."""
+    @property
+    def name(self) -> str:
+        """The ``--energy-mode`` name."""
+        ...
 
-    request: ProfileRequest
-    """What it needs profiled."""
+    @property
+    def request(self) -> ProfileRequest:
+        """What it needs profiled."""
+        ...
 
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
         """Plan the job.

@@ -12,13 +12,16 @@ cached file, the report reads the file that ran). A plan holds:
 - per point and per rank, the predicted energy and busy time; per point the iteration time, the deadline
   it was solved for and the relaxed lower bound (all *modelled*);
 - the all-maximum-clocks baseline and the instant-switch frontier curve (for reports and plots);
+- the measured iteration tail (optional, :class:`MeasuredTail`): the time and energy of an iteration outside
+  the pipeline instructions, measured while profiling, which the baseline's and every point's predictions
+  include;
 - provenance: the job fingerprint, GPU, whether the profile was measured or modelled, the optimisers that
   made it, the switch latency it was made executable under, and the writing software's version.
 
 The file is plain JSON parsed with :func:`json.loads` (never evaluated), versioned and checksummed (SHA-256
 of its canonical content), so a stale, foreign, hand-edited or truncated plan is refused with a message
 saying what is wrong and what to do. Version-1 files (one clock per instruction, no alternatives) are
-migrated on load.
+migrated on load; version-2 files written before the measured tail existed read as plans without one.
 """
 
 from __future__ import annotations
@@ -153,6 +156,22 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class MeasuredTail:
+    """The part of an iteration outside the pipeline instructions, measured while profiling at stock clocks.
+
+    Gradient sync, optimizer step, data loading, logging: the time from the end of the replica's pipeline
+    span to the next iteration's first instruction, and each stage's GPU's energy over it. The baseline's and
+    every point's predicted iteration time and rank energies already include it (counted once, as measured:
+    ``sim.simulator``); the plan keeps it so a measured pipeline span can be set against a point's prediction.
+    """
+
+    time_s: float
+    """Its time, the same on every stage."""
+    stage_energy_j: tuple[float, ...]
+    """Each stage's GPU's energy over it."""
+
+
+@dataclass(frozen=True)
 class Plan:
     """A job's executable plan: frontier points with every rank's actions, and their predictions.
 
@@ -167,6 +186,8 @@ class Plan:
         points: Executable points, ascending iteration time.
         target_index: The point chosen for ``target``.
         frontier: The instant-switch frontier curve the points were picked from.
+        measured_tail: The measured time and energy outside the pipeline instructions that the predictions
+            include; ``None`` when the profile had none (a CSV, a modelled job, an older plan).
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
     """
@@ -181,6 +202,7 @@ class Plan:
     points: tuple[PlanPoint, ...]
     target_index: int
     frontier: tuple[FrontierSample, ...] = ()
+    measured_tail: MeasuredTail | None = None
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
@@ -410,6 +432,9 @@ def _content(plan: Plan) -> dict[str, Any]:
             for point in plan.points
         ],
         "frontier": [list(sample) for sample in plan.frontier],
+        "measured_tail": None
+        if plan.measured_tail is None
+        else {"time_s": plan.measured_tail.time_s, "stage_energy_j": list(plan.measured_tail.stage_energy_j)},
     }
 
 
@@ -504,7 +529,7 @@ def _provenance(body: Mapping[str, Any]) -> Provenance:
     provenance = _require(body["provenance"], str, "provenance")
     if provenance not in PROVENANCES:
         raise ValueError(f"provenance must be one of {PROVENANCES}, got {provenance!r}")
-    return provenance  # type: ignore[return-value]
+    return provenance
 
 
 def _frontier_sample(entry: object) -> FrontierSample:
@@ -512,6 +537,20 @@ def _frontier_sample(entry: object) -> FrontierSample:
     if len(values) != len(FrontierSample._fields):
         raise ValueError(f"a frontier sample holds {', '.join(FrontierSample._fields)}; got {values}")
     return FrontierSample(*(_number(value, "frontier") for value in values))
+
+
+def _measured_tail(entry: object, num_stages: int) -> MeasuredTail | None:
+    """The optional measured tail (absent in plans written before it existed)."""
+    if entry is None:
+        return None
+    data = _require(entry, dict, "measured_tail")
+    energies = _require(data["stage_energy_j"], list, "measured_tail.stage_energy_j")
+    if len(energies) != num_stages:
+        raise ValueError(f"measured_tail gives {len(energies)} stage energies for {num_stages} ranks")
+    return MeasuredTail(
+        _number(data["time_s"], "measured_tail.time_s"),
+        tuple(_number(value, "measured_tail.stage_energy_j") for value in energies),
+    )
 
 
 def _parse_v2(body: Mapping[str, Any]) -> Plan:
@@ -548,6 +587,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
         points=points,
         target_index=target_index,
         frontier=frontier,
+        measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
         created_by=_require(body["created_by"], str, "created_by"),
         schema_version=SCHEMA_VERSION,
     )

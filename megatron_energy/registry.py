@@ -4,7 +4,11 @@
 and ``kernel`` (phase-level clocks) are named modes whose optimisers have not landed yet: asking for them
 gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`. ``all``
 composes every released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how).
-Tests and plugins add optimisers with :func:`register`.
+Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
+package by declaring an entry point in the ``megatron_energy.optimisers`` group (``name = module:factory``,
+e.g. in its ``pyproject.toml``: ``[project.entry-points."megatron_energy.optimisers"]`` then
+``toy = "toy:ToyOptimiser"``).
+Entry points are read once, on first use; a registered name wins over an entry point of the same name.
 
 The registry names factories by import path and imports them only when resolved, so the flag parser can
 ask it which modes exist without importing any planner.
@@ -14,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import cache
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from megatron_energy.errors import EnergyValueError
@@ -35,6 +41,9 @@ Factory = Callable[[], "Optimiser"] | str
 
 _FACTORIES: dict[str, Factory] = {"perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser"}
 
+ENTRY_POINT_GROUP = "megatron_energy.optimisers"
+"""The entry-point group plugin packages declare their optimisers in."""
+
 
 class UnknownModeError(EnergyValueError):
     """``--energy-mode`` names no released optimiser."""
@@ -50,14 +59,25 @@ def unregister(name: str) -> None:
     _FACTORIES.pop(name, None)
 
 
+@cache
+def _plugin_factories() -> dict[str, Factory]:
+    """Optimisers installed packages declare as entry points (read once per process)."""
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _factories() -> dict[str, Factory]:
+    """Every optimiser known now: entry points, then registered ones (which win)."""
+    return {**_plugin_factories(), **_FACTORIES}
+
+
 def released_modes() -> list[str]:
     """Modes that resolve to an optimiser, ``all`` included."""
-    return [*_FACTORIES, "all"]
+    return [*_factories(), "all"]
 
 
 def mode_problem(mode: str) -> str | None:
     """Why ``--energy-mode mode`` cannot run, with what to use instead; ``None`` when it can."""
-    if mode == "all" or mode in _FACTORIES:
+    if mode == "all" or mode in _factories():
         return None
     released = ", ".join(released_modes())
     if mode in UNRELEASED:
@@ -80,14 +100,13 @@ def resolve(mode: str) -> Optimiser:
     if mode == "all":
         from megatron_energy.composition import ComposedOptimiser
 
-        return ComposedOptimiser(
-            [_build(_FACTORIES[name]) for name in COMPOSITION_ORDER if name in _FACTORIES]
-        )
-    return _build(_FACTORIES[mode])
+        factories = _factories()
+        return ComposedOptimiser([_build(factories[name]) for name in COMPOSITION_ORDER if name in factories])
+    return _build(_factories()[mode])
 
 
 def _build(factory: Factory) -> Optimiser:
     if isinstance(factory, str):
         module, _, attribute = factory.partition(":")
-        factory = getattr(importlib.import_module(module), attribute)
+        return getattr(importlib.import_module(module), attribute)()
     return factory()

@@ -16,6 +16,9 @@ and "within noise" when the interval covers zero.
   that hits both members of a pair cancels.
 * :func:`baseline_steps`: how many stock iterations resolve a given effect, from the energy counter's period,
   the iteration time and the observed spread of per-iteration figures.
+* :func:`iterations_per_sample` and :func:`block_means`: per-iteration figures read from an energy counter
+  that advances every ~100 ms are grouped into samples of consecutive iterations spanning at least two
+  counter periods before they enter an interval, as :func:`baseline_steps` assumes.
 
 Pure Python + numpy/scipy: no torch, megatron or NVML imports.
 """
@@ -34,6 +37,10 @@ Source = Literal["measured", "modelled"]
 
 RESOLVABLE_PERIODS = 2.0
 """A window of iterations must span at least this many energy-counter periods (cf. ``dvfs.meter``)."""
+
+ROUNDING = 1e-9
+"""A relative change smaller than this is floating-point rounding (identical simulated figures), never a
+resolved change."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,8 @@ class RelativeChange:
 
     @property
     def excludes_zero(self) -> bool:
-        """True when the interval lies wholly above or below zero: the change is resolved."""
-        return self.low > 0.0 or self.high < 0.0
+        """True when the interval lies wholly above or below zero (past rounding): the change is resolved."""
+        return self.low > ROUNDING or self.high < -ROUNDING
 
     def format(self) -> str:
         """The change as a log line states it.
@@ -284,7 +291,8 @@ def baseline_steps(
         iteration_s: Measured time of one iteration.
         target_halfwidth: Largest acceptable interval half-width, as a fraction (0.01 = 1 %).
         observed_cv: Coefficient of variation of per-iteration figures (from a first window; 0 if none).
-        counter_period_s: The energy counter's update period (``GpuSpec.energy_counter_period_s``).
+        counter_period_s: The energy counter's update period (``GpuSpec.energy_counter_period_s``); 0 when
+            the figures are exact (simulated GPUs' modelled energies), so every iteration is a sample.
         confidence: Two-sided confidence level.
         min_samples: Fewest samples of a window, whatever the noise.
 
@@ -294,17 +302,59 @@ def baseline_steps(
     Raises:
         ValueError: If a time, the target or the CV is not positive/finite as required.
     """
-    if not (math.isfinite(iteration_s) and iteration_s > 0 and counter_period_s > 0):
-        raise ValueError("baseline_steps: iteration_s and counter_period_s must be positive")
+    if not (math.isfinite(iteration_s) and iteration_s > 0 and counter_period_s >= 0):
+        raise ValueError("baseline_steps: iteration_s must be positive and counter_period_s non-negative")
     if not (math.isfinite(target_halfwidth) and target_halfwidth > 0):
         raise ValueError("baseline_steps: target_halfwidth must be positive")
     if not (math.isfinite(observed_cv) and observed_cv >= 0):
         raise ValueError("baseline_steps: observed_cv must be non-negative")
     _check_confidence(confidence)
-    per_sample = max(1, math.ceil(RESOLVABLE_PERIODS * counter_period_s / iteration_s - 1e-9))
+    per_sample = iterations_per_sample(iteration_s, counter_period_s)
     window_cv = observed_cv / math.sqrt(per_sample)
     normal_q = float(scipy_stats.norm.ppf(0.5 + confidence / 2.0))
     samples = max(2, min_samples, math.ceil(2.0 * (normal_q * window_cv / target_halfwidth) ** 2))
     while _t_quantile(confidence, 2 * samples - 2) * window_cv * math.sqrt(2.0 / samples) > target_halfwidth:
         samples += 1
     return samples * per_sample
+
+
+def iterations_per_sample(iteration_s: float, counter_period_s: float) -> int:
+    """Consecutive iterations one energy sample must span: at least ``RESOLVABLE_PERIODS`` counter periods.
+
+    Args:
+        iteration_s: Mean time of one iteration.
+        counter_period_s: The energy counter's update period; 0 for exact energies (then 1).
+
+    Returns:
+        ``ceil(2 · counter_period_s / iteration_s)``, at least 1.
+
+    Raises:
+        ValueError: If ``iteration_s`` is not positive or the period is negative.
+    """
+    if not (math.isfinite(iteration_s) and iteration_s > 0 and counter_period_s >= 0):
+        raise ValueError("iterations_per_sample: iteration_s must be positive, counter_period_s non-negative")
+    return max(1, math.ceil(RESOLVABLE_PERIODS * counter_period_s / iteration_s - 1e-9))
+
+
+def block_means(samples: Sequence[float], size: int) -> list[float]:
+    """Means of consecutive blocks of ``size`` samples; the oldest samples that fill no block are left out.
+
+    A window of iterations read from an energy counter is grouped this way (``size`` from
+    :func:`iterations_per_sample`), so each sample spans enough counter periods and the most recent
+    iterations always count.
+
+    Args:
+        samples: Per-iteration figures in the order they ran.
+        size: Iterations per block (at least 1).
+
+    Returns:
+        One mean per full block, oldest first (empty when fewer than ``size`` samples).
+
+    Raises:
+        ValueError: If ``size`` is below 1.
+    """
+    if size < 1:
+        raise ValueError(f"block_means: size must be at least 1, got {size}")
+    values = list(samples)
+    start = len(values) % size
+    return [sum(values[i : i + size]) / size for i in range(start, len(values), size)]

@@ -5,4 +5,5 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy
 .venv/bin/python -m pytest "$@"

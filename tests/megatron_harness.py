@@ -5,9 +5,9 @@ imports megatron-core once and forks N ranks (a free ``MASTER_PORT`` per world);
 function and its (picklable) result comes back to the parent. Inside a worker, ``PipelineWorld`` builds
 megatron-core's parallel state and a tiny ``GPTModel`` split into pipeline stages and virtual-pipeline chunks.
 
-The tiny GPT, its CPU shims and its pretrain loop live in ``examples/cpu_tiny_gpt.py`` (the demo's training
-script, outside the package); this module re-exports them for the tests, and the launcher tests run that
-script under ``torchrun``.
+The tiny GPT, its CPU shims and its pretrain script live in ``megatron_energy.demo_model`` (the demo's
+training job); this module re-exports them for the tests, and the launcher tests run that script under
+``torchrun``.
 
 Workers must live in modules that do not import ``megatron`` at import time: a worker may run against a
 patched copy of megatron-core that ``spawn_world`` puts first on ``sys.path`` before anything imports it.
@@ -27,17 +27,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-sys.path.insert(0, str(EXAMPLES))
-from cpu_tiny_gpt import (  # noqa: E402  (the example script's folder goes on sys.path first)
-    PipelineWorld,
-    TinyGpt,
-    gpt_forward_step,
-    install_cpu_shims,
-    warnings_silenced,
-)
+from megatron_energy.demo_model import TRAINING_SCRIPT
+from megatron_energy.demo_model.cpu_shims import install_cpu_shims, warnings_silenced
+from megatron_energy.demo_model.tiny_gpt import PipelineWorld, TinyGpt, gpt_forward_step
 
-TINY_GPT_SCRIPT = EXAMPLES / "cpu_tiny_gpt.py"
+TINY_GPT_SCRIPT = TRAINING_SCRIPT
 """The CPU pretrain script the launcher tests run under ``torchrun``."""
 
 __all__ = [

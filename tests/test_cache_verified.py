@@ -121,6 +121,22 @@ def test_a_folder_failing_verification_is_moved_aside_whole_and_the_job_reprofil
     assert loaded.quarantined.is_dir(), "the quarantine stays"
 
 
+def test_set_aside_moves_a_verified_but_unusable_folder_whole_and_keeps_it(tmp_path: Path) -> None:
+    cache = JobCache(tmp_path, _job())
+    assert cache.set_aside() is None, "nothing cached: nothing to move"
+    cache.store(_artefacts())
+    before = {path.name: path.read_bytes() for path in cache.folder.iterdir() if path.is_file()}
+    before.pop(".lock")
+
+    aside = cache.set_aside()
+
+    assert aside is not None and aside.parent == cache.folder and aside.name.startswith(QUARANTINE_PREFIX)
+    assert {path.name: path.read_bytes() for path in aside.iterdir()} == before
+    assert not JobCache(tmp_path, _job()).load().hit
+    cache.store(_artefacts("again"))
+    assert JobCache(tmp_path, _job()).load().hit and aside.is_dir(), "a new store leaves the old set aside"
+
+
 def test_an_artefact_stored_as_invalid_json_fails_verification(tmp_path: Path) -> None:
     JobCache(tmp_path, _job()).store(_artefacts() | {"baseline.json": "{not json"})
     loaded = JobCache(tmp_path, _job()).load()

@@ -116,8 +116,9 @@ def test_simulate_explains_an_unknown_gpu_and_a_truncated_plan_in_one_line(
 @pytest.fixture(scope="module")
 def demo_energy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     energy_dir = tmp_path_factory.mktemp("demo") / "energy"
-    argv = ["demo", "--stages", "2", "--microbatches", "2", "--freq-grid", "1980,1005"]
-    argv += ["--profile-iters", "1", "--run-steps", "1", "--energy-dir", str(energy_dir)]
+    argv = ["demo", "--pipeline-model-parallel-size", "2", "--num-microbatches", "2"]
+    argv += ["--energy-freq-grid", "1980,1005", "--energy-profile-iters", "1", "--run-iters", "2"]
+    argv += ["--energy-dir", str(energy_dir)]
     assert main(argv) == 0
     return energy_dir
 
@@ -128,6 +129,7 @@ def _copy_latest_job(energy_dir: Path, tmp_path: Path) -> Path:
     return copy / fingerprint
 
 
+@pytest.mark.world
 @pytest.mark.parametrize("damage", ["truncated profile", "unknown GPU"])
 def test_report_explains_a_damaged_job_in_one_line(
     demo_energy_dir: Path, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]

@@ -68,7 +68,10 @@ def test_no_flag_shadows_a_megatron_flag() -> None:
         (["--energy-optimise", "--energy-target", "fast"], "is not a target"),
         (["--energy-optimise", "--energy-target", "slowdown:1.5"], "strictly between 0 and 1"),
         (["--energy-optimise", "--energy-target", "slowdown:abc"], "strictly between 0 and 1"),
-        (["--energy-optimise", "--energy-mode", "turbo"], "invalid choice"),
+        (
+            ["--energy-optimise", "--energy-mode", "turbo"],
+            "unknown --energy-mode 'turbo'; use one of perseus",
+        ),
         (["--energy-optimise", "--energy-backend", "nvml"], "invalid choice"),
         (["--energy-optimise", "--energy-profile-iters", "0"], "whole number >= 1"),
         (["--energy-optimise", "--energy-freq-grid", "1980"], "fewer than two distinct clocks"),
@@ -107,3 +110,38 @@ def test_freq_grid_auto_is_none() -> None:
     assert (
         EnergyConfig.from_args(_parse(["--energy-optimise", "--energy-freq-grid", "auto"])).freq_grid is None
     )
+
+
+def test_energy_argv_gives_the_config_back_through_the_flags() -> None:
+    from megatron_energy.config import energy_argv
+
+    config = EnergyConfig(
+        optimise=True,
+        target=EnergyTarget("slowdown", 0.05),
+        backend="simulated",
+        gpu_spec="h200",
+        dir=Path("/tmp/e"),
+        profile_iters=3,
+        freq_grid=(1980, 1500),
+        log_file=Path("/tmp/e/log.jsonl"),
+        safety_tolerance=0.1,
+    )
+    argv = energy_argv(config)
+    assert "--energy-mode" not in argv  # left at its default
+    assert EnergyConfig.from_args(_parse(argv)) == config
+    assert energy_argv(EnergyConfig()) == []
+
+
+def test_a_subset_of_the_flags_with_other_defaults_shares_types_and_checks() -> None:
+    parser = add_energy_args(
+        argparse.ArgumentParser(prog="demo"), only=("target", "gpu_spec"), defaults={"gpu_spec": "h100-sxm"}
+    )
+    parser.set_defaults(energy_optimise=True, energy_backend="simulated")
+    options = {opt for action in parser._actions for opt in action.option_strings} - {"-h", "--help"}
+    assert options == {"--energy-target", "--energy-gpu-spec"}
+    config = EnergyConfig.from_args(parser.parse_args(["--energy-target", "min-energy"]))
+    assert config.gpu_spec == "h100-sxm" and str(config.target) == "min-energy"
+    help_text = " ".join(parser.format_help().split())
+    assert "(default: h100-sxm)" in help_text and "(default: iso-time)" in help_text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--energy-gpu-spec", "no-such-gpu"])

@@ -1,24 +1,203 @@
-"""`megatron-energy demo`, the README's main job without GPUs, through the command line."""
+"""`megatron-energy demo`, the README's main job without GPUs, through the command line and the launcher path.
+
+One demo runs (PP=4 of GPT-3 1.3B stage work on simulated H100s, 4 microbatches, a 2-clock grid with two
+measured iterations per clock, 3 iterations with the plan) and the tests read what it printed and wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 from megatron_energy.cli import main
+from megatron_energy.demo_model import TRAINING_SCRIPT
+from megatron_energy.plan import Plan
+from megatron_energy.report.job_report import latest_job_folder
+from megatron_energy.runtime.energy_log import read_records
+from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.stats import relative_change
+
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
+PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
+RUN_ITERS = 3
+TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
+MEGATRON_LINE = re.compile(
+    r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +(\d+) \| consumed samples: +\d+ \| "
+    r"elapsed time per iteration \(ms, CPU stand-in, measured\): \d+\.\d \|"
+)
+ENERGY_LINE = re.compile(r"^\[energy\] iteration (\d+) \| ([^|]+) \| J/iter modelled: ")
 
 
-def test_demo_command_runs_the_loop_and_writes_its_report(tmp_path, capsys):
-    status = main(
-        [
-            "demo",
-            "--stages", "4",
-            "--microbatches", "4",
-            "--freq-grid", "1980,1530,1005",
-            "--profile-iters", "1",
-            "--run-steps", "3",
-            "--energy-dir", str(tmp_path),
-        ]
-    )  # fmt: skip
-    assert status == 0
-    out = capsys.readouterr().out
-    assert "stock clocks" in out and "(modelled)" in out
-    assert "energy per iteration, all GPUs" in out
-    job = next(path for path in tmp_path.iterdir() if path.is_dir() and (path / "plan.json").exists())
-    assert (job / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (job / "timeline.json").stat().st_size > 0
+@dataclass(frozen=True)
+class DemoRun:
+    status: int
+    out: str
+    energy_dir: Path
+
+    @property
+    def lines(self) -> list[str]:
+        return self.out.splitlines()
+
+    @property
+    def job(self) -> Path:
+        return latest_job_folder(self.energy_dir)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """Run the demo once, its standard output captured (it is not a terminal, as when piped)."""
+    energy_dir = tmp_path_factory.mktemp("demo") / "energy"
+    argv = [
+        "demo",
+        "--pipeline-model-parallel-size", "4",
+        "--num-microbatches", "4",
+        "--run-iters", str(RUN_ITERS),
+        "--energy-freq-grid", "1980,1530",
+        "--energy-profile-iters", "2",
+        "--energy-dir", str(energy_dir),
+    ]  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    return DemoRun(status, out.getvalue(), energy_dir)
+
+
+def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> None:
+    assert demo.status == 0, demo.out[-3000:]
+    (command,) = [line for line in demo.lines if line.startswith("launcher command: ")]
+    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 4" in command
+    assert f"-m megatron_energy.launch {TRAINING_SCRIPT} --pipeline-model-parallel-size 4" in command
+    assert "--num-layers 24 --hidden-size 2048" in command  # GPT-3 1.3B, whose stage work is timed
+    assert "--energy-optimise --energy-backend simulated --energy-gpu-spec h100-sxm" in command
+    assert f"--train-iters {TRAIN_ITERS}" in command
+
+
+def test_the_ranks_log_like_megatron_one_based_with_timestamps(demo: DemoRun) -> None:
+    megatron = [MEGATRON_LINE.match(line) for line in demo.lines]
+    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [(i, TRAIN_ITERS) for i in range(1, 11)]
+    energy = [ENERGY_LINE.match(line) for line in demo.lines]
+    phases = [(int(m[1]), m[2]) for m in energy if m]
+    expected = [(i, "profiling") for i in range(1, PROFILING_ITERS + 1)]
+    expected += [(i, "planned") for i in range(PROFILING_ITERS + 1, TRAIN_ITERS + 1)]
+    assert phases == expected
+    compared = [int(m[1]) for m, line in zip(energy, demo.lines, strict=True) if m and "vs stock" in line]
+    # not while profiling, and not the plan's settling iteration alone: the planned iterations after it
+    assert compared == list(range(PROFILING_ITERS + 2, TRAIN_ITERS + 1))
+
+
+def test_cpu_noise_stays_out_and_megatrons_arguments_go_to_the_log(demo: DemoRun) -> None:
+    assert "Apex" not in demo.out and "Transformer Engine" not in demo.out  # a CPU run's "not installed"
+    assert "end of arguments" not in demo.out
+    ranks_log = demo.energy_dir / "demo" / "ranks.log"
+    assert f"(Megatron's arguments: in {ranks_log})" in demo.lines
+    log = ranks_log.read_text()
+    assert "-------------------- end of arguments ---------------------" in log
+    assert re.search(r"^  pipeline_model_parallel_size \.+ 4$", log, flags=re.MULTILINE)
+
+
+def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo: DemoRun) -> None:
+    assert demo.out.count("┃ stock clocks ┃") == 1
+    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    target, predicted_stock = plan.target_point, plan.baseline
+
+    def row(label: str) -> list[str]:
+        (line,) = [line for line in demo.lines if line.startswith(f"│ {label} ")]
+        return [cell.strip() for cell in line.strip("│").split("│")]
+
+    prediction = row("energy per iteration, 4 GPUs, plan file's prediction (modelled)")
+    saving = target.energy_j / predicted_stock.energy_j - 1
+    assert prediction[1:] == [
+        f"{predicted_stock.energy_j:.1f} J",
+        f"{target.energy_j:.1f} J",
+        f"{100 * saving:+.2f} % (modelled)",
+    ]
+    time_row = row("iteration time, plan file's prediction (modelled)")
+    assert time_row[1:3] == [
+        f"{1e3 * predicted_stock.iteration_time_s:.1f} ms",
+        f"{1e3 * target.iteration_time_s:.1f} ms",
+    ]
+
+    # the run's figures: stock steps measured while profiling, planned iterations less the settling one
+    baseline = StockBaseline.from_json((demo.job / "baseline.json").read_text())
+    assert len(baseline.step_energy_j) == 3  # the stock baseline's pilot: exact energies need no more
+    records = [r for r in read_records(demo.energy_dir / "demo" / "energy_log.jsonl") if r.phase == "planned"]
+    assert [r.iteration for r in records] == list(range(PROFILING_ITERS + 1, TRAIN_ITERS + 1))
+    planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]
+    planned_j = statistics.mean(planned)
+    run = row("energy per iteration, 4 GPUs, run (modelled)")
+    assert run[1:] == [
+        f"{statistics.mean(baseline.step_energy_j):.1f} J",
+        f"{planned_j:.1f} J",
+        relative_change(baseline.step_energy_j, planned, source="modelled").format(),
+    ]
+    settling = f"left out of the run's figures: iteration {PROFILING_ITERS + 1}, the first under the plan"
+    assert settling in demo.out
+    # the log's last record compares the same iterations with the same stock steps, with its interval
+    change = relative_change(baseline.step_energy_j, planned, source="modelled")
+    last = records[-1].scalars
+    assert last["energy/change_vs_stock"] == pytest.approx(change.change)
+    assert (last["energy/change_vs_stock_low"], last["energy/change_vs_stock_high"]) == pytest.approx(
+        (change.low, change.high)
+    )
+    assert last["energy/change_vs_stock_resolved"] == float(change.excludes_zero)
+    assert last["energy/window_iterations"] == len(planned)
+    assert "energy/change_vs_stock" not in records[0].scalars  # the settling iteration alone: no window
+
+    # what ran is what the plan file predicted: the stock run is the plan's baseline, the plan its target
+    assert statistics.mean(baseline.step_energy_j) == pytest.approx(predicted_stock.energy_j, rel=0.005)
+    assert planned_j == pytest.approx(target.energy_j, rel=0.01)
+    assert planned_j < statistics.mean(baseline.step_energy_j)
+
+
+def test_the_report_files_are_written_and_named_on_one_line_each(demo: DemoRun) -> None:
+    frontier = demo.job / "frontier.png"
+    timeline = demo.job / "timeline.json"
+    assert f"frontier plot (modelled): {frontier}" in demo.lines
+    assert f"Perfetto timeline of the plan (modelled; open in ui.perfetto.dev): {timeline}" in demo.lines
+    assert frontier.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert timeline.stat().st_size > 0
+    assert any(line.startswith("TensorBoard scalars: ") for line in demo.lines)
+
+
+def test_an_indivisible_pipeline_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["demo", "--pipeline-model-parallel-size", "5", "--energy-dir", str(tmp_path)])
+    assert status == 2
+    assert "gpt3-1.3b has 24 layers, which 5 pipeline stages do not divide" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_the_demo_takes_the_launchers_flag_names_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["demo", "--energy-target", "fast"])
+    assert refused.value.code == 2
+    assert "is not a target" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--target", "iso-time"])
+    assert "unrecognized arguments: --target" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--run-iters", "1"])
+    assert "the first iteration under the plan settles" in capsys.readouterr().err
+
+
+def test_every_demo_option_has_a_line_and_a_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = capsys.readouterr().out
+    assert "`" not in text
+    options = re.findall(r"^  (--[\w-]+)", text, flags=re.MULTILINE)
+    assert "--energy-target" in options and "--model" in options
+    blocks = re.split(r"^  (?=--)", text, flags=re.MULTILINE)[1:]
+    assert len(blocks) == len(options)
+    for block in blocks:
+        assert "default: " in " ".join(block.split()), block
+    assert "gpt3-1.3b" in text and "llama-70b" in text  # the models it accepts
+    assert "h100-sxm" in text and "h200" in text  # the GPU specs it accepts

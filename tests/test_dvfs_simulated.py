@@ -1,8 +1,11 @@
+import itertools
 import math
+import statistics
 
 import pytest
 from zeus.device.gpu.common import ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
+from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated import SimulatedGPUs, read_state, reset_state_file
 from megatron_energy.dvfs.spec import load_gpu_spec
@@ -89,6 +92,37 @@ def test_energy_counter_advances_in_counter_periods(gpus, spec):
     gpus.wait(0, period_s, blocked=False)  # now at 1.5 periods: the counter shows the first period
     expected_mj = spec.idle_power_w * period_s * 1000
     assert gpus.get_total_energy_consumption(0) == math.floor(expected_mj)
+
+
+def _period_reads(gpus: SimulatedGPUs, index: int, periods: int, period_s: float) -> list[float]:
+    """Counter increments (J) over ``periods`` idle counter periods, read in the middle of each period."""
+    gpus.wait(index, 0.5 * period_s, blocked=False)
+    reads = [gpus.get_total_energy_consumption(index)]
+    for _ in range(periods):
+        gpus.wait(index, period_s, blocked=False)
+        reads.append(gpus.get_total_energy_consumption(index))
+    return [(b - a) / 1000 for a, b in itertools.pairwise(reads)]
+
+
+def test_counter_noise_is_seeded_per_gpu_and_averages_to_the_exact_energy(spec, tmp_path):
+    period_s = spec.energy_counter_period_s
+    exact_j = spec.idle_power_w * period_s
+
+    def noisy(seed: int) -> SimulatedGPUs:
+        emulation = Emulation(counter_noise=0.05, seed=seed)
+        return SimulatedGPUs(spec, num_gpus=2, state_path=tmp_path / f"{seed}.json", emulation=emulation)
+
+    first, again, other = noisy(7), noisy(7), noisy(8)
+    reads = _period_reads(first, 0, 400, period_s)
+    assert reads == _period_reads(again, 0, 400, period_s)  # seeded
+    assert reads != _period_reads(first, 1, 400, period_s)  # each GPU its own stream
+    assert reads != _period_reads(other, 0, 400, period_s)
+    mean, spread = sum(reads) / len(reads), statistics.stdev(reads)
+    assert mean == pytest.approx(exact_j, rel=0.01)
+    assert spread == pytest.approx(0.05 * exact_j, rel=0.15)
+    assert first.state(0).energy_mj / 1000 == pytest.approx(exact_j * 400.5)  # the true energy is exact
+    with pytest.raises(ValueError):
+        Emulation(counter_noise=-0.1)
 
 
 def test_wait_uses_blocked_or_idle_power(gpus, spec):

@@ -7,6 +7,8 @@ import math
 import pytest
 from megatron_harness import PipelineWorld, spawn_world
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 NUM_MICROBATCHES = 4
 
 

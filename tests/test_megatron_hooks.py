@@ -16,6 +16,8 @@ from megatron_harness import PipelineWorld, RecordingListener, spawn_world
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.schedule import pipeline_orders
 
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
 NUM_MICROBATCHES = 8
 SCENARIOS = {
     "pp1-no-pipelining": (1, None),

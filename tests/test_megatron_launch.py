@@ -18,7 +18,8 @@ from megatron_energy.plan import Plan
 
 NUM_MICROBATCHES = 8
 GROUP_SIZE = 4
-TRAIN_ITERS = 5  # 4 profiling steps (two clocks: a settling and a measured step each), then the plan runs
+TRAIN_ITERS = 7  # 6 profiling steps (stock: a settling step and the baseline's 3-step pilot; 1500 MHz: a
+# settling and a measured step), then the plan runs
 # PP=2 x VPP=2, 8 microbatches (global batch 16 / micro batch 2), in groups of 4 per virtual stage
 MEGATRON_ARGS = [
     "--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2",
@@ -121,6 +122,7 @@ def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> N
         assert p2p and all(event["op"] for event in p2p)
 
 
+@pytest.mark.world
 def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
     """The executed order (non-default group size) is the order the hooks see AND the order the plan has.
 

@@ -1,32 +1,55 @@
+import itertools
 import random
+import re
 
 import networkx as nx
 import numpy as np
 import pytest
 
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import SINK, SOURCE, CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import (
+    SINK,
+    SOURCE,
+    CommSpec,
+    IterationTail,
+    PipelineDag,
+    TailStep,
+    Transfer,
+)
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.orders import PipelineOrders
 
 
-def fwd(stage, microbatch, chunk=0):
-    return ("forward", stage, chunk, microbatch)
+def fwd(stage: int, microbatch: int, chunk: int = 0) -> Instruction:
+    """The forward pass of ``microbatch`` through ``chunk`` on ``stage``."""
+    return Instruction(stage, chunk, microbatch, "forward")
 
 
-def bwd(stage, microbatch, chunk=0):
-    return ("backward", stage, chunk, microbatch)
+def bwd(stage: int, microbatch: int, chunk: int = 0) -> Instruction:
+    """The backward pass of ``microbatch`` through ``chunk`` on ``stage``."""
+    return Instruction(stage, chunk, microbatch, "backward")
 
 
 # Two stages, two microbatches, Megatron 1F1B: rank 0 F0 F1 B0 B1, rank 1 F0 B0 F1 B1.
-ORDERS_2X2 = [
-    [("forward", 0, 0), ("forward", 1, 0), ("backward", 0, 0), ("backward", 1, 0)],
-    [("forward", 0, 0), ("backward", 0, 0), ("forward", 1, 0), ("backward", 1, 0)],
-]
+ORDERS_2X2 = PipelineOrders(
+    ranks=(
+        (fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd(0, 1)),
+        (fwd(1, 0), bwd(1, 0), fwd(1, 1), bwd(1, 1)),
+    ),
+    num_microbatches=2,
+)
 # Stage 0: forward 1 s, backward 2 s; stage 1 (heavier): forward 2 s, backward 3 s.
-TIMES_2X2 = {(0, "forward"): 1.0, (0, "backward"): 2.0, (1, "forward"): 2.0, (1, "backward"): 3.0}
+TIMES_2X2 = {
+    Work(0, 0, "forward"): 1.0,
+    Work(0, 0, "backward"): 2.0,
+    Work(1, 0, "forward"): 2.0,
+    Work(1, 0, "backward"): 3.0,
+}
 
 
-def _durations(dag, times):
-    return {node: times[(node[1], node[0])] for node in dag.compute_nodes()}
+def _durations(dag: PipelineDag, times: dict[Work, float]) -> dict[Instruction, float]:
+    """Every compute node's duration, looked up by its work (stage, chunk, kind)."""
+    return {node: times[node.work] for node in dag.compute_nodes()}
 
 
 def test_orders_from_megatron_match_the_hand_written_ones():
@@ -60,7 +83,7 @@ def test_small_pipeline_schedule_critical_path_and_slack_by_hand():
     # fwd(0,1) feeds fwd(1,1) (latest start 6) and bwd(0,0) (latest start 9): latest start 5, earliest 1.
     assert slack[fwd(0, 1)] == pytest.approx(4.0)
     # Stage 1's tail may wait until the sink at 13; it is ready at 11.
-    assert slack[("dp_sync", 1)] == pytest.approx(2.0)
+    assert slack[TailStep("dp_sync", 1)] == pytest.approx(2.0)
 
 
 def test_communication_and_tail_nodes_by_hand():
@@ -72,14 +95,12 @@ def test_communication_and_tail_nodes_by_hand():
     assert schedule.start(fwd(1, 0)) == 2.0
     assert schedule.start(bwd(0, 0)) == 8.0
     assert schedule.start(bwd(0, 1)) == 13.0
-    assert schedule.start(("send", "backward", 1, 0, 1)) == 12.0
-    assert schedule.end(("optimizer", 1)) == pytest.approx(12.75)
+    assert schedule.start(Transfer(bwd(1, 1))) == 12.0
+    assert schedule.end(TailStep("optimizer", 1)) == pytest.approx(12.75)
     assert schedule.makespan_s == pytest.approx(15.75)
-    assert [
-        node for node in dag.critical_path(_durations(dag, TIMES_2X2)) if node[0] in ("dp_sync", "optimizer")
-    ] == [
-        ("dp_sync", 0),
-        ("optimizer", 0),
+    assert [node for node in dag.critical_path(_durations(dag, TIMES_2X2)) if isinstance(node, TailStep)] == [
+        TailStep("dp_sync", 0),
+        TailStep("optimizer", 0),
     ]
 
 
@@ -87,13 +108,15 @@ def test_communication_and_tail_nodes_by_hand():
 def test_balanced_1f1b_takes_microbatches_plus_stages_minus_one_slots(stages, microbatches):
     dag = PipelineDag.build(pipeline_orders(stages, microbatches))
     t_f, t_b = 1.25, 2.5
-    durations = {node: t_f if node[0] == "forward" else t_b for node in dag.compute_nodes()}
+    durations = {node: t_f if node.kind == "forward" else t_b for node in dag.compute_nodes()}
     assert dag.schedule(durations).makespan_s == (microbatches + stages - 1) * (t_f + t_b)
 
 
 def test_structure_of_an_interleaved_dag():
     stages, microbatches, chunks = 4, 8, 2
-    dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), num_chunks=chunks)
+    orders = pipeline_orders(stages, microbatches, chunks)
+    dag = PipelineDag.build(orders)
+    assert dag.num_chunks == chunks
     types = [dag.graph.nodes[node]["type"] for node in dag.nodes]
     assert types.count("compute") == 2 * stages * microbatches * chunks
     # Every hop of a microbatch's forward (and backward) chain crosses stages: S*C - 1 hops per direction.
@@ -108,16 +131,19 @@ def test_structure_of_an_interleaved_dag():
     assert nx.is_directed_acyclic_graph(dag.graph)
     # The last chunk of the last stage turns a microbatch around; chunk wrap goes last stage -> first stage.
     assert dag.graph.has_edge(fwd(stages - 1, 3, chunks - 1), bwd(stages - 1, 3, chunks - 1))
-    assert dag.graph.has_edge(("send", "forward", stages - 1, 0, 3), fwd(0, 3, 1))
-    assert dag.graph.has_edge(("send", "backward", 0, 1, 3), bwd(stages - 1, 3, 0))
-    assert dag.stage_order(2) == [(kind, 2, chunk, m) for kind, m, chunk in pipeline_orders(4, 8, 2)[2]]
+    assert dag.graph.has_edge(Transfer(fwd(stages - 1, 3, 0)), fwd(0, 3, 1))
+    assert dag.graph.has_edge(Transfer(bwd(0, 3, 1)), bwd(stages - 1, 3, 0))
+    # A rank's order is the executed order it was built from, and the DAG chains its instructions in it.
+    order = dag.stage_order(2)
+    assert order == list(orders.ranks[2])
+    assert {node.stage for node in order} == {2}
+    assert all(dag.graph.has_edge(a, b) for a, b in itertools.pairwise(order))
 
 
 def test_makespan_and_slack_agree_with_networkx_longest_paths():
     rng = random.Random(7)
     dag = PipelineDag.build(
         pipeline_orders(4, 8, 2),
-        num_chunks=2,
         comm=CommSpec(1e-3, 10.0, 10_000_000),
         tail=IterationTail(dp_sync_s=0.01, optimizer_s=0.02),
     )
@@ -141,14 +167,20 @@ def test_missing_durations_and_bad_orders_are_refused():
     dag = PipelineDag.build(ORDERS_2X2)
     with pytest.raises(ValueError, match="no duration"):
         dag.schedule({fwd(0, 0): 1.0})
-    with pytest.raises(ValueError, match="missing"):
-        PipelineDag.build([ORDERS_2X2[0], ORDERS_2X2[1][:-1]])
-    with pytest.raises(ValueError, match="chunk in"):
-        PipelineDag.build(pipeline_orders(2, 4, 2), num_chunks=1)
+    # The orders are checked where they are made (PipelineOrders), before any DAG is built from them.
+    missing = rf"stage 1 does not run .* missing e\.g\. \[{re.escape(repr(bwd(1, 1)))}\]"
+    with pytest.raises(ValueError, match=missing):
+        PipelineOrders((ORDERS_2X2.ranks[0], ORDERS_2X2.ranks[1][:-1]), num_microbatches=2)
+    interleaved = pipeline_orders(2, 4, 2)
+    with pytest.raises(ValueError, match=r"unexpected e\.g\. \[Instruction\(stage=0, chunk=1, "):
+        PipelineOrders(interleaved.ranks, num_microbatches=4, num_chunks=1)
     # Rank 0 wants B0 (needs rank 1's B0) before F1; rank 1 wants F1 (needs rank 0's F1) before F0.
-    deadlock = [
-        [("forward", 0, 0), ("backward", 0, 0), ("forward", 1, 0), ("backward", 1, 0)],
-        [("forward", 1, 0), ("forward", 0, 0), ("backward", 0, 0), ("backward", 1, 0)],
-    ]
+    deadlock = PipelineOrders(
+        ranks=(
+            (fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)),
+            (fwd(1, 1), fwd(1, 0), bwd(1, 0), bwd(1, 1)),
+        ),
+        num_microbatches=2,
+    )
     with pytest.raises(ValueError, match="deadlock"):
         PipelineDag.build(deadlock)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.pipeline.workload import KNOWN_SHAPES
 
@@ -23,7 +24,7 @@ def gpt_profile(h200):
 
 def _one_stage(forward, backward, **kwargs):
     defaults = {"gpu_name": "h200", "source": "measured", "blocked_power_w": 155.0, "idle_power_w": 130.0}
-    return Profile({(0, "forward", 0): forward, (0, "backward", 0): backward}, **(defaults | kwargs))
+    return Profile({Work(0, 0, "forward"): forward, Work(0, 0, "backward"): backward}, **(defaults | kwargs))
 
 
 OPTIONS = [
@@ -37,7 +38,7 @@ OPTIONS = [
 
 def test_options_are_sorted_by_time_and_pareto_drops_dominated_and_duplicate_options():
     profile = _one_stage(OPTIONS, OPTIONS)
-    key = (0, "forward", 0)
+    key = Work(0, 0, "forward")
     assert [o.time_s for o in profile.options(key)] == sorted(o.time_s for o in OPTIONS)
     assert [o.clock_mhz for o in profile.pareto(key)] == [1800, 1500, 1000]
     assert profile.fastest(key) == ClockOption(1800, 1.00, 10.0)
@@ -45,7 +46,7 @@ def test_options_are_sorted_by_time_and_pareto_drops_dominated_and_duplicate_opt
     with pytest.raises(KeyError, match="no option at 1234 MHz"):
         profile.option_at(key, 1234)
     with pytest.raises(KeyError, match="no instruction"):
-        profile.options((5, "forward", 0))
+        profile.options(Work(5, 0, "forward"))
 
 
 def test_pareto_of_a_synthetic_profile_dominates_every_other_option(gpt_profile):
@@ -59,10 +60,15 @@ def test_pareto_of_a_synthetic_profile_dominates_every_other_option(gpt_profile)
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({(0, "forward", 0): OPTIONS}, r"lacks instruction\(s\) \[\(0, 'backward', 0\)\]"),
-        ({(0, "forward", 0): [], (0, "backward", 0): OPTIONS}, "has no clock options"),
-        ({(0, "forward", 0): OPTIONS + OPTIONS[:1], (0, "backward", 0): OPTIONS}, "more than once"),
-        ({(0, "sideways", 0): OPTIONS}, "kind must be one of"),
+        (
+            {Work(0, 0, "forward"): OPTIONS},
+            r"lacks instruction\(s\) \[Work\(stage=0, chunk=0, kind='backward'\)\]",
+        ),
+        ({Work(0, 0, "forward"): [], Work(0, 0, "backward"): OPTIONS}, "has no clock options"),
+        ({Work(0, 0, "forward"): OPTIONS + OPTIONS[:1], Work(0, 0, "backward"): OPTIONS}, "more than once"),
+        ({Work(0, 0, "sideways"): OPTIONS}, "kind must be one of"),
+        # the old (stage, kind, chunk) tuple keys are refused, not silently misread
+        ({(0, "forward", 0): OPTIONS, (0, "backward", 0): OPTIONS}, r"must be a Work\(stage, chunk, kind\)"),
     ],
 )
 def test_profile_rejects_malformed_options(options, message):
@@ -108,8 +114,8 @@ def test_perseus_style_csv_with_extra_columns_is_read(tmp_path):
     )
     profile = Profile.from_csv(path, gpu_name="a40", blocked_power_w=70.0, idle_power_w=30.0)
     assert profile.source == "measured"
-    assert profile.fastest((0, "forward", 0)) == ClockOption(1740, 0.0937, 28.49)
-    assert [o.clock_mhz for o in profile.pareto((0, "forward", 0))] == [1740, 1710]
+    assert profile.fastest(Work(0, 0, "forward")) == ClockOption(1740, 0.0937, 28.49)
+    assert [o.clock_mhz for o in profile.pareto(Work(0, 0, "forward"))] == [1740, 1710]
 
 
 def test_csv_of_an_unknown_gpu_needs_explicit_powers(tmp_path):
@@ -158,7 +164,7 @@ def test_synthetic_profile_is_modelled_and_covers_every_clock(gpt_profile, h200)
 
 def test_synthetic_stages_are_unbalanced_like_real_pipelines(gpt_profile):
     def fastest_s(stage, kind):
-        return gpt_profile.fastest((stage, kind, 0)).time_s
+        return gpt_profile.fastest(Work(stage, 0, kind)).time_s
 
     for kind in ("forward", "backward"):
         assert fastest_s(1, kind) == pytest.approx(fastest_s(2, kind))
@@ -167,7 +173,7 @@ def test_synthetic_stages_are_unbalanced_like_real_pipelines(gpt_profile):
     assert fastest_s(1, "backward") == pytest.approx(2 * fastest_s(1, "forward"), rel=0.05)
 
 
-@pytest.mark.parametrize("key", [(1, "backward", 0), (3, "backward", 0), (1, "forward", 0)])
+@pytest.mark.parametrize("key", [Work(1, 0, "backward"), Work(3, 0, "backward"), Work(1, 0, "forward")])
 def test_synthetic_energy_falls_then_rises_with_the_clock(gpt_profile, h200, key):
     by_clock = sorted(gpt_profile.options(key), key=lambda o: o.clock_mhz)
     energies = np.array([o.energy_j for o in by_clock])
@@ -182,7 +188,7 @@ def test_synthetic_gemm_throughput_is_realistic(gpt_profile, h200):
     shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=4)
     layers_per_stage = shape.num_layers // 4
     flops = layers_per_stage * (shape.layer_forward_gemm_flops() + shape.layer_forward_attention_flops())
-    achieved = flops / gpt_profile.fastest((1, "forward", 0)).time_s / (h200.peak_bf16_tflops * 1e12)
+    achieved = flops / gpt_profile.fastest(Work(1, 0, "forward")).time_s / (h200.peak_bf16_tflops * 1e12)
     assert 0.45 < achieved < 0.75
 
 
@@ -190,9 +196,9 @@ def test_synthetic_with_virtual_chunks_puts_embedding_and_head_on_the_right_chun
     profile = Profile.synthetic(TransformerShape.from_name("gpt3-1.3b"), h200, num_stages=2, num_chunks=2)
     assert (profile.num_stages, profile.num_chunks) == (2, 2)
     fastest = {key: profile.fastest(key).time_s for key in profile}
-    assert fastest[(0, "forward", 0)] > fastest[(0, "forward", 1)]
-    assert fastest[(1, "forward", 1)] > fastest[(1, "forward", 0)]
-    assert fastest[(1, "forward", 0)] == pytest.approx(fastest[(0, "forward", 1)])
+    assert fastest[Work(0, 0, "forward")] > fastest[Work(0, 1, "forward")]
+    assert fastest[Work(1, 1, "forward")] > fastest[Work(1, 0, "forward")]
+    assert fastest[Work(1, 0, "forward")] == pytest.approx(fastest[Work(0, 1, "forward")])
 
 
 def test_synthetic_rejects_unsupported_clocks_and_uneven_layers(h200):
@@ -208,7 +214,7 @@ def test_tensor_parallelism_divides_the_compute(h200):
     sharded = Profile.synthetic(
         TransformerShape.from_name("llama-7b", tensor_parallel=4), h200, num_stages=4, clocks_mhz=[1980]
     )
-    ratio = single.fastest((1, "forward", 0)).time_s / sharded.fastest((1, "forward", 0)).time_s
+    ratio = single.fastest(Work(1, 0, "forward")).time_s / sharded.fastest(Work(1, 0, "forward")).time_s
     assert 2.0 < ratio < 4.0  # replicated norms/residuals and TP all-reduces keep it below 4x
 
 

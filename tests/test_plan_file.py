@@ -1,5 +1,6 @@
 """Plan v2: the checked JSON contract between optimisers and the runtime (and v1 migration)."""
 
+import dataclasses
 import hashlib
 import json
 
@@ -13,6 +14,7 @@ from megatron_energy.plan import (
     ClockAction,
     CollectiveAction,
     FrontierSample,
+    MeasuredTail,
     Plan,
     PlanError,
     PlanPoint,
@@ -100,6 +102,20 @@ def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
     collective = loaded.target_point.ranks[0].actions[2]
     assert collective == CollectiveAction(Boundary(B0, "grad-sync"), "dp-reduce-scatter", 8)
     assert loaded.num_stages == 2
+
+
+def test_a_measured_tail_round_trips_and_a_plan_written_without_one_still_loads(tmp_path):
+    plan = dataclasses.replace(_plan(), measured_tail=MeasuredTail(0.05, (20.0, 30.0)))
+    path = plan.save(tmp_path / "plan.json")
+    assert json.loads(path.read_text())["measured_tail"] == {"time_s": 0.05, "stage_energy_j": [20.0, 30.0]}
+    assert Plan.load(path) == plan
+    # a version-2 file from before the tail existed: no key at all, checksum over what it held
+    _rewrite(path, lambda data: data.pop("measured_tail"), keep_checksum=False)
+    assert Plan.load(path).measured_tail is None
+    _rewrite(path, lambda data: data.update(measured_tail={"time_s": 0.05, "stage_energy_j": [1.0]}),
+             keep_checksum=False)  # fmt: skip
+    with pytest.raises(PlanError, match="1 stage energies for 2 ranks"):
+        Plan.load(path)
 
 
 def test_file_is_plain_json_keyed_by_the_shared_instruction_identity(tmp_path):

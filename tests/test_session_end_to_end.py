@@ -1,7 +1,8 @@
 """The energy session end to end: megatron-core's real pipeline schedule over gloo with simulated GPUs.
 
-Each scenario spawns one world through ``run_demo`` (a tiny GPT whose simulated GPUs time the stage work of
-GPT-3 1.3B on an H100 SXM; every figure is modelled) and the tests read its ``RankReport``s:
+Each scenario spawns one world through ``session_world.run_world`` (a tiny GPT whose simulated GPUs time the
+stage work of GPT-3 1.3B on an H100 SXM; every figure is modelled; each rank's session is built as the
+launcher builds it) and the tests read its ``RankReport``s:
 
 - PP=4, 8 microbatches: every rank profiles a 4-clock grid then runs the iso-time plan, which saves energy
   against the stock clocks measured while profiling; the log, the cache folder and ``megatron-energy report``.
@@ -13,6 +14,7 @@ GPT-3 1.3B on an H100 SXM; every figure is modelled) and the tests read its ``Ra
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -22,41 +24,47 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from session_world import RankReport, SessionSettings, run_world, summarise
 
 from megatron_energy.cli import main
-from megatron_energy.commands.demo_run import DemoSettings, RankReport, run_demo, summarise
 from megatron_energy.plan import Plan
+from megatron_energy.runtime.baseline_length import pilot_steps
+from megatron_energy.stats import relative_change
+
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 
-RUN_STEPS = 4
+RUN_STEPS = 6
+LOG_INTERVAL = 4
 THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
 
 ENERGY_LINE = re.compile(
-    r"\[energy\] iteration (?P<step>\d+) \| (?P<phase>[^|]+) \| J/iter (?P<source>\w+): "
+    r"\[energy\] iteration (?P<iteration>\d+) \| (?P<phase>[^|]+) \| J/iter (?P<source>\w+): "
 )
+"""An energy log line; its iteration is 1-based, as Megatron's."""
 
 
-def settings(energy_dir: Path, **changes) -> DemoSettings:
-    """The small demo every scenario starts from: 4-clock grid, one measured step per clock."""
-    base = DemoSettings(
+def settings(energy_dir: Path, **changes) -> SessionSettings:
+    """The small job every scenario starts from: 4-clock grid, one measured step per clock."""
+    base = SessionSettings(
         gpu_spec="h100-sxm",
         freq_grid=GRID_MHZ,
         profile_iters=1,
         run_steps=RUN_STEPS,
-        log_interval=RUN_STEPS,
+        log_interval=LOG_INTERVAL,
         energy_dir=energy_dir,
-        progress=False,
     )
     return replace(base, **changes)
 
 
-def profiling_steps(demo: DemoSettings) -> int:
-    """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock."""
+def profiling_steps(demo: SessionSettings) -> int:
+    """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock, and at
+    the stock clock the pilot of the baseline (exact simulated energies never need more)."""
     assert demo.freq_grid is not None
-    return len(demo.freq_grid) * (demo.profile_iters + 1)
+    return (pilot_steps(demo.profile_iters) + 1) + (len(demo.freq_grid) - 1) * (demo.profile_iters + 1)
 
 
 def phases(report: RankReport) -> list[str]:
@@ -64,12 +72,12 @@ def phases(report: RankReport) -> list[str]:
 
 
 def energy_lines(report: RankReport) -> dict[int, str]:
-    """The per-interval energy lines a rank printed, by iteration."""
+    """The per-interval energy lines a rank printed, by the (0-based) index of the interval's last step."""
     found = {}
     for line in report.lines:
         match = ENERGY_LINE.match(line)
         if match:
-            found[int(match["step"])] = line
+            found[int(match["iteration"]) - 1] = line
     return found
 
 
@@ -88,9 +96,9 @@ def plan_line(report: RankReport) -> str:
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory) -> tuple[DemoSettings, list[RankReport]]:
+def first_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     demo = settings(tmp_path_factory.mktemp("energy"))
-    return demo, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return demo, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +107,9 @@ def cache_runs(first_run, tmp_path_factory) -> tuple[Path, list[RankReport], lis
     demo, _ = first_run
     energy_dir = tmp_path_factory.mktemp("cache") / "energy"
     shutil.copytree(demo.energy_dir, energy_dir)
-    again = run_demo(replace(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
+    again = run_world(replace(demo, energy_dir=energy_dir), tmp_path_factory.mktemp("results"))
     changed_demo = replace(demo, energy_dir=energy_dir, num_microbatches=4)
-    changed = run_demo(changed_demo, tmp_path_factory.mktemp("results"))
+    changed = run_world(changed_demo, tmp_path_factory.mktemp("results"))
     return energy_dir, again, changed
 
 
@@ -115,6 +123,7 @@ def test_every_rank_profiles_the_grid_then_runs_the_plan(first_run):
     for report in reports:
         assert phases(report) == ["profiling"] * profiling + ["planned"] * RUN_STEPS
         assert report.stock_time_s is not None and report.stock_energy_j is not None
+        assert report.stock_steps == pilot_steps(demo.profile_iters) == 3
         # profiling walks down the grid: the lowest clock is slower and cheaper than stock
         stock, lowest = report.steps[1], report.steps[profiling - 1]
         assert lowest.iteration_s > stock.iteration_s
@@ -144,31 +153,59 @@ def test_losses_are_finite(first_run):
     assert all(math.isfinite(loss) for report in reports for loss in report.losses)
 
 
-def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_saving(first_run):
+def test_rank_zero_logs_modelled_energy_per_stage_with_prediction_and_changes_against_stock(first_run):
     demo, reports = first_run
     last_step = len(reports[0].steps) - 1
     lines = energy_lines(reports[0])
-    assert sorted(lines) == list(range(RUN_STEPS - 1, last_step + 1, RUN_STEPS))
+    assert sorted(lines) == list(range(LOG_INTERVAL - 1, last_step + 1, LOG_INTERVAL))
     assert all(not energy_lines(report) for report in reports[1:])  # gathered on rank 0 only
 
     line = lines[last_step]
     assert ENERGY_LINE.match(line)["source"] == "modelled"
     assert "| planned |" in line
     assert "predicted (modelled)=" in line
-    assert "saving vs stock (modelled)=" in line
-    # the figures are the ranks' own: mean J/iter over the interval per stage, saving against stock
-    interval = range(last_step + 1 - RUN_STEPS, last_step + 1)
+    # the figures are the ranks' own: mean J/iter over the interval per stage
+    interval = range(last_step + 1 - LOG_INTERVAL, last_step + 1)
     means = [statistics.mean(report.steps[i].energy_j for i in interval) for report in reports]
     per_stage = re.findall(r"\bs(\d)=(\d+\.\d)", line)
     assert [int(stage) for stage, _ in per_stage] == [0, 1, 2, 3]
     assert [float(energy) for _, energy in per_stage] == pytest.approx(means, abs=0.051)
-    saving = float(re.search(r"saving vs stock \(modelled\)=(-?\d+\.\d)%", line)[1])
-    stock_j = sum(report.stock_energy_j for report in reports)
-    assert saving == pytest.approx(100 * (1 - sum(means) / stock_j), abs=0.051)
+    # the changes compare the phase's iterations after its first (which settles) with the stock steps
+    profiling = profiling_steps(demo)
+    stock_steps = range(1, 1 + reports[0].stock_steps)  # after the stock clock's settling step
+    window = range(profiling + 1, last_step + 1)
+
+    def job(steps: range, figure: str) -> list[float]:
+        values = [[getattr(report.steps[i], figure) for report in reports] for i in steps]
+        return [sum(v) if figure == "energy_j" else max(v) for v in values]
+
+    energy = relative_change(job(stock_steps, "energy_j"), job(window, "energy_j"), source="modelled")
+    assert energy.excludes_zero and energy.change < -0.05  # exact simulated energies: a resolved saving
+    assert f"| energy vs stock: {energy.format()} |" in line
+    time = relative_change(job(stock_steps, "iteration_s"), job(window, "iteration_s"), source="modelled")
+    assert line.endswith(f"| time vs stock: {time.format()}")
     # intervals that ran while profiling are labelled so, even the one whose last step made the plan
-    profiled = [lines[i] for i in lines if i < profiling_steps(demo)]
-    assert profiled and profiling_steps(demo) - 1 in lines
-    assert all("| profiling |" in line and "predicted" not in line for line in profiled)
+    profiled = [lines[i] for i in lines if i < profiling]
+    assert profiled and all("| profiling |" in line and "predicted" not in line for line in profiled)
+    assert all("vs stock" not in line for line in profiled)
+    # a line whose interval began while profiling speaks for its planned steps only
+    (straddling,) = [lines[i] for i in lines if i - LOG_INTERVAL < profiling - 1 < i]
+    planned_part = range(profiling, max(i for i in lines if i - LOG_INTERVAL < profiling - 1 < i) + 1)
+    stage0 = statistics.mean(reports[0].steps[i].energy_j for i in planned_part)
+    assert f"s0={stage0:.1f} " in straddling and "| planned |" in straddling
+
+
+def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
+    """Megatron's TensorBoard/W&B writers sit on the last rank; the line is printed on rank 0."""
+    _, reports = first_run
+    lines = energy_lines(reports[0])
+    for report in reports:
+        totals = {
+            iteration: value for name, value, iteration in report.scalars if name == "energy/j_per_iter_total"
+        }
+        assert sorted(totals) == [step + 1 for step in sorted(lines)]  # 1-based, as Megatron's iterations
+        for step, line in lines.items():
+            assert f"total={totals[step + 1]:.1f} " in line
 
 
 def test_the_cache_folder_holds_the_job(first_run):
@@ -184,7 +221,8 @@ def test_the_cache_folder_holds_the_job(first_run):
     assert len(rows) - 1 == 4 * 2 * len(GRID_MHZ)  # stage x (forward, backward) x clock
     plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
     assert plan.num_stages == 4 and plan.target == "iso-time"
-    assert {step.clock_mhz for stage in range(4) for step in plan.rank_clocks(stage)} <= set(GRID_MHZ)
+    planned = {clock for stage in range(4) for clock in plan.target_point.clock_table(stage).values()}
+    assert planned <= set(GRID_MHZ)
 
 
 def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
@@ -202,7 +240,8 @@ def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
                 for event in timeline["traceEvents"]
                 if event["ph"] == "X" and event["pid"] == stage and event["cat"] == kind
             )
-            planned = sorted(step.clock_mhz for step in plan.rank_clocks(stage) if step.kind == kind)
+            table = plan.target_point.clock_table(stage)
+            planned = sorted(clock for instruction, clock in table.items() if instruction.kind == kind)
             assert shown == planned and len(planned) == demo.num_microbatches
 
 
@@ -210,12 +249,16 @@ def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run):
 
 
 def test_a_second_run_of_the_same_job_skips_profiling(first_run, cache_runs):
-    _, first = first_run
+    demo, first = first_run
     _, again, _ = cache_runs
     for report in again:
         assert phases(report) == ["planned"] * RUN_STEPS
     assert printed(again, "energy cache hit")[0] == 1
+    assert "| energy vs stock: " in energy_lines(again[0])[LOG_INTERVAL - 1]  # against the cached baseline
     assert plan_line(again[0]) == plan_line(first[0])  # the same plan, from the cached profile
+    # what ran is byte for byte the cached plan.json: the line names the sha256 of the text every rank parsed
+    cached = (job_folder(demo.energy_dir) / "plan.json").read_bytes()
+    assert f"plan sha256 {hashlib.sha256(cached).hexdigest()[:16]}" in plan_line(again[0])
     assert [r.stock_energy_j for r in again] == [r.stock_energy_j for r in first]  # cached baseline
 
 
@@ -241,7 +284,7 @@ def straggler_run(tmp_path_factory) -> tuple[range, list[RankReport]]:
     profiling = profiling_steps(demo)
     window = range(profiling + 3, profiling + 7)
     demo = replace(demo, throttle=(1, window[0], window[-1], THROTTLE_MHZ))
-    return window, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return window, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 def test_the_other_replica_follows_a_throttled_replica_and_comes_back(straggler_run):
@@ -288,12 +331,12 @@ def test_the_throttled_replica_keeps_its_plan(straggler_run):
 
 
 @pytest.fixture(scope="module")
-def safety_run(tmp_path_factory) -> tuple[DemoSettings, list[RankReport]]:
+def safety_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     """PP=2, one replica, its GPUs throttled through the whole run phase; 2 % tolerance."""
     demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=6, safety_tolerance=0.02)
     profiling = profiling_steps(demo)
     demo = replace(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
-    return demo, run_demo(demo, tmp_path_factory.mktemp("results"))
+    return demo, run_world(demo, tmp_path_factory.mktemp("results"))
 
 
 def test_a_plan_slower_than_allowed_reverts_to_stock_clocks(safety_run):

@@ -4,15 +4,23 @@ profiling, grid; and the session's run phase on a one-stage replica whose data-p
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import random
+import re
+import statistics
 
 import pytest
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.emulation import Emulation
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
@@ -27,16 +35,19 @@ from megatron_energy.plan import (
 )
 from megatron_energy.registry import resolve
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
+from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache, describe_changes
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.energy_log import StageEnergy, StockSamples, format_energy_line, publish
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
-from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, merge_rows
+from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
-from megatron_energy.runtime.timing import InstructionSample, StepTiming
+from megatron_energy.runtime.step_figures import StepFigures
+from megatron_energy.runtime.timing import InstructionSample, SimulatedTimer, StepTiming
 
 # ------------------------------------------------------------------------------------------- energy log
 
@@ -46,11 +57,13 @@ def _stage_energy(stage: int, measured: float, **changes) -> StageEnergy:
         stage=stage,
         measured_j_per_iter=measured,
         predicted_j_per_iter=0.9 * measured,
-        stock_j_per_iter=1.25 * measured,
         iteration_s=0.1,
-        stock_iteration_s=0.095,
     )
     return StageEnergy(**(fields | changes))
+
+
+def _window(first_step: int, energies: list[float], iteration_s: float = 1.1) -> RankWindow:
+    return RankWindow(first_step, tuple(energies), tuple([iteration_s] * len(energies)))
 
 
 def test_energy_line_sums_peers_per_stage_and_labels_every_figure():
@@ -63,42 +76,97 @@ def test_energy_line_sums_peers_per_stage_and_labels_every_figure():
     ]
     line, scalars = format_energy_line(7, ranks, "modelled", "planned")
     total = 10.0 + 12.0 + 30.0 + 32.0
-    stock = 1.25 * total
     predicted = 0.9 * total
     assert line.startswith("[energy] iteration 7 | planned | ")
     assert "J/iter modelled: s0=22.0 s1=62.0" in line
     assert f"total={total:.1f}" in line
     assert f"predicted (modelled)={predicted:.1f}" in line
-    assert f"saving vs stock (modelled)={100 * (1 - total / stock):.1f}%" in line
-    assert "iter 130.0 ms" in line  # the slowest rank's iteration
-    assert "stock 95.0 ms" in line
+    assert "iter 130.0 ms (modelled)" in line  # the slowest rank's iteration
+    assert "vs stock" not in line  # no stock baseline given
     assert scalars == pytest.approx(
         {
             "energy/j_per_iter_total": total,
             "energy/j_per_iter_stage0": 22.0,
             "energy/j_per_iter_stage1": 62.0,
             "energy/j_per_iter_predicted": predicted,
-            "energy/saving_vs_stock": 1 - total / stock,
             "energy/iteration_s": 0.130,
         }
     )
 
 
-def test_energy_line_leaves_out_prediction_and_saving_it_cannot_compute():
-    ranks = [
-        _stage_energy(0, 10.0, stock_j_per_iter=None, stock_iteration_s=None),
-        _stage_energy(1, 20.0, predicted_j_per_iter=None),
+def _noisy(rng: random.Random, mean: float, n: int, cv: float = 0.03) -> list[float]:
+    return [rng.gauss(mean, cv * mean) for _ in range(n)]
+
+
+def test_a_window_ten_percent_below_stock_reads_as_a_saving_whose_interval_excludes_zero():
+    rng = random.Random(1)
+    stock = StockSamples(tuple(_noisy(rng, 300.0, 20)), tuple(_noisy(rng, 1.1, 20)), counter_period_s=0.1)
+    ranks = [  # the window's iterations 10 % cheaper, as fast; two ranks, summed per iteration
+        _stage_energy(0, 135.0, window=_window(30, _noisy(rng, 135.0, 20))),
+        _stage_energy(1, 135.0, window=_window(30, _noisy(rng, 135.0, 20))),
     ]
-    line, scalars = format_energy_line(4, ranks, "measured", "profiling")
+    line, scalars = format_energy_line(50, ranks, "measured", "planned", stock)
+    energy = re.search(
+        r"\| energy vs stock: (-\d+\.\d) % ± (\d+\.\d) % \(measured, 95 % CI, n=20 vs 20\) \|", line
+    )
+    assert energy, line
+    assert float(energy[1]) + float(energy[2]) < 0  # resolved: the whole interval below zero
+    assert scalars["energy/change_vs_stock_low"] <= -0.10 <= scalars["energy/change_vs_stock_high"]
+    assert scalars["energy/change_vs_stock_resolved"] == 1.0
+    assert scalars["energy/window_iterations"] == 20
+    assert "| time vs stock: within noise (±" in line
+    assert scalars["energy/iteration_change_vs_stock_resolved"] == 0.0
+
+
+def test_the_same_clocks_read_within_noise_and_the_window_never_mixes_phases():
+    rng = random.Random(2)
+    stock = StockSamples(tuple(_noisy(rng, 300.0, 20)), tuple(_noisy(rng, 1.1, 20)), counter_period_s=0.1)
+    # rank 1 changed phase three steps later than rank 0: only the steps both ran in it count
+    ranks = [
+        _stage_energy(0, 150.0, window=_window(10, _noisy(rng, 150.0, 12))),
+        _stage_energy(1, 150.0, window=_window(13, _noisy(rng, 150.0, 9))),
+    ]
+    line, scalars = format_energy_line(22, ranks, "measured", "planned", stock)
+    assert re.search(r"\| energy vs stock: within noise \(±\d+\.\d %\) \|", line), line
+    assert scalars["energy/change_vs_stock_resolved"] == 0.0
+    assert scalars["energy/change_vs_stock_low"] < 0 < scalars["energy/change_vs_stock_high"]
+    assert scalars["energy/window_iterations"] == 9
+
+
+def test_energy_line_leaves_out_prediction_and_changes_it_cannot_compute():
+    stock = StockSamples((300.0, 301.0), (1.1, 1.1))
+    ranks = [
+        _stage_energy(0, 10.0),  # the phase just began: its first step settles, no window yet
+        _stage_energy(1, 20.0, predicted_j_per_iter=None, window=_window(3, [20.0])),
+    ]
+    line, scalars = format_energy_line(4, ranks, "measured", "profiling", stock)
     assert "J/iter measured: s0=10.0 s1=20.0" in line
-    assert "predicted" not in line and "saving" not in line
-    assert "stock 95.0 ms" in line  # the one rank that knows the stock time
+    assert "predicted" not in line and "vs stock" not in line
     assert set(scalars) == {
         "energy/j_per_iter_total",
         "energy/j_per_iter_stage0",
         "energy/j_per_iter_stage1",
         "energy/iteration_s",
     }
+
+
+def test_a_phase_window_leaves_out_its_settling_step_and_restarts_with_each_phase():
+    window = PhaseWindow()
+
+    def figures(energy_j: float) -> StepFigures:
+        return StepFigures(StepTiming((), 1.0, "modelled"), 1.0, energy_j, None, exact=True)
+
+    for step, phase in enumerate(["profiling"] * 3 + ["planned"] * 4):
+        window.add(step, phase, figures(float(step)))
+    assert [f.energy_j for f in window.take_interval()] == [3.0, 4.0, 5.0, 6.0]  # planned steps only
+    assert window.take_interval() == []
+    assert window.rank_window() == RankWindow(4, (4.0, 5.0, 6.0), (1.0, 1.0, 1.0))  # step 3 settles
+    for step in range(7, 7 + 2 * WINDOW_ITERS):
+        window.add(step, "planned", figures(float(step)))
+    capped = window.rank_window()
+    assert len(capped.energy_j) == WINDOW_ITERS and capped.first_step == 7 + WINDOW_ITERS
+    window.add(200, "stock (safety net)", figures(1.0))
+    assert window.rank_window().first_step == -1
 
 
 def test_publish_prints_the_line_and_writes_every_scalar_to_every_sink():
@@ -306,7 +374,7 @@ def test_profile_collector_walks_the_grid_and_discards_each_settling_step():
                 10.0,
                 {"forward": forward_s, "backward": 1.0},
             )
-            collector.add_step(timing, step_energy_j=100.0 + forward_s, iteration_s=10.0 + forward_s)
+            collector.add_step(StepFigures(timing, 10.0 + forward_s, 100.0 + forward_s, None, exact=True))
     assert walked == [1980] * 3 + [1500] * 3
     assert collector.done
     assert collector.clock_for_next_step() == 1500  # stays on the last clock once done
@@ -325,12 +393,13 @@ def test_profile_collector_walks_the_grid_and_discards_each_settling_step():
     assert stock.energy_j == pytest.approx((102.0 + 103.0) / 2)
 
 
-def test_measured_step_energy_less_waiting_is_split_over_instructions_by_time():
+def test_measured_step_energy_less_waiting_and_the_outside_part_is_split_over_instructions_by_time():
     collector = _collector(clocks=(1980,), steps_per_clock=1)
     timing = _timing({"forward": 0.1, "backward": 0.3}, iteration_s=1.0)  # no per-instruction energy
-    collector.add_step(timing, 0.0, 1.0)  # settling
-    step_energy_j = 200.0
-    collector.add_step(timing, step_energy_j, 1.0)
+    timing = dataclasses.replace(timing, cycle_s=1.25)  # 0.25 s between the two schedules
+    collector.add_step(StepFigures(timing, 1.25, 0.0, 0.0, exact=False))  # settling
+    step_energy_j, outside_j = 200.0, 30.0  # the pipeline span's 200 J and 30 J between the schedules
+    collector.add_step(StepFigures(timing, 1.25, step_energy_j + outside_j, outside_j, exact=False))
 
     busy_s = 0.1 + 0.3
     last_end_s = 0.1 + busy_s
@@ -340,6 +409,45 @@ def test_measured_step_energy_less_waiting_is_split_over_instructions_by_time():
     rows = {row.work.kind: row for row in collector.rows()}
     assert rows["forward"].energy_j == pytest.approx(busy_j * 0.1 / busy_s)
     assert rows["backward"].energy_j == pytest.approx(busy_j * 0.3 / busy_s)
+    (stock,) = collector.stock_steps()
+    assert (stock.iteration_s, stock.energy_j) == (1.25, 230.0)  # the whole iteration
+    assert (stock.outside_s, stock.outside_j) == (pytest.approx(0.25), 30.0)
+
+
+def test_the_stock_clock_is_measured_as_long_as_decided_then_the_grid_goes_on():
+    collector = _collector(steps_per_clock=1)
+    collector.stock_iters = 3  # the pilot
+    timing = _timing({"forward": 0.1, "backward": 0.3}, iteration_s=1.0)
+    clocks = []
+    while not collector.done:
+        clocks.append(collector.clock_for_next_step())
+        collector.add_step(StepFigures(timing, 1.0, 100.0, None, exact=True))
+        if collector.stock_measured == 3 and collector.steps_needed == 6:
+            collector.set_stock_steps(5)  # decided after the pilot: two more
+    assert clocks == [1980] * 6 + [1500] * 2
+    assert len(collector.stock_steps()) == 5 and collector.steps_needed == 8
+    with pytest.raises(ValueError):
+        collector.set_stock_steps(6)  # the stock clock is over
+
+
+def test_the_stock_baseline_length_follows_the_counter_period_and_the_spread():
+    def steps(times: list[float], energies: list[float]) -> list[StepRecord]:
+        return [StepRecord(1980, t, e) for t, e in zip(times, energies, strict=True)]
+
+    # exact energies, no spread: the pilot is enough
+    assert stock_steps_needed(steps([0.125] * 3, [200.0] * 3), counter_period_s=0.0) == 3
+    # a 100 ms counter and 30 ms iterations: 7 iterations per sample, 3 samples, within the bounds
+    assert stock_steps_needed(steps([0.03] * 3, [20.0] * 3), counter_period_s=0.1) == MAX_STOCK_STEPS
+    # 1.1 s iterations with 3 % noise: as many as the 1 % target asks for, bounded
+    noisy = steps([1.1, 1.12, 1.09], [1100.0, 1140.0, 1080.0])
+    assert stock_steps_needed(noisy, counter_period_s=0.1) == MAX_STOCK_STEPS
+    quiet = steps([1.1, 1.1005, 1.1], [1100.0, 1100.5, 1100.0])
+    assert stock_steps_needed(quiet, counter_period_s=0.1) == 3
+    # 10 s iterations: no more than MAX_STOCK_S seconds of them
+    slow = steps([10.0, 10.5, 9.6], [1e4, 1.05e4, 0.96e4])
+    assert stock_steps_needed(slow, counter_period_s=0.1) == int(
+        MAX_STOCK_S / statistics.fmean([10.0, 10.5, 9.6])
+    )
 
 
 def test_merge_rows_takes_the_slowest_peer_and_the_mean_energy():
@@ -429,6 +537,9 @@ class _Timer:
         self.slowdown = 1.0
         self._runs: list[tuple[str, float, float]] = []
 
+    def wait_for_device(self) -> None:
+        pass
+
     def step_begin(self) -> None:
         self._runs.clear()
 
@@ -514,7 +625,8 @@ def _profile_and_plan(session: EnergySession) -> int:
     while session.phase == "profiling":
         _step(session, step)
         step += 1
-    assert step == session.collector.steps_needed == 4
+    # the stock clock: a settling step and the 3-step pilot (exact, steady figures need no more); then 1500
+    assert step == session.collector.steps_needed == (1 + 3) + (1 + 1)
     assert session.phase == "planned" and session.plan is not None
     return step
 
@@ -555,13 +667,13 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
 def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     session, timer, comms, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)
-    agreed = comms.all_reduces  # the one all-reduce that agreed on running the plan
+    agreed = comms.all_reduces  # the all-reduces that agreed on the stock steps and on running the plan
     timer.slowdown = 1.5
     for _ in range(SAFETY_STEPS):
         _step(session, step)
         step += 1
     assert session.phase == "stock (safety net)"
-    assert comms.all_reduces == agreed == 1  # one replica: no straggler exchange
+    assert comms.all_reduces == agreed == 2  # one replica: no straggler exchange
     assert sum("clocks reverted to stock" in line for line in lines) == 1
 
 
@@ -571,7 +683,7 @@ def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_
     while session.phase == "profiling":
         _step(session, step)
         step += 1
-    assert step == session.collector.steps_needed == 2  # one settling + one measured step, stock only
+    assert step == session.collector.steps_needed == 1 + 3  # one settling step + the pilot, stock only
     assert set(controller.requests[:step]) == {1980}
     assert session.profile_source == "modelled"
     profile = Profile.from_csv(session.cache.folder / "profile.csv", gpu_name="h100-sxm", source="modelled")
@@ -585,7 +697,64 @@ def test_extrapolated_rows_keep_the_stock_time_and_slow_down_at_lower_clocks():
     stock = ProfileRow(work=Work(1, 0, "backward"), clock_mhz=1980, time_s=0.02, energy_j=9.0, samples=3)
     rows = {row.clock_mhz: row for row in extrapolate_rows([stock], spec, [1980, 1500, 1005])}
     assert set(rows) == {1980, 1500, 1005}
-    assert rows[1980].time_s == pytest.approx(0.02, rel=1e-6)
+    assert rows[1980].time_s == pytest.approx(0.02, rel=1e-9)
+    assert rows[1980].energy_j == pytest.approx(
+        9.0, rel=1e-9
+    )  # anchored: the measured energy, not the model's
     assert rows[1980].time_s <= rows[1500].time_s <= rows[1005].time_s
+    assert rows[1005].energy_j < rows[1980].energy_j
     assert rows[1005].time_s > rows[1980].time_s
     assert all((row.work, row.samples) == (Work(1, 0, "backward"), 3) for row in rows.values())
+
+
+# ---------------------------------------------------------------------------------- the simulated timer
+
+
+def _simulated_step(timer: SimulatedTimer, session_laps: bool) -> StepTiming:
+    """One single-stage step: wait for the device when the session laps at the start, then F and B."""
+    if session_laps:
+        timer.wait_for_device()
+    timer.step_begin()
+    for kind in ("forward", "backward"):
+        instruction = Instruction(0, 0, 0, kind)
+        timer.begin(instruction)
+        timer.end(instruction)
+    return timer.finish_step()
+
+
+@pytest.mark.parametrize("session_laps", [True, False])
+def test_the_simulated_timer_runs_the_work_between_schedules_once_and_times_the_whole_iteration(
+    tmp_path, session_laps
+):
+    spec = load_gpu_spec("h100-sxm")
+    between = WorkProfile(compute_s=0.002, memory_s=0.008)
+    emulation = Emulation(between_steps=between, idle_between_steps_s=0.005)
+    gpus = SimulatedGPUs(spec, state_path=tmp_path / "gpus.json", emulation=emulation)
+    work = {Work(0, 0, "forward"): WorkProfile(0.01, 0.0), Work(0, 0, "backward"): WorkProfile(0.02, 0.0)}
+    timer = SimulatedTimer(gpus, 0, work, LocalComms(), PipelineDag.build(pipeline_orders(1, 1)))
+    model = GpuPowerModel(spec)
+    clock = spec.default_sm_clock_mhz
+    outside_s = model.time_s(between, clock) + 0.005
+    outside_j = model.energy_j(between, clock) + 0.005 * spec.idle_power_w
+    for _ in range(2):
+        before_j = gpus.state(0).energy_mj / 1000
+        timing = _simulated_step(timer, session_laps)
+        pipeline_s = sum(model.time_s(profile, clock) for profile in work.values())
+        assert timing.intrinsic_s == pytest.approx(pipeline_s)
+        assert timing.cycle_s == pytest.approx(timing.intrinsic_s + outside_s)
+        assert timing.outside_s == pytest.approx(outside_s)
+        assert timing.outside_energy_j == pytest.approx(outside_j)
+        assert timing.energy_j + timing.outside_energy_j == pytest.approx(
+            gpus.state(0).energy_mj / 1000 - before_j
+        )
+    # a real GPU's view: no energy from the timer, only the counter knows
+    hidden = SimulatedGPUs(
+        spec,
+        state_path=tmp_path / "hidden.json",
+        emulation=dataclasses.replace(emulation, exact_energy=False),
+    )
+    timer = SimulatedTimer(hidden, 0, work, LocalComms(), PipelineDag.build(pipeline_orders(1, 1)))
+    timing = _simulated_step(timer, session_laps)
+    assert timing.energy_j is None and timing.outside_energy_j is None
+    assert all(sample.energy_j is None for sample in timing.samples)
+    assert timing.outside_s == pytest.approx(outside_s)

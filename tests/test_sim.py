@@ -8,9 +8,10 @@ import pytest
 
 from megatron_energy.commands import plan as plan_command
 from megatron_energy.commands import simulate
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag import IterationTail, PipelineDag, TailStep
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
@@ -53,6 +54,29 @@ def test_energy_accounting_by_hand():
     assert result.gpu_name == "test-gpu" and result.profile_source == "modelled"
 
 
+def test_a_measured_tail_counts_its_measured_energy_and_no_idle_power_over_it():
+    tail = IterationTail.measured(outside_s=0.5, stage_energy_j=(40.0, 70.0))
+    dag = PipelineDag.build(pipeline_orders(2, 2), tail=tail)
+    plain = Simulator(PipelineDag.build(pipeline_orders(2, 2)), _profile(TIMES_2X2, 2)).run()
+    result = Simulator(dag, _profile(TIMES_2X2, 2)).run()
+    assert result.iteration_time_s == 13.5  # the pipeline's 13 s, then the 0.5 s tail
+    stage0, stage1 = result.stages
+    assert (stage0.tail_s, stage0.tail_energy_j, stage0.idle_s) == (0.5, 40.0, 0.0)
+    # stage 1's tail starts when its last backward ends (11 s); it then waits 2 s at idle power
+    assert (stage1.tail_s, stage1.tail_energy_j, stage1.idle_s) == (0.5, 70.0, 2.0)
+    assert stage1.idle_energy_j == pytest.approx(2 * 30.0)
+    assert result.total_energy_j == pytest.approx(plain.total_energy_j + 40.0 + 70.0)
+    assert [node for node in dag.nodes if isinstance(node, TailStep) and node.stage == 0] == [
+        TailStep("dp_sync", 0),
+        TailStep("optimizer", 0),
+        TailStep("outside", 0),
+    ]
+    with pytest.raises(EnergyValueError, match="3 stage energies for 2 stages"):
+        PipelineDag.build(pipeline_orders(2, 2), tail=IterationTail.measured(0.5, (1.0, 2.0, 3.0)))
+    with pytest.raises(EnergyValueError):
+        IterationTail.measured(-0.5, (1.0, 2.0))
+
+
 def test_slowing_work_with_slack_keeps_the_time_and_saves_energy():
     dag = PipelineDag.build(pipeline_orders(2, 2))
     simulator = Simulator(dag, _profile(TIMES_2X2, 2))
@@ -87,7 +111,7 @@ def test_balanced_pipeline_simulates_to_the_textbook_time(stages, microbatches):
     assert result.iteration_time_s == (microbatches + stages - 1) * 3.0
 
 
-def test_busy_blocked_idle_add_up_to_the_iteration_on_every_stage():
+def test_busy_blocked_tail_idle_add_up_to_the_iteration_on_every_stage():
     job = JobConfig.load(EXAMPLES / "llama-7b-pp4-tp2-h200.yaml")
     spec = job.spec()
     dag = job.build_dag(spec=spec)
@@ -96,13 +120,15 @@ def test_busy_blocked_idle_add_up_to_the_iteration_on_every_stage():
     clocks = {node: rng.choice(spec.sm_clocks_mhz[:40]) for node in dag.compute_nodes()}
     for result in (Simulator(dag, profile).run(), Simulator(dag, profile).run(clocks)):
         for stage in result.stages:
-            total = stage.busy_s + stage.blocked_s + stage.idle_s
+            total = stage.busy_s + stage.blocked_s + stage.tail_s + stage.idle_s
             assert total == pytest.approx(result.iteration_time_s, rel=1e-12)
             assert min(stage.busy_s, stage.blocked_s, stage.idle_s) >= 0
+            assert stage.tail_s == pytest.approx(dag.tail.time_s) and stage.tail_s > 0
     powers = StagePowers(blocked_power_w=1.0, idle_power_w=2.0)
     result = Simulator(dag, profile, powers).run()
     assert result.stages[1].blocked_energy_j == pytest.approx(result.stages[1].blocked_s)
     assert result.stages[1].idle_energy_j == pytest.approx(2 * result.stages[1].idle_s)
+    assert result.stages[1].tail_energy_j == pytest.approx(2 * result.stages[1].tail_s)  # modelled tail
 
 
 def test_trace_is_valid_json_with_one_compute_track_per_stage(tmp_path):

@@ -5,6 +5,8 @@ import pytest
 
 from megatron_energy.stats import (
     baseline_steps,
+    block_means,
+    iterations_per_sample,
     mean_interval,
     paired_relative_change,
     relative_change,
@@ -123,3 +125,48 @@ def test_baseline_steps_rejects_nonsense():
         baseline_steps(0.0, target_halfwidth=0.01, observed_cv=0.05)
     with pytest.raises(ValueError):
         baseline_steps(1.0, target_halfwidth=0.0, observed_cv=0.05)
+
+
+def test_identical_figures_up_to_rounding_are_not_a_change():
+    same = relative_change([0.1 + 1e-17, 0.1, 0.1], [0.1, 0.1 - 1e-17, 0.1])
+    assert not same.excludes_zero and same.format() == "within noise (±0.00 %)"
+
+
+def test_exact_energies_need_no_counter_span():
+    # simulated GPUs' modelled energies are exact: every iteration is a sample, at least 3 of them
+    assert iterations_per_sample(0.03, counter_period_s=0.0) == 1
+    assert baseline_steps(0.03, target_halfwidth=0.01, observed_cv=0.0, counter_period_s=0.0) == 3
+    with pytest.raises(ValueError):
+        iterations_per_sample(0.1, counter_period_s=-0.1)
+
+
+def test_samples_span_two_counter_periods():
+    assert iterations_per_sample(0.125, 0.1) == 2
+    assert iterations_per_sample(0.2, 0.1) == 1
+    assert iterations_per_sample(1.1, 0.1) == 1
+
+
+def test_block_means_keep_the_most_recent_iterations():
+    assert block_means([9.0, 1.0, 3.0, 5.0, 7.0], 2) == [2.0, 6.0]  # the oldest, 9, fills no block
+    assert block_means([4.0], 2) == []
+    assert block_means([1.0, 2.0], 1) == [1.0, 2.0]
+    with pytest.raises(ValueError):
+        block_means([1.0], 0)
+
+
+def test_a_100_ms_counter_read_every_iteration_resolves_a_ten_percent_saving_and_not_a_null_one():
+    """Per-iteration reads of a counter that advances every 100 ms, ~1.1 s iterations (as on the H200)."""
+    period_s = 0.1
+    rng = np.random.default_rng(5)
+
+    def reads(power_w: float, n: int) -> list[float]:
+        ends = np.cumsum(rng.normal(1.1, 0.02, n + 1)) + rng.uniform(0, period_s)
+        counter = power_w * period_s * np.floor(ends / period_s)
+        return list(np.diff(counter))
+
+    size = iterations_per_sample(1.1, period_s)
+    assert size == 1
+    stock = block_means(reads(1000.0, 20), size)
+    saving = relative_change(stock, block_means(reads(900.0, 20), size))
+    assert saving.excludes_zero and saving.low <= -0.10 <= saving.high
+    assert not relative_change(stock, block_means(reads(1000.0, 20), size)).excludes_zero

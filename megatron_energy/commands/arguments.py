@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -66,6 +67,14 @@ def output_folder(text: str) -> Path:
     if why is not None:
         raise argparse.ArgumentTypeError(f"cannot write into {path}: {why}; choose another folder")
     return path
+
+
+def plain_text(docstring: str) -> str:
+    """A docstring as ``--help`` shows it: reST markup (double backquotes, roles, emphasis) taken out."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", docstring)  # :func:`name` -> name
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"`([^`]+)`", r"\1", text)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", text)
 
 
 def fail(command: str, problem: object) -> int:

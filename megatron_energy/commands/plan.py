@@ -24,6 +24,7 @@ from megatron_energy.commands.arguments import (
     non_negative_float,
     non_negative_int,
     output_file,
+    plain_text,
     readable_file,
 )
 from megatron_energy.config import EnergyTarget, known_gpu_spec, parse_target, positive_int
@@ -47,13 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
         help="compute the time–energy frontier and a clock plan from a profile CSV",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
     )
     parser.add_argument(
         "--config",
         type=readable_file,
         help="job YAML (configs/examples/*.yaml): orders, transfers, tail and GPU from the job, so "
-        "`simulate --config` replays the plan exactly; without --profile the job's modelled profile",
+        "simulate --config replays the plan exactly; without --profile the job's modelled profile",
     )
     parser.add_argument("--profile", type=readable_file, help="profile CSV (Perseus/lowtime columns)")
     parser.add_argument("--stages", type=positive_int, help="pipeline-parallel size (without --config)")
@@ -155,11 +156,9 @@ def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, st
         raise ValueError("--activation-bytes needs --gpu-spec NAME for the P2P link's latency and bandwidth")
     gpu_name = spec.name if spec is not None else "unspecified"
     profile = _read_profile(args, gpu_name, blocked_w, idle_w)
-    if (profile.num_stages, profile.num_chunks) != (args.stages, args.vpp):
-        raise ValueError(
-            f"{args.profile} covers {profile.num_stages} stages x {profile.num_chunks} chunks, but --stages "
-            f"{args.stages} --vpp {args.vpp} was given; profile the job with this parallelism"
-        )
+    _check_profile_covers(
+        args, profile, args.stages, args.vpp, f"--stages {args.stages} --vpp {args.vpp} was given"
+    )
     comm = None
     if args.activation_bytes:
         comm = CommSpec(spec.p2p_latency_s, spec.p2p_bandwidth_gbps, args.activation_bytes)  # type: ignore[union-attr]
@@ -204,6 +203,13 @@ def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, 
         profile, source = config.synthetic_profile(spec), f"the time/power model of {spec.name}"
     else:
         profile = _read_profile(args, spec.name, spec.blocked_power_w, spec.idle_power_w)
+        _check_profile_covers(
+            args,
+            profile,
+            config.pipeline_stages,
+            config.virtual_stages,
+            f"the job {args.config} has {config.pipeline_stages} stages x {config.virtual_stages} chunks",
+        )
         source = str(args.profile)
     latency_ms = args.switch_latency_ms
     from_spec = f"from the job's GPU spec {spec.name}"
@@ -233,6 +239,28 @@ _JOB_FLAGS = {
     "--blocked-power-w": "blocked_power_w",
     "--idle-power-w": "idle_power_w",
 }
+
+
+def _check_profile_covers(
+    args: argparse.Namespace, profile: Profile, stages: int, chunks: int, given: str
+) -> None:
+    """Refuse a profile CSV of another pipeline than the one planned for.
+
+    Args:
+        args: Parsed ``plan`` arguments (for the profile's path).
+        profile: The profile read from ``args.profile``.
+        stages: Pipeline stages of the job planned for.
+        chunks: Model chunks per stage of the job planned for.
+        given: What says the job has ``stages`` x ``chunks``, for the message.
+
+    Raises:
+        ValueError: If the profile covers another number of stages or chunks.
+    """
+    if (profile.num_stages, profile.num_chunks) != (stages, chunks):
+        raise ValueError(
+            f"{args.profile} covers {profile.num_stages} stages x {profile.num_chunks} chunks, but {given}; "
+            "profile the job with this parallelism"
+        )
 
 
 def _powers_origin(args: argparse.Namespace, from_spec: str) -> str:

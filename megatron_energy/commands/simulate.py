@@ -12,7 +12,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from megatron_energy.commands.arguments import fail, output_file, readable_file
+from megatron_energy.commands.arguments import fail, output_file, plain_text, readable_file
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="modelled iteration time and per-stage energy of a job (optionally under a plan)",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
     )
     parser.add_argument(
         "--config", required=True, type=readable_file, help="job YAML, e.g. configs/examples/*.yaml"
@@ -114,31 +114,24 @@ def _plan_clocks(plan: Plan, gpu_name: str) -> dict[Instruction, int]:
 
 
 def _stage_table(result: SimResult, title: str) -> Table:
-    """Per-stage busy / blocked / idle time and energy, with a total row."""
+    """Per-stage busy / blocked / tail / idle time and energy, with a total row."""
     table = Table(title=title)
     table.add_column("stage", justify="right")
-    for header in ("busy s", "blocked s", "idle s", "busy J", "blocked J", "idle J", "total J"):
+    parts = ("busy", "blocked", "tail", "idle")
+    for header in (*(f"{part} s" for part in parts), *(f"{part} J" for part in parts), "total J"):
         table.add_column(header, justify="right")
     for stage in result.stages:
+        times = (stage.busy_s, stage.blocked_s, stage.tail_s, stage.idle_s)
+        energies = (stage.busy_energy_j, stage.blocked_energy_j, stage.tail_energy_j, stage.idle_energy_j)
         table.add_row(
             str(stage.stage),
-            f"{stage.busy_s:.4f}",
-            f"{stage.blocked_s:.4f}",
-            f"{stage.idle_s:.4f}",
-            f"{stage.busy_energy_j:,.1f}",
-            f"{stage.blocked_energy_j:,.1f}",
-            f"{stage.idle_energy_j:,.1f}",
+            *(f"{value:.4f}" for value in times),
+            *(f"{value:,.1f}" for value in energies),
             f"{stage.total_energy_j:,.1f}",
         )
     table.add_section()
+    totals = [sum(getattr(stage, f"{part}_energy_j") for stage in result.stages) for part in parts]
     table.add_row(
-        "all",
-        "",
-        "",
-        "",
-        f"{sum(stage.busy_energy_j for stage in result.stages):,.1f}",
-        f"{sum(stage.blocked_energy_j for stage in result.stages):,.1f}",
-        f"{sum(stage.idle_energy_j for stage in result.stages):,.1f}",
-        f"{result.total_energy_j:,.1f}",
+        "all", *[""] * len(parts), *(f"{value:,.1f}" for value in totals), f"{result.total_energy_j:,.1f}"
     )
     return table

@@ -36,6 +36,8 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
 
+    from megatron_energy.dvfs.emulation import Emulation
+
 logger = logging.getLogger(__name__)
 
 Backend = Literal["auto", "zeus", "simulated"]
@@ -92,6 +94,7 @@ def open_gpus(
     local_index: int | None = None,
     num_simulated_gpus: int | None = None,
     state_path: str | os.PathLike[str] | None = None,
+    emulation: Emulation | None = None,
 ) -> GpuHandle:
     """Open real or simulated GPUs and decide the mode; never raises for a missing GPU or permission.
 
@@ -107,6 +110,8 @@ def open_gpus(
             touches; default ``$LOCAL_RANK`` (0 when unset or when fewer GPUs are visible).
         num_simulated_gpus: How many simulated GPUs; default ``$LOCAL_WORLD_SIZE`` or 1.
         state_path: State file of the simulated GPUs (see :mod:`~megatron_energy.dvfs.simulated`).
+        emulation: How simulated GPUs depart from exact (counter noise, hidden energies, work between two
+            schedules); exact when ``None``.
 
     Raises:
         ValueError: For an unknown backend or spec name.
@@ -115,14 +120,20 @@ def open_gpus(
         raise ValueError(f"unknown GPU backend {backend!r}; use auto, zeus or simulated")
     if backend == "simulated":
         return _open_simulated(
-            spec_name, dry_run, num_simulated_gpus, state_path, local_index, "--energy-backend simulated"
+            spec_name,
+            dry_run,
+            num_simulated_gpus,
+            state_path,
+            local_index,
+            "--energy-backend simulated",
+            emulation,
         )
     gpus, failure = _open_zeus_gpus()
     if gpus is None or len(gpus) == 0:
         why = f"no GPU found ({failure or 'zeus sees no GPU'})"
         if backend == "auto":
             return _open_simulated(
-                spec_name, dry_run, num_simulated_gpus, state_path, local_index, f"auto: {why}"
+                spec_name, dry_run, num_simulated_gpus, state_path, local_index, f"auto: {why}", emulation
             )
         return _monitor_only(_empty_gpus(), why, None)
     if local_index is None:
@@ -135,9 +146,9 @@ def open_gpus(
         )
     if failure is not None:  # zeusd was configured but unusable; these GPUs are plain NVML ones
         return _monitor_only(gpus, failure, spec)
-    why = _claim(gpus, local_index) or _why_no_control(gpus, local_index)
-    if why is not None:
-        return _monitor_only(gpus, why, spec)
+    refusal = _claim(gpus, local_index) or _why_no_control(gpus, local_index)
+    if refusal is not None:
+        return _monitor_only(gpus, refusal, spec)
     return GpuHandle(
         gpus, "control", f"clock control on {gpus.get_name(0)}: {_control_route(gpus)}", "zeus", spec
     )
@@ -160,13 +171,14 @@ def _open_simulated(
     state_path: str | os.PathLike[str] | None,
     local_index: int | None,
     why: str,
+    emulation: Emulation | None = None,
 ) -> GpuHandle:
     from megatron_energy.dvfs.simulated import SimulatedGPUs
 
     spec = load_gpu_spec(spec_name or DEFAULT_SIMULATED_SPEC)
     if num_gpus is None:
         num_gpus = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    gpus = SimulatedGPUs(spec, num_gpus=num_gpus, state_path=state_path)
+    gpus = SimulatedGPUs(spec, num_gpus=num_gpus, state_path=state_path, emulation=emulation)
     reason = f"simulated {spec.display_name} x{num_gpus} ({why}); all energy figures are modelled"
     if dry_run:
         return GpuHandle(gpus, "dry-run", reason, "simulated", spec)

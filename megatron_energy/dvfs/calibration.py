@@ -211,7 +211,7 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
     carried = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(GpuSpec)}
     carried.update(values, name=name, sources=sources)
     carried["display_name"] = f"{shipped.display_name} (calibrated {run.date})"
-    spec = GpuSpec(**carried)  # type: ignore[arg-type]
+    spec = GpuSpec(**carried)
     cap_mhz = GpuPowerModel(spec).power_cap_clock_mhz(WorkProfile(compute_s=1.0, memory_s=0.0))
     sources["dynamic_power_max_w"] += (
         f"; check: the calibrated model caps pure compute at {cap_mhz:.0f} MHz (modelled) "

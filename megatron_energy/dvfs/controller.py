@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import enum
 import logging
 import queue
 import threading
@@ -33,7 +34,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from megatron_energy.dvfs.backends import monitor_only_message, supported_sm_clocks_mhz
 
@@ -99,7 +100,15 @@ class _Stop:
 
 _STOP = _Stop()
 _UNKNOWN = object()
-_REJECTED = object()
+
+
+class _Rejected(enum.Enum):
+    """A request the controller drops (inactive, closed, or the same as the previous one)."""
+
+    REJECTED = enum.auto()
+
+
+_REJECTED = _Rejected.REJECTED
 _Request = tuple[int | None, BoundaryEvent | None, float]
 
 
@@ -286,7 +295,7 @@ class FrequencyController:
             except Exception as error:  # a failed reset must not mask the caller's own exit path
                 logger.warning("could not reset the SM clock of GPU %d: %s", self.index, error)
 
-    def _accept(self, clock_mhz: float | None) -> int | object | None:
+    def _accept(self, clock_mhz: float | None) -> int | Literal[_Rejected.REJECTED] | None:
         """Snap and dedupe on the caller's thread; return the clock to queue or ``_REJECTED``."""
         if not self._active or self._closed:
             return _REJECTED

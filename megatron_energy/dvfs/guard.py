@@ -130,7 +130,7 @@ class ClockGuard:
         for signum, previous in self._previous_handlers.items():
             if signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, previous)
-        if self._watchdog is not None:
+        if self._watchdog is not None and self._watchdog.stdin is not None:
             self._watchdog.stdin.close()  # EOF: the watchdog resets what is still armed (nothing) and exits
             try:
                 self._watchdog.wait(timeout=5.0)
@@ -168,11 +168,12 @@ class ClockGuard:
         return {"backend": "zeus", "index": index}
 
     def _tell_watchdog(self, message: dict[str, Any]) -> None:
-        if self._watchdog is None or self._watchdog.stdin.closed:
+        stdin = None if self._watchdog is None else self._watchdog.stdin
+        if stdin is None or stdin.closed:
             return
         try:
-            self._watchdog.stdin.write((json.dumps(message) + "\n").encode())
-            self._watchdog.stdin.flush()
+            stdin.write((json.dumps(message) + "\n").encode())
+            stdin.flush()
         except (BrokenPipeError, ValueError):
             logger.warning("the clock watchdog is gone; a SIGKILL would leave GPU clocks locked")
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from megatron_energy.errors import EnergyRuntimeError
+
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
 
@@ -40,7 +42,7 @@ DEFAULT_COUNTER_PERIOD_S = 0.1
 AllReduceSum = Callable[[list[float]], list[float]]
 
 
-class EnergyCounterUnavailableError(RuntimeError):
+class EnergyCounterUnavailableError(EnergyRuntimeError):
     """The GPUs have no cumulative energy counter (pre-Volta NVIDIA, or no GPU at all)."""
 
 
@@ -129,7 +131,9 @@ class EnergyMeter:
         self.gpus = gpus
         self.gpu_indices = list(gpu_indices)
         self.counter_period_s = counter_period_s
-        self.source: Literal["measured", "modelled"] = source or getattr(gpus, "energy_source", "measured")
+        self.source: Literal["measured", "modelled"] = (
+            source if source is not None else getattr(gpus, "energy_source", "measured")
+        )
         self._all_reduce_sum = all_reduce_sum
         self._modulus_mj = counter_modulus_mj
         if clock is None:

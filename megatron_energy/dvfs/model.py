@@ -285,6 +285,7 @@ def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
         result = least_squares(residuals, guess, bounds=(0.0, np.inf), x_scale=1.0)
         if best is None or result.cost < best.cost:
             best = result
+    assert best is not None  # the loop above runs three times
     return WorkProfile(*(float(v) for v in scale * best.x))
 
 

@@ -8,8 +8,10 @@ Time does not pass on its own: the owner advances each GPU's virtual clock with 
 (run a :class:`~megatron_energy.dvfs.model.WorkProfile` at the clock in effect) and :meth:`SimulatedGPUs.wait`
 (spend time blocked in a communication wait or idle). A clock change asked for at virtual time ``t`` takes
 effect at ``t + spec.switch_latency_s``; work that straddles that instant runs partly at each clock. The
-cumulative energy counter advances in steps of ``spec.energy_counter_period_s`` like NVML's. All figures are
-*modelled*.
+cumulative energy counter advances in steps of ``spec.energy_counter_period_s`` like NVML's, with the
+seeded noise of an :class:`~megatron_energy.dvfs.emulation.Emulation` if one is given (which also says
+whether the instruction timer may report exact energies, and what runs between two schedules). All figures
+are *modelled*.
 
 Observable state (clock locks, clock in effect, virtual time, energy, setter call counts) lives in a small
 JSON file written atomically, so another process (the clock watchdog, a test) can read it with
@@ -31,15 +33,18 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
 from megatron_energy.atomic import write_atomically
+from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated_state import STATE_SCHEMA_VERSION, read_state, reset_state_file
 from megatron_energy.dvfs.spec import GpuSpec
 
-STATE_SCHEMA_VERSION = 1
+__all__ = ["STATE_SCHEMA_VERSION", "SimulatedGPU", "SimulatedGPUs", "read_state", "reset_state_file"]
+
 SIMULATED_TEMPERATURE_C = 50
 """Constant die temperature the simulated GPUs report (the power model has no thermal state)."""
 AVERAGE_POWER_WINDOW_S = 1.0
@@ -72,7 +77,9 @@ class _GpuState:
     energy_mj: float = 0.0
     """Exact modelled energy since creation."""
     counter_mj: float = 0.0
-    """What the energy counter shows: ``energy_mj`` at the last counter update."""
+    """What the energy counter shows: ``energy_mj`` at the last counter update (plus the counter noise)."""
+    counter_exact_mj: float = 0.0
+    """``energy_mj`` at the last counter update (what a noiseless counter shows)."""
     power_w: float = 0.0
     """Power of the most recent segment of virtual time."""
     throttle_sm_clock_mhz: int | None = None
@@ -182,6 +189,8 @@ class SimulatedGPUs(GPUs):
         num_gpus: How many GPUs (CUDA-style indices ``0..num_gpus-1``).
         state_path: Where the JSON state file goes; default :func:`default_state_path`.
         state_write_interval_s: Least wall time between two writes caused by time advancing.
+        emulation: How the GPUs depart from exact (counter noise, hidden energies, work between two
+            schedules); exact by default.
     """
 
     energy_source = "modelled"
@@ -193,10 +202,13 @@ class SimulatedGPUs(GPUs):
         num_gpus: int = 1,
         state_path: str | os.PathLike[str] | None = None,
         state_write_interval_s: float = 0.05,
+        emulation: Emulation | None = None,
     ) -> None:
         if num_gpus < 1:
             raise ValueError(f"num_gpus must be at least 1, got {num_gpus}")
         self.spec = spec
+        self.emulation = emulation or Emulation()
+        self._noise = [np.random.default_rng([self.emulation.seed, i]) for i in range(num_gpus)]
         self.model = GpuPowerModel(spec)
         self.state_path = Path(state_path) if state_path is not None else default_state_path()
         self._write_interval_s = state_write_interval_s
@@ -353,7 +365,12 @@ class SimulatedGPUs(GPUs):
         period_s = self.spec.energy_counter_period_s
         last_update_s = math.floor(end_s / period_s) * period_s if period_s > 0 else end_s
         if last_update_s >= start_s:
-            state.counter_mj = state.energy_mj + power_w * (last_update_s - start_s) * 1000.0
+            exact_mj = state.energy_mj + power_w * (last_update_s - start_s) * 1000.0
+            updates = max(1, math.floor(end_s / period_s) - math.floor(start_s / period_s)) if period_s else 1
+            state.counter_mj += (exact_mj - state.counter_exact_mj) * self._counter_factor(
+                state.index, updates
+            )
+            state.counter_exact_mj = exact_mj
         state.energy_mj += power_w * duration_s * 1000.0
         state.virtual_time_s = end_s
         state.power_w = power_w
@@ -361,6 +378,13 @@ class SimulatedGPUs(GPUs):
         while len(state.recent) > 1 and state.recent[1][0] <= end_s - AVERAGE_POWER_WINDOW_S:
             state.recent.popleft()
         self._apply_due_switch(state)
+
+    def _counter_factor(self, index: int, updates: int) -> float:
+        """The counter noise of ``updates`` counter updates' increments summed (1 without noise)."""
+        noise = self.emulation.counter_noise
+        if noise == 0.0:
+            return 1.0
+        return 1.0 + noise / math.sqrt(updates) * float(self._noise[index].standard_normal())
 
     def _persist(self, force: bool) -> None:
         now_s = time.monotonic()
@@ -386,27 +410,3 @@ class SimulatedGPUs(GPUs):
             ),
             durable=False,
         )
-
-
-def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a simulated GPUs' state file (see the module docstring for what it holds)."""
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None = None) -> None:
-    """Reset the locked SM clocks recorded in a state file, as a clock reset would, from another process.
-
-    Used by the clock watchdog when the process owning the simulated GPUs died without resetting them. The
-    reset takes effect at once (there is no virtual clock left to wait on).
-
-    Args:
-        path: The state file.
-        indices: GPUs to reset; None = all.
-    """
-    state = read_state(path)
-    for gpu in state["gpus"]:
-        if indices is None or gpu["index"] in indices:
-            gpu["reset_calls"] += 1
-            gpu["locked_sm_clock_mhz"] = gpu["pending_sm_clock_mhz"] = gpu["pending_at_s"] = None
-            gpu["sm_clock_mhz"] = state["default_sm_clock_mhz"]
-    write_atomically(path, json.dumps(state), durable=False)

@@ -62,7 +62,7 @@ class _ArmedGpus:
     def _prepare(self, backend: str) -> None:
         """Import and open what a reset needs now, so the reset after a crash is quick."""
         if backend == "simulated" and self._reset_state_file is None:
-            from megatron_energy.dvfs.simulated import reset_state_file
+            from megatron_energy.dvfs.simulated_state import reset_state_file
 
             self._reset_state_file = reset_state_file
         elif backend == "zeus" and self._zeus_gpus is None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from megatron_energy.errors import EnergyRuntimeError
 from megatron_energy.events import ScheduleListener
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction
@@ -130,7 +131,7 @@ class ScheduleHooks:
             self.listener.on_p2p_end(op)
 
 
-class ScheduleMismatchError(RuntimeError):
+class ScheduleMismatchError(EnergyRuntimeError):
     """The instructions Megatron ran differ from the order ``pipeline_orders`` predicts for this rank."""
 
 
@@ -303,7 +304,7 @@ class HookedTimers:
             self.hooks.on_instruction_end(BACKWARD, *self.expected.end(BACKWARD))
 
 
-def traced_p2p_communicator(base: type, hooks: ScheduleHooks) -> type:
+def traced_p2p_communicator(base: type[Any], hooks: ScheduleHooks) -> type[Any]:
     """Subclass megatron-core's ``P2PCommunicator`` so every ``_communicate`` call fires p2p hooks.
 
     Args:

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_energy.errors import EnergyRuntimeError
+
 FULL_ITERATION = "full_iteration"
 
 
@@ -37,7 +39,7 @@ class RefusedMode:
         return f"megatron_energy cannot be used with {self.flag}: {self.reason}. {self.remedy}"
 
 
-class UnsupportedModeError(RuntimeError):
+class UnsupportedModeError(EnergyRuntimeError):
     """Megatron runs in a mode whose pipeline instructions cannot be observed."""
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from megatron_energy.errors import EnergyRuntimeError
+
 PATCHED_SERIES = "0.19"
 """The megatron-core minor version the shipped patch set is written for."""
 
@@ -30,7 +32,7 @@ PACKAGE_INFO = Path("megatron") / "core" / "package_info.py"
 PatchState = Literal["unpatched", "applied", "conflict"]
 
 
-class PatchError(RuntimeError):
+class PatchError(EnergyRuntimeError):
     """The patch set cannot be checked, applied or reverted here; the message says why and what to do."""
 
 

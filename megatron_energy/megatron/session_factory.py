@@ -45,23 +45,39 @@ def metric_sinks(step_writer: Any, wandb_writer: Any) -> tuple[Any, ...]:
     return tuple(sinks)
 
 
-def megatron_job_context() -> tuple[JobContext, TorchComms]:
-    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state."""
+def parallel_job_context(
+    *,
+    shape: TransformerShape,
+    num_microbatches: int,
+    microbatch_group_size: int | None = None,
+    log_interval: int = 10,
+    log_sinks: tuple[Any, ...] = (),
+) -> tuple[JobContext, TorchComms]:
+    """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
+
+    The executed orders are computed here, once, with the schedule's own group size; every DAG of the job is
+    built from them, so the plan's DAG is the DAG the hooks observe.
+
+    Args:
+        shape: The transformer shape whose work simulated GPUs time (and the fingerprint names).
+        num_microbatches: Microbatches per iteration (per data-parallel replica).
+        microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None``: the pipeline size.
+        log_interval: Steps between energy log lines.
+        log_sinks: Scalar writers ``(name, value, step)``.
+
+    Returns:
+        The context and the collectives over the pipeline group.
+    """
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core.num_microbatches_calculator import get_num_microbatches
-    from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 
-    args = get_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # the executed orders, computed once here with Megatron's own group size; every DAG of the job is
-    # built from them, so the plan's DAG is the DAG the hooks observe
     orders = pipeline_orders(
         ps.get_pipeline_model_parallel_world_size(),
-        get_num_microbatches(),
+        num_microbatches,
         ps.get_virtual_pipeline_model_parallel_world_size() or 1,
-        microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
+        microbatch_group_size=microbatch_group_size,
     )
     context = JobContext(
         pipeline_rank=ps.get_pipeline_model_parallel_rank(),
@@ -69,14 +85,29 @@ def megatron_job_context() -> tuple[JobContext, TorchComms]:
         data_parallel_rank=ps.get_data_parallel_rank(),
         data_parallel_size=ps.get_data_parallel_world_size(),
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
-        shape=transformer_shape(args),
+        shape=shape,
         global_rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
+        log_interval=log_interval,
+        log_sinks=log_sinks,
+    )
+    return context, TorchComms(ps.get_pipeline_model_parallel_group(), device=device)
+
+
+def megatron_job_context() -> tuple[JobContext, TorchComms]:
+    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments."""
+    from megatron.core.num_microbatches_calculator import get_num_microbatches
+    from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
+
+    args = get_args()
+    return parallel_job_context(
+        shape=transformer_shape(args),
+        num_microbatches=get_num_microbatches(),
+        microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
     )
-    return context, TorchComms(ps.get_pipeline_model_parallel_group(), device=device)
 
 
 class DeferredSession:
@@ -97,7 +128,7 @@ class DeferredSession:
         try:
             context, comms = megatron_job_context()
             self.session = build_session(self.config, context, comms)
-        except (ValueError, RuntimeError, OSError) as problem:
+        except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
             print(
                 f"[energy] not optimising, training continues at stock clocks: {problem}",

@@ -4,7 +4,10 @@ Energy is accounted exactly as :mod:`megatron_energy.sim.simulator` does. With `
 node ``i`` (energy ``e_i(d_i)``), ``end_s`` the end of stage ``s``'s last compute node and ``T`` the iteration
 time, one iteration costs::
 
-    E = Σ_i (e_i(d_i) − P_blocked·d_i) + Σ_s (P_blocked − P_idle)·end_s + S·P_idle·T
+    E = Σ_i (e_i(d_i) − P_blocked·d_i) + Σ_s (P_blocked − P_idle)·end_s + S·P_idle·T + C
+
+where ``C`` (``Simulator.tail_offset_j``) is what a measured iteration tail's energy adds beyond idle power
+over it: a constant of the job, 0 for a modelled tail, which moves every energy and bound alike.
 
 **Relaxation.** Each instruction's options are replaced by the lower convex hull of their (time, energy)
 points, which makes ``e_i`` convex and piecewise linear. Write ``d_i = t_i0 + Σ_k δ_ik`` with one variable
@@ -57,8 +60,8 @@ from megatron_energy.perseus.frontier_points import (
 )
 from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
-from megatron_energy.pipeline.dag import NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import Simulator, StagePowers
 
@@ -74,7 +77,7 @@ local search also only fills floats: trades, each kept one shifting thousands of
 they gain (measured on S=16 M=256 VPP=2: 0.002 % less energy for 1.7 times the sweep time)."""
 
 
-def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[NodeId, int]:
+def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[Instruction, int]:
     """Every compute node of ``dag`` at the highest clock its instruction was profiled at (the baseline)."""
     top = {key: max(option.clock_mhz for option in profile.options(key)) for key in profile}
     return {node: top[node.work] for node in dag.compute_nodes()}
@@ -108,6 +111,7 @@ class FrontierSolver:
         self.dag = dag
         self.simulator = Simulator(dag, profile, powers)
         self._powers = (self.simulator.powers.blocked_power_w, self.simulator.powers.idle_power_w)
+        self._tail_offset_j = np.array(self.simulator.tail_offsets_j())
         num_nodes = len(dag.nodes)
         self._preds: list[list[int]] = [[] for _ in dag.nodes]
         self._succs: list[list[int]] = [[] for _ in dag.nodes]
@@ -124,7 +128,7 @@ class FrontierSolver:
         shared: dict[tuple[Work, float], OptionTable] = {}
         self._tables: list[OptionTable | None] = [None] * num_nodes
         for i in self._compute:
-            keys[i] = dag.nodes[i].work  # type: ignore[union-attr]
+            keys[i] = dag.nodes[i].work
             table_key = (keys[i], float(marginal_w[i]))
             if table_key not in shared:
                 shared[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
@@ -137,7 +141,7 @@ class FrontierSolver:
             self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers, chains
         )
         self._positions = {dag.nodes[i]: position for position, i in enumerate(self._compute)}
-        self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)  # type: ignore[union-attr]
+        self._stage_of = np.array([dag.nodes[i].stage for i in self._compute], dtype=np.int64)
         self.baseline = self.simulator.run(all_max_clocks(dag, profile))
         self._search.load([0 if table else -1 for table in self._tables])
         self.min_time_s = self._search.makespan_s
@@ -159,8 +163,10 @@ class FrontierSolver:
         node_cost = np.zeros(num_nodes)
         node_cost[self._sink] = self.dag.num_stages * idle_w
         node_cost[last] += blocked_w - idle_w
-        self._offset_j = 0.0
-        segment_node, segment_len, segment_cost = [], [], []
+        self._offset_j = self.simulator.tail_offset_j
+        segment_node: list[int] = []
+        segment_len: list[float] = []
+        segment_cost: list[float] = []
         segment_count = np.zeros(num_nodes, dtype=np.int64)
         for i, (times, energies) in hulls.items():
             self._base_s[i] = times[0]
@@ -189,9 +195,9 @@ class FrontierSolver:
             ),
             shape=(len(edges), num_columns),
         )
-        upper = np.concatenate([np.full(num_nodes, np.inf), np.asarray(segment_len, dtype=float)])
+        upper = np.concatenate([np.full(num_nodes, np.inf), np.array(segment_len, dtype=np.float64)])
         upper[self.dag.index["source"]] = 0.0
-        cost = np.concatenate([node_cost, np.asarray(segment_cost, dtype=float)])
+        cost = np.concatenate([node_cost, np.array(segment_cost, dtype=np.float64)])
         self._program = HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
 
     def relaxed(self, deadline_s: float) -> RelaxedSolution:
@@ -276,9 +282,10 @@ class FrontierSolver:
             energy_j = search.load(self._tighten(choice, deadline_s))
         reference_j = relaxed.lower_bound_j if relaxed.chord_j is None else relaxed.chord_j
         target_j = reference_j * (1 + TARGET_GAP)
-        if energy_j > target_j:
+        tail_j = self.simulator.tail_offset_j  # the search's energy leaves out the tail's constant
+        if energy_j + tail_j > target_j:
             trades = len(self._compute) <= EXACT_LP_INSTRUCTIONS
-            search.improve(deadline_s, MIN_GAIN * energy_j, target_j, trades)
+            search.improve(deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j, trades)
         return self._point(deadline_s, relaxed.lower_bound_j, relaxed.exact)
 
     def _point(self, deadline_s: float, lower_bound_j: float, exact_bound: bool) -> FrontierPoint:
@@ -293,6 +300,7 @@ class FrontierSolver:
         last_end_s = np.array([start[i] + durations[i] for i in self._last])
         blocked_w, idle_w = self._powers
         stage_j = busy_j + blocked_w * (last_end_s - busy_s) + idle_w * (iteration_s - last_end_s)
+        stage_j += self._tail_offset_j  # a measured tail: its energy instead of idle power over it
         return FrontierPoint(
             deadline_s=deadline_s,
             time_s=iteration_s,

@@ -178,7 +178,9 @@ class LocalSearch:
 
     def _energy(self) -> float:
         """Energy of the current plan (see the module docstring)."""
-        costs = sum(self.tables[i].costs[self.choice[i]] for i in self.compute)  # type: ignore[union-attr]
+        costs = 0.0
+        for i in self.compute:
+            costs += self.tables[i].costs[self.choice[i]]  # type: ignore[union-attr]
         last_starts = sum(self.start[i] for i, last in enumerate(self.is_last) if last)
         return costs + self.end_weight_w * last_starts + self.time_weight_w * self.start[self.sink]
 

@@ -15,7 +15,15 @@ from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.perseus.frontier import FrontierPoint
 from megatron_energy.perseus.planner import Planner
 from megatron_energy.pipeline.profile import Profile
-from megatron_energy.plan import Baseline, FrontierSample, Plan, PlanPoint, RankPlan, clock_actions
+from megatron_energy.plan import (
+    Baseline,
+    FrontierSample,
+    MeasuredTail,
+    Plan,
+    PlanPoint,
+    RankPlan,
+    clock_actions,
+)
 
 
 class PerseusOptimiser:
@@ -45,6 +53,7 @@ class PerseusOptimiser:
             [planner.executable(point) for point in _spread(candidates, job.kept_points)], target
         )
         baseline = frontier.baseline
+        tail = job.tail
         return Plan(
             fingerprint=job.fingerprint,
             gpu_name=profile.gpu_name,
@@ -66,6 +75,9 @@ class PerseusOptimiser:
                 FrontierSample(point.time_s, point.energy_j, point.lower_bound_j, _deadline(point))
                 for point in frontier.points
             ),
+            measured_tail=MeasuredTail(tail.outside_s, tail.stage_energy_j)
+            if tail is not None and tail.is_measured
+            else None,
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -56,7 +57,7 @@ class HotStartProgram:
         self._problem = (cost, matrix, rhs)
         self._solver = None
         self._upper_marginals = np.zeros(len(cost))
-        self._last = None
+        self._last: Any = None  # HiGHS' solution of the last solve (its bindings are untyped)
         if _highs is not None:
             lp = _highs.HighsLp()
             lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
@@ -102,4 +103,6 @@ class HotStartProgram:
         """
         if self._solver is None:
             return min(float(self._upper_marginals[column]), 0.0)
+        if self._last is None:
+            raise RuntimeError("upper_bound_dual needs a solve first")
         return min(float(self._last.col_dual[column]), 0.0)

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron_energy.pipeline.dag import SINK, NodeId, PipelineDag
+from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.sim.simulator import ProfileLike, SimResult, Simulator, Slice, StagePowers
 
 _REL_TOL = 1e-9
@@ -60,7 +61,7 @@ class SwitchAwarePlan:
         evaluations: Latency-aware simulations the post-pass ran.
     """
 
-    clocks: dict[NodeId, int]
+    clocks: dict[Instruction, int]
     result: SimResult
     unadjusted: SimResult
     deadline_s: float
@@ -74,7 +75,7 @@ class SwitchAwarePlan:
         return self.result.iteration_time_s <= self.deadline_s * (1.0 + _REL_TOL)
 
 
-def count_switches(dag: PipelineDag, clocks: Mapping[NodeId, int]) -> int:
+def count_switches(dag: PipelineDag, clocks: Mapping[Instruction, int]) -> int:
     """Clock requests per iteration in the steady state.
 
     Per stage, the instructions whose clock differs from the previous instruction's (the first one compared
@@ -94,7 +95,7 @@ def count_switches(dag: PipelineDag, clocks: Mapping[NodeId, int]) -> int:
 def make_switch_aware(
     dag: PipelineDag,
     profile: ProfileLike,
-    clocks: Mapping[NodeId, int],
+    clocks: Mapping[Instruction, int],
     switch_latency_s: float,
     deadline_s: float,
     powers: StagePowers | None = None,
@@ -148,7 +149,9 @@ def make_switch_aware(
     )
 
 
-def _filled(dag: PipelineDag, profile: ProfileLike, clocks: Mapping[NodeId, int]) -> dict[NodeId, int]:
+def _filled(
+    dag: PipelineDag, profile: ProfileLike, clocks: Mapping[Instruction, int]
+) -> dict[Instruction, int]:
     """``clocks`` with the fastest option's clock for every compute node it lacks."""
     filled = {}
     for node in dag.compute_nodes():
@@ -172,7 +175,9 @@ class _Search:
         self.blocked_power_w = simulator.powers.blocked_power_w
         self.orders = [dag.stage_order(stage) for stage in range(dag.num_stages)]
         self.keys = [[node.work for node in order] for order in self.orders]
-        self._place = {node: (s, i) for s, order in enumerate(self.orders) for i, node in enumerate(order)}
+        self._place: dict[NodeId, tuple[int, int]] = {
+            node: (s, i) for s, order in enumerate(self.orders) for i, node in enumerate(order)
+        }
         self._options = {
             key: {option.clock_mhz: option for option in profile.options(key)}
             for key in {key for keys in self.keys for key in keys}
@@ -186,12 +191,12 @@ class _Search:
 
     # ----- evaluation --------------------------------------------------------------------------------------
 
-    def fastest_clock(self, node: NodeId) -> int:
+    def fastest_clock(self, node: Instruction) -> int:
         """Clock of the fastest option of a compute node's instruction."""
         stage, i = self._place[node]
         return self._fastest[self.keys[stage][i]]
 
-    def to_clocks(self, state: _State) -> dict[NodeId, int]:
+    def to_clocks(self, state: _State) -> dict[Instruction, int]:
         """The clock plan of a state."""
         return {
             node: clock

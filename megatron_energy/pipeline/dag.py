@@ -3,15 +3,17 @@
 A node is one piece of work with a duration: a forward or backward pass of one microbatch on one pipeline
 stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), one point-to-point
 transfer between stages (a :class:`Transfer`, named after the instruction that sends), a per-stage tail step
-(:class:`TailStep` ``dp_sync`` or ``optimizer``) or the dummy ``"source"`` / ``"sink"``. Edges are
-dependencies: each rank runs its instructions in the order it is given, and a stage cannot start a pass before
-its neighbour's activation (forward) or gradient (backward) has arrived.
+(:class:`TailStep` ``dp_sync``, ``optimizer``, or ``outside`` for a measured tail) or the dummy
+``"source"`` / ``"sink"``. Edges are dependencies: each rank runs its instructions in the order it is given,
+and a stage cannot start a pass before its neighbour's activation (forward) or gradient (backward) has
+arrived.
 
 The graph is kept as a ``networkx.DiGraph`` for inspection and for solvers that want one. The longest-path
 passes (ASAP schedule, latest start, slack) run on integer arrays built once: every node has an index, and
 indices are a topological order, so one sweep over ``range(n)`` is a valid schedule pass.
 """
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +39,8 @@ class TailStep(NamedTuple):
     """Work of one stage after its last backward pass."""
 
     name: str
-    """``"dp_sync"`` (data-parallel gradient sync) or ``"optimizer"`` (optimizer step)."""
+    """``"dp_sync"`` (data-parallel gradient sync), ``"optimizer"`` (optimizer step) or ``"outside"`` (the
+    measured time of an iteration outside the pipeline span)."""
     stage: int
     """Pipeline stage."""
 
@@ -71,15 +74,56 @@ class CommSpec:
 
 @dataclass(frozen=True)
 class IterationTail:
-    """Work after a stage's last backward pass, the same on every stage.
+    """What each stage does between its last backward pass and the next iteration's first instruction.
+
+    Two kinds, whose energy the simulator counts differently (``sim.simulator``):
+
+    * **modelled** (a job description, ``megatron-energy plan --config``): the data-parallel gradient sync
+      and the optimizer step, timed by the job model; their energy is modelled at idle power;
+    * **measured** (the session's profiling at stock clocks): ``outside_s``, the part of an iteration that
+      lies outside the replica's pipeline span (gradient sync, optimizer step, data loading, logging, host
+      gaps), measured as one span, and ``stage_energy_j``, each stage's GPU's energy over it as measured;
+      the simulator carries that energy as is and charges no idle power over the span.
+
+    The tail is the same length on every stage.
 
     Attributes:
-        dp_sync_s: Data-parallel gradient synchronisation.
-        optimizer_s: Optimizer step.
+        dp_sync_s: Data-parallel gradient synchronisation (modelled).
+        optimizer_s: Optimizer step (modelled).
+        outside_s: Measured time of an iteration outside the pipeline span (0 for a modelled tail).
+        stage_energy_j: Measured energy of each stage's GPU over ``outside_s``; empty for a modelled tail.
     """
 
-    dp_sync_s: float
-    optimizer_s: float
+    dp_sync_s: float = 0.0
+    optimizer_s: float = 0.0
+    outside_s: float = 0.0
+    stage_energy_j: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        values = (self.dp_sync_s, self.optimizer_s, self.outside_s, *self.stage_energy_j)
+        if not all(math.isfinite(value) and value >= 0 for value in values):
+            raise EnergyValueError(f"an iteration tail's times and energies must be finite and >= 0: {self}")
+
+    @classmethod
+    def measured(cls, outside_s: float, stage_energy_j: Sequence[float]) -> "IterationTail":
+        """A measured tail: ``outside_s`` on every stage, each stage's GPU using ``stage_energy_j[stage]``."""
+        return cls(outside_s=outside_s, stage_energy_j=tuple(stage_energy_j))
+
+    @property
+    def is_measured(self) -> bool:
+        """Whether the tail's energy was measured (else it is modelled at idle power)."""
+        return bool(self.stage_energy_j)
+
+    @property
+    def time_s(self) -> float:
+        """The whole tail of one stage."""
+        return self.dp_sync_s + self.optimizer_s + self.outside_s
+
+    def energy_j(self, stage: int, idle_power_w: float) -> float:
+        """Energy of one stage's GPU over its tail: as measured, or (modelled) its time at idle power."""
+        if self.is_measured:
+            return self.stage_energy_j[stage]
+        return self.time_s * idle_power_w
 
 
 @dataclass(frozen=True)
@@ -135,6 +179,7 @@ class PipelineDag:
             ``kind``, ``chunk``, ``microbatch`` (where they apply) and ``duration_s`` for non-compute nodes.
         num_stages: Pipeline stages.
         num_chunks: Model chunks per stage (virtual pipeline size).
+        tail: The iteration tail its tail nodes take (measured or modelled; zero when built without one).
         nodes: Node at each index (topological order).
         index: Node -> index.
     """
@@ -145,10 +190,12 @@ class PipelineDag:
         nodes: list[NodeId],
         edges: list[tuple[int, int]],
         orders: PipelineOrders,
+        tail: IterationTail | None = None,
     ):
         """Store a graph whose ``nodes`` are already in topological order; use :meth:`build` instead."""
         self.graph = graph
         self.orders = orders
+        self.tail = tail or IterationTail()
         self.num_stages = orders.num_stages
         self.num_chunks = orders.num_chunks
         self.nodes = nodes
@@ -177,21 +224,28 @@ class PipelineDag:
         Args:
             orders: Every rank's instruction order (the job context's, from megatron-core's schedule).
             comm: Point-to-point transfer cost; transfers take no time when ``None``.
-            tail: Data-parallel sync and optimizer step per stage; they take no time when ``None``.
+            tail: Data-parallel sync and optimizer step per stage (modelled), or the measured time outside the
+                pipeline span; they take no time when ``None``.
 
         Returns:
             The DAG.
 
         Raises:
-            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it).
+            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it), or a
+                measured tail does not give one energy per stage.
         """
         stage_orders = [list(order) for order in orders.ranks]
+        if tail is not None and tail.is_measured and len(tail.stage_energy_j) != len(stage_orders):
+            raise EnergyValueError(
+                f"the measured iteration tail gives {len(tail.stage_energy_j)} stage energies for "
+                f"{len(stage_orders)} stages"
+            )
         num_chunks = orders.num_chunks
         graph = nx.DiGraph()
         graph.add_node(SOURCE, type="source", duration_s=0.0)
         edges = _add_compute(graph, stage_orders)
         edges += _add_transfers(graph, stage_orders, num_chunks, comm.duration_s if comm is not None else 0.0)
-        edges += _add_tail(graph, stage_orders, tail or IterationTail(dp_sync_s=0.0, optimizer_s=0.0))
+        edges += _add_tail(graph, stage_orders, tail or IterationTail())
         graph.add_node(SINK, type="sink", duration_s=0.0)
         edges = list(dict.fromkeys(edges))  # a stage's order edge may coincide with its F -> B turn-around
         graph.add_edges_from(edges)
@@ -199,13 +253,13 @@ class PipelineDag:
         nodes = _topological_order(list(graph.nodes), edges)
         position = {node: i for i, node in enumerate(nodes)}
         index_edges = [(position[u], position[v]) for u, v in edges]
-        return cls(graph, nodes, index_edges, orders)
+        return cls(graph, nodes, index_edges, orders, tail)
 
     # ----- structure -------------------------------------------------------------------------------------
 
     def compute_nodes(self) -> list[Instruction]:
         """Forward and backward nodes in topological order."""
-        return [self.nodes[i] for i in self._compute]  # type: ignore[misc]
+        return [self.nodes[i] for i in self._compute]
 
     def stage_order(self, stage: int) -> list[Instruction]:
         """Instructions of ``stage`` in that rank's execution order."""
@@ -396,13 +450,23 @@ def _add_transfers(
 def _add_tail(
     graph: nx.DiGraph, stage_orders: list[list[Instruction]], tail: IterationTail
 ) -> list[tuple[NodeId, NodeId]]:
-    """Add each stage's gradient sync and optimizer step after its last compute node; return their edges."""
+    """Add each stage's tail steps after its last compute node; return their edges.
+
+    Every stage gets a gradient sync and an optimizer step (modelled; zero-length for a measured tail), and a
+    tail with a measured time one more step, ``outside``, of that time.
+    """
+    steps = [("dp_sync", tail.dp_sync_s), ("optimizer", tail.optimizer_s)]
+    if tail.outside_s > 0:
+        steps.append(("outside", tail.outside_s))
     edges: list[tuple[NodeId, NodeId]] = []
     for stage, order in enumerate(stage_orders):
-        dp_sync, optimizer = TailStep("dp_sync", stage), TailStep("optimizer", stage)
-        graph.add_node(dp_sync, type="tail", kind="dp_sync", stage=stage, duration_s=tail.dp_sync_s)
-        graph.add_node(optimizer, type="tail", kind="optimizer", stage=stage, duration_s=tail.optimizer_s)
-        edges += [(order[-1], dp_sync), (dp_sync, optimizer), (optimizer, SINK)]
+        previous: NodeId = order[-1]
+        for name, duration_s in steps:
+            step = TailStep(name, stage)
+            graph.add_node(step, type="tail", kind=name, stage=stage, duration_s=duration_s)
+            edges.append((previous, step))
+            previous = step
+        edges.append((previous, SINK))
     return edges
 
 
@@ -417,12 +481,12 @@ def _topological_order(nodes: list[NodeId], edges: Iterable[tuple[NodeId, NodeId
     ready = deque(i for i, d in enumerate(indegree) if d == 0)
     order = []
     while ready:
-        u = ready.popleft()
-        order.append(u)
-        for v in succs[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                ready.append(v)
+        done = ready.popleft()
+        order.append(done)
+        for after in succs[done]:
+            indegree[after] -= 1
+            if indegree[after] == 0:
+                ready.append(after)
     if len(order) != len(nodes):
         raise EnergyValueError(
             "the instruction orders deadlock: some stage waits for work that another stage schedules after it"

@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.table import Table
 
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
@@ -25,7 +26,7 @@ from megatron_energy.sim.simulator import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
 
-class ReportError(ValueError):
+class ReportError(EnergyValueError):
     """The energy folder holds no usable job; the message says what is missing."""
 
 

@@ -1,14 +1,64 @@
-"""The one comparison table every report uses: stock clocks against a plan, time and energy."""
+"""The one comparison table every report uses: stock clocks against a plan, row by row, with the change."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from rich.table import Table
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One figure at stock clocks and under a plan."""
+
+    label: str
+    """What the figure is and where it comes from, e.g. ``"iteration time (modelled)"``."""
+
+    stock: float
+    """The figure at stock clocks, in base units (seconds, joules)."""
+
+    planned: float
+    """The figure under the plan."""
+
+    unit: str
+    """``"ms"`` (the figures are seconds, shown in milliseconds) or ``"J"``."""
+
+    change: str | None = None
+    """The relative change as text; ``planned / stock - 1`` with two decimals when ``None``."""
+
+    def cells(self) -> tuple[str, str, str, str]:
+        """The row's four cells."""
+        scale = 1e3 if self.unit == "ms" else 1.0
+        change = self.change or f"{100 * (self.planned / self.stock - 1):+.2f}%"
+        return (
+            self.label,
+            f"{scale * self.stock:.1f} {self.unit}",
+            f"{scale * self.planned:.1f} {self.unit}",
+            change,
+        )
+
+
+def comparison_table(title: str, rows: Sequence[ComparisonRow]) -> Table:
+    """A table of figures at stock clocks and under a plan, with the relative change.
+
+    Args:
+        title: The table's title (says what is modelled or measured, and on which GPU).
+        rows: The figures.
+    """
+    table = Table(title=title)
+    table.add_column("", justify="left")
+    for column in ("stock clocks", "plan", "change"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*row.cells())
+    return table
 
 
 def stock_vs_plan_table(
     title: str, time_s: tuple[float, float], energy_j: tuple[float, float], energy_label: str
 ) -> Table:
-    """A table of iteration time and energy at stock clocks and under a plan, with the relative change.
+    """Iteration time (modelled) and energy at stock clocks and under a plan.
 
     Args:
         title: The table's title (says what is modelled or measured, and on which GPU).
@@ -16,15 +66,10 @@ def stock_vs_plan_table(
         energy_j: Energy per iteration ``(stock, plan)``.
         energy_label: Row label for the energy, e.g. ``"energy per iteration, all GPUs (modelled)"``.
     """
-    table = Table(title=title)
-    for column in ("", "stock clocks", "plan", "change"):
-        table.add_column(column, justify="right")
-    rows = (("iteration time (modelled)", time_s, 1e3, "ms"), (energy_label, energy_j, 1.0, "J"))
-    for label, (stock, planned), scale, unit in rows:
-        table.add_row(
-            label,
-            f"{scale * stock:.1f} {unit}",
-            f"{scale * planned:.1f} {unit}",
-            f"{100 * (planned / stock - 1):+.2f}%",
-        )
-    return table
+    return comparison_table(
+        title,
+        [
+            ComparisonRow("iteration time (modelled)", *time_s, "ms"),
+            ComparisonRow(energy_label, *energy_j, "J"),
+        ],
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,15 @@ from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clo
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
+from megatron_energy.optimiser import Optimiser
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.parts import Guard
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.timing import CudaEventTimer, InstructionTimer, SimulatedTimer
 
@@ -27,7 +31,7 @@ AUTO_GRID_LOWEST_FRACTION = 0.5
 """The automatic grid spans the top half of the clock range: lower clocks rarely pay off in training."""
 
 
-class GridError(ValueError):
+class GridError(EnergyValueError):
     """The profiling grid does not fit the GPU."""
 
 
@@ -76,29 +80,43 @@ def build_timer(
     return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders))
 
 
-def build_session(
+class SessionStartError(EnergyRuntimeError):
+    """Another rank could not start its energy session, so no rank starts one."""
+
+
+@dataclass
+class _RankParts:
+    """What one rank opened for its session before the ranks agree to start."""
+
+    handle: GpuHandle
+    spec: GpuSpec
+    guard: Guard | None
+    controller: FrequencyController
+    grid: list[int]
+    timer: InstructionTimer
+    meter: EnergyMeter
+    optimiser: Optimiser
+    fingerprint_parts: dict[str, Any]
+
+    @property
+    def can_set_clocks(self) -> bool:
+        return self.handle.mode == "control"
+
+    def close(self) -> None:
+        """Release the controller and the clock guard (nothing was locked yet)."""
+        self.controller.close()
+        if self.guard is not None:
+            self.guard.close()
+
+
+def _open_parts(
     config: EnergyConfig,
     context: JobContext,
     comms: RankComms,
-    *,
-    printer: Callable[[str], Any] = print,
-    handle: GpuHandle | None = None,
-) -> EnergySession:
-    """Open this rank's GPU and put its session together.
-
-    Args:
-        config: The ``--energy-*`` configuration.
-        context: This rank's job context.
-        comms: Collectives over the job's process groups.
-        printer: Where log lines go.
-        handle: Already opened GPUs (tests, the demo); opened from the config when ``None``.
-
-    Returns:
-        The session, ready for schedule events.
-
-    Raises:
-        GridError: The requested profiling grid does not fit the GPU.
-    """
+    printer: Callable[[str], Any],
+    handle: GpuHandle | None,
+) -> _RankParts:
+    """Open this rank's GPU, guard, controller, grid and timer; no collective."""
     index = context.local_device_index
     if handle is None:
         state = Path(config.dir) / "simulated" / f"rank{context.global_rank}.json"
@@ -117,21 +135,87 @@ def build_session(
 
         guard = ClockGuard(handle.gpus)
     controller = FrequencyController.from_handle(handle, index, guard=guard)
-    grid = profiling_grid(config.freq_grid, supported_sm_clocks_mhz(handle.gpus, index))
-    can_set_clocks = handle.mode == "control"
-    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid, "clock_control": can_set_clocks}
+    try:
+        grid = profiling_grid(config.freq_grid, supported_sm_clocks_mhz(handle.gpus, index))
+        timer = build_timer(handle, context, comms, index, handle.spec)
+        meter = EnergyMeter.from_handle(handle, [index])
+        optimiser = resolve(config.mode)
+    except BaseException:
+        controller.close()
+        if guard is not None:
+            guard.close()
+        raise
+    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid}
+    return _RankParts(handle, handle.spec, guard, controller, grid, timer, meter, optimiser, parts)
+
+
+def build_session(
+    config: EnergyConfig,
+    context: JobContext,
+    comms: RankComms,
+    *,
+    printer: Callable[[str], Any] = print,
+    handle: GpuHandle | None = None,
+) -> EnergySession:
+    """Open this rank's GPU and put its session together, or agree with every rank not to.
+
+    Every rank first opens its own parts (GPU, clock guard, controller, grid, timer), which may fail on one
+    rank only (a full disk, a GPU without spec, an unsupported clock). Before the session's first
+    collective the ranks then agree in one small all-reduce: if any rank failed, no rank starts a session
+    (each raises; the failing rank its own error, the others :class:`SessionStartError`), so no rank waits
+    in a collective the others never join. If any rank cannot set clocks (monitor-only: no permission, its
+    GPU held by another job), every rank profiles like it, at stock clocks only, so all profile for the
+    same number of steps and compute one job fingerprint.
+
+    Args:
+        config: The ``--energy-*`` configuration.
+        context: This rank's job context.
+        comms: Collectives over the job's process groups.
+        printer: Where log lines go.
+        handle: Already opened GPUs (tests, the demo); opened from the config when ``None``.
+
+    Returns:
+        The session, ready for schedule events.
+
+    Raises:
+        SessionStartError: Another rank could not start (its log says why).
+        Exception: Whatever stopped this rank from opening its parts (``GridError`` for a requested
+            profiling grid that does not fit the GPU, ``OSError``, ...), after the other ranks were told.
+    """
+    parts: _RankParts | None = None
+    problem: Exception | None = None
+    try:
+        parts = _open_parts(config, context, comms, printer, handle)
+    except Exception as error:  # agreed on below, then raised
+        problem = error
+    controlled = parts is not None and parts.can_set_clocks
+    failed_anywhere, uncontrolled_anywhere = comms.all_reduce_max(
+        [0.0 if parts is not None else 1.0, 0.0 if controlled else 1.0]
+    )
+    if parts is None:
+        assert problem is not None
+        raise problem
+    if failed_anywhere:
+        parts.close()
+        raise SessionStartError("another rank could not start its energy session (its log says why)")
+    can_set_clocks = controlled and not uncontrolled_anywhere
+    if controlled and not can_set_clocks:
+        printer(
+            f"[energy] rank {context.global_rank}: another rank cannot set its GPU clocks (its log says "
+            "why); profiling at stock clocks only like it, the other clocks are modelled"
+        )
     return EnergySession(
         config,
         context,
-        optimiser=resolve(config.mode),
-        controller=controller,
-        meter=EnergyMeter.from_handle(handle, [index]),
-        timer=build_timer(handle, context, comms, index, handle.spec),
+        optimiser=parts.optimiser,
+        controller=parts.controller,
+        meter=parts.meter,
+        timer=parts.timer,
         comms=comms,
-        clocks_mhz=grid,
+        clocks_mhz=parts.grid,
         can_set_clocks=can_set_clocks,
-        cache=JobCache(config.dir, parts),
-        spec=handle.spec,
-        guard=guard,
+        cache=JobCache(config.dir, parts.fingerprint_parts | {"clock_control": can_set_clocks}),
+        spec=parts.spec,
+        guard=parts.guard,
         printer=printer,
     )

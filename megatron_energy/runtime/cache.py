@@ -1,11 +1,12 @@
 """Profiles and plans under ``--energy-dir``, keyed by a fingerprint of the job; atomic and verified.
 
-Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,baseline.json,manifest.json}``
+Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,baseline.json,manifest.json}``
 plus ``<dir>/last_job.json``, the facts of the most recent job, so that a miss can say what changed.
 
 :meth:`JobCache.store` writes every artefact atomically under the folder's exclusive lock, then the manifest
 (checksum and size per artefact, the job fingerprint). :meth:`JobCache.load` reads under a shared lock and
-verifies everything; a folder that fails is moved aside (never deleted) and the load is a miss that says so.
+verifies everything; a folder that fails is moved aside (never deleted) and the load is a miss that says so;
+:meth:`JobCache.set_aside` does the same for a verified folder whose content the caller cannot use.
 Jobs sharing an ``--energy-dir`` therefore never see a partial set of files.
 """
 
@@ -163,6 +164,23 @@ class JobCache:
                 )
                 return CacheLoad(self.folder, False, message, quarantined=aside)
         return self._hit(contents)
+
+    def set_aside(self) -> Path | None:
+        """Move this job's cached files aside although they verified: they cannot be used (never deleted).
+
+        For artefacts that pass the manifest's checks but not the reader's: a re-signed plan of another
+        job, a baseline that is not one, a plan some rank cannot run.
+
+        Returns:
+            The new quarantine folder, or None when the folder held no cached file (nothing was moved).
+
+        Raises:
+            OSError: The files cannot be moved.
+        """
+        with folder_lock(self.folder, "exclusive"):
+            if not has_cached_files(self.folder):
+                return None
+            return quarantine(self.folder)
 
     def _hit(self, contents: Mapping[str, bytes]) -> CacheLoad:
         return CacheLoad(self.folder, True, f"energy cache hit: reusing verified {self.folder}", contents)

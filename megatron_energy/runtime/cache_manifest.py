@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.atomic import LOCK_FILE_NAME
+from megatron_energy.errors import EnergyError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 1
 QUARANTINE_PREFIX = "quarantine-"
 
 
-class CacheVerificationError(Exception):
+class CacheVerificationError(EnergyError):
     """A cache folder failed verification; the message says what failed, in a few words."""
 
 

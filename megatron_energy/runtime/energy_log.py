@@ -1,49 +1,78 @@
-"""The energy log line: J/iteration per stage and in total, measured next to predicted, and the saving.
+"""The energy log line: J/iteration per stage and in total, measured next to predicted, and the change.
 
-Each rank keeps its own per-step energies; at a log interval the session gathers one ``StageEnergy`` per
-rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers.
+Each rank keeps its own per-step figures (``runtime.log_window``); at a log interval the session gathers one
+``StageEnergy`` per rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers
+and, with ``--energy-log-file``, appends them to a JSON-lines file (:func:`append_record`,
+:func:`read_records`).
+
+A line speaks for one phase only. Its J/iteration figures are the means of the interval's steps (those of
+the current phase); its changes against stock clocks compare the phase's window of iterations with the stock
+baseline's iterations (``stats.relative_change`` with its 95 % interval, "within noise" when the interval
+covers zero), for energy and for iteration time alike.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock, job_window
+from megatron_energy.stats import Source
 
 
 @dataclass(frozen=True)
 class StageEnergy:
-    """One rank's energy over the last log interval."""
+    """One rank's figures for a log line."""
 
     stage: int
     """Pipeline stage of the rank."""
 
     measured_j_per_iter: float
-    """Mean energy per iteration of this rank's GPU (``source`` says measured or modelled)."""
+    """Mean energy per iteration of this rank's GPU over the interval (``source`` says measured or
+    modelled)."""
 
     predicted_j_per_iter: float | None
     """The plan's prediction for this rank's GPU, if a plan is running."""
 
-    stock_j_per_iter: float | None
-    """This GPU's mean energy per iteration at stock clocks, from profiling."""
-
     iteration_s: float
     """Mean iteration time over the interval."""
 
-    stock_iteration_s: float | None
-    """Mean iteration time at stock clocks, from profiling."""
+    window: RankWindow = field(default_factory=lambda: RankWindow(first_step=-1))
+    """This rank's per-iteration figures over the phase's window."""
+
+
+@dataclass(frozen=True)
+class StockSamples:
+    """The stock baseline's per-iteration job figures, as the log compares with them."""
+
+    energy_j: tuple[float, ...] = ()
+    """Energy of every GPU of the job, per stock iteration."""
+
+    iteration_s: tuple[float, ...] = ()
+    """The slowest rank's iteration time, per stock iteration."""
+
+    counter_period_s: float = 0.0
+    """Period of the energy counter the figures were read from; 0 when they are exact (simulated GPUs)."""
 
 
 def format_energy_line(
-    step: int, ranks: Sequence[StageEnergy], source: str, phase: str
+    iteration: int,
+    ranks: Sequence[StageEnergy],
+    source: Source,
+    phase: str,
+    stock: StockSamples | None = None,
 ) -> tuple[str, dict[str, float]]:
     """Build the log line and the scalars for one interval.
 
     Args:
-        step: The training iteration.
+        iteration: The interval's last training iteration, 1-based as in Megatron's log.
         ranks: Every rank's figures (any order).
         source: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
         phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
+        stock: The stock baseline's iterations, once measured.
 
     Returns:
         The line, and ``{scalar name: value}`` for metric writers.
@@ -51,39 +80,100 @@ def format_energy_line(
     stages = sorted({rank.stage for rank in ranks})
     per_stage = {s: sum(r.measured_j_per_iter for r in ranks if r.stage == s) for s in stages}
     total = sum(per_stage.values())
-    parts = [f"[energy] iteration {step} | {phase}"]
+    parts = [f"[energy] iteration {iteration} | {phase}"]
     parts.append("J/iter " + source + ": " + " ".join(f"s{s}={per_stage[s]:.1f}" for s in stages))
     parts.append(f"total={total:.1f}")
     scalars = {"energy/j_per_iter_total": total}
     scalars |= {f"energy/j_per_iter_stage{s}": value for s, value in per_stage.items()}
-    predicted = [r.predicted_j_per_iter for r in ranks]
-    if all(value is not None for value in predicted):
-        predicted_total = sum(predicted)  # type: ignore[arg-type]
+    predicted = [r.predicted_j_per_iter for r in ranks if r.predicted_j_per_iter is not None]
+    if len(predicted) == len(ranks):
+        predicted_total = sum(predicted)
         parts.append(f"predicted (modelled)={predicted_total:.1f}")
         scalars["energy/j_per_iter_predicted"] = predicted_total
-    stock = [r.stock_j_per_iter for r in ranks]
-    if all(value is not None for value in stock) and sum(stock) > 0:  # type: ignore[arg-type]
-        saving = 1.0 - total / sum(stock)  # type: ignore[arg-type]
-        parts.append(f"saving vs stock ({source})={100 * saving:.1f}%")
-        scalars["energy/saving_vs_stock"] = saving
+    window_j, window_s = job_window([rank.window for rank in ranks])
+    energy_change = time_change = None
+    if stock is not None and window_j:
+        size = block_size(stock.iteration_s, stock.counter_period_s)
+        energy_change = compare_to_stock(stock.energy_j, window_j, size, source)
+        time_change = compare_to_stock(stock.iteration_s, window_s, size, source)
+    if energy_change is not None:
+        parts.append(f"energy vs stock: {energy_change.format()}")
+        scalars |= energy_change.scalars("energy/change_vs_stock")
+        scalars["energy/window_iterations"] = float(len(window_j))
     iteration_s = max(r.iteration_s for r in ranks)
-    parts.append(f"iter {1e3 * iteration_s:.1f} ms")
+    parts.append(f"iter {1e3 * iteration_s:.1f} ms ({source})")
     scalars["energy/iteration_s"] = iteration_s
-    stock_s = [r.stock_iteration_s for r in ranks if r.stock_iteration_s is not None]
-    if stock_s:
-        parts.append(f"stock {1e3 * max(stock_s):.1f} ms")
+    if time_change is not None:
+        parts.append(f"time vs stock: {time_change.format()}")
+        scalars |= time_change.scalars("energy/iteration_change_vs_stock")
     return " | ".join(parts), scalars
 
 
 def publish(
     line: str,
     scalars: dict[str, float],
-    step: int,
+    iteration: int,
     sinks: Sequence[Callable[[str, float, int], Any]],
     printer: Callable[[str], Any] = print,
 ) -> None:
-    """Print the line and write each scalar to every metric sink."""
+    """Print the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
     printer(line)
+    write_scalars(scalars, iteration, sinks)
+
+
+def write_scalars(
+    scalars: dict[str, float], iteration: int, sinks: Sequence[Callable[[str, float, int], Any]]
+) -> None:
+    """Write each scalar to every metric sink at ``iteration``."""
     for sink in sinks:
         for name, value in scalars.items():
-            sink(name, value, step)
+            sink(name, value, iteration)
+
+
+@dataclass(frozen=True)
+class EnergyRecord:
+    """One energy log line's figures, as ``--energy-log-file`` holds them (one JSON object per line)."""
+
+    iteration: int
+    """The interval's last iteration, 1-based."""
+
+    phase: str
+    """What ran: ``profiling``, ``planned``, ``following straggler``, ``stock (safety net)``, ..."""
+
+    source: str
+    """``measured`` or ``modelled``: where the energy and time figures come from."""
+
+    scalars: dict[str, float]
+    """The line's scalars: interval means (``energy/j_per_iter_total``, ``energy/iteration_s``, ...) and the
+    window's changes against stock clocks with their intervals (``energy/change_vs_stock`` and its ``_low``,
+    ``_high``, ``_resolved``; ``energy/iteration_change_vs_stock`` likewise)."""
+
+
+def append_record(path: Path, record: EnergyRecord) -> None:
+    """Append ``record`` to the JSON-lines file ``path`` (created with its folder if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(asdict(record)) + "\n")
+
+
+def read_records(path: Path) -> list[EnergyRecord]:
+    """The records of a ``--energy-log-file``, in the order they were written.
+
+    Raises:
+        ValueError: A line is not such a record.
+    """
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            data = json.loads(line)
+            records.append(
+                EnergyRecord(
+                    int(data["iteration"]),
+                    str(data["phase"]),
+                    str(data["source"]),
+                    {str(name): float(value) for name, value in data["scalars"].items()},
+                )
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as problem:
+            raise ValueError(f"{path}:{number} is not an energy log record ({problem})") from None
+    return records

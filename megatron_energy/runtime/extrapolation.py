@@ -4,6 +4,11 @@ Without clock control (``--energy-dry-run``, or monitor-only when the GPU refuse
 runs at the stock clock, so a sweep would only measure noise. The session then measures the stock clock and
 this module extends each instruction's stock measurement to the rest of the grid with the time/power model
 (``dvfs.model.fit_work_profile`` from one point: the spec's prior split of compute- and memory-bound work).
+
+The model is anchored to the measurement: at the measured clock a row keeps the measured time and energy
+(up to rounding), and at every clock the modelled time and energy are scaled by the same factors that turn the
+model's figures at the measured clock into the measured ones (the model gives the *change* with the clock,
+the measurement the level). The stock plan's prediction therefore reproduces the measured stock figures.
 The resulting profile, and every plan made from it, is *modelled*.
 """
 
@@ -27,18 +32,20 @@ def extrapolate_rows(
         clocks_mhz: The clocks to produce rows for.
 
     Returns:
-        One row per instruction class and clock; times and energies modelled.
+        One row per instruction class and clock; times and energies modelled, anchored to the measured row.
     """
     model = GpuPowerModel(spec)
     extended = []
     for row in rows:
         work = fit_work_profile(spec, [(row.clock_mhz, row.time_s, row.energy_j)]).work
+        time_scale = row.time_s / model.time_s(work, row.clock_mhz)
+        energy_scale = row.energy_j / model.energy_j(work, row.clock_mhz)
         extended += [
             ProfileRow(
                 work=row.work,
                 clock_mhz=clock,
-                time_s=model.time_s(work, clock),
-                energy_j=model.energy_j(work, clock),
+                time_s=time_scale * model.time_s(work, clock),
+                energy_j=energy_scale * model.energy_j(work, clock),
                 samples=row.samples,
             )
             for clock in clocks_mhz

@@ -3,20 +3,35 @@
 Rank 0 plans (or, on a cache hit, loads the cached plan file) and broadcasts a :class:`PlanRelease`: the
 plan file's exact text and the stock-clock baseline measured while profiling. Every rank parses the same
 text, so what runs is exactly what the file says.
+
+The plan is anchored to what profiling measured at stock clocks: the profile's rows there are the measured
+instruction times and energies, and the measured iteration tail (:func:`tail_from_profiling`: the time and
+energy of an iteration outside the pipeline instructions, per stage) is part of the job the optimiser plans
+(``PlanningJob.tail``), so the stock plan's predicted iteration time and energy are the measured ones.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
+import math
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
+
+NOTHING_S = 1e-9
+"""A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
+NOTHING_J = 1e-9
 
 
 @dataclass(frozen=True)
@@ -29,10 +44,27 @@ class StockBaseline:
     energy_by_rank: dict[int, float] = field(default_factory=dict)
     """Energy per iteration of each global rank's GPU."""
 
+    step_iteration_s: tuple[float, ...] = ()
+    """Each measured stock step's iteration time (the slowest rank's), in the order the steps ran."""
+
+    step_energy_j: tuple[float, ...] = ()
+    """Each measured stock step's energy over every GPU of the job."""
+
+    @property
+    def steps(self) -> int:
+        """Measured stock steps (per-step samples kept)."""
+        return len(self.step_energy_j)
+
     def to_json(self) -> str:
         """The baseline as the cache stores it."""
         return json.dumps(
-            {"stock_time_s": self.iteration_s, "stock_energy_by_rank": self.energy_by_rank}, indent=2
+            {
+                "stock_time_s": self.iteration_s,
+                "stock_energy_by_rank": self.energy_by_rank,
+                "stock_step_time_s": list(self.step_iteration_s),
+                "stock_step_energy_j": list(self.step_energy_j),
+            },
+            indent=2,
         )
 
     @classmethod
@@ -49,6 +81,8 @@ class StockBaseline:
         return cls(
             iteration_s=None if time_s is None else float(time_s),
             energy_by_rank={int(k): float(v) for k, v in data.get("stock_energy_by_rank", {}).items()},
+            step_iteration_s=tuple(float(v) for v in data.get("stock_step_time_s", ())),
+            step_energy_j=tuple(float(v) for v in data.get("stock_step_energy_j", ())),
         )
 
 
@@ -64,6 +98,10 @@ class PlanRelease:
 
     profile_csv: str
     """The profile the plan was made from (CSV text)."""
+
+    frontier_csv: str = ""
+    """The plan's instant-switch frontier curve (CSV text, :func:`frontier_csv_text`); empty when the release
+    was loaded from the cache, which already holds it."""
 
 
 @dataclass(frozen=True)
@@ -106,22 +144,45 @@ def plan_on_root(
         The release to broadcast (and to cache with :func:`store_release`).
     """
     plan = optimiser.plan(profile, job)
-    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text())
+    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan))
+
+
+def frontier_csv_text(plan: Plan) -> str:
+    """The plan's instant-switch frontier curve as ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent``.
+
+    One row per sample, all modelled; the columns of ``megatron-energy plan``'s frontier.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["deadline_s", "time_s", "energy_j", "lower_bound_j", "gap_percent"])
+    for sample in plan.frontier:
+        gap = sample.energy_j / sample.lower_bound_j - 1.0 if sample.lower_bound_j > 0 else 0.0
+        writer.writerow(
+            [
+                f"{sample.deadline_s:.9g}",
+                f"{sample.time_s:.9g}",
+                f"{sample.energy_j:.9g}",
+                f"{sample.lower_bound_j:.9g}",
+                f"{100 * gap:.6f}",
+            ]
+        )
+    return out.getvalue()
 
 
 def store_release(cache: JobCache, release: PlanRelease) -> None:
-    """Cache the plan file, the baseline and the profile it was planned from (atomic, verified).
+    """Cache the plan file, the baseline, the profile it was planned from and its frontier (atomic, verified).
 
     Raises:
         OSError: The cache cannot be written.
     """
-    cache.store(
-        {
-            "plan.json": release.plan_text,
-            "baseline.json": release.baseline.to_json(),
-            "profile.csv": release.profile_csv,
-        }
-    )
+    artefacts = {
+        "plan.json": release.plan_text,
+        "baseline.json": release.baseline.to_json(),
+        "profile.csv": release.profile_csv,
+    }
+    if release.frontier_csv:
+        artefacts["frontier.csv"] = release.frontier_csv
+    cache.store(artefacts)
 
 
 def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
@@ -143,25 +204,76 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 
 
 def baseline_from_profiling(
-    gathered: Sequence[tuple[Sequence[ProfileRow], StepRecord | None]],
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's profiling records (rank = position)."""
-    stock = [(rank, record) for rank, (_, record) in enumerate(gathered) if record is not None]
+    """The stock-clock baseline from every rank's measured stock steps (rank = position).
+
+    Per rank, the mean over its stock steps; per step, the slowest rank's time and the energy of all ranks
+    (over the steps every rank measured).
+    """
+    stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
+    means = {rank: mean_record(steps) for rank, steps in stock}
+    per_step = list(zip(*(steps for _, steps in stock), strict=False))
     return StockBaseline(
-        iteration_s=max((record.iteration_s for _, record in stock), default=None),
-        energy_by_rank={rank: record.energy_j for rank, record in stock},
+        iteration_s=max((record.iteration_s for record in means.values()), default=None),
+        energy_by_rank={rank: record.energy_j for rank, record in means.items()},
+        step_iteration_s=tuple(max(record.iteration_s for record in step) for step in per_step),
+        step_energy_j=tuple(sum(record.energy_j for record in step) for step in per_step),
     )
 
 
-def plan_summary(plan: Plan) -> str:
-    """A few lines describing the plan, for the log (all figures modelled)."""
+def tail_from_profiling(
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
+) -> IterationTail | None:
+    """The measured iteration tail: what the stock steps spent outside the pipeline span (rank = position).
+
+    Its time is the slowest rank's mean (the ranks' spans end together, at the replica's pipeline end); each
+    stage's energy is the mean over the ranks of that stage (peers of a stage are one GPU each, as in
+    :func:`~megatron_energy.runtime.profiling.merge_rows`) of their mean energy over it.
+
+    Returns:
+        The tail, or ``None`` when no stock step was measured, its energy is unknown (no energy counter), or
+        nothing ran outside the pipeline span (simulated GPUs without work between two schedules).
+    """
+    by_stage: dict[int, list[float]] = defaultdict(list)
+    time_s = 0.0
+    for rows, steps in gathered:
+        if not rows or not steps:
+            return None
+        mean = mean_record(steps)
+        time_s = max(time_s, mean.outside_s)
+        by_stage[rows[0].work.stage].append(mean.outside_j)
+    energies = [sum(values) / len(values) for _, values in sorted(by_stage.items())]
+    if not energies or not all(map(math.isfinite, energies)) or not math.isfinite(time_s):
+        return None
+    if time_s <= NOTHING_S and all(energy <= NOTHING_J for energy in energies):
+        return None
+    return IterationTail.measured(time_s, energies)
+
+
+def plan_digest(plan_text: str) -> str:
+    """A short SHA-256 of a plan file's text: the log names the exact bytes that run."""
+    return hashlib.sha256(plan_text.encode()).hexdigest()[:16]
+
+
+def plan_summary(plan: Plan, plan_text: str) -> str:
+    """A few lines describing the plan parsed from ``plan_text``, for the log (all figures modelled)."""
     target = plan.target_point
     stock_j = plan.baseline.energy_j
+    tail = plan.measured_tail
+    outside = (
+        ""
+        if tail is None
+        else f" (with the {1e3 * tail.time_s:.1f} ms and {sum(tail.stage_energy_j):.1f} J per iteration "
+        "outside the pipeline instructions, as measured at stock clocks)"
+    )
     return (
         f"[energy] plan for {plan.target} ({', '.join(plan.optimisers)}): iteration "
         f"{1e3 * target.iteration_time_s:.1f} ms vs {1e3 * plan.baseline.iteration_time_s:.1f} ms at stock "
         f"clocks; energy {target.energy_j:.1f} J vs {stock_j:.1f} J per pipeline iteration "
-        f"({100 * (1 - target.energy_j / stock_j):.1f}% less), modelled from a {plan.provenance} profile on "
+        f"({100 * (1 - target.energy_j / stock_j):.1f}% less){outside}, modelled from a {plan.provenance} "
+        "profile on "
         f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {len(plan.frontier)} "
-        f"frontier points, {100 * target.gap:.2f}% above the relaxed (instant-switch) bound"
+        f"frontier points, {100 * target.gap:.2f}% above the relaxed (instant-switch) bound; plan sha256 "
+        f"{plan_digest(plan_text)}"
     )

@@ -1,10 +1,16 @@
 """Phase 1: walk a grid of clocks, a few steps each, and turn the samples into a ``Profile``.
 
 Each clock is held for one settling step (discarded: the switch and the thermal transient land there)
-and ``steps_per_clock`` measured steps. Per instruction class (``Work``: stage, chunk, kind) the instruction
-time is the mean over microbatches and steps. Energy per instruction comes from the backend when it can
-attribute it (simulated GPUs); otherwise the step's measured energy, less the blocked and idle time at
-the spec's powers, is split over the instructions in proportion to their time.
+and ``steps_per_clock`` measured steps; the stock clock, first, for as many steps as the stock baseline
+needs (``runtime.baseline_length``: a pilot, then possibly more, decided once by the session). Per
+instruction class (``Work``: stage, chunk, kind) the instruction time is the mean over microbatches and
+steps. Energy per instruction comes from the backend when it can attribute it (simulated GPUs); otherwise
+the energy of the step's pipeline span (measured apart from what ran between the two schedules), less the
+blocked and idle time at the spec's powers, is split over the instructions in proportion to their time.
+
+What the pipeline span leaves out of an iteration (gradient sync, optimizer step, data loading, logging) is
+kept per step as measured (``StepRecord.outside_s`` and ``outside_j``), and its mean over the stock steps is
+the measured iteration tail the plan's predictions carry (``runtime.planning.tail_from_profiling``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.pipeline.instruction import Work
+from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.runtime.timing import StepTiming
 
 
@@ -33,8 +40,15 @@ class StepRecord:
     """Step-level figures at one clock (for the stock-clock baseline)."""
 
     clock_mhz: int
+    """The clock the step ran at."""
     iteration_s: float
+    """The whole iteration."""
     energy_j: float
+    """This GPU's energy over the whole iteration."""
+    outside_s: float = 0.0
+    """The part of the iteration outside the replica's pipeline span."""
+    outside_j: float = 0.0
+    """This GPU's energy over that part."""
 
 
 @dataclass
@@ -46,52 +60,81 @@ class ProfileCollector:
         steps_per_clock: Measured steps per clock (after one settling step).
         blocked_power_w: Power while blocked on communication (for energy attribution on real GPUs).
         idle_power_w: Power while idle at the end of the step.
+        stock_iters: Measured steps at the stock clock until :meth:`set_stock_steps` says otherwise.
     """
 
     clocks_mhz: Sequence[int]
     steps_per_clock: int
     blocked_power_w: float
     idle_power_w: float
+    stock_iters: int = 0
     _step: int = 0
     _times: dict[tuple[Work, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     _energies: dict[tuple[Work, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     steps: list[StepRecord] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.stock_iters = self.stock_iters or self.steps_per_clock
+
     @property
     def steps_needed(self) -> int:
-        """Steps the whole grid takes."""
-        return len(self.clocks_mhz) * (self.steps_per_clock + 1)
+        """Steps the whole grid takes (the stock clock's as decided so far)."""
+        return (self.stock_iters + 1) + (len(self.clocks_mhz) - 1) * (self.steps_per_clock + 1)
 
     @property
     def done(self) -> bool:
         """Whether every clock of the grid has been measured."""
         return self._step >= self.steps_needed
 
+    @property
+    def stock_measured(self) -> int:
+        """Measured steps at the stock clock so far."""
+        return min(max(0, self._step - 1), self.stock_iters)
+
+    def set_stock_steps(self, count: int) -> None:
+        """Measure ``count`` steps at the stock clock (while it is measured; no fewer than so far).
+
+        Raises:
+            ValueError: The stock clock's steps are over, or ``count`` is below the steps already measured.
+        """
+        if self._step > self.stock_iters + 1 or count < self.stock_measured:
+            raise ValueError(f"cannot measure {count} stock steps after step {self._step} of the grid")
+        self.stock_iters = count
+
     def clock_for_next_step(self) -> int:
         """The clock the next step runs at."""
-        return self.clocks_mhz[min(self._step, self.steps_needed - 1) // (self.steps_per_clock + 1)]
+        block = min(self._step, self.steps_needed - 1) - (self.stock_iters + 1)
+        return self.clocks_mhz[0 if block < 0 else 1 + block // (self.steps_per_clock + 1)]
 
-    def add_step(self, timing: StepTiming, step_energy_j: float, iteration_s: float) -> None:
+    def _settling(self) -> bool:
+        """Whether the next step is the first at its clock (its figures are discarded)."""
+        block = self._step - (self.stock_iters + 1)
+        return self._step == 0 or (block >= 0 and block % (self.steps_per_clock + 1) == 0)
+
+    def add_step(self, figures: StepFigures) -> None:
         """Record one finished step that ran at ``clock_for_next_step()``.
 
         Args:
-            timing: The step's instruction samples.
-            step_energy_j: This GPU's energy over the step.
-            iteration_s: The step's iteration time.
+            figures: The step's timing and energies on this rank.
         """
         clock = self.clock_for_next_step()
-        settling = self._step % (self.steps_per_clock + 1) == 0
+        settling = self._settling()
         self._step += 1
+        timing = figures.timing
         if settling or not timing.samples:
             return
-        self.steps.append(StepRecord(clock_mhz=clock, iteration_s=iteration_s, energy_j=step_energy_j))
-        energies = self._attribute(timing, step_energy_j, iteration_s)
+        outside_j = figures.outside_j if figures.outside_j is not None else 0.0
+        self.steps.append(
+            StepRecord(clock, figures.iteration_s, figures.energy_j, figures.outside_s, outside_j)
+        )
+        energies = self._attribute(timing, figures.pipeline_energy_j, timing.intrinsic_s)
         for sample, energy in zip(timing.samples, energies, strict=True):
             key = (sample.instruction.work, clock)
             self._times[key].append(sample.duration_s)
             self._energies[key].append(energy)
 
     def _attribute(self, timing: StepTiming, step_energy_j: float, iteration_s: float) -> list[float]:
+        """Each sample's energy: the timer's, or the pipeline span's energy less its waits, split by time."""
         if all(sample.energy_j is not None for sample in timing.samples):
             return [float(sample.energy_j) for sample in timing.samples]  # type: ignore[arg-type]
         busy = sum(sample.duration_s for sample in timing.samples)
@@ -114,16 +157,26 @@ class ProfileCollector:
             for (work, clock), times in sorted(self._times.items())
         ]
 
+    def stock_steps(self) -> list[StepRecord]:
+        """The measured steps at the grid's first (stock) clock, in the order they ran."""
+        return [record for record in self.steps if record.clock_mhz == self.clocks_mhz[0]]
+
     def stock_baseline(self) -> StepRecord | None:
         """Mean iteration time and energy at the grid's first (stock) clock."""
-        stock = [record for record in self.steps if record.clock_mhz == self.clocks_mhz[0]]
-        if not stock:
-            return None
-        return StepRecord(
-            clock_mhz=self.clocks_mhz[0],
-            iteration_s=sum(r.iteration_s for r in stock) / len(stock),
-            energy_j=sum(r.energy_j for r in stock) / len(stock),
-        )
+        stock = self.stock_steps()
+        return mean_record(stock) if stock else None
+
+
+def mean_record(records: Sequence[StepRecord]) -> StepRecord:
+    """The mean figures of steps at one clock (the first record's)."""
+    count = len(records)
+    return StepRecord(
+        clock_mhz=records[0].clock_mhz,
+        iteration_s=sum(r.iteration_s for r in records) / count,
+        energy_j=sum(r.energy_j for r in records) / count,
+        outside_s=sum(r.outside_s for r in records) / count,
+        outside_j=sum(r.outside_j for r in records) / count,
+    )
 
 
 def merge_rows(rows_per_rank: Sequence[Sequence[ProfileRow]]) -> dict[Work, dict[int, tuple[float, float]]]:

@@ -3,14 +3,17 @@
 The session does not know how plans are made: it asks the optimiser ``--energy-mode`` selected
 (``megatron_energy.registry``) what to profile and for a plan, and runs whatever plan comes back.
 
-Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps;
-the timer times every instruction on the device timeline; the meter gives each step's energy.
+Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps,
+the stock clock first and for as long as the stock baseline needs (``runtime.baseline_length``); the timer
+times every instruction on the device timeline and the whole iteration; the meter gives each step's energy,
+the part between two schedules apart from the pipeline span's (``runtime.step_figures``).
 Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
 optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
 instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
-prediction; data-parallel replicas follow a straggler's pace to another point of the same plan; a safety
-net reverts to stock clocks if the plan is slow.
+prediction, with its change against the stock baseline over a window of the phase's iterations
+(``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
+plan; a safety net reverts to stock clocks if the plan is slow.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 
@@ -19,25 +22,27 @@ cache, a rank that cannot summarise its profile, a solver error, a cache write e
 run) is caught, and every rank reaches the same outcome through the collectives every rank joins anyway
 (the gather, the broadcast, one small all-reduce): all re-profile, all fall back to stock clocks, or (a
 cache write error) all run the uncached plan. Each rank logs why; no exception reaches Megatron's step.
+(Whatever stops a rank from starting its session is agreed on before the first of these collectives, by
+``runtime.assembly.build_session``.)
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
+from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
+from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import StageEnergy, format_energy_line, publish
+from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
@@ -51,19 +56,12 @@ from megatron_energy.runtime.planning import (
     plan_summary,
     profile_from_rows,
     store_release,
+    tail_from_profiling,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
-from megatron_energy.runtime.timing import InstructionTimer, StepTiming
-
-
-@dataclass
-class StepFigures:
-    """What one finished step measured on this rank."""
-
-    iteration_s: float
-    energy_j: float
-    timing: StepTiming
+from megatron_energy.runtime.step_figures import StepFigures, step_figures
+from megatron_energy.runtime.timing import InstructionTimer
 
 
 class EnergySession:
@@ -123,7 +121,9 @@ class EnergySession:
             steps_per_clock=config.profile_iters,
             blocked_power_w=spec.blocked_power_w,
             idle_power_w=spec.idle_power_w,
+            stock_iters=pilot_steps(config.profile_iters),
         )
+        self._stock_decided = False
         self.phase = "profiling"
         self.plan: Plan | None = None
         self.baseline = StockBaseline()
@@ -131,7 +131,10 @@ class EnergySession:
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
-        self._steps_in_interval: list[StepFigures] = []
+        self._outside: EnergyWindow | None = None
+        self._lapped_at_start = False
+        self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
+        self.energy_logger.log_file = config.log_file
         self._start_from_cache()
 
     @property
@@ -142,7 +145,15 @@ class EnergySession:
     # ----------------------------------------------------------------------------------- schedule events
 
     def on_step_begin(self, step: int) -> None:
-        """Start a step: choose its clock while profiling, and start timing and metering."""
+        """Start a step: choose its clock while profiling, and start timing and metering.
+
+        While profiling, the energy between the two schedules is read apart: the device finishes first, then
+        the meter laps, then the step's timing starts.
+        """
+        self._lapped_at_start = self.phase == "profiling"
+        if self._lapped_at_start:
+            self.timer.wait_for_device()
+            self._outside = self.meter.lap()
         boundary = self.timer.step_begin()
         if self.phase == "profiling":
             self.controller.request(self.collector.clock_for_next_step(), boundary)
@@ -170,14 +181,12 @@ class EnergySession:
         """Finish the step's measurements and advance the phase."""
         ran_in, ran_with = self.phase, self.runner  # the log describes the step as it ran
         timing = self.timer.finish_step()
-        window = self.meter.lap()
-        energy_j = timing.energy_j
-        if energy_j is None:
-            energy_j = window.energy_j if window is not None else math.nan
-        figures = StepFigures(iteration_s=timing.intrinsic_s, energy_j=energy_j, timing=timing)
+        figures = step_figures(timing, self._outside, self.meter.lap(), self._lapped_at_start)
         self.history.append(figures)
         if self.phase == "profiling":
-            self.collector.add_step(timing, figures.energy_j, figures.iteration_s)
+            self.collector.add_step(figures)
+            if not self._stock_decided and self.collector.stock_measured == self.collector.stock_iters:
+                self._decide_stock_steps(figures.exact)
             if self.collector.done:
                 self._plan()
         else:
@@ -185,7 +194,13 @@ class EnergySession:
             # that skipped it would leave the others waiting in the collective
             alone = self._follow_stragglers(figures)
             self._check_safety(figures, slow_alone=alone)
-        self._log(step, figures, ran_in, ran_with)
+        predicted_j = None if ran_with is None else ran_with.predicted_energy_j
+        compared = self.baseline if ran_in != "profiling" else StockBaseline()  # profiling runs every clock
+        self.energy_logger.add(step, self._label(ran_in), figures, predicted_j, compared)
+
+    def _label(self, phase: str) -> str:
+        """What the log says ran: the phase, and that no clock was set when the controller only records."""
+        return phase if self.can_set_clocks else f"{phase} (clocks not set)"
 
     def close(self) -> None:
         """Stop the controller (which resets the clocks it locked) and release the clock guard."""
@@ -195,27 +210,59 @@ class EnergySession:
 
     # ------------------------------------------------------------------------------------------- phases
 
+    def _decide_stock_steps(self, exact: bool) -> None:
+        """After the stock pilot, every rank agrees on how many stock steps the baseline measures (max)."""
+        self._stock_decided = True
+        period_s = 0.0 if exact else self.spec.energy_counter_period_s
+        try:
+            mine = stock_steps_needed(self.collector.stock_steps(), period_s)
+        except Exception:  # a rank that cannot tell keeps the pilot; the others decide
+            mine = self.collector.stock_iters
+        (agreed,) = self.comms.all_reduce_max([float(mine)])
+        self.collector.set_stock_steps(int(agreed))
+
     def _start_from_cache(self) -> None:
-        """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile."""
+        """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile.
+
+        A cache that verifies but cannot be used (a baseline that is not one, a plan of another job, a plan
+        some rank cannot run) is moved aside by rank 0 like one that fails verification, so the store after
+        re-planning never overwrites it.
+        """
         decision: PlanRelease | None = None
         if self.context.global_rank == 0:
             try:
                 decision, message = load_release(self.cache)
             except Exception as problem:  # any unreadable cache means: profile again
-                decision, message = (
-                    None,
-                    f"energy cache at {self.cache.folder} unusable ({problem}); profiling",
-                )
+                decision, message = None, self._set_cache_aside(f"unusable ({problem})")
             self.printer(f"[energy] {message}")
         decision = self.comms.broadcast_from_root(decision)
         if decision is not None and not self._adopt_everywhere(decision):
+            if self.context.global_rank == 0:
+                self.printer(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
             self.printer(
                 f"[energy] rank {self.context.global_rank}: not using the cached plan; profiling again"
             )
         self.meter.lap()
 
+    def _set_cache_aside(self, why: str) -> str:
+        """Move the job's cached files aside (rank 0); the log line that says why and where."""
+        try:
+            aside = self.cache.set_aside()
+        except OSError as error:
+            return f"energy cache at {self.cache.folder} {why}; could not move it aside ({error}); profiling"
+        if aside is None:
+            return f"energy cache at {self.cache.folder} {why}; profiling again"
+        return (
+            f"energy cache at {self.cache.folder} {why}; moved its files to {aside} (kept for inspection, "
+            "delete when done); profiling again"
+        )
+
     def _plan(self) -> None:
-        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere."""
+        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere.
+
+        Rank 0 caches the plan only once every rank has adopted it: a plan some rank cannot run is never
+        cached.
+        """
         gathered = self.comms.gather_to_root(self._profile_contribution())
         decision: PlanRelease | Fallback | None = None
         if gathered is not None:
@@ -225,11 +272,13 @@ class EnergySession:
             self._fall_back(decision.reason)
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
+        elif self.context.global_rank == 0:
+            self._store(decision)
 
-    def _profile_contribution(self) -> tuple[list[ProfileRow], StepRecord | None] | Fallback:
-        """This rank's rows and stock record for the gather, or why it has none."""
+    def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
+        """This rank's rows and measured stock steps for the gather, or why it has none."""
         try:
-            return self.collector.rows(), self.collector.stock_baseline()
+            return self.collector.rows(), self.collector.stock_steps()
         except Exception as problem:  # reported to rank 0, which decides for every rank
             return Fallback(f"rank {self.context.global_rank} could not summarise its profile: {problem}")
 
@@ -239,9 +288,12 @@ class EnergySession:
         if failures:
             return failures[0]
         try:
-            release = self._plan_profile(gathered)
+            return self._plan_profile(gathered)
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
+
+    def _store(self, release: PlanRelease) -> None:
+        """Cache the release every rank runs (rank 0); a write error only costs the next run a profile."""
         try:
             store_release(self.cache, release)
         except OSError as problem:
@@ -249,9 +301,8 @@ class EnergySession:
                 f"[energy] could not cache the plan in {self.cache.folder} ({problem}); running it uncached, "
                 "the next run profiles again"
             )
-        return release
 
-    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], StepRecord | None]]) -> PlanRelease:
+    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]]) -> PlanRelease:
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
             rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
@@ -267,6 +318,7 @@ class EnergySession:
             fingerprint=self.cache.fingerprint,
             target=self.config.target,
             switch_latency_s=self.spec.switch_latency_s,
+            tail=tail_from_profiling(gathered),
         )
         return plan_on_root(self.optimiser, profile, job, baseline_from_profiling(gathered))
 
@@ -287,7 +339,7 @@ class EnergySession:
         if failed_anywhere:
             return False
         if self.context.global_rank == 0:
-            self.printer(plan_summary(plan))
+            self.printer(plan_summary(plan, release.plan_text))
         self.plan = plan
         self.baseline = release.baseline
         self.runner = runner
@@ -317,7 +369,9 @@ class EnergySession:
         nominal_s = self.straggler.nominal_time_s
         runner = self.runner
         predicted_s = plan.baseline.iteration_time_s if runner is None else runner.predicted_time_s
-        mine = self.straggler.contribution(figures.timing.intrinsic_s, predicted_s)
+        tail_s = 0.0 if plan.measured_tail is None else plan.measured_tail.time_s
+        # the pipeline span, which a slower replica does not lengthen on this one, plus the measured tail
+        mine = self.straggler.contribution(figures.timing.intrinsic_s + tail_s, predicted_s)
         slowest_s, negated_fastest_s = self.comms.all_reduce_max([mine, -mine])
         straggling = mine != nominal_s
         slow_alone = straggling and -negated_fastest_s == nominal_s
@@ -368,21 +422,3 @@ class EnergySession:
                 f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
                 "steps; clocks reverted to stock for the rest of the run"
             )
-
-    def _log(self, step: int, figures: StepFigures, phase: str, runner: PlanRunner | None) -> None:
-        self._steps_in_interval.append(figures)
-        if (step + 1) % self.context.log_interval != 0:
-            return
-        steps, self._steps_in_interval = self._steps_in_interval, []
-        mine = StageEnergy(
-            stage=self.context.pipeline_rank,
-            measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
-            predicted_j_per_iter=None if runner is None else runner.predicted_energy_j,
-            stock_j_per_iter=self.baseline.energy_by_rank.get(self.context.global_rank),
-            iteration_s=sum(s.iteration_s for s in steps) / len(steps),
-            stock_iteration_s=self.baseline.iteration_s,
-        )
-        gathered = self.comms.gather_to_root(mine)
-        if gathered is not None:
-            line, scalars = format_energy_line(step, gathered, self.timer.source, phase)
-            publish(line, scalars, step, self.context.log_sinks, self.printer)

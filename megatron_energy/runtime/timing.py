@@ -4,10 +4,16 @@ Two timers share one interface: ``CudaEventTimer`` records CUDA events at instru
 and reads them once at the end of the step; ``SimulatedTimer`` runs each instruction's modelled work on a
 simulated GPU's virtual clock (modelled) and composes the replica's pipeline through the DAG so that
 waiting time is charged as the simulator charges it.
+
+Both also time the whole iteration (``StepTiming.cycle_s``): from the end of the previous step to the end
+of this one, which takes in what happens between two schedules (gradient sync after the last backward,
+optimizer step, data loading, logging). The part outside the replica's pipeline span is
+``cycle_s - intrinsic_s``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -52,14 +58,35 @@ class StepTiming:
     """``measured`` (CUDA events) or ``modelled`` (simulated GPU)."""
 
     energy_j: float | None = None
-    """The step's exact energy on this GPU when the timer knows it (simulated GPUs: busy + blocked + idle);
-    ``None`` when only the energy meter knows (real GPUs)."""
+    """The exact energy of this GPU over the step's pipeline span when the timer knows it (simulated GPUs:
+    busy + blocked + idle); ``None`` when only the energy meter knows (real GPUs)."""
+
+    cycle_s: float | None = None
+    """The whole iteration on this rank: from the previous step's end to this step's end (what ran between
+    the two schedules included); ``None`` when unknown (the first step on real GPUs)."""
+
+    outside_energy_j: float | None = None
+    """The exact energy of this GPU from the previous step's end to this step's start, when the timer knows
+    it (simulated GPUs); ``None`` when only the energy meter knows."""
+
+    @property
+    def outside_s(self) -> float:
+        """The part of the iteration outside the replica's pipeline span (0 when the cycle is unknown)."""
+        return 0.0 if self.cycle_s is None else max(0.0, self.cycle_s - self.intrinsic_s)
 
 
 class InstructionTimer(Protocol):
     """Times instructions on the device timeline; the hot-path calls must not synchronise."""
 
     source: Literal["measured", "modelled"]
+
+    def wait_for_device(self) -> None:
+        """Return once the device has finished what it was given.
+
+        Called while profiling, before the energy counter is read at a step's start, so the work between the
+        two schedules lies wholly before the read.
+        """
+        ...
 
     def step_begin(self) -> Any:
         """Mark the start of a step; returns the boundary marker (a CUDA event) or ``None``."""
@@ -97,6 +124,7 @@ class CudaEventTimer:
         self._step_start: Any = None
         self._open: dict[Instruction, Any] = {}
         self._marks: list[tuple[Instruction, Any, Any]] = []
+        self._last_end_s: float | None = None
 
     def _event(self) -> Any:
         if self._used == len(self._pool):
@@ -105,6 +133,10 @@ class CudaEventTimer:
         self._used += 1
         event.record()
         return event
+
+    def wait_for_device(self) -> None:
+        """Synchronise the current device (profiling only: it costs the overlap of host and device)."""
+        self._torch.cuda.synchronize()
 
     def step_begin(self) -> Any:
         """Record the step's start event and return it as the boundary marker."""
@@ -127,10 +159,17 @@ class CudaEventTimer:
             self._marks.append((instruction, start, self._event()))
 
     def finish_step(self) -> StepTiming:
-        """Wait for the step's last event, then turn the events into samples."""
+        """Wait for the step's last event, then turn the events into samples.
+
+        The whole iteration is the host's time between two such waits (each ends with this rank's last
+        instruction on the device).
+        """
         if self._step_start is None or not self._marks:
             return StepTiming(samples=(), intrinsic_s=0.0, source="measured")
         self._marks[-1][2].synchronize()
+        now_s = time.perf_counter()
+        cycle_s = None if self._last_end_s is None else now_s - self._last_end_s
+        self._last_end_s = now_s
         origin = self._step_start
         samples = tuple(
             InstructionSample(
@@ -141,7 +180,7 @@ class CudaEventTimer:
             for instruction, start, end in self._marks
         )
         stage_ends = self._comms.all_gather_pipeline(samples[-1].end_s)
-        return StepTiming(samples=samples, intrinsic_s=max(stage_ends), source="measured")
+        return StepTiming(samples, max(stage_ends), "measured", cycle_s=cycle_s)
 
 
 class SimulatedTimer:
@@ -155,6 +194,10 @@ class SimulatedTimer:
     during that wait. To keep that effect, each instruction first waits the blocked time it waited in the
     previous step's schedule (the pipeline repeats itself from step to step); the end of the step charges
     only the blocked time still missing.
+
+    The GPUs' :class:`~megatron_energy.dvfs.emulation.Emulation` says what runs between two schedules (run at
+    the start of each step, before its schedule) and whether energies are reported: without exact energies
+    the samples and the step carry none, and the session reads the energy counter as on real GPUs.
 
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
@@ -183,9 +226,23 @@ class SimulatedTimer:
         self._gaps_s: dict[Instruction, float] = {}
         self._waited_s = 0.0
         self._waited_j = 0.0
+        self._last_end_s: float | None = None
+        self._outside_j: float | None = None
+
+    def wait_for_device(self) -> None:
+        """Run what the emulation puts between two schedules, if it has not run yet this step."""
+        if self._outside_j is not None:
+            return
+        if self._last_end_s is None:
+            self._last_end_s = self._gpus.virtual_time_s(self._index)
+        emulation = self._gpus.emulation
+        self._outside_j = self._gpus.wait(self._index, emulation.idle_between_steps_s, blocked=False)
+        if emulation.between_steps is not None:
+            self._outside_j += self._gpus.execute(self._index, emulation.between_steps)[1]
 
     def step_begin(self) -> Any:
-        """Start a step; there is no boundary marker on a virtual clock."""
+        """Start the step after what runs between two schedules; there is no boundary marker."""
+        self.wait_for_device()
         self._runs.clear()
         self._waited_s = self._waited_j = 0.0
         return None
@@ -210,12 +267,13 @@ class SimulatedTimer:
         for stage_runs in self._comms.all_gather_pipeline(mine):
             durations.update(stage_runs)
         schedule = self._dag.schedule(durations)
+        exact = self._gpus.emulation.exact_energy
         samples = tuple(
             InstructionSample(
                 instruction=instruction,
                 start_s=schedule.start(instruction),
                 end_s=schedule.end(instruction),
-                energy_j=energy_j,
+                energy_j=energy_j if exact else None,
             )
             for instruction, _, energy_j in self._runs
         )
@@ -227,7 +285,12 @@ class SimulatedTimer:
             energy_j += self._gpus.wait(self._index, missing_s, blocked=True)
             energy_j += self._gpus.wait(self._index, max(0.0, schedule.makespan_s - last_end), blocked=False)
         self._gaps_s = _gaps_before(samples)
-        return StepTiming(samples, schedule.makespan_s, "modelled", energy_j)
+        end_s = self._gpus.virtual_time_s(self._index)
+        cycle_s, self._last_end_s = end_s - (self._last_end_s or 0.0), end_s
+        outside_j, self._outside_j = self._outside_j, None
+        if not exact:
+            return StepTiming(samples, schedule.makespan_s, "modelled", cycle_s=cycle_s)
+        return StepTiming(samples, schedule.makespan_s, "modelled", energy_j, cycle_s, outside_j)
 
 
 def _gaps_before(samples: Sequence[InstructionSample]) -> dict[Instruction, float]:

@@ -9,10 +9,19 @@ frontier solver shares:
 * **blocked** -- time from the iteration start to the end of the stage's last compute node during which it
   computes nothing (waiting for activations or gradients, before its first instruction), at
   ``blocked_power_w``;
-* **idle** -- time from the end of the stage's last compute node to the end of the iteration (the
-  data-parallel sync and optimizer tail included), at ``idle_power_w``.
+* **tail** -- the DAG's iteration tail (:class:`~megatron_energy.pipeline.dag.IterationTail`), which starts
+  when the stage's last compute node ends: a *measured* tail (the session's profiling: gradient sync,
+  optimizer step, data loading, logging, measured as one span) counts exactly the energy measured on the
+  stage's GPU over it, nothing else; a *modelled* tail (gradient sync and optimizer step of a job
+  description) counts its time at ``idle_power_w``;
+* **idle** -- time from the end of the stage's tail to the end of the iteration (waiting for a slower
+  stage), at ``idle_power_w``.
 
-So ``busy_s + blocked_s + idle_s == iteration_time_s`` on every stage. All results are *modelled*.
+So ``busy_s + blocked_s + tail_s + idle_s == iteration_time_s`` on every stage, and each second of the
+iteration is counted once: the instructions' own energy in busy, the waits between them in blocked, what
+the GPU does outside the pipeline span in tail, and the wait for the iteration's end in idle. A measured tail
+is a constant of the plan (it does not depend on the instructions' clocks; it was measured at the stock
+clock). All results are *modelled*, from measured parts where the profile and the tail are measured.
 
 **Switch latency.** With ``switch_latency_s`` L > 0 a clock change is not instant, exactly as on
 :class:`~megatron_energy.dvfs.simulated.SimulatedGPUs`:
@@ -35,31 +44,49 @@ L = 0 the simulation is the instant-switch one, bit for bit.
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from megatron_energy.pipeline.dag import NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.instruction import Instruction, Work
 
 
 class _Option(Protocol):
-    clock_mhz: int
-    time_s: float
-    energy_j: float
+    @property
+    def clock_mhz(self) -> int: ...
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def energy_j(self) -> float: ...
 
 
 class ProfileLike(Protocol):
     """The part of :class:`megatron_energy.pipeline.profile.Profile` the simulator reads."""
 
-    gpu_name: str
-    source: str
-    blocked_power_w: float
-    idle_power_w: float
+    @property
+    def gpu_name(self) -> str:
+        """The GPU the profile belongs to."""
+        ...
 
-    def options(self, key: Work) -> list[_Option]:
+    @property
+    def source(self) -> str:
+        """Where the figures come from (measured, modelled, simulated)."""
+        ...
+
+    @property
+    def blocked_power_w(self) -> float:
+        """Power while blocked on pipeline communication."""
+        ...
+
+    @property
+    def idle_power_w(self) -> float:
+        """Power while idle after the last instruction."""
+        ...
+
+    def options(self, key: Work) -> Sequence[_Option]:
         """All options of one instruction."""
         ...
 
@@ -114,10 +141,12 @@ class StageEnergy:
         stage: Pipeline stage.
         busy_s: Time computing.
         blocked_s: Time waiting before the stage's last compute node ends.
-        idle_s: Time after the stage's last compute node until the iteration ends.
+        idle_s: Time after the stage's tail until the iteration ends.
         busy_energy_j: Profile energy of the stage's compute nodes.
         blocked_energy_j: ``blocked_s`` at blocked power.
         idle_energy_j: ``idle_s`` at idle power.
+        tail_s: The iteration tail after the stage's last compute node.
+        tail_energy_j: The tail's energy: as measured, or (a modelled tail) ``tail_s`` at idle power.
     """
 
     stage: int
@@ -127,11 +156,13 @@ class StageEnergy:
     busy_energy_j: float
     blocked_energy_j: float
     idle_energy_j: float
+    tail_s: float = 0.0
+    tail_energy_j: float = 0.0
 
     @property
     def total_energy_j(self) -> float:
-        """Busy + blocked + idle energy."""
-        return self.busy_energy_j + self.blocked_energy_j + self.idle_energy_j
+        """Busy + blocked + tail + idle energy."""
+        return self.busy_energy_j + self.blocked_energy_j + self.tail_energy_j + self.idle_energy_j
 
 
 @dataclass(frozen=True)
@@ -205,7 +236,7 @@ class Simulator:
         self.powers = spec_powers or StagePowers(profile.blocked_power_w, profile.idle_power_w)
         self.switch_latency_s = _checked_latency(switch_latency_s)
         self._compute = dag.compute_indices()
-        self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]  # type: ignore[union-attr]
+        self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]
         self._compute_nodes = frozenset(dag.nodes[i] for i in self._compute)
         self._options: dict[Work, dict[int, _Option]] = {}
         self._fastest: dict[Work, _Option] = {}
@@ -220,7 +251,7 @@ class Simulator:
         self._clock_grid: dict[Work, list[int]] = {}
 
     def run(
-        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
     ) -> SimResult:
         """Simulate one iteration.
 
@@ -246,7 +277,7 @@ class Simulator:
         )
 
     def evaluate(
-        self, clocks: Mapping[NodeId, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
     ) -> tuple[float, float]:
         """Iteration time and energy of :meth:`run` (the same floats) without building the timeline.
 
@@ -266,7 +297,7 @@ class Simulator:
     def _latency(self, switch_latency_s: float | None) -> float:
         return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
 
-    def _chosen(self, clocks: Mapping[NodeId, int] | None) -> list[_Option]:
+    def _chosen(self, clocks: Mapping[Instruction, int] | None) -> list[_Option]:
         """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes
@@ -389,11 +420,12 @@ class Simulator:
         busy_s = np.bincount(self._stage_of, weights=passed.times_s, minlength=num_stages)
         busy_j = np.bincount(self._stage_of, weights=passed.energies_j, minlength=num_stages)
         iteration_s = passed.iteration_s
+        tail, idle_w = self.dag.tail, self.powers.idle_power_w
         stages = []
         for stage in range(num_stages):
             last_end_s = float(passed.end_s[self._last_compute[stage]])
             blocked_s = last_end_s - float(busy_s[stage])
-            idle_s = iteration_s - last_end_s
+            idle_s = max(0.0, iteration_s - last_end_s - tail.time_s)
             stages.append(
                 StageEnergy(
                     stage=stage,
@@ -402,10 +434,26 @@ class Simulator:
                     idle_s=idle_s,
                     busy_energy_j=float(busy_j[stage]),
                     blocked_energy_j=blocked_s * self.powers.blocked_power_w,
-                    idle_energy_j=idle_s * self.powers.idle_power_w,
+                    idle_energy_j=idle_s * idle_w,
+                    tail_s=tail.time_s,
+                    tail_energy_j=tail.energy_j(stage, idle_w),
                 )
             )
         return stages
+
+    def tail_offsets_j(self) -> list[float]:
+        """What each stage's tail energy adds beyond idle power over the tail: 0 for a modelled tail.
+
+        The frontier solver's closed form charges idle power from each stage's last compute node to the
+        iteration's end; adding these constants gives the energy this simulator reports.
+        """
+        tail, idle_w = self.dag.tail, self.powers.idle_power_w
+        return [tail.energy_j(stage, idle_w) - idle_w * tail.time_s for stage in range(self.dag.num_stages)]
+
+    @property
+    def tail_offset_j(self) -> float:
+        """:meth:`tail_offsets_j` over all stages."""
+        return sum(self.tail_offsets_j())
 
     def _timeline(self, passed: _Pass, chosen: list[_Option]) -> list[Slice]:
         """Slices of every compute, transfer and tail node, in index (topological) order."""

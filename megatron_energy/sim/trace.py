@@ -44,9 +44,10 @@ def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
 def _power_counter(
     result: SimResult, stage: int, powers: StagePowers, slices: list[Slice]
 ) -> Iterator[dict[str, Any]]:
-    """Modelled power of one stage: busy power in each compute slice, blocked power between, idle after.
+    """Modelled power of one stage: busy in each compute slice, blocked between, the tail's mean, idle after.
 
-    One sample per change; a slice that starts where the previous one ended gets no blocked sample between.
+    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a slice
+    that starts where the previous one ended gets no blocked sample between.
     """
     samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
     for piece in slices:
@@ -56,7 +57,12 @@ def _power_counter(
             samples.pop()
         samples.append((piece.start_s, piece.energy_j / (piece.end_s - piece.start_s)))
         samples.append((piece.end_s, powers.blocked_power_w))
-    samples[-1] = (samples[-1][0], powers.idle_power_w)
+    energy = result.stages[stage]
+    if energy.tail_s > 0:
+        samples[-1] = (samples[-1][0], energy.tail_energy_j / energy.tail_s)
+        samples.append((samples[-1][0] + energy.tail_s, powers.idle_power_w))
+    else:
+        samples[-1] = (samples[-1][0], powers.idle_power_w)
     samples.append((result.iteration_time_s, powers.idle_power_w))
     for time_s, power_w in samples:
         yield {
@@ -89,7 +95,7 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
     compute_by_stage: list[list[Slice]] = [[] for _ in range(num_stages)]
     for piece in result.timeline:
         args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
-        if piece.kind == "send":
+        if isinstance(piece.node, Transfer):
             direction = piece.node.sender.kind
             key = (piece.stage, direction)
             if key not in comm_threads:

@@ -1,73 +1,26 @@
-"""Pretrain a tiny GPT on CPU with megatron-core's real pipeline schedules (`megatron-energy demo`).
+"""The demo's model: a tiny ``GPTModel`` split over megatron-core's pipeline, one training step at a time.
 
-Run one process per rank under ``torchrun`` (gloo over its ``env://``), usually through the energy launcher,
-exactly as a GPU job would run ``pretrain_gpt.py``::
-
-    torchrun --nproc-per-node 4 -m megatron_energy.launch examples/cpu_tiny_gpt.py \
-        --pipeline-model-parallel-size 4 --num-layers 4 --hidden-size 16 --num-attention-heads 2 \
-        --seq-length 8 --max-position-embeddings 8 --vocab-size 64 --micro-batch-size 2 \
-        --global-batch-size 16 --train-iters 10 --lr 1e-4 --mock-data --tokenizer-type NullTokenizer \
-        --energy-optimise --energy-backend simulated --energy-gpu-spec h100-sxm
-
-It parses Megatron's own arguments, sets Megatron's global variables (timers, microbatch calculator,
-TensorBoard writer when ``--tensorboard-dir`` is given), builds megatron-core's parallel state and a tiny
-``GPTModel`` (``get_gpt_layer_local_spec``: no Transformer Engine, no Apex, fusions off) split into pipeline
-stages and virtual-pipeline chunks, and runs ``get_forward_backward_func()`` each iteration, logging like
-Megatron (timestamp, ``iteration N/M``, time per iteration, loss).
-
-megatron-core needs a few CPU workarounds to run its schedules without CUDA. They live here, in a training
-script outside the package (the package never patches torch or megatron), and the tests reuse them; each
-names the megatron-core 0.19.2 line it works around:
-
-- ``torch.zeros(..., device="cuda")`` -> CPU: ``pipeline_parallel/schedules.py:749/1121/2292`` allocate the
-  token counter on CUDA.
-- ``torch.cuda.current_device()`` -> ``cpu``: ``pipeline_parallel/p2p_communication.py:334/342`` allocate
-  receive buffers on the current CUDA device.
-- ``batch_p2p_sync=False`` in the model config: ``p2p_communication.py:419`` calls
-  ``torch.cuda.synchronize()`` after batched p2p.
-- ``initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)``: ``tensor_parallel/random.py:446``
-  ``model_parallel_cuda_manual_seed`` needs CUDA; without a tracker, dropout regions fail with "cuda rng
-  state model-parallel-rng is not added"; the inference tracker's ``fork()`` is a no-op context.
-- ``torch.set_num_threads(1)``: not a megatron workaround; N processes on 2 cores otherwise oversubscribe
-  and the interleaved schedule's first step takes seconds.
+:class:`PipelineWorld` initialises megatron-core's parallel state (tensor parallel 1, the given pipeline and
+virtual-pipeline sizes, data parallel = world / pipeline) and builds this rank's model chunks with
+``get_gpt_layer_local_spec`` (no Transformer Engine, no Apex, fusions off); :meth:`PipelineWorld.run` runs one
+step of ``get_forward_backward_func()``, megatron-core's real schedule. Call
+:func:`~megatron_energy.demo_model.cpu_shims.install_cpu_shims` first in the process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import torch
 
-
-def install_cpu_shims() -> None:
-    """Let megatron-core's schedules and p2p communication run without CUDA (see the module docstring)."""
-    if getattr(torch.zeros, "cpu_shim", False):
-        return
-    cuda_zeros = torch.zeros
-
-    # megatron/core/pipeline_parallel/schedules.py:749/1121/2292: torch.zeros([], ..., device="cuda")
-    @functools.wraps(cuda_zeros)
-    def zeros_on_cpu(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if kwargs.get("device") == "cuda":
-            kwargs["device"] = "cpu"
-        return cuda_zeros(*args, **kwargs)
-
-    zeros_on_cpu.cpu_shim = True  # type: ignore[attr-defined]
-    torch.zeros = zeros_on_cpu
-    # megatron/core/pipeline_parallel/p2p_communication.py:334/342: device=torch.cuda.current_device()
-    torch.cuda.current_device = lambda: torch.device("cpu")
-    torch.set_num_threads(1)
+from megatron_energy.demo_model.cpu_shims import warnings_silenced
 
 
 @dataclass(frozen=True)
 class TinyGpt:
-    """The shape of the test model: small enough that a schedule step takes milliseconds on CPU."""
+    """The shape of the CPU model: small enough that a schedule step takes milliseconds on CPU."""
 
     layers_per_chunk: int = 1
     hidden_size: int = 16
@@ -75,6 +28,14 @@ class TinyGpt:
     vocab_size: int = 64
     seq_length: int = 8
     micro_batch_size: int = 2
+
+    def describe(self) -> str:
+        """The shape in words, for the log."""
+        return (
+            f"{self.layers_per_chunk} layer per model chunk, hidden size {self.hidden_size}, "
+            f"{self.num_attention_heads} heads, vocabulary {self.vocab_size}, sequence {self.seq_length}, "
+            f"micro batch {self.micro_batch_size}"
+        )
 
 
 def _batches(shape: TinyGpt, seed: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -212,70 +173,3 @@ class PipelineWorld:
             sum(float(p.grad.norm()) ** 2 for p in chunk.parameters() if p.grad is not None) ** 0.5
             for chunk in self.chunks
         ]
-
-
-@contextlib.contextmanager
-def warnings_silenced() -> Iterator[None]:
-    """Hide megatron-core's deprecation chatter (``GPTModel IS DEPRECATED`` and friends)."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("megatron.core")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.setLevel(level)
-
-
-def _log_iteration(iteration: int, total: int, elapsed_ms: float, losses: list[float]) -> None:
-    """One Megatron-style iteration line (printed by the last pipeline stage, as Megatron does)."""
-    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-    loss = f" | lm loss: {sum(losses) / len(losses):.6E}" if losses else ""
-    print(
-        f" [{stamp}] iteration {iteration:>8d}/{total:>8d} | elapsed time per iteration (ms): "
-        f"{elapsed_ms:.1f}{loss} |",
-        flush=True,
-    )
-
-
-def pretrain_main() -> None:
-    """The tiny pretrain loop on Megatron's own arguments, global variables and timers (see the docstring).
-
-    Each of ``--train-iters`` iterations is one training schedule followed by one evaluation schedule
-    (``forward_only`` under ``no_grad``), so the hooks are seen to fire for training only.
-    """
-    install_cpu_shims()
-    torch.distributed.init_process_group("gloo")
-    from megatron.core.num_microbatches_calculator import get_num_microbatches
-    from megatron.training.arguments import parse_and_validate_args
-    from megatron.training.global_vars import get_tensorboard_writer, get_timers
-
-    with warnings_silenced():
-        args = parse_and_validate_args()  # also sets Megatron's global variables (timers, TensorBoard writer)
-        world = PipelineWorld(
-            args.pipeline_model_parallel_size,
-            args.virtual_pipeline_model_parallel_size,
-            microbatch_group_size=args.microbatch_group_size_per_vp_stage,
-        )
-    world.config.timers = get_timers()
-    for iteration in range(1, args.train_iters + 1):
-        start = time.perf_counter()
-        losses = world.run(get_num_microbatches(), seed=iteration)
-        world.zero_grads()
-        elapsed_ms = 1e3 * (time.perf_counter() - start)
-        with torch.no_grad():
-            world.run(get_num_microbatches(), forward_only=True)
-        if world.is_last_stage and iteration % args.log_interval == 0:
-            _log_iteration(iteration, args.train_iters, elapsed_ms, losses)
-    writer = get_tensorboard_writer()
-    if writer is not None:
-        writer.flush()
-    torch.distributed.destroy_process_group()
-
-
-if __name__ == "__main__":
-    pretrain_main()

@@ -1,0 +1,162 @@
+"""The one table ``megatron-energy demo`` ends with: stock clocks against the plan, as run and as predicted.
+
+Stock figures are the job's measured stock-clock steps while profiling (``baseline.json`` of the job
+folder); planned figures are the iterations that ran the target plan, from the energy log the ranks wrote
+(``--energy-log-file``, one record per iteration), less the first: it settles, starting from whatever clock
+was in effect before (the last profiled clock), as profiling leaves out each clock's settling step. The
+prediction is the plan file's. The relative change of
+the run's figures comes from :func:`megatron_energy.stats.relative_change` when both sides have two samples
+or more. On simulated GPUs every figure is modelled, and the labels say so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.plan import Plan
+from megatron_energy.report.tables import ComparisonRow, comparison_table
+from megatron_energy.runtime.energy_log import EnergyRecord, read_records
+from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.stats import relative_change
+
+
+class SummaryError(EnergyValueError):
+    """The run left nothing to compare; the message says why."""
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    """Per-iteration figures of the whole job."""
+
+    time_s: tuple[float, ...]
+    """Iteration time (the slowest rank's)."""
+
+    energy_j: tuple[float, ...]
+    """Energy of every GPU of the job."""
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    """What the demo's table shows."""
+
+    stock: JobFigures
+    """The measured stock-clock steps while profiling."""
+
+    planned: JobFigures
+    """The iterations that ran the target plan, the settling one left out."""
+
+    settling: EnergyRecord
+    """The first iteration under the plan, left out of ``planned``."""
+
+    plan: Plan
+    """The plan file that ran."""
+
+    source: str
+    """``measured`` or ``modelled``: where the run's figures come from."""
+
+
+def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
+    """Read the job's baseline and plan and the run's energy log.
+
+    Args:
+        job_folder: ``<energy dir>/<fingerprint>`` of the job that ran.
+        log_file: The ``--energy-log-file`` the ranks wrote (one record per iteration).
+
+    Raises:
+        SummaryError: Fewer than two iterations ran the plan, or no stock baseline was measured.
+        ValueError: A file is not what it should be.
+        OSError: A file cannot be read.
+    """
+    baseline = StockBaseline.from_json((job_folder / "baseline.json").read_text(encoding="utf-8"))
+    plan = Plan.load(job_folder / "plan.json", expected_fingerprint=job_folder.name)
+    records = [record for record in read_records(log_file) if record.phase == "planned"]
+    if len(records) < 2:
+        raise SummaryError(
+            f"{len(records)} iteration(s) ran the plan (see {log_file}); the first settles, so give "
+            "--run-iters 2 or more"
+        )
+    settling, records = records[0], records[1:]
+    if baseline.step_energy_j:
+        stock = JobFigures(baseline.step_iteration_s, baseline.step_energy_j)
+    elif baseline.iteration_s is not None and baseline.energy_by_rank:
+        stock = JobFigures((baseline.iteration_s,), (sum(baseline.energy_by_rank.values()),))
+    else:
+        raise SummaryError(f"{job_folder} holds no stock-clock baseline; remove the folder and run again")
+    planned = JobFigures(
+        tuple(record.scalars["energy/iteration_s"] for record in records),
+        tuple(record.scalars["energy/j_per_iter_total"] for record in records),
+    )
+    return DemoSummary(stock, planned, settling, plan, records[0].source)
+
+
+def _change(stock: tuple[float, ...], planned: tuple[float, ...], source: str) -> str:
+    """The relative change with its 95 % interval where both sides have samples to spread, else plain."""
+    if len(stock) >= 2 and len(planned) >= 2:
+        return relative_change(stock, planned, source=source).format()  # type: ignore[arg-type]
+    change = statistics.mean(planned) / statistics.mean(stock) - 1.0
+    return f"{100 * change:+.2f} % ({source}, n={len(stock)} vs {len(planned)})"
+
+
+def _plain_change(stock: float, planned: float) -> str:
+    """A predicted relative change (no samples, no interval)."""
+    return f"{100 * (planned / stock - 1):+.2f} % (modelled)"
+
+
+def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:
+    """The demo's one table: the run's means and the plan file's prediction, stock against plan.
+
+    Args:
+        summary: The figures.
+        title: What ran (model, GPUs, pipeline, target).
+        num_gpus: GPUs of the job (for the energy rows' labels).
+    """
+    source, stock, planned = summary.source, summary.stock, summary.planned
+    target, baseline = summary.plan.target_point, summary.plan.baseline
+    return comparison_table(
+        title,
+        [
+            ComparisonRow(
+                f"iteration time, run ({source})",
+                statistics.mean(stock.time_s),
+                statistics.mean(planned.time_s),
+                "ms",
+                _change(stock.time_s, planned.time_s, source),
+            ),
+            ComparisonRow(
+                f"energy per iteration, {num_gpus} GPUs, run ({source})",
+                statistics.mean(stock.energy_j),
+                statistics.mean(planned.energy_j),
+                "J",
+                _change(stock.energy_j, planned.energy_j, source),
+            ),
+            ComparisonRow(
+                "iteration time, plan file's prediction (modelled)",
+                baseline.iteration_time_s,
+                target.iteration_time_s,
+                "ms",
+                _plain_change(baseline.iteration_time_s, target.iteration_time_s),
+            ),
+            ComparisonRow(
+                f"energy per iteration, {num_gpus} GPUs, plan file's prediction (modelled)",
+                baseline.energy_j,
+                target.energy_j,
+                "J",
+                _plain_change(baseline.energy_j, target.energy_j),
+            ),
+        ],
+    )
+
+
+def settling_note(summary: DemoSummary) -> str:
+    """One line on the settling iteration the table leaves out."""
+    record = summary.settling
+    return (
+        f"left out of the run's figures: iteration {record.iteration}, the first under the plan, which "
+        f"starts at the clock in effect before it: {1e3 * record.scalars['energy/iteration_s']:.1f} ms, "
+        f"{record.scalars['energy/j_per_iter_total']:.1f} J ({record.source})"
+    )

@@ -1,0 +1,73 @@
+"""How many stock-clock iterations the session measures: long enough to resolve a saving, bounded.
+
+Every measured saving (the energy log, the demo summary, TensorBoard/W&B scalars) is the relative change of
+per-iteration figures under the plan against those at stock clocks (``stats.relative_change``), so the stock
+side must hold enough iterations for the interval to be narrow. The session profiles the stock clock first:
+one settling step, then a pilot of ``max(--energy-profile-iters, MIN_STOCK_STEPS)`` measured steps. From the
+pilot, each rank takes
+
+* the mean iteration time (whole iterations),
+* the observed spread: the larger coefficient of variation of its per-iteration energy and time (counter
+  quantisation and noise included, since they were observed through the same counter),
+* the energy counter's period (``GpuSpec.energy_counter_period_s``; 0 when the timer knows energies exactly,
+  on simulated GPUs): a sample must span at least two counter periods,
+
+and :func:`megatron_energy.stats.baseline_steps` answers how many iterations bring the interval's half-width
+down to ``TARGET_HALFWIDTH`` when the planned window is as long and as noisy (so a saving of twice that is
+resolved). The answer is bounded: never below the pilot, never above ``MAX_STOCK_STEPS`` iterations nor
+above ``MAX_STOCK_S`` seconds of them (profiling stays short; a noisier job then gets a wider interval, which
+the log states). Every rank takes the largest answer (one all-reduce), so all profile the same steps.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from megatron_energy.runtime.profiling import StepRecord
+from megatron_energy.stats import baseline_steps
+
+MIN_STOCK_STEPS = 3
+"""Fewest measured stock-clock iterations: a spread needs a few."""
+
+TARGET_HALFWIDTH = 0.01
+"""The interval half-width (1 %) the stock baseline is sized for: savings of 2 % and more are resolved."""
+
+MAX_STOCK_STEPS = 20
+"""Most measured stock-clock iterations, whatever the noise."""
+
+MAX_STOCK_S = 60.0
+"""Most seconds of measured stock-clock iterations."""
+
+
+def pilot_steps(profile_iters: int) -> int:
+    """Measured stock-clock steps before the baseline's length is decided."""
+    return max(profile_iters, MIN_STOCK_STEPS)
+
+
+def stock_steps_needed(pilot: Sequence[StepRecord], counter_period_s: float) -> int:
+    """The measured stock-clock iterations this rank asks for, from its pilot (see the module docstring).
+
+    Args:
+        pilot: This rank's measured stock steps so far (at least two).
+        counter_period_s: The energy counter's period; 0 when the energies are exact.
+
+    Returns:
+        At least ``len(pilot)``, at most the bounds.
+    """
+    times = [record.iteration_s for record in pilot]
+    energies = [record.energy_j for record in pilot]
+    iteration_s = statistics.fmean(times)
+    if len(pilot) < 2 or not (iteration_s > 0 and all(map(math.isfinite, energies))):
+        return len(pilot)
+    spread = max(_variation(times), _variation(energies))
+    wanted = baseline_steps(iteration_s, TARGET_HALFWIDTH, spread, counter_period_s)
+    ceiling = min(MAX_STOCK_STEPS, math.floor(MAX_STOCK_S / iteration_s))
+    return max(len(pilot), min(wanted, ceiling))
+
+
+def _variation(values: Sequence[float]) -> float:
+    """Coefficient of variation (sample standard deviation over the mean); 0 for a non-positive mean."""
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean > 0 else 0.0

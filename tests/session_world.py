@@ -1,0 +1,252 @@
+"""Energy sessions in a gloo world over megatron-core's real pipeline schedule, for the end-to-end tests.
+
+``run_world`` spawns one world (``megatron_harness.spawn_world``): every rank builds a pipeline stage of the
+tiny GPT and its energy session the way the launcher does (the job context from megatron-core's parallel
+state with the executed pipeline orders, ``session_factory.parallel_job_context``; the session from
+``runtime.assembly.build_session``; the launcher-path hooks, ``megatron.hooks.install_hooks``), runs the
+schedule step after step and reports what it saw. The simulated GPUs time every instruction with the work of
+a real model's stage (GPT-3 1.3B by default), so every figure here is modelled.
+
+Unlike the launcher, the worker drives the steps itself: it can throttle a replica's simulated GPUs between
+two steps (a straggler) and read each step's figures from the session.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megatron_harness import PipelineWorld, spawn_world
+
+from megatron_energy.config import EnergyConfig, EnergyTarget
+from megatron_energy.dvfs.emulation import Emulation
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What one world runs."""
+
+    pipeline_size: int = 4
+    """Pipeline stages (one gloo process each, times the data-parallel size)."""
+
+    data_parallel_size: int = 1
+    """Data-parallel replicas of the pipeline."""
+
+    num_microbatches: int = 8
+    """Microbatches per iteration."""
+
+    model: str = "gpt3-1.3b"
+    """The real model whose stage work the simulated GPUs time (``TransformerShape.from_name``)."""
+
+    gpu_spec: str = "h100-sxm"
+    """The simulated GPU."""
+
+    target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
+    """The planning target."""
+
+    profile_iters: int = 2
+    """Measured steps per profiled clock."""
+
+    freq_grid: tuple[int, ...] | None = None
+    """Profiled clocks; ``None`` for the automatic grid."""
+
+    run_steps: int = 10
+    """Steps run with the plan after profiling."""
+
+    log_interval: int = 5
+    """Steps between energy log lines."""
+
+    energy_dir: Path = Path("energy")
+    """Where the cache, plan, plot and trace go."""
+
+    throttle: tuple[int, int, int, int] | None = None
+    """Straggler injection ``(replica, first step, last step, clock ceiling MHz)``: that replica's simulated
+    GPUs are thermally throttled during those steps."""
+
+    safety_tolerance: float = 0.05
+    """``--energy-safety-tolerance``."""
+
+    dry_run: bool = False
+    """``--energy-dry-run``: the controller records the clocks and sets none."""
+
+    emulation: Emulation | None = None
+    """How the simulated GPUs depart from exact (counter noise, hidden energies, work between schedules);
+    each rank's GPUs draw their own noise (the seed plus the rank)."""
+
+    def energy_config(self) -> EnergyConfig:
+        """The ``--energy-*`` configuration every rank's session gets."""
+        return EnergyConfig(
+            optimise=True,
+            target=self.target,
+            backend="simulated",
+            gpu_spec=self.gpu_spec,
+            dir=self.energy_dir,
+            profile_iters=self.profile_iters,
+            freq_grid=self.freq_grid,
+            safety_tolerance=self.safety_tolerance,
+            dry_run=self.dry_run,
+        )
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One step on one rank (modelled)."""
+
+    step: int
+    phase: str
+    iteration_s: float
+    energy_j: float
+    exact_energy_j: float
+    """The simulated GPU's exact modelled energy over the step (from the previous step's end), whatever its
+    energy counter showed."""
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """Everything one rank saw."""
+
+    rank: int
+    stage: int
+    replica: int
+    steps: tuple[StepReport, ...]
+    lines: tuple[str, ...]
+    losses: tuple[float, ...]
+    stock_time_s: float | None
+    """Iteration time at stock clocks measured while profiling (the slowest rank's; modelled)."""
+    stock_energy_j: float | None
+    """This rank's energy per iteration at stock clocks measured while profiling."""
+    stock_steps: int = 0
+    """Stock-clock steps the baseline measured (``runtime.baseline_length``)."""
+    scalars: tuple[tuple[str, float, int], ...] = ()
+    """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
+    writers live on the last rank only; here every rank has one)."""
+
+
+def session_worker(rank: int, world_size: int, settings: SessionSettings) -> RankReport:
+    """One rank: a pipeline stage of the tiny GPT with its energy session, run for the whole job."""
+    from megatron.training import global_vars
+
+    from megatron_energy.megatron.hooks import install_hooks
+    from megatron_energy.megatron.session_factory import parallel_job_context
+    from megatron_energy.pipeline.workload import TransformerShape
+    from megatron_energy.runtime.assembly import build_session
+
+    world = PipelineWorld(settings.pipeline_size)
+    scalars: list[tuple[str, float, int]] = []
+    context, comms = parallel_job_context(
+        shape=TransformerShape.from_name(settings.model),
+        num_microbatches=settings.num_microbatches,
+        log_interval=settings.log_interval,
+        log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
+    )
+    lines: list[str] = []
+
+    def printer(line: str) -> None:
+        lines.append(line)
+
+    config = settings.energy_config()
+    handle = None
+    if settings.emulation is not None:
+        from dataclasses import replace
+
+        from megatron_energy.dvfs.backends import open_gpus
+
+        handle = open_gpus(
+            "simulated",
+            settings.gpu_spec,
+            settings.dry_run,
+            local_index=context.local_device_index,
+            state_path=Path(config.dir) / "simulated" / f"rank{rank}.json",
+            emulation=replace(settings.emulation, seed=settings.emulation.seed + rank),
+        )
+    session = build_session(config, context, comms, printer=printer, handle=handle)
+    installation = install_hooks(session, num_microbatches_fn=lambda: settings.num_microbatches)
+    world.config.timers = global_vars.Timers(0, "minmax")
+    gpu = session.meter.gpus.state(context.local_device_index)
+    steps: list[StepReport] = []
+    losses: list[float] = []
+    step = 0
+    try:
+        while sum(report.phase != "profiling" for report in steps) < settings.run_steps:
+            _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
+            phase, exact_before_mj = session.phase, gpu.energy_mj
+            losses += world.run(settings.num_microbatches, seed=step)
+            world.zero_grads()
+            figures = session.history[-1]
+            exact_j = (gpu.energy_mj - exact_before_mj) / 1000
+            steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j, exact_j))
+            step += 1
+    finally:
+        installation.uninstall()
+        session.close()
+    return RankReport(
+        rank=rank,
+        stage=context.pipeline_rank,
+        replica=context.data_parallel_rank,
+        steps=tuple(steps),
+        lines=tuple(lines),
+        losses=tuple(losses),
+        stock_time_s=session.baseline.iteration_s,
+        stock_energy_j=session.baseline.energy_by_rank.get(rank),
+        stock_steps=session.baseline.steps,
+        scalars=tuple(scalars),
+    )
+
+
+def _apply_throttle(session: Any, settings: SessionSettings, replica: int, device: int, step: int) -> None:
+    if settings.throttle is None:
+        return
+    throttled, first, last, ceiling = settings.throttle
+    if replica == throttled:
+        session.meter.gpus.throttle(device, ceiling if first <= step <= last else None)
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """Stock-clock profiling steps against planned steps, whole job (modelled)."""
+
+    stock_iteration_s: float
+    planned_iteration_s: float
+    stock_energy_j: float
+    planned_energy_j: float
+
+    @property
+    def saving(self) -> float:
+        """Relative energy saved per iteration."""
+        return 1.0 - self.planned_energy_j / self.stock_energy_j
+
+
+def summarise(reports: list[RankReport]) -> JobSummary:
+    """Whole-job energy per iteration and iteration time: stock clocks (profiling) against the plan.
+
+    Planned figures are medians over the steps every rank ran with the target plan.
+    """
+    planned = sorted({s.step for s in reports[0].steps if s.phase == "planned"})
+    stock_times = [r.stock_time_s for r in reports if r.stock_time_s is not None]
+    stock_energies = [r.stock_energy_j for r in reports if r.stock_energy_j is not None]
+    if not planned or len(stock_times) < len(reports) or len(stock_energies) < len(reports):
+        raise ValueError("the world ran no planned step or has no stock baseline; raise run_steps")
+    times = [max(s.iteration_s for r in reports for s in r.steps if s.step == step) for step in planned]
+    energies = [sum(s.energy_j for r in reports for s in r.steps if s.step == step) for step in planned]
+    return JobSummary(
+        stock_iteration_s=max(stock_times),
+        planned_iteration_s=statistics.median(times),
+        stock_energy_j=sum(stock_energies),
+        planned_energy_j=statistics.median(energies),
+    )
+
+
+def run_world(settings: SessionSettings, result_dir: Path) -> list[RankReport]:
+    """Spawn the gloo world and run ``session_worker`` on every rank.
+
+    Args:
+        settings: What to run.
+        result_dir: An empty folder for the ranks' results.
+
+    Returns:
+        Every rank's report, by rank.
+    """
+    world_size = settings.pipeline_size * settings.data_parallel_size
+    return spawn_world(session_worker, world_size, result_dir, payload=settings)

@@ -1,0 +1,69 @@
+"""What a run leaves for its summary: --energy-log-file records and the stock baseline's per-step samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.pipeline.instruction import Work
+from megatron_energy.runtime.energy_log import EnergyRecord, append_record, read_records
+from megatron_energy.runtime.planning import StockBaseline, baseline_from_profiling, tail_from_profiling
+from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+
+
+def test_energy_records_are_appended_and_read_back_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "energy.jsonl"
+    first = EnergyRecord(1, "profiling", "modelled", {"energy/j_per_iter_total": 235.9})
+    scalars = {"energy/j_per_iter_total": 207.5, "energy/iteration_s": 0.1}
+    second = EnergyRecord(2, "planned", "modelled", scalars)
+    append_record(path, first)
+    append_record(path, second)
+    assert read_records(path) == [first, second]
+
+
+def test_a_line_that_is_not_a_record_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "energy.jsonl"
+    append_record(path, EnergyRecord(1, "planned", "measured", {}))
+    with path.open("a") as handle:
+        handle.write('{"iteration": 2}\n')
+    with pytest.raises(ValueError, match=r"energy.jsonl:2 is not an energy log record"):
+        read_records(path)
+
+
+def test_the_stock_baseline_keeps_each_steps_job_figures() -> None:
+    rank0 = [StepRecord(1980, 0.120, 50.0), StepRecord(1980, 0.124, 52.0)]
+    rank1 = [StepRecord(1980, 0.125, 70.0), StepRecord(1980, 0.121, 71.0)]
+    baseline = baseline_from_profiling([([], rank0), ([], rank1)])
+    assert baseline.step_iteration_s == (0.125, 0.124)  # the slowest rank, step by step
+    assert baseline.step_energy_j == (120.0, 123.0)  # every rank's energy, step by step
+    assert baseline.iteration_s == pytest.approx(0.123)  # the slowest rank's mean, as before
+    assert baseline.energy_by_rank == pytest.approx({0: 51.0, 1: 70.5})
+    assert StockBaseline.from_json(baseline.to_json()) == baseline
+
+
+def test_a_baseline_cached_without_step_samples_still_loads() -> None:
+    old = '{"stock_time_s": 0.1, "stock_energy_by_rank": {"0": 10.0}}'
+    baseline = StockBaseline.from_json(old)
+    assert baseline.energy_by_rank == {0: 10.0}
+    assert baseline.step_energy_j == () and baseline.step_iteration_s == ()
+
+
+def test_the_measured_tail_is_the_slowest_ranks_time_and_each_stages_mean_energy_per_gpu() -> None:
+    def rows(stage: int) -> list[ProfileRow]:
+        return [ProfileRow(Work(stage, 0, "forward"), 1980, 0.01, 1.0, 2)]
+
+    # ranks 0 and 2 run stage 0 (two replicas), rank 1 runs stage 1
+    rank0 = [StepRecord(1980, 1.2, 500.0, 0.10, 40.0), StepRecord(1980, 1.2, 500.0, 0.12, 44.0)]
+    rank1 = [StepRecord(1980, 1.2, 600.0, 0.09, 30.0), StepRecord(1980, 1.2, 600.0, 0.09, 30.0)]
+    rank2 = [StepRecord(1980, 1.2, 500.0, 0.13, 50.0), StepRecord(1980, 1.2, 500.0, 0.13, 50.0)]
+    tail = tail_from_profiling([(rows(0), rank0), (rows(1), rank1), (rows(0), rank2)])
+    assert tail is not None and tail.is_measured
+    assert tail.outside_s == pytest.approx(0.13)
+    assert tail.stage_energy_j == pytest.approx((46.0, 30.0))
+    # no energy counter: no measured tail
+    unknown = [StepRecord(1980, 1.2, float("nan"), 0.1, float("nan"))] * 2
+    assert tail_from_profiling([(rows(0), unknown)]) is None
+    # nothing ran between the schedules (exact simulated GPUs): no tail, not a zero-length one
+    nothing = [StepRecord(1980, 1.2, 500.0, 0.0, 0.0)] * 2
+    assert tail_from_profiling([(rows(0), nothing)]) is None

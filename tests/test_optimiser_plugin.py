@@ -1,0 +1,97 @@
+"""A second optimiser plugs in as an installed plugin, without touching the session, and runs end to end.
+
+The toy optimiser (``tests/optimiser_plugin/toy_fixed_clocks.py``) is "installed" the way a pip package
+would be: a ``.dist-info`` folder on ``PYTHONPATH`` declares it in the ``megatron_energy.optimisers``
+entry-point group. Megatron then trains a 2-stage pipeline through the launcher with ``--energy-mode toy``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megatron_harness import TINY_GPT_SCRIPT, free_port
+
+from megatron_energy import registry
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.plan import Plan
+
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "optimiser_plugin"
+TRAIN_ITERS = 8  # 6 profiling (stock: settling + the baseline's 3-step pilot; 1005 MHz: 1 + 1), 2 planned
+MEGATRON_ARGS = [
+    "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2",
+    "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
+    "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(TRAIN_ITERS), "--lr", "1e-4",
+    "--pipeline-model-parallel-size", "2", "--log-interval", "1",
+    "--mock-data", "--tokenizer-type", "NullTokenizer",
+]  # fmt: skip
+GRID_MHZ = (1980, 1005)
+
+
+def install_plugin(site: Path) -> None:
+    """Declare the toy optimiser in an installed-distribution folder under ``site``."""
+    dist_info = site / "toy_fixed_clocks-0.1.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-fixed-clocks\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[megatron_energy.optimisers]\ntoy = toy_fixed_clocks:FixedClockPerKind\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    root = tmp_path_factory.mktemp("toy_plugin")
+    install_plugin(root / "site")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "site"), str(PLUGIN_SOURCE), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+        "-m", "megatron_energy.launch", str(TINY_GPT_SCRIPT), *MEGATRON_ARGS,
+        "--energy-optimise", "--energy-mode", "toy", "--energy-backend", "simulated",
+        "--energy-gpu-spec", "h100-sxm", "--energy-freq-grid", ",".join(map(str, GRID_MHZ)),
+        "--energy-profile-iters", "1", "--energy-dir", str(root / "energy"),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    return result, root
+
+
+def test_an_unknown_plugin_mode_is_refused_with_the_released_ones() -> None:
+    problem = registry.mode_problem("toy")
+    assert problem is not None and "unknown --energy-mode 'toy'" in problem and "perseus" in problem
+
+
+def test_the_plugin_plans_and_its_plan_runs(toy_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    result, root = toy_run
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    (plan_file,) = (root / "energy").glob("*/plan.json")
+    plan = Plan.load(plan_file)
+    assert plan.optimisers == ("toy",)
+    orders = pipeline_orders(2, 4, 1)
+    for stage in (0, 1):
+        actions = plan.target_point.ranks[stage].actions
+        assert [action.at.instruction for action in actions] == list(orders.stage(stage))
+        assert {(action.at.instruction.kind, action.clock_mhz) for action in actions} == {
+            ("forward", min(GRID_MHZ)),
+            ("backward", max(GRID_MHZ)),
+        }
+    assert "plan for iso-time (toy)" in output
+    planned = [
+        line for line in output.splitlines() if line.startswith("[energy] iteration") and "| planned" in line
+    ]
+    assert planned, output[-4000:]
+    predicted = re.search(r"predicted \(modelled\)=([\d.]+)", planned[-1])
+    assert predicted is not None
+    # the log prints one decimal: the rank-summed prediction is the plan's to that resolution
+    assert float(predicted.group(1)) == pytest.approx(plan.target_point.energy_j, abs=0.05 + 1e-9)
