@@ -264,6 +264,17 @@ class FrontierSolver:
             for i in late:
                 choice[i] = 0
 
+    def with_exact_bound(self, point: FrontierPoint) -> FrontierPoint:
+        """``point`` with the relaxed optimum at its deadline as its bound (solved here if it had a tangent).
+
+        A sweep of a large DAG bounds most points by tangents (see :class:`FrontierPoint`); a point that is
+        handed out as a plan gets the exact bound, so the gap printed with it is the gap to the optimum.
+        """
+        if point.exact_bound:
+            return point
+        bound_j = self.relaxed(point.deadline_s).lower_bound_j
+        return dataclasses.replace(point, lower_bound_j=bound_j, exact_bound=True)
+
     def solve(self, deadline_s: float) -> FrontierPoint:
         """The plan for one deadline (``math.inf``: the minimum-energy plan), simulated.
 

@@ -93,10 +93,14 @@ class Frontier:
         return min(feasible, key=lambda point: (point.energy_j, point.time_s), default=None)
 
     def to_csv(self, path: str | Path) -> None:
-        """Write ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent`` per point (all modelled)."""
+        """Write ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent,bound`` per point (all modelled).
+
+        ``bound`` says what ``lower_bound_j`` is: ``relaxed`` (the relaxed optimum at the deadline) or
+        ``tangent`` (a tangent of it, lower: the gap is then overstated, never understated).
+        """
         with Path(path).open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["deadline_s", "time_s", "energy_j", "lower_bound_j", "gap_percent"])
+            writer.writerow(["deadline_s", "time_s", "energy_j", "lower_bound_j", "gap_percent", "bound"])
             for point in self.points:
                 writer.writerow(
                     [
@@ -105,6 +109,7 @@ class Frontier:
                         f"{point.energy_j:.9g}",
                         f"{point.lower_bound_j:.9g}",
                         f"{100 * point.gap:.6f}",
+                        "relaxed" if point.exact_bound else "tangent",
                     ]
                 )
 
