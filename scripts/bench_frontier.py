@@ -240,7 +240,7 @@ class SeedResult:
 
     @property
     def ratio(self) -> float:
-        """The CPU time of lowtime over ours (each process pinned to one core: the time it had that core)."""
+        """The CPU time of lowtime over ours: the time each had its one core (NaN without lowtime's)."""
         return self.lowtime.cpu_s / self.ours.cpu_s
 
     @property
@@ -363,14 +363,17 @@ def main() -> int:
         bench_seed(build_case(stages, microbatches, chunks, seed, args.noise), args.lowtime_cache)
         for seed in range(args.seeds)
     ]
-    ratios = [result.ratio for result in results]
+    ratios = [result.ratio for result in results if math.isfinite(result.ratio)]
     wall_ratios = [result.wall_ratio for result in results]
+    if not ratios:
+        ratios = [math.nan]
     print(
         "(* lowtime's times from the cache: measured by an earlier run on this machine; CPU = the process's "
         "CPU time on its one core; ΔE = ours / lowtime − 1 at matched times, modelled)"
     )
     print(
-        f"speed ratio (CPU time): median {statistics.median(ratios):.1f}x, worst {min(ratios):.1f}x; "
+        f"speed ratio (CPU time, {len(ratios)} seeds with lowtime's CPU time): median "
+        f"{statistics.median(ratios):.1f}x, worst {min(ratios):.1f}x; "
         f"(wall time): median {statistics.median(wall_ratios):.1f}x, worst {min(wall_ratios):.1f}x"
     )
     checks = {
