@@ -9,13 +9,18 @@ power = the blocked power) is exactly our objective.
 
 lowtime is run as zeus' ``examples/pipeline_frequency_optimizer/run_optimization.py`` drives it: 1 ms unit
 time, Pareto filtering (0.95 noise factor when three or fewer options survive), ``ExponentialModel(
-search_strategy="best")``, ``PhillipsDessouky(dag).run()``, one plan per iteration. Its wall time covers
-fitting, building its DAG and all iterations. It takes minutes per profile, so ``--lowtime-cache DIR`` keeps
-its plans and wall time on disk, keyed by the profile, DAG and lowtime version; a cached wall time was
-measured by an earlier run of this script (same machine, same pinning, but not the same moment).
+search_strategy="best")``, ``PhillipsDessouky(dag).run()``, one plan per iteration. Its time covers fitting,
+building its DAG and all iterations. It takes minutes per profile, so ``--lowtime-cache DIR`` keeps its plans
+and times on disk, keyed by the profile, DAG and lowtime version; a cached time was measured by an earlier
+run of this script (same machine, same pinning, but not the same moment; entries written before CPU times
+were kept have a wall time only, and no CPU ratio).
 
 Ours: ``FrontierSolver(dag, profile).sweep(100)``, timed from construction to the last point (the relaxed
 minimum-energy solve, 100 deadlines, rounding, local search and the figures of every point included).
+
+Both are timed in wall-clock seconds and in CPU seconds of the process. On a shared machine the wall time
+depends on what else ran on the core at that moment, so the ratios that the acceptance checks use are CPU
+time ratios (each process pinned to one core: the time it had that core); wall ratios are printed beside them.
 
 Every plan of both solvers is evaluated in OUR simulator (modelled). Per seed it prints the speed ratio; the
 energy difference at matched times: at each of our deadlines, our point vs. the best lowtime plan within it,
