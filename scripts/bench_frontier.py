@@ -370,6 +370,7 @@ def main() -> int:
     ]
     ratios = [result.ratio for result in results if math.isfinite(result.ratio)]
     wall_ratios = [result.wall_ratio for result in results]
+    known = len(ratios)
     if not ratios:
         ratios = [math.nan]
     print(
@@ -377,7 +378,7 @@ def main() -> int:
         "CPU time on its one core; ΔE = ours / lowtime − 1 at matched times, modelled)"
     )
     print(
-        f"speed ratio (CPU time, {len(ratios)} seeds with lowtime's CPU time): median "
+        f"speed ratio (CPU time, {known} seeds with lowtime's CPU time): median "
         f"{statistics.median(ratios):.1f}x, worst {min(ratios):.1f}x; "
         f"(wall time): median {statistics.median(wall_ratios):.1f}x, worst {min(wall_ratios):.1f}x"
     )
