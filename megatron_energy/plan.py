@@ -138,7 +138,9 @@ class FrontierSample(NamedTuple):
     energy_j: float
     """Its energy over all ranks."""
     lower_bound_j: float
-    """The convex relaxation's energy at ``deadline_s``: no plan meeting that deadline uses less."""
+    """No plan meeting ``deadline_s`` uses less: the convex relaxation's energy there or, for a DAG of more
+    than 8192 instructions where the sweep solves the relaxation at a few deadlines only, a tangent of it
+    (lower: the gap to it is overstated, never understated). Plan points always carry the relaxed optimum."""
     deadline_s: float
     """The deadline the plan was solved for."""
 

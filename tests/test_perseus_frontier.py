@@ -164,7 +164,8 @@ def test_frontier_csv(gpt_case, tmp_path):
     path = tmp_path / "frontier.csv"
     frontier.to_csv(path)
     lines = path.read_text().splitlines()
-    assert lines[0] == "deadline_s,time_s,energy_j,lower_bound_j,gap_percent"
+    assert lines[0] == "deadline_s,time_s,energy_j,lower_bound_j,gap_percent,bound"
     assert len(lines) == 1 + len(frontier.points)
-    first = [float(value) for value in lines[1].split(",")]
-    assert first[2] == pytest.approx(frontier.points[0].energy_j)
+    *figures, bound = lines[1].split(",")
+    assert float(figures[2]) == pytest.approx(frontier.points[0].energy_j)
+    assert bound == "relaxed"  # a small DAG: the relaxed problem is solved at every deadline

@@ -220,3 +220,47 @@ def test_every_kind_and_chunk_of_a_family_profile_is_planned():
     point = FrontierSolver(dag, profile).solve(float("inf"))
     planned = {node.work for node in point.clocks}
     assert planned == {Work(s, c, k) for s in range(2) for c in range(2) for k in KINDS}
+
+
+def test_deadlines_between_lp_solves_keep_a_valid_bound():
+    dag = PipelineDag.build(pipeline_orders(4, 8))
+    profile = family_profile(ProfileFamily(4), 0)
+    frontier = FrontierSolver(dag, profile).sweep(20, lp_points=5)
+    exact = [k for k, point in enumerate(frontier.points) if point.exact_bound]
+    assert exact == [0, 5, 10, 14, 19]
+    reference = FrontierSolver(dag, profile)
+    simulator = Simulator(dag, profile)
+    for point in frontier.points:
+        optimum_j = reference.relaxed(point.deadline_s).lower_bound_j
+        if point.exact_bound:
+            assert point.lower_bound_j == pytest.approx(optimum_j, rel=1e-9)
+        else:
+            assert point.lower_bound_j <= optimum_j * (1 + 1e-9)  # a tangent lies below the optimum
+            assert point.lower_bound_j >= optimum_j * (1 - 0.01)  # and not far below
+        result = simulator.run(point.clocks)
+        assert result.iteration_time_s <= point.deadline_s * (1 + 1e-12)
+        assert result.total_energy_j == pytest.approx(point.energy_j, rel=1e-12)
+        assert point.gap >= -1e-9
+
+
+def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(tmp_path):
+    dag = PipelineDag.build(pipeline_orders(4, 8))
+    profile = family_profile(ProfileFamily(4), 1)
+    planner = Planner(dag, profile)
+    frontier = planner.solver.sweep(20, lp_points=5)
+    tangent = [point for point in frontier.points if not point.exact_bound]
+    assert tangent
+    frontier.to_csv(tmp_path / "frontier.csv")
+    rows = (tmp_path / "frontier.csv").read_text().splitlines()[1:]
+    assert [row.rsplit(",", 1)[1] for row in rows] == [
+        "relaxed" if point.exact_bound else "tangent" for point in frontier.points
+    ]
+    reference = FrontierSolver(dag, profile)
+    for point in tangent:
+        optimum_j = reference.relaxed(point.deadline_s).lower_bound_j
+        handed = planner.executable(point)
+        assert handed.exact_bound
+        assert handed.lower_bound_j == pytest.approx(optimum_j, rel=1e-9)
+        assert handed.lower_bound_j >= point.lower_bound_j * (1 - 1e-9)  # the tangent was the looser one
+        assert handed.gap <= point.gap + 1e-12
+        assert handed.energy_j == point.energy_j

@@ -13,11 +13,17 @@ Two kinds of step, both exact (the deadline holds and ``E`` is recomputed, never
   the latest end its successors allow, within a cap on ``T`` (the current one, or the deadline). Floats are
   handed backwards, so a whole chain can slow down in one pass. Kept only if ``E`` drops.
 * **trade**: a near-critical node one step slower, paid for by a neighbour (at most two edges away, through a
-  transfer) on the same critical paths one step faster. Only nodes whose float is too small for their next
-  slower option are tried (the others are the fill's), and only neighbours with no more float than them
-  (the others are not on their critical paths). Both durations change at once and the earliest starts after
-  them are updated incrementally (node indices are topological), so a trade costs time proportional to the
-  part of the schedule it shifts.
+  transfer) on the same critical paths one step faster, or two steps where one frees too little time. Only
+  nodes whose float is too small for their next slower option are tried (the others are the fill's), and
+  only neighbours with no more float than them (the others are not on their critical paths). Once pairs
+  stall, **compound trades** try one node against two or three partners (also from its own stage, up to
+  ``CHAIN_REACH`` places away): a step slower paid for by several a step faster, or the reverse.
+
+Trying a trade is cheap where it fails, which is most of the time: its time and cost balance is checked
+first, then the new end of the slowed node against the latest end its successors allow (from the latest
+starts, kept up to date incrementally); only then are the durations changed and the earliest starts after
+them updated incrementally (node indices are topological), the shift given up at the first node that runs
+past its latest start, or far enough to cost more time than the trade saves.
 
 The search alternates trade sweeps (most promising first, by the change of marginal cost) and fills, and
 stops when a round gains less than the caller's ``min_gain_j`` or the energy reaches ``target_j``: it is
@@ -181,23 +187,25 @@ class LocalSearch:
     # ----- search ----------------------------------------------------------------------------------------
 
     def improve(
-        self, choice: Sequence[int], deadline_s: float, min_gain_j: float, target_j: float = 0.0
+        self, deadline_s: float, min_gain_j: float, target_j: float = 0.0, trades: bool = True
     ) -> list[int]:
-        """Return an improved copy of ``choice`` that still meets ``deadline_s``.
+        """Improve the current plan (see :meth:`load`; it must meet ``deadline_s``) within the deadline.
 
         Args:
-            choice: Option index per node (-1 for non-compute nodes); must meet the deadline.
             deadline_s: The iteration-time budget.
             min_gain_j: A round of trades and fills that gains less than this ends the search.
             target_j: The search also ends once the energy is at most this.
+            trades: Whether to trade at all (otherwise only fill).
+
+        Returns:
+            The improved plan (option index per node, -1 for non-compute nodes).
         """
-        self.load(choice)
         self.deadline_s = deadline_s = deadline_s * (1 + REL_TOL)
         self.fill(self.makespan_s)
         if self.makespan_s < deadline_s:
             self.fill(deadline_s)
         compound = False
-        while self.energy_j > target_j:
+        while trades and self.energy_j > target_j:
             before_j = self.energy_j
             if self.trade(deadline_s, compound):
                 self.fill(self.makespan_s)

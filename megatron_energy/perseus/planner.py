@@ -60,7 +60,12 @@ class Planner:
         return min(self.solver.solve(math.inf), self.frontier.min_energy_point(), key=lambda p: p.energy_j)
 
     def executable(self, point: FrontierPoint) -> FrontierPoint:
-        """``point`` with its clocks made executable under the switch latency, and re-simulated with it."""
+        """``point`` with its clocks made executable under the switch latency, and re-simulated with it.
+
+        Its bound is the relaxed optimum at its deadline (:meth:`FrontierSolver.with_exact_bound`), never a
+        sweep's tangent, so the gap reported with a plan is the gap to that optimum.
+        """
+        point = self.solver.with_exact_bound(point)
         if self.switch_latency_s <= 0:
             return point
         deadline_s = point.deadline_s if math.isfinite(point.deadline_s) else point.time_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -55,6 +56,8 @@ class HotStartProgram:
         self.lower, self.upper = lower.copy(), upper.copy()
         self._problem = (cost, matrix, rhs)
         self._solver = None
+        self._upper_marginals = np.zeros(len(cost))
+        self._last: Any = None  # HiGHS' solution of the last solve (its bindings are untyped)
         if _highs is not None:
             lp = _highs.HighsLp()
             lp.num_col_, lp.num_row_ = matrix.shape[1], matrix.shape[0]
@@ -82,11 +85,24 @@ class HotStartProgram:
             )
             if result.status != 0:
                 raise RuntimeError(f"the relaxed frontier program failed: {result.message}")
+            self._upper_marginals = np.asarray(result.upper.marginals)
             return result.x, float(result.fun)
         self._solver.run()
         status = self._solver.getModelStatus()
         if status != _highs.HighsModelStatus.kOptimal:
             message = self._solver.modelStatusToString(status)
             raise RuntimeError(f"the relaxed frontier program failed: {message}")
-        solution = np.asarray(self._solver.getSolution().col_value)
-        return solution, float(self._solver.getInfo().objective_function_value)
+        self._last = self._solver.getSolution()
+        return np.asarray(self._last.col_value), float(self._solver.getInfo().objective_function_value)
+
+    def upper_bound_dual(self, column: int) -> float:
+        """The objective's rate of change with ``column``'s upper bound at the last solve (0 if not binding).
+
+        The optimum is convex in the bound, so this is a subgradient: the line through the last optimum with
+        this slope lies below the optimum at every other value of the bound.
+        """
+        if self._solver is None:
+            return min(float(self._upper_marginals[column]), 0.0)
+        if self._last is None:
+            raise RuntimeError("upper_bound_dual needs a solve first")
+        return min(float(self._last.col_dual[column]), 0.0)
