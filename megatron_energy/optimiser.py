@@ -11,11 +11,14 @@ before, which it receives as ``base``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from megatron_energy.config import EnergyTarget
+from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
@@ -29,7 +32,8 @@ class ProfileRequest:
     """Every instruction's time and energy at each clock of the profiling grid."""
 
     phases: bool = False
-    """Timelines of phases (kernel groups) inside instructions."""
+    """Kernel timelines of instructions and of the iteration tail at stock clocks, grouped into phases
+    (``phases.timeline``), handed to optimisers as ``PlanningJob.phase_timelines``."""
 
     collectives: bool = False
     """Launch and completion times of collectives."""
@@ -71,6 +75,14 @@ class PlanningJob:
 
     kept_points: int = 8
     """Executable frontier points a plan keeps besides the target (for a straggler's pace)."""
+
+    layers_per_chunk: int | None = None
+    """Transformer layers one instruction runs (for the modelled phase split); ``None``: unknown."""
+
+    phase_timelines: Mapping[Work, Sequence[tuple[str, WorkProfile]]] | None = None
+    """Measured phases of each instruction class, in order: (class, work at the maximum clock), from kernel
+    timelines (``ProfileRequest.phases``); ``None`` until the runtime measures them (phases are then
+    modelled from each instruction's per-class split)."""
 
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""

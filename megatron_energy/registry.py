@@ -1,7 +1,8 @@
 """``--energy-mode`` → optimiser: the one registry every entry point dispatches through.
 
-``perseus`` is the clock-per-instruction optimiser. ``kareus`` (collective launch points and SM budgets)
-and ``kernel`` (phase-level clocks) are named modes whose optimisers have not landed yet: asking for them
+``perseus`` is the clock-per-instruction optimiser, ``kernel`` the phase-level (kernel-group) clock optimiser
+(``megatron_energy.phases``). ``kareus`` (collective launch points and SM budgets) is a named mode whose
+optimiser has not landed yet: asking for it
 gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`. ``all``
 composes every released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how).
 Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
@@ -32,14 +33,16 @@ COMPOSITION_ORDER: tuple[str, ...] = ("perseus", "kareus", "kernel")
 
 UNRELEASED: dict[str, str] = {
     "kareus": "collective launch points and SM budgets (Kareus-style)",
-    "kernel": "phase-level (kernel-group) clocks",
 }
 """Modes that are named but whose optimisers have not landed yet, with what they will do."""
 
 Factory = Callable[[], "Optimiser"] | str
 """A zero-argument callable returning an optimiser, or its ``module:attribute`` import path."""
 
-_FACTORIES: dict[str, Factory] = {"perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser"}
+_FACTORIES: dict[str, Factory] = {
+    "perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser",
+    "kernel": "megatron_energy.phases.optimiser:PhaseOptimiser",
+}
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"
 """The entry-point group plugin packages declare their optimisers in."""
