@@ -10,7 +10,8 @@ the base clock (:mod:`.planner`), and written as ``ClockAction`` s at phase boun
 time at the fastest clock; its energy change is counted against the tail running at the last instruction's
 clock, as it does without phase actions (the simulator's own convention charges a modelled tail at idle
 power, which no clock changes). Each rank's predicted energy changes by what its phases save under the model
-(finishing early is charged at the blocked power until the base plan's end of the instruction).
+(finishing early is charged at the blocked power until the base plan's end of the instruction); a sequence
+whose phases would not save energy once its switches are priced keeps the base clock.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class _Context:
             delta_j = (
                 plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - base_j
             )
-            refined = _Refined(self._actions(instruction, plan, "p"), delta_j)
+            refined = _kept_if_better(self._actions(instruction, plan, "p"), delta_j)
             self._plans[key] = refined
         return refined
 
@@ -145,7 +146,7 @@ class _Context:
         delta_j = (
             plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - unplanned_j
         )
-        return _Refined(self._actions(last.at.instruction, plan, "tail"), delta_j)
+        return _kept_if_better(self._actions(last.at.instruction, plan, "tail"), delta_j)
 
     def _actions(self, instruction: Instruction, plan: SequencePlan, scope: str) -> tuple[ClockAction, ...]:
         """A clock action per request of ``plan``, named by its phase label."""
@@ -162,6 +163,15 @@ class _Context:
             )
             actions.append(ClockAction(Boundary(instruction, str(label)), request.clock_mhz))
         return tuple(actions)
+
+
+def _kept_if_better(actions: tuple[ClockAction, ...], delta_j: float) -> _Refined:
+    """The phase actions when they save energy; none (the base plan's clock throughout) when they do not.
+
+    The allocation prices phases without the cost of switching between them, which the latency-aware
+    energy includes; a sequence whose switches cost more than its phases save keeps the base clock.
+    """
+    return _Refined(actions, delta_j) if delta_j < 0 else _Refined((), 0.0)
 
 
 def _kind(name: str) -> PhaseClass:

@@ -140,3 +140,25 @@ def class_shares(phases: Sequence[Phase]) -> dict[str, float]:
         "memory": sum(p.work.memory_s for p in phases) / total,
         "communication": sum(p.work.fixed_s for p in phases) / total,
     }
+
+
+def split_op_work(
+    flops: float, num_bytes: float, kernel_durations_s: Sequence[float]
+) -> list[tuple[float, float]]:
+    """An operator's counted FLOPs and bytes shared over its kernels in proportion to their durations.
+
+    Profilers count work per operator (``torch.profiler``'s ``with_flops``, input shapes), not per kernel;
+    an operator's kernels get its work pro rata (a kernel of zero duration gets none).
+
+    Returns:
+        ``(flops, bytes)`` per kernel, in the given order.
+    """
+    total = sum(kernel_durations_s)
+    if total <= 0:
+        return [(0.0, 0.0) for _ in kernel_durations_s]
+    return [(flops * d / total, num_bytes * d / total) for d in kernel_durations_s]
+
+
+def long_phases(phases: Sequence[Phase], threshold_s: float = 0.010) -> list[Phase]:
+    """The phases longer than ``threshold_s`` (default 10 ms: long enough for a Hopper clock switch)."""
+    return [phase for phase in phases if phase.duration_s > threshold_s]
