@@ -125,3 +125,9 @@ def test_sustained_power_overshoot_trips_the_safety_net() -> None:
     assert net.tripped and net.last_cause == "power"
     slow = SafetyNet(tolerance=0.05, patience=1)
     assert slow.observe(2.0, 1.0) and slow.last_cause == "time"
+
+
+def test_a_window_shorter_than_a_block_still_shows_its_mean() -> None:
+    power = measured_power_w([800.0, 820.0, 780.0], [1.0] * 3, num_gpus=2, iterations_per_block=4)
+    assert power is not None and power.mean == pytest.approx(400.0) and power.n == 1
+    assert power_budget_part(power, EnergyTarget("power", power_w=450), "modelled")[0].endswith("noise of it")

@@ -100,7 +100,7 @@ class EnergyLogger:
             line, scalars = format_energy_line(iteration, gathered, self.source, phase, stock)
             if self.power_target is not None:
                 line, scalars = with_power_budget(
-                    line, scalars, gathered, self.power_target, self.counter_period_s, self.source
+                    line, scalars, gathered, self.power_target, self._period(figures.exact), self.source
                 )
             publish(line, scalars, iteration, self.context.log_sinks, self.printer)
             self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
@@ -109,6 +109,10 @@ class EnergyLogger:
             scalars = self.comms.broadcast_from_root(scalars)
             if gathered is None and scalars is not None:
                 write_scalars(scalars, iteration, self.context.log_sinks)
+
+    def _period(self, exact: bool) -> float:
+        """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""
+        return 0.0 if exact else self.counter_period_s
 
     def _stock(self, baseline: StockBaseline, exact: bool) -> StockSamples | None:
         """The stock baseline's iterations, as the log compares with them; ``None`` when it has none."""

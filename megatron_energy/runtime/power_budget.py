@@ -29,6 +29,8 @@ def measured_power_w(
 ) -> MeanInterval | None:
     """Mean power per GPU over a window, with its 95 % interval; ``None`` for an empty window.
 
+    A window shorter than one block gives its mean with an infinite interval (one sample).
+
     Args:
         window_j: Per-iteration energy summed over the job's GPUs.
         window_s: Per-iteration time (the slowest rank's).
@@ -39,7 +41,8 @@ def measured_power_w(
         return None
     samples = [energy / (num_gpus * time) for energy, time in zip(window_j, window_s, strict=True)]
     blocks = block_means(samples, iterations_per_block)
-    return mean_interval(blocks) if blocks else None
+    # a window shorter than one block still has a mean, with no interval (n=1)
+    return mean_interval(blocks or [sum(samples) / len(samples)])
 
 
 def power_budget_part(
