@@ -5,6 +5,12 @@ The first optimiser plans from scratch (``base=None``). Each later one receives 
 and may add actions it owns (collective launch points and budgets, phase clocks) or replace those, but a
 point it returns must not predict an iteration slower than the base point's deadline. The profile request
 of a composition is the union of its parts' requests, so one profiling pass serves every part.
+
+With today's released optimisers ``all`` is Perseus then Kareus: Perseus picks the clock of every
+instruction (its frontier points); Kareus keeps each point's clocks, shifts those of the instructions a
+collective overlaps where that helps, adds the collective actions (launch point and CTA budget per
+collective), and prices the point with the overlap model (``sim.overlap``), never slower than the point's
+deadline as that model prices the Perseus point itself.
 """
 
 from __future__ import annotations

@@ -318,10 +318,11 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
     EnergyFlag(
         "mode",
         ("--energy-mode",),
-        "Optimiser: perseus (clock per pipeline instruction), all (every released optimiser composed), or "
-        "the name of an optimiser an installed plugin declares; kareus and kernel are named but not released "
-        "yet.",
-        {"metavar": "{perseus,all,PLUGIN}"},
+        "Optimiser: perseus (clock per pipeline instruction), kareus (collective launch points and CTA "
+        "budgets, at stock clocks), kernel (clock per phase of kernels, under the switch latency), all "
+        "(every released optimiser composed: perseus, kareus, kernel), or the name of an optimiser an "
+        "installed plugin declares.",
+        {"metavar": "{perseus,kareus,kernel,all,PLUGIN}"},
     ),
     EnergyFlag(
         "target",

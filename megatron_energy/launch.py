@@ -8,7 +8,9 @@ Usage (one process, or one per rank under torchrun)::
 The launcher takes its own flags out of the command line (anywhere after the launcher; the first other
 argument is the script), refuses Megatron modes whose instructions cannot be observed
 (``megatron.modes``), installs the unpatched-path hooks (``megatron.hooks.install_hooks``: timers proxy and
-P2P communicator swap) feeding the listeners of ``build_listeners``, and runs the script as ``__main__``
+P2P communicator swap) feeding the listeners of ``build_listeners`` (with ``--energy-optimise`` also a
+``megatron.collective_runner.CollectiveRunner``, which applies the running plan's collective actions to the
+model captured from ``setup_model_and_optimizer``), and runs the script as ``__main__``
 with ``sys.argv`` = the script and Megatron's arguments, the script's folder first on ``sys.path`` (as
 ``python SCRIPT`` would, and before megatron is imported, so a Megatron-LM checkout next to the script is
 the megatron that runs). Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
@@ -93,11 +95,13 @@ def attach_to_training(args: argparse.Namespace, model_config: Any) -> None:
     Raises:
         UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
     """
+    from megatron_energy.megatron.collective_runner import add_collective_runner, chunks_from_config
     from megatron_energy.megatron.hooks import attach_hooks
     from megatron_energy.megatron.modes import refused_in_args, require_supported
 
     require_supported(refused_in_args(args))
     listeners = build_listeners(EnergyConfig.from_args(args))
+    add_collective_runner(listeners, lambda: chunks_from_config(model_config))
     if listeners:
         attach_hooks(model_config, ListenerFanout(listeners))
         atexit.register(close_listeners, listeners)
@@ -165,9 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"megatron_energy.launch: {refused}", file=sys.stderr)
         return 2
     put_script_folder_first(script)
+    from megatron_energy.megatron.collective_runner import add_collective_runner
     from megatron_energy.megatron.hooks import install_hooks
 
     listeners = build_listeners(config)
+    restore_model_setup = add_collective_runner(listeners)
     settings = read_megatron_settings(megatron_args)
     installation = install_hooks(
         ListenerFanout(listeners),
@@ -177,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_script(script, megatron_args)
     finally:
         installation.uninstall()
+        restore_model_setup()
         close_listeners(listeners)
     return 0
 

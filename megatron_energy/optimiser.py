@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.model import WorkProfile
@@ -22,6 +22,10 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+
+if TYPE_CHECKING:
+    from megatron_energy.dvfs.spec import GpuSpec
+    from megatron_energy.kareus.collectives import CollectiveWorkload
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,14 @@ class PlanningJob:
 
     kept_points: int = 8
     """Executable frontier points a plan keeps besides the target (for a straggler's pace)."""
+
+    collectives: CollectiveWorkload | None = None
+    """What the job's collectives are built from (shape, parallelism, links); the collective scheduler
+    (``kareus``) needs it, the clock planner does not."""
+
+    gpu: GpuSpec | None = None
+    """The GPU spec (SM count, interconnect, powers) for models that need more than the profile; looked up by
+    the profile's GPU name when ``None``."""
 
     layers_per_chunk: int | None = None
     """Transformer layers one instruction runs (for the modelled phase split); ``None``: unknown."""

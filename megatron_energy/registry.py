@@ -1,10 +1,12 @@
 """``--energy-mode`` → optimiser: the one registry every entry point dispatches through.
 
-``perseus`` is the clock-per-instruction optimiser, ``kernel`` the phase-level (kernel-group) clock optimiser
-(``megatron_energy.phases``). ``kareus`` (collective launch points and SM budgets) is a named mode whose
-optimiser has not landed yet: asking for it
-gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`. ``all``
-composes every released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how).
+``perseus`` is the clock-per-instruction optimiser; ``kareus`` chooses the launch point and CTA (SM) budget
+of every collective class jointly with the clock (alone: at stock clocks; it needs the job's collective
+workload, ``PlanningJob.collectives``); ``kernel`` gives each phase of kernels inside and outside
+instructions its own clock under the switch latency (``megatron_energy.phases``). ``all`` composes every
+released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how): Perseus's
+clocks, then Kareus's collectives on them, then phase clocks. A named mode whose optimiser has not landed
+gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`.
 Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
 package by declaring an entry point in the ``megatron_energy.optimisers`` group (``name = module:factory``,
 e.g. in its ``pyproject.toml``: ``[project.entry-points."megatron_energy.optimisers"]`` then
@@ -31,9 +33,7 @@ if TYPE_CHECKING:
 COMPOSITION_ORDER: tuple[str, ...] = ("perseus", "kareus", "kernel")
 """The order ``all`` runs the optimisers in: clocks per instruction first, then collectives, then phases."""
 
-UNRELEASED: dict[str, str] = {
-    "kareus": "collective launch points and SM budgets (Kareus-style)",
-}
+UNRELEASED: dict[str, str] = {}
 """Modes that are named but whose optimisers have not landed yet, with what they will do."""
 
 Factory = Callable[[], "Optimiser"] | str
@@ -41,6 +41,7 @@ Factory = Callable[[], "Optimiser"] | str
 
 _FACTORIES: dict[str, Factory] = {
     "perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser",
+    "kareus": "megatron_energy.kareus.optimiser:KareusOptimiser",
     "kernel": "megatron_energy.phases.optimiser:PhaseOptimiser",
 }
 

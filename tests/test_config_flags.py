@@ -70,7 +70,7 @@ def test_no_flag_shadows_a_megatron_flag() -> None:
         (["--energy-optimise", "--energy-target", "slowdown:abc"], "strictly between 0 and 1"),
         (
             ["--energy-optimise", "--energy-mode", "turbo"],
-            "unknown --energy-mode 'turbo'; use one of perseus",
+            "unknown --energy-mode 'turbo'; use one of perseus, kareus",
         ),
         (["--energy-optimise", "--energy-backend", "nvml"], "invalid choice"),
         (["--energy-optimise", "--energy-profile-iters", "0"], "whole number >= 1"),
@@ -81,8 +81,8 @@ def test_no_flag_shadows_a_megatron_flag() -> None:
         (["--energy-target", "min-energy"], "no effect without --energy-optimise"),
         (["--energy-dry-run"], "no effect without --energy-optimise"),
         (
-            ["--energy-optimise", "--energy-mode", "kareus"],
-            "not available in this release; use one of perseus",
+            ["--energy-optimise", "--energy-mode", "phase"],
+            "unknown --energy-mode 'phase'; use one of perseus, kareus, kernel",
         ),
         (
             ["--energy-optimise", "--energy-backend", "zeus", "--energy-gpu-spec", "h200"],

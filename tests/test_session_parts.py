@@ -552,14 +552,17 @@ class _Timer:
         power_w = 100.0 + 600.0 * (clock / 1980) ** 2
         self._runs.append((kind, time_s, power_w * time_s))
 
-    def finish_step(self) -> StepTiming:
+    def flush(self) -> tuple[StepTiming, ...]:
+        return ()
+
+    def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
         samples, start = [], 0.0
         for kind, time_s, energy_j in self._runs:
             samples.append(
                 InstructionSample(Instruction(0, 0, 0, kind), start, start + time_s, energy_j=energy_j)
             )
             start += time_s
-        return StepTiming(tuple(samples), start, "modelled", sum(s.energy_j for s in samples))
+        return (StepTiming(tuple(samples), start, "modelled", sum(s.energy_j for s in samples)),)
 
 
 class _PeerComms(LocalComms):
@@ -719,7 +722,8 @@ def _simulated_step(timer: SimulatedTimer, session_laps: bool) -> StepTiming:
         instruction = Instruction(0, 0, 0, kind)
         timer.begin(instruction)
         timer.end(instruction)
-    return timer.finish_step()
+    (timing,) = timer.finish_step()
+    return timing
 
 
 @pytest.mark.parametrize("session_laps", [True, False])

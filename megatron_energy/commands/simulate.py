@@ -5,6 +5,10 @@ power model of the job's GPU spec (a synthetic profile), so every figure printed
 ``--plan`` every instruction runs at its fastest clock; with ``--plan`` at the plan's clocks (a plan made for
 this job: ``megatron-energy plan --config`` the same YAML), compared with that all-fastest baseline. Clock
 switches take the GPU's switch latency, as on the GPU, unless ``--instant-switches`` is given.
+
+With ``--compare`` it plans and prices Perseus only, Kareus only and both (``--energy-mode all``) against the
+stock iteration, all with the overlap model (collectives beside computation; static and dynamic energy
+apart; instant clock switches): see ``commands/optimiser_comparison.py``.
 """
 
 import argparse
@@ -13,10 +17,19 @@ from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.arguments import fail, output_file, plain_text, readable_file
+from megatron_energy.commands.comparison_output import (
+    choices_lines,
+    comparison_label,
+    modes_table,
+    phase_table,
+    stage_split_table,
+)
+from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.job import JobConfig, JobConfigError
+from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
-from megatron_energy.sim.simulator import SimResult, Simulator
+from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
 
@@ -43,6 +56,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="model clock switches as instant (default: the GPU spec's switch latency, as on the GPU)",
     )
     parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="print Perseus-only vs Kareus-only vs both (modelled: time, energy, static/dynamic split)",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=24,
+        help="with --compare: Kareus's model-priced search trials per pipeline stage (default 24)",
+    )
+    parser.add_argument(
         "--trace", type=output_file, help="write a Chrome/Perfetto trace JSON of the iteration here"
     )
     parser.set_defaults(func=run)
@@ -58,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         0 on success, 2 on an invalid config or plan.
     """
     console = Console()
+    if args.compare:
+        return _run_comparison(args, Console(width=max(console.width, 150)))
     try:
         job = JobConfig.load(args.config)
         spec = job.spec()
@@ -99,6 +125,37 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         path = write_trace(result, simulator.powers, args.trace)
         console.print(f"trace written to {path} (open in https://ui.perfetto.dev; {label})")
+    return 0
+
+
+def _run_comparison(args: argparse.Namespace, console: Console) -> int:
+    """``--compare``: the four modes' tables, and the trace of ``all`` with its collectives."""
+    if args.plan:
+        return fail("simulate", ValueError("--compare plans the job itself; drop --plan"))
+    try:
+        job = JobConfig.load(args.config)
+        comparison = compare_optimisers(job, SearchBudget(trials=args.trials))
+    except (JobConfigError, PlanError, ValueError, OSError) as error:
+        return fail("simulate", error)
+    label = comparison_label(comparison)
+    console.print(modes_table(comparison))
+    console.print(stage_split_table(comparison))
+    console.print(phase_table(comparison))
+    console.print("collective choices of all (differences from megatron-core's defaults):")
+    for line in choices_lines(comparison):
+        console.print(line)
+    perseus, both = comparison.row("perseus").result, comparison.row("all").result
+    console.print(
+        f"all vs perseus at iso-time: energy {both.total_energy_j / perseus.total_energy_j - 1:+.2%} "
+        f"(static {both.static_j - perseus.static_j:+,.1f} J, "
+        f"dynamic {both.dynamic_j - perseus.dynamic_j:+,.1f} J per pipeline), "
+        f"time {both.iteration_time_s:.4f} s vs {perseus.iteration_time_s:.4f} s ({label})"
+    )
+    if args.trace:
+        result = both.as_sim_result()
+        powers = StagePowers(comparison.spec.blocked_power_w, comparison.spec.idle_power_w)
+        path = write_trace(result, powers, args.trace, comm=both.comm)
+        console.print(f"trace of all written to {path} (a collectives track per stage; {label})")
     return 0
 
 

@@ -64,6 +64,13 @@ class GpuSpec:
         memory_core_activity: Core activity of memory-bound work relative to compute-bound work (0..1).
         prior_compute_fraction: Default fraction of busy time that is compute-bound, used when a work
             profile cannot be fitted (measurements at a single clock only).
+        sm_count: Streaming multiprocessors (a collective's CTAs each take one; ``sim.contention``).
+        nvlink_bandwidth_gbps: NVLink/NVSwitch bandwidth per GPU and direction, GB/s (inside a node).
+        pcie_bandwidth_gbps: PCIe bandwidth per GPU and direction, GB/s (host link; GPUs without NVLink).
+        nic_bandwidth_gbps: Network (InfiniBand/RoCE) bandwidth of the GPU's NIC per direction, GB/s, on the
+            reference system (one NIC per GPU); collectives whose group spans nodes cross it.
+        cta_bandwidth_gbps: Bandwidth one CTA (one NCCL channel) of a collective kernel drives; a collective
+            with ``c`` CTAs moves at ``min(link, c x this)`` (``sim.contention``).
     """
 
     name: str
@@ -89,6 +96,11 @@ class GpuSpec:
     memory_power_w: float = 0.0
     memory_core_activity: float = 0.3
     prior_compute_fraction: float = 0.7
+    sm_count: int = 132
+    nvlink_bandwidth_gbps: float = 450.0
+    pcie_bandwidth_gbps: float = 64.0
+    nic_bandwidth_gbps: float = 50.0
+    cta_bandwidth_gbps: float = 24.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sm_clocks_mhz", tuple(int(c) for c in self.sm_clocks_mhz))
@@ -111,6 +123,21 @@ class GpuSpec:
     def min_sm_clock_mhz(self) -> int:
         """The lowest supported SM clock."""
         return self.sm_clocks_mhz[-1]
+
+    def link_bandwidth_gbps(self, link: str) -> float:
+        """Bandwidth per GPU and direction of ``"nvlink"``, ``"pcie"`` or ``"nic"``.
+
+        Raises:
+            ValueError: For another link name.
+        """
+        figures = {
+            "nvlink": self.nvlink_bandwidth_gbps,
+            "pcie": self.pcie_bandwidth_gbps,
+            "nic": self.nic_bandwidth_gbps,
+        }
+        if link not in figures:
+            raise ValueError(f"unknown link {link!r}; known: {', '.join(figures)}")
+        return figures[link]
 
     def snap_sm_clock(self, mhz: float) -> int:
         """Return the supported SM clock nearest to ``mhz`` (ties go to the higher clock)."""
@@ -154,6 +181,11 @@ def _first_problem(spec: GpuSpec) -> str | None:
         "memory_bandwidth_gbps",
         "p2p_bandwidth_gbps",
         "dynamic_power_max_w",
+        "sm_count",
+        "nvlink_bandwidth_gbps",
+        "pcie_bandwidth_gbps",
+        "nic_bandwidth_gbps",
+        "cta_bandwidth_gbps",
     )
     checks += [(getattr(spec, name) > 0, f"{name} must be positive") for name in positive]
     checks += [
@@ -262,7 +294,7 @@ def _convert_field(path: Path, name: str, value: Any) -> Any:
             return _clock_grid(value)
         if name == "memory_clocks_mhz":
             return tuple(sorted((_integer(v) for v in value), reverse=True))
-        if name == "default_sm_clock_mhz":
+        if name in ("default_sm_clock_mhz", "sm_count"):
             return _integer(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"expected a number, got {value!r}")

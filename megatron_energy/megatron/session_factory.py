@@ -9,13 +9,14 @@ do, and training goes on at stock clocks.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
-from megatron_energy.runtime.comms import TorchComms
+from megatron_energy.runtime.comms import TorchComms, control_plane_comms
 from megatron_energy.runtime.context import JobContext
 
 
@@ -66,7 +67,8 @@ def parallel_job_context(
         log_sinks: Scalar writers ``(name, value, step)``.
 
     Returns:
-        The context and the collectives over the pipeline group.
+        The context and the collectives: over gloo (CPU) groups of the job's world and pipelines, created
+        here once, so that no message of the session waits for the GPU (``runtime.comms``).
     """
     import torch
     import torch.distributed as dist
@@ -92,7 +94,8 @@ def parallel_job_context(
         log_interval=log_interval,
         log_sinks=log_sinks,
     )
-    return context, TorchComms(ps.get_pipeline_model_parallel_group(), device=device)
+    warn = functools.partial(print, file=sys.stderr)
+    return context, control_plane_comms(ps.get_pipeline_model_parallel_group(), device, warn)
 
 
 def megatron_job_context() -> tuple[JobContext, TorchComms]:

@@ -20,9 +20,10 @@ from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.parts import Guard
 from megatron_energy.runtime.session import EnergySession
-from megatron_energy.runtime.timing import CudaEventTimer, InstructionTimer, SimulatedTimer
+from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
 
 AUTO_GRID_POINTS = 6
 """Clocks in an automatic profiling grid."""

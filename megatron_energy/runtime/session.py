@@ -13,7 +13,10 @@ Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (
 instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
 prediction, with its change against the stock baseline over a window of the phase's iterations
 (``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
-plan; a safety net reverts to stock clocks if the plan is slow.
+plan; a safety net reverts to stock clocks if the plan is slow. Nothing the session does at a run-phase
+step's end waits for the GPU: a real GPU's timing is read one step later (``runtime.cuda_timer``), paired
+with the energy lapped at that step's own end, and the session's messages go over gloo (CPU) groups
+(``runtime.comms.control_plane_comms``); so the policies and the log see each step one step late.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 
@@ -61,8 +64,8 @@ from megatron_energy.runtime.planning import (
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
-from megatron_energy.runtime.step_figures import StepFigures, step_figures
-from megatron_energy.runtime.timing import InstructionTimer
+from megatron_energy.runtime.step_figures import SealedStep, StepFigures
+from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 
 
 class EnergySession:
@@ -134,6 +137,7 @@ class EnergySession:
         self.history: list[StepFigures] = []
         self._outside: EnergyWindow | None = None
         self._lapped_at_start = False
+        self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
@@ -180,12 +184,36 @@ class EnergySession:
         """See ``on_p2p_begin``."""
 
     def on_step_end(self, step: int) -> None:
-        """Finish the step's measurements and advance the phase."""
-        ran_in, ran_with = self.phase, self.runner  # the log describes the step as it ran
-        timing = self.timer.finish_step()
-        figures = step_figures(timing, self._outside, self.meter.lap(), self._lapped_at_start)
+        """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
+
+        While profiling the timer waits for the device and returns this step. In the run phase nothing here
+        waits for the GPU: the timer returns the previous step (``runtime.cuda_timer``; simulated GPUs still
+        return this one), whose figures the straggler policy, the safety net and the log then see one step
+        late. The counter lap is host-only work (an NVML read, ~3 ms), taken while the GPU still runs the
+        backward pass queued before it, so it costs the GPU no idle time; it is this step's energy, and is
+        kept with the step until its timing comes.
+        """
+        lagged = self.phase != "profiling"
+        timings = self.timer.finish_step(lagged=lagged)
+        self._sealed.append(
+            SealedStep(
+                step=step,
+                phase=self.phase,  # the log describes the step as it ran
+                predicted_j=None if self.runner is None else self.runner.predicted_energy_j,
+                baseline=StockBaseline() if self.phase == "profiling" else self.baseline,
+                outside=self._outside,
+                rest=self.meter.lap(),
+                lapped_at_start=self._lapped_at_start,
+            )
+        )
+        for timing in timings:
+            self._finish(self._sealed.pop(0), timing)
+
+    def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
+        """One step's figures: the profile or the run-phase policies, then the energy log."""
+        figures = sealed.figures(timing)
         self.history.append(figures)
-        if self.phase == "profiling":
+        if sealed.phase == "profiling":
             self.collector.add_step(figures)
             if not self._stock_decided and self.collector.stock_measured == self.collector.stock_iters:
                 self._decide_stock_steps(figures.exact)
@@ -196,19 +224,44 @@ class EnergySession:
             # that skipped it would leave the others waiting in the collective
             alone = self._follow_stragglers(figures)
             self._check_safety(figures, slow_alone=alone)
-        predicted_j = None if ran_with is None else ran_with.predicted_energy_j
-        compared = self.baseline if ran_in != "profiling" else StockBaseline()  # profiling runs every clock
-        self.energy_logger.add(step, self._label(ran_in), figures, predicted_j, compared)
+        self.energy_logger.add(
+            sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
+        )
+
+    def _flush(self) -> None:
+        """At close: the step the timer still holds joins the history and this rank's log window.
+
+        No collective runs at close (a rank that stops on an error would leave the others waiting), so the
+        step takes no part in the straggler policy, and a log line it would complete is printed by each rank
+        for itself.
+        """
+        for timing in self.timer.flush():
+            sealed = self._sealed.pop(0)
+            figures = sealed.figures(timing)
+            self.history.append(figures)
+            self.energy_logger.window.add(sealed.step, self._label(sealed.phase), figures)
+            if (sealed.step + 1) % self.context.log_interval == 0:
+                self.printer(
+                    f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} (last, this rank "
+                    f"only): {figures.energy_j:.1f} J, {1e3 * figures.iteration_s:.1f} ms ({timing.source})"
+                )
 
     def _label(self, phase: str) -> str:
         """What the log says ran: the phase, and that no clock was set when the controller only records."""
         return phase if self.can_set_clocks else f"{phase} (clocks not set)"
 
     def close(self) -> None:
-        """Stop the controller (which resets the clocks it locked) and release the clock guard."""
+        """Stop the controller (which resets the clocks it locked), release the clock guard, then flush.
+
+        The flush (the last step of a lagged timer) never raises: the process is ending.
+        """
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
+        try:
+            self._flush()
+        except Exception as problem:  # a failing flush must not mask how the run ended
+            self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
 
     # ------------------------------------------------------------------------------------------- phases
 

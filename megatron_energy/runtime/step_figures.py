@@ -10,15 +10,23 @@ Energy comes from the timer when it knows it exactly (simulated GPUs), else from
 per step covers the whole iteration; while profiling the session also laps at the step's start, after the
 device finished (``InstructionTimer.wait_for_device``), so the energy outside the pipeline is a window of
 its own.
+
+In the run phase a real GPU's timing arrives one step after the step ended (``runtime.cuda_timer``): the
+session notes what it knows at the step's end (``SealedStep``: the counter laps, the phase, the plan's
+prediction) and puts the figures together when the timing comes.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.runtime.timing import StepTiming
+
+if TYPE_CHECKING:  # planning imports this module (through profiling)
+    from megatron_energy.runtime.planning import StockBaseline
 
 
 @dataclass(frozen=True)
@@ -75,3 +83,33 @@ def step_figures(
         return StepFigures(timing, iteration_s, rest_j, None, exact=False)
     outside_j = math.nan if outside is None else outside.energy_j
     return StepFigures(timing, iteration_s, outside_j + rest_j, outside_j, exact=False)
+
+
+@dataclass(frozen=True)
+class SealedStep:
+    """What the session noted at a step's end, kept until the timer returns the step's timing."""
+
+    step: int
+    """The step (0-based)."""
+
+    phase: str
+    """The phase the step ran in."""
+
+    predicted_j: float | None
+    """The running plan point's energy prediction for this rank's GPU, if a plan ran."""
+
+    baseline: StockBaseline
+    """The stock baseline the step is compared with (empty while profiling)."""
+
+    outside: EnergyWindow | None
+    """The meter's lap at the step's start, if one was taken (profiling)."""
+
+    rest: EnergyWindow | None
+    """The meter's lap at the step's end."""
+
+    lapped_at_start: bool
+    """Whether the session lapped at the step's start."""
+
+    def figures(self, timing: StepTiming) -> StepFigures:
+        """The step's figures, once its timing is known."""
+        return step_figures(timing, self.outside, self.rest, self.lapped_at_start)

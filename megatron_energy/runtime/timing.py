@@ -1,7 +1,8 @@
 """Per-instruction timing on the GPU's own timeline, without host synchronisation inside the step.
 
-Two timers share one interface: ``CudaEventTimer`` records CUDA events at instruction boundaries (measured)
-and reads them once at the end of the step; ``SimulatedTimer`` runs each instruction's modelled work on a
+Two timers share one interface: ``CudaEventTimer`` (``runtime.cuda_timer``) records CUDA events at
+instruction boundaries (measured) and reads them at the end of the step, or one step later without waiting
+for the GPU (the run phase); ``SimulatedTimer`` runs each instruction's modelled work on a
 simulated GPU's virtual clock (modelled) and composes the replica's pipeline through the DAG so that
 waiting time is charged as the simulator charges it.
 
@@ -13,7 +14,6 @@ optimizer step, data loading, logging). The part outside the replica's pipeline 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -63,7 +63,8 @@ class StepTiming:
 
     cycle_s: float | None = None
     """The whole iteration on this rank: from the previous step's end to this step's end (what ran between
-    the two schedules included); ``None`` when unknown (the first step on real GPUs)."""
+    the two schedules included); ``None`` when unknown (the first step on real GPUs). On real GPUs the ends
+    are the host's, as ``runtime.cuda_timer`` explains (in the run phase, the host's schedule ends)."""
 
     outside_energy_j: float | None = None
     """The exact energy of this GPU from the previous step's end to this step's start, when the timer knows
@@ -100,87 +101,22 @@ class InstructionTimer(Protocol):
         """Mark an instruction's end."""
         ...
 
-    def finish_step(self) -> StepTiming:
-        """Collect the step's samples (may wait for the GPU; called once per step, after the schedule)."""
+    def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
+        """Seal the step (called once per step, after the schedule); return the steps now complete.
+
+        Every sealed step is returned exactly once, oldest first, so the caller pairs each timing with what
+        it noted when it sealed that step.
+
+        Args:
+            lagged: ``False`` (profiling): this step is among those returned, even if that means waiting for
+                the GPU. ``True`` (run phase): never wait for this step on the GPU; a timer that would have
+                to returns it from a later call (or :meth:`flush`) instead.
+        """
         ...
 
-
-class CudaEventTimer:
-    """Times instructions with CUDA events recorded on the current stream (measured).
-
-    Args:
-        comms: Collectives of the job, used to take the maximum of the pipeline's stage ends.
-    """
-
-    source: Literal["measured", "modelled"] = "measured"
-
-    def __init__(self, comms: RankComms) -> None:
-        import torch
-
-        self._torch = torch
-        self._comms = comms
-        self._pool: list[Any] = []
-        self._used = 0
-        self._step_start: Any = None
-        self._open: dict[Instruction, Any] = {}
-        self._marks: list[tuple[Instruction, Any, Any]] = []
-        self._last_end_s: float | None = None
-
-    def _event(self) -> Any:
-        if self._used == len(self._pool):
-            self._pool.append(self._torch.cuda.Event(enable_timing=True))
-        event = self._pool[self._used]
-        self._used += 1
-        event.record()
-        return event
-
-    def wait_for_device(self) -> None:
-        """Synchronise the current device (profiling only: it costs the overlap of host and device)."""
-        self._torch.cuda.synchronize()
-
-    def step_begin(self) -> Any:
-        """Record the step's start event and return it as the boundary marker."""
-        self._used = 0
-        self._marks.clear()
-        self._open.clear()
-        self._step_start = self._event()
-        return self._step_start
-
-    def begin(self, instruction: Instruction) -> Any:
-        """Record the instruction's start event and return it as the boundary marker."""
-        event = self._event()
-        self._open[instruction] = event
-        return event
-
-    def end(self, instruction: Instruction) -> None:
-        """Record the instruction's end event."""
-        start = self._open.pop(instruction, None)
-        if start is not None:
-            self._marks.append((instruction, start, self._event()))
-
-    def finish_step(self) -> StepTiming:
-        """Wait for the step's last event, then turn the events into samples.
-
-        The whole iteration is the host's time between two such waits (each ends with this rank's last
-        instruction on the device).
-        """
-        if self._step_start is None or not self._marks:
-            return StepTiming(samples=(), intrinsic_s=0.0, source="measured")
-        self._marks[-1][2].synchronize()
-        now_s = time.perf_counter()
-        cycle_s = None if self._last_end_s is None else now_s - self._last_end_s
-        self._last_end_s = now_s
-        origin = self._step_start
-        samples = tuple(
-            InstructionSample(
-                instruction=instruction,
-                start_s=origin.elapsed_time(start) / 1e3,
-                end_s=origin.elapsed_time(end) / 1e3,
-            )
-            for instruction, start, end in self._marks
-        )
-        stage_ends = self._comms.all_gather_pipeline(samples[-1].end_s)
-        return StepTiming(samples, max(stage_ends), "measured", cycle_s=cycle_s)
+    def flush(self) -> tuple[StepTiming, ...]:
+        """The sealed steps not returned yet (at close); runs no collective."""
+        ...
 
 
 class SimulatedTimer:
@@ -260,8 +196,19 @@ class SimulatedTimer:
         time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
         self._runs.append((instruction, time_s, energy_j))
 
-    def finish_step(self) -> StepTiming:
-        """Compose the replica's pipeline and charge this GPU its blocked and idle time."""
+    def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
+        """Compose the replica's pipeline and charge this GPU its blocked and idle time.
+
+        The virtual clock is known at once, so the step is always returned by its own call (``lagged`` has
+        no effect).
+        """
+        return (self._finish(),)
+
+    def flush(self) -> tuple[StepTiming, ...]:
+        """Nothing: every step was returned by its own ``finish_step``."""
+        return ()
+
+    def _finish(self) -> StepTiming:
         mine = [(instruction, time_s) for instruction, time_s, _ in self._runs]
         durations: dict[Any, float] = {}
         for stage_runs in self._comms.all_gather_pipeline(mine):

@@ -3,21 +3,25 @@
 Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each pipeline stage is a process with one
 ``compute`` thread holding a slice per forward, backward and tail node (name like ``F3c1``; clock, energy and
 provenance in ``args``) and a ``power`` counter of the modelled power draw. Point-to-point transfers sit on a
-separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. Every name and
+separate ``p2p transfers (modelled)`` process, one thread per sending stage and direction. With collectives
+(``sim.overlap``), each stage process has a second thread, ``collectives (modelled)``, with one slice per
+collective launch (its name, CTA budget and the seconds it ran beside compute in ``args``). Every name and
 ``args`` entry says the figures are modelled.
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from megatron_energy.pipeline.dag import Transfer
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.sim.overlap import CommSlice
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
 _COMPUTE_THREAD = 0
+_COLLECTIVES_THREAD = 1
 
 
 def _slice_name(piece: Slice) -> str:
@@ -74,12 +78,32 @@ def _power_counter(
         }
 
 
-def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]:
+def _collective_events(comm: Sequence[CommSlice]) -> Iterator[dict[str, Any]]:
+    """A ``collectives (modelled)`` thread per stage with one slice per collective launch."""
+    for stage in sorted({piece.stage for piece in comm}):
+        yield _thread_metadata(stage, _COLLECTIVES_THREAD, "collectives (modelled)")
+    for piece in comm:
+        yield {
+            "ph": "X",
+            "name": piece.name,
+            "cat": "collective",
+            "pid": piece.stage,
+            "tid": _COLLECTIVES_THREAD,
+            "ts": piece.start_s * _MICROSECONDS_PER_S,
+            "dur": (piece.end_s - piece.start_s) * _MICROSECONDS_PER_S,
+            "args": {"source": "modelled", "ctas": piece.ctas, "overlapped_s": piece.overlapped_s},
+        }
+
+
+def trace_events(
+    result: SimResult, powers: StagePowers, comm: Sequence[CommSlice] = ()
+) -> list[dict[str, Any]]:
     """Chrome trace events for ``result``.
 
     Args:
         result: A simulated iteration.
         powers: Blocked and idle power used for the power counter (the simulator's ``powers``).
+        comm: Collective launches of the iteration (``sim.overlap``), one track per stage; none when empty.
 
     Returns:
         The ``traceEvents`` list.
@@ -123,16 +147,20 @@ def trace_events(result: SimResult, powers: StagePowers) -> list[dict[str, Any]]
     for stage, slices in enumerate(compute_by_stage):
         slices.sort(key=lambda piece: piece.start_s)
         events.extend(_power_counter(result, stage, powers, slices))
+    events.extend(_collective_events(comm))
     return events
 
 
-def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Path:
+def write_trace(
+    result: SimResult, powers: StagePowers, path: str | Path, comm: Sequence[CommSlice] = ()
+) -> Path:
     """Write ``result`` as a Chrome / Perfetto JSON trace.
 
     Args:
         result: A simulated iteration.
         powers: Blocked and idle power (the simulator's ``powers``), for the power counter.
         path: Destination file; parent folders are created.
+        comm: Collective launches (``sim.overlap``), shown on a collectives track per stage.
 
     Returns:
         The path written.
@@ -140,7 +168,7 @@ def write_trace(result: SimResult, powers: StagePowers, path: str | Path) -> Pat
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     document = {
-        "traceEvents": trace_events(result, powers),
+        "traceEvents": trace_events(result, powers, comm),
         "displayTimeUnit": "ms",
         "otherData": {
             "source": "modelled",

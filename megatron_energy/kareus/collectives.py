@@ -1,0 +1,520 @@
+"""The collectives Kareus schedules: their names, process groups, bytes, launch points and CTA budgets.
+
+This module is the contract between the Kareus planner (model, simulator, search) and the runtime that applies
+a plan (NCCL communicator options, Megatron options and hooks). A plan says, per pipeline rank, *which*
+collective is launched *where* and with *how many CTAs*, as :class:`~megatron_energy.plan.CollectiveAction`
+``(at: Boundary, collective: str, max_ctas: int | None)``. Everything below defines those three fields.
+
+**Names.** ``<group>.<op>[.chunk<c>][.bucket<b>]``:
+
+* ``dp.reduce_scatter[.chunk<c>].bucket<b>`` (group ``dp``, bucket class): gradient reduce-scatter of DDP
+  bucket ``b`` with the distributed optimizer; ``dp.all_reduce[.chunk<c>].bucket<b>`` without it;
+* ``dp.all_gather[.chunk<c>].bucket<b>`` (``dp``, bucket class): parameter all-gather of bucket ``b``
+  (distributed optimizer only);
+* ``pp.send_recv`` (``pp``, inline): activations and gradients between adjacent pipeline stages;
+* ``tp.all_reduce`` (``tp``, inline): tensor-parallel all-reduce without sequence parallelism;
+* ``tp.all_gather`` and ``tp.reduce_scatter`` (``tp``, inline): their sequence-parallel replacements.
+
+``chunk<c>`` appears only when the job has more than one model chunk per stage (virtual pipeline): each chunk
+is its own megatron-core ``DistributedDataParallel`` with its own buckets. ``bucket<b>`` is megatron-core's
+bucket index inside that chunk's gradient buffer: buffers hold parameters in *reverse* registration order,
+so bucket 0 holds the chunk's last layers, whose gradients are ready first in the backward pass.
+:func:`collective_name` builds names and :func:`parse_collective_name` reads them back.
+
+**Process groups** (:data:`PROCESS_GROUPS`): ``dp`` is megatron-core's data-parallel group *with* context
+parallelism (``parallel_state.get_data_parallel_group(with_context_parallel=True)``, the group DDP reduces
+over), ``pp`` the pipeline group, ``tp`` the tensor-parallel group.
+
+**Launch points.** A launch point is a :class:`~megatron_energy.plan.Boundary`: an instruction and a phase
+inside it. Phase names (:func:`layer_phase`, :data:`END_PHASE`, :data:`AFTER_OPTIMIZER_PHASE`):
+
+* ``"layer<k>"``: the start of the ``k``-th transformer layer of the instruction's chunk *in execution
+  order* (0-based; a backward pass runs the chunk's layers last to first, so ``layer0`` of a backward is the
+  chunk's last layer);
+* ``"end"``: the end of the instruction (after its last kernel, before the rank's next instruction);
+* ``"after_optimizer"``: after the optimizer step that follows the rank's last instruction of the iteration
+  (the instruction named is that last instruction).
+
+Per kind of class:
+
+* *bucket* classes launch once per iteration per bucket; a plan holds exactly one action per bucket per rank.
+  ``dp.reduce_scatter``/``dp.all_reduce`` bucket ``b`` of chunk ``c`` may launch at any layer boundary of the
+  chunk's *last* backward instruction on the rank (the last microbatch's, the only one megatron-core reduces
+  in) from the layer where the bucket's gradients are ready up to ``"end"``; megatron-core's
+  ``--overlap-grad-reduce`` launches at the first of these, its default (no overlap) at ``"end"`` of the
+  rank's last instruction. ``dp.all_gather`` bucket ``b`` launches either at ``"after_optimizer"``
+  (megatron-core's default: synchronously inside the optimizer step) or at ``"layer0"`` of the chunk's
+  *first* forward instruction (``--overlap-param-gather``: dispatched before the next iteration's forward,
+  waited for before the chunk's first forward computes).
+  Every chunk's buckets may also launch at ``"end"`` of the rank's *last* instruction, which is where
+  megatron-core launches them without ``--overlap-grad-reduce`` (its default); that point is always the last
+  of a bucket's launch points.
+* *inline* classes are launched by megatron-core itself inside or between instructions (every layer, every
+  microbatch): a plan holds one action per class per rank, at the rank's first instruction, whose
+  ``max_ctas`` holds for the whole iteration. Its phase is ``None`` (NCCL, where megatron-core launches it)
+  or, for the tensor-parallel classes only, ``"gemm_overlap"`` (:data:`GEMM_OVERLAP_PHASE`): split and
+  overlapped with the GEMM it feeds or follows by Transformer Engine's userbuffers
+  (``--tp-comm-overlap``, sequence parallelism required), ``max_ctas`` then being TE's ``num_sm`` for the
+  class's userbuffers ops.
+
+**CTA budgets.** ``max_ctas`` caps the CTAs (thread blocks; NCCL runs one per channel, one per SM) of the
+collective's kernels: NCCL's per-communicator ``maxCTAs`` (``min_ctas``/``max_ctas`` in megatron-core's
+``--nccl-communicator-config-path`` YAML), fixed when the communicator is created, so a class whose budget
+differs from its group's default needs a communicator of its own. ``None`` means NCCL's default.
+:data:`CTA_BUDGETS` lists the budgets a plan may use per class; NCCL accepts 1..64 (its channel limit).
+
+**Bytes per launch** come from the workload model (:mod:`megatron_energy.pipeline.workload`): bf16
+gradients and parameters, megatron-core's default bucket size ``max(40e6, 1e6 x dp)`` elements per bucket
+(``--ddp-bucket-size``), hidden states ``2bsh`` bytes per microbatch (divided by TP with sequence
+parallelism for pipeline transfers). ``bytes_per_launch`` is the size of the full (unsharded) buffer the
+collective reduces or gathers; the traffic each GPU sends is ``traffic_factor x bytes_per_launch``.
+
+Pure Python: no torch, megatron or NVML imports.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
+from megatron_energy.plan import Boundary
+
+GroupName = Literal["dp", "pp", "tp"]
+Op = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv"]
+Link = Literal["nvlink", "nic", "pcie"]
+
+PROCESS_GROUPS: dict[str, str] = {
+    "dp": "parallel_state.get_data_parallel_group(with_context_parallel=True)",
+    "pp": "parallel_state.get_pipeline_model_parallel_group()",
+    "tp": "parallel_state.get_tensor_model_parallel_group()",
+}
+"""The megatron-core process group behind each group name."""
+
+END_PHASE = "end"
+"""Phase name: the end of the instruction."""
+
+AFTER_OPTIMIZER_PHASE = "after_optimizer"
+"""Phase name: after the optimizer step that follows the named (last) instruction of the iteration."""
+
+GEMM_OVERLAP_PHASE = "gemm_overlap"
+"""Phase of a tensor-parallel class's action: overlapped with its GEMMs by TE userbuffers (see above)."""
+
+DEFAULT_BUCKET_ELEMENTS = 40_000_000
+"""megatron-core's minimum DDP bucket size (elements); the default is ``max(40e6, 1e6 x dp)``."""
+
+NCCL_DEFAULT_CTAS = 16
+"""CTAs the model gives a collective whose ``max_ctas`` is ``None`` (NCCL's default): assumed; NCCL picks its
+channel count from the topology, typically 16-32 on NVLink and fewer per NIC, and one CTA runs per channel."""
+
+CTA_BUDGETS: dict[str, tuple[int, ...]] = {
+    "dp.reduce_scatter": (1, 2, 4, 8, 16, 32),
+    "dp.all_reduce": (1, 2, 4, 8, 16, 32),
+    "dp.all_gather": (1, 2, 4, 8, 16, 32),
+    "pp.send_recv": (1, 2, 4, 8, 16, 32),
+    "tp.all_reduce": (4, 8, 16, 32),
+    "tp.all_gather": (4, 8, 16, 32),
+    "tp.reduce_scatter": (4, 8, 16, 32),
+}
+"""The CTA budgets a plan may give each class (besides ``None``, NCCL's default)."""
+
+_NAME = re.compile(
+    r"^(dp|pp|tp)\.(reduce_scatter|all_gather|all_reduce|send_recv)(?:\.chunk(\d+))?(?:\.bucket(\d+))?$"
+)
+_LAYER = re.compile(r"^layer(\d+)$")
+
+
+class CollectiveNameError(EnergyValueError):
+    """A collective name or launch point does not follow the scheme of this module."""
+
+
+def collective_name(group: str, op: str, chunk: int | None = None, bucket: int | None = None) -> str:
+    """The name of a collective (see the module docstring).
+
+    Args:
+        group: ``"dp"``, ``"pp"`` or ``"tp"``.
+        op: ``"reduce_scatter"``, ``"all_gather"``, ``"all_reduce"`` or ``"send_recv"``.
+        chunk: Model chunk, only with a virtual pipeline (``None`` otherwise).
+        bucket: DDP bucket index inside the chunk (bucket classes only).
+
+    Raises:
+        CollectiveNameError: If the parts do not make a valid name.
+    """
+    name = f"{group}.{op}"
+    if chunk is not None:
+        name += f".chunk{chunk}"
+    if bucket is not None:
+        name += f".bucket{bucket}"
+    parse_collective_name(name)
+    return name
+
+
+@dataclass(frozen=True)
+class ParsedName:
+    """The parts of a collective name."""
+
+    group: GroupName
+    """Process group name."""
+    op: Op
+    """Collective operation."""
+    chunk: int | None
+    """Model chunk (virtual pipeline only)."""
+    bucket: int | None
+    """DDP bucket index inside the chunk (bucket classes only)."""
+
+    @property
+    def class_key(self) -> str:
+        """``<group>.<op>``: the class the collective belongs to (the key of :data:`CTA_BUDGETS`)."""
+        return f"{self.group}.{self.op}"
+
+
+def parse_collective_name(name: str) -> ParsedName:
+    """Split a collective name into its parts.
+
+    Raises:
+        CollectiveNameError: If the name does not follow the scheme (the message shows the scheme).
+    """
+    match = _NAME.match(name)
+    if match is None:
+        raise CollectiveNameError(
+            f"collective name {name!r} does not follow <group>.<op>[.chunk<c>][.bucket<b>] with group in "
+            "dp/pp/tp and op in reduce_scatter/all_gather/all_reduce/send_recv"
+        )
+    group, op, chunk, bucket = match.groups()
+    parsed = ParsedName(
+        group,  # type: ignore[arg-type]
+        op,  # type: ignore[arg-type]
+        None if chunk is None else int(chunk),
+        None if bucket is None else int(bucket),
+    )
+    is_bucket_class = group == "dp"
+    if is_bucket_class != (parsed.bucket is not None):
+        raise CollectiveNameError(f"collective {name!r}: dp collectives name a bucket, pp and tp ones do not")
+    if not is_bucket_class and parsed.chunk is not None:
+        raise CollectiveNameError(f"collective {name!r}: only dp (bucket) collectives name a chunk")
+    return parsed
+
+
+def layer_phase(k: int) -> str:
+    """Phase name of the start of the ``k``-th layer (execution order) of an instruction."""
+    if k < 0:
+        raise CollectiveNameError(f"layer index must not be negative, got {k}")
+    return f"layer{k}"
+
+
+def phase_layer(phase: str | None, num_layers: int) -> int | None:
+    """Layers of the instruction done before a launch at ``phase``: ``k`` for ``layer<k>``, all for ``end``.
+
+    Returns ``None`` for ``after_optimizer``, ``gemm_overlap`` and the instruction's start (phase ``None``).
+
+    Raises:
+        CollectiveNameError: On an unknown phase or a layer index beyond the chunk's layers.
+    """
+    if phase is None or phase in (AFTER_OPTIMIZER_PHASE, GEMM_OVERLAP_PHASE):
+        return None
+    if phase == END_PHASE:
+        return num_layers
+    match = _LAYER.match(phase)
+    if match is None or int(match.group(1)) >= num_layers:
+        raise CollectiveNameError(
+            f"launch phase {phase!r} is not layer0..layer{num_layers - 1}, {END_PHASE!r} or "
+            f"{AFTER_OPTIMIZER_PHASE!r}"
+        )
+    return int(match.group(1))
+
+
+@dataclass(frozen=True)
+class CollectiveClass:
+    """One class of collectives (``<group>.<op>``) and how a plan may schedule it."""
+
+    key: str
+    """``<group>.<op>``."""
+    group: GroupName
+    """Process group name (:data:`PROCESS_GROUPS`)."""
+    op: Op
+    """Collective operation."""
+    per_bucket: bool
+    """Bucket class (one launch per bucket per iteration, launch point chosen) or inline class."""
+    cta_budgets: tuple[int, ...]
+    """Allowed ``max_ctas`` besides ``None``."""
+
+
+def traffic_factor(op: str, group_size: int) -> float:
+    """Bytes each GPU sends per byte of the full buffer, for NCCL's ring algorithms.
+
+    ``(n-1)/n`` for reduce-scatter and all-gather, ``2(n-1)/n`` for all-reduce, 1 for a send/recv.
+    """
+    if group_size < 1:
+        raise EnergyValueError(f"group size must be positive, got {group_size}")
+    n = group_size
+    if op == "send_recv":
+        return 1.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n
+    raise CollectiveNameError(f"unknown collective op {op!r}")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of one pipeline rank, with the bytes it moves and where it may launch."""
+
+    name: str
+    """Its name (see the module docstring)."""
+    stage: int
+    """Pipeline rank."""
+    cls: CollectiveClass
+    """Its class."""
+    group_size: int
+    """GPUs in its process group."""
+    bytes_per_launch: int
+    """Bytes of the full buffer one launch reduces or gathers (or sends, for ``pp.send_recv``)."""
+    launches_per_iteration: int
+    """Launches per iteration on this rank (1 for a bucket; per microbatch and layer for inline classes)."""
+    link: Link
+    """The link its traffic crosses (its bandwidth is the job's, see :class:`CollectiveWorkload`)."""
+    bandwidth_gbps: float
+    """Bandwidth of that link per GPU and direction, GB/s."""
+    launch_points: tuple[Boundary, ...]
+    """Allowed launch points, earliest first; for inline classes the rank's first instruction (phase ``None``)
+    and, for TP classes with sequence parallelism, the same with :data:`GEMM_OVERLAP_PHASE`."""
+    layers: tuple[int, int] = (0, 0)
+    """Bucket classes: the chunk's layers (model order, ``[first, last)``) whose parameters the bucket holds;
+    the embedding or output layer counts as a layer of its own just outside ``[0, L)``."""
+
+    @property
+    def traffic_bytes(self) -> float:
+        """Bytes each GPU sends per launch."""
+        return traffic_factor(self.cls.op, self.group_size) * self.bytes_per_launch
+
+
+@dataclass(frozen=True)
+class CollectiveWorkload:
+    """What the collectives of a job are built from (job shape, parallelism, links).
+
+    Attributes:
+        shape: Model shape with the job's micro-batch size and TP degree.
+        orders: Every rank's executed instruction order.
+        data_parallel: Data-parallel size (with context parallelism).
+        sequence_parallel: Megatron's sequence parallelism (TP all-gather/reduce-scatter instead of
+            all-reduce; pipeline transfers split by TP).
+        distributed_optimizer: ``--use-distributed-optimizer`` (gradient reduce-scatter and parameter
+            all-gather instead of one all-reduce).
+        bucket_elements: DDP bucket size in elements; ``None``: megatron-core's ``max(40e6, 1e6 x dp)``.
+        dp_link: Link the data-parallel group crosses.
+        dp_bandwidth_gbps: Its bandwidth per GPU and direction.
+        pp_link: Link pipeline transfers cross.
+        pp_bandwidth_gbps: Its bandwidth.
+        tp_bandwidth_gbps: Bandwidth of the tensor-parallel group (NVLink inside a node).
+    """
+
+    shape: TransformerShape
+    orders: PipelineOrders
+    data_parallel: int
+    sequence_parallel: bool
+    distributed_optimizer: bool
+    dp_link: Link
+    dp_bandwidth_gbps: float
+    pp_link: Link
+    pp_bandwidth_gbps: float
+    tp_bandwidth_gbps: float
+    bucket_elements: int | None = None
+
+    @property
+    def layers_per_chunk(self) -> int:
+        """Transformer layers per model chunk."""
+        return self.shape.num_layers // (self.orders.num_stages * self.orders.num_chunks)
+
+    @property
+    def bucket_size(self) -> int:
+        """Elements per DDP bucket."""
+        if self.bucket_elements is not None:
+            return self.bucket_elements
+        return max(DEFAULT_BUCKET_ELEMENTS, 1_000_000 * self.data_parallel)
+
+
+def layer_parameters(shape: TransformerShape) -> float:
+    """Parameters of one transformer layer on one tensor-parallel rank (norms and biases ignored)."""
+    h, f = shape.hidden_size, shape.ffn_hidden_size
+    kv_width = shape.query_groups * (h // shape.num_attention_heads)
+    attention = h * (h + 2 * kv_width) + h * h
+    mlp = h * f * (3 if shape.gated_mlp else 2)
+    return (attention + mlp) / shape.tensor_parallel
+
+
+def edge_parameters(shape: TransformerShape) -> float:
+    """Parameters of the embedding (first chunk) or output layer (last chunk) on one TP rank."""
+    return shape.vocab_size * shape.hidden_size / shape.tensor_parallel
+
+
+def chunk_parameter_layers(workload: CollectiveWorkload, stage: int, chunk: int) -> list[float]:
+    """Parameters per layer of one chunk in model order, the embedding / output layer included as layers.
+
+    The embedding comes first on stage 0 chunk 0, the output layer last on the last stage's last chunk.
+    """
+    orders = workload.orders
+    per_layer = layer_parameters(workload.shape)
+    layers = [per_layer] * workload.layers_per_chunk
+    if stage == 0 and chunk == 0:
+        layers = [edge_parameters(workload.shape), *layers]
+    if stage == orders.num_stages - 1 and chunk == orders.num_chunks - 1:
+        layers = [*layers, edge_parameters(workload.shape)]
+    return layers
+
+
+def build_collectives(workload: CollectiveWorkload) -> list[Collective]:
+    """Every collective of every pipeline rank of the job (see the module docstring).
+
+    Returns:
+        Per rank: its DP buckets (reduce-scatter or all-reduce, and all-gather with the distributed
+        optimizer), its pipeline transfers (with more than one stage) and its TP collectives (with TP > 1).
+    """
+    result: list[Collective] = []
+    for stage in range(workload.orders.num_stages):
+        if workload.data_parallel > 1:
+            result += _bucket_collectives(workload, stage)
+        result += _inline_collectives(workload, stage)
+    return result
+
+
+def _collective_class(group: GroupName, op: Op, per_bucket: bool) -> CollectiveClass:
+    key = f"{group}.{op}"
+    return CollectiveClass(key, group, op, per_bucket, CTA_BUDGETS[key])
+
+
+def _buckets(layers: Sequence[float], bucket_size: int) -> list[tuple[int, int, float]]:
+    """Buckets over the chunk's parameters in reverse model order: (first layer, last layer + 1, elements).
+
+    Parameters fill buckets from the chunk's last layer backwards; a bucket spans the layers it touches.
+    """
+    buckets: list[tuple[int, int, float]] = []
+    total = sum(layers)
+    count = max(1, math.ceil(total / bucket_size - 1e-9))
+    bounds = [0.0]
+    for value in reversed(layers):
+        bounds.append(bounds[-1] + value)
+    # bounds[i]: elements of the last i layers; bucket j covers [j*B, min((j+1)*B, total)).
+    n = len(layers)
+    for j in range(count):
+        low, high = j * bucket_size, min((j + 1) * bucket_size, total)
+        first_rev = next(i for i in range(n) if bounds[i + 1] > low)
+        last_rev = next(i for i in range(n) if bounds[i + 1] >= high - 1e-6)
+        buckets.append((n - 1 - last_rev, n - first_rev, high - low))
+    return buckets
+
+
+def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collective]:
+    orders = workload.orders
+    order = orders.stage(stage)
+    ops: list[Op] = ["reduce_scatter", "all_gather"] if workload.distributed_optimizer else ["all_reduce"]
+    virtual = orders.num_chunks > 1
+    result = []
+    for chunk in range(orders.num_chunks):
+        layers = chunk_parameter_layers(workload, stage, chunk)
+        offset = 1 if stage == 0 and chunk == 0 else 0  # the embedding is layer -1 of chunk 0
+        last_backward = [i for i in order if i.chunk == chunk and i.kind == "backward"][-1]
+        first_forward = next(i for i in order if i.chunk == chunk and i.kind == "forward")
+        for index, (first, last, elements) in enumerate(_buckets(layers, workload.bucket_size)):
+            model_layers = (first - offset, last - offset)
+            for op in ops:
+                cls = _collective_class("dp", op, per_bucket=True)
+                points: tuple[Boundary, ...]
+                if op == "all_gather":
+                    points = (
+                        Boundary(order[-1], AFTER_OPTIMIZER_PHASE),
+                        Boundary(first_forward, layer_phase(0)),
+                    )
+                else:
+                    points = _reduce_launch_points(last_backward, model_layers, workload.layers_per_chunk)
+                    if last_backward != order[-1]:
+                        points += (Boundary(order[-1], END_PHASE),)
+                result.append(
+                    Collective(
+                        name=collective_name("dp", op, chunk if virtual else None, index),
+                        stage=stage,
+                        cls=cls,
+                        group_size=workload.data_parallel,
+                        bytes_per_launch=round(elements * BF16_BYTES),
+                        launches_per_iteration=1,
+                        link=workload.dp_link,
+                        bandwidth_gbps=workload.dp_bandwidth_gbps,
+                        launch_points=points,
+                        layers=model_layers,
+                    )
+                )
+    return result
+
+
+def ready_layer(model_layers: tuple[int, int], num_layers: int) -> int:
+    """Layers of a backward pass done (execution order) when a bucket holding ``model_layers`` is ready.
+
+    The backward pass runs layers ``L-1 .. 0``; the bucket is ready once its first (lowest) layer is done.
+    An embedding (layer -1) is done with the instruction; an output layer (layer L) before layer0 starts.
+    """
+    first = max(model_layers[0], 0)
+    return min(num_layers, num_layers - first)
+
+
+def _reduce_launch_points(
+    instruction: Instruction, model_layers: tuple[int, int], num_layers: int
+) -> tuple[Boundary, ...]:
+    """Layer boundaries of the chunk's last backward from the bucket's readiness to the end."""
+    ready = ready_layer(model_layers, num_layers)
+    if model_layers[0] < 0:  # the embedding's gradient is ready only at the end
+        ready = num_layers
+    phases = [layer_phase(k) for k in range(ready, num_layers)] + [END_PHASE]
+    return tuple(Boundary(instruction, phase) for phase in phases)
+
+
+def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collective]:
+    orders = workload.orders
+    first = Boundary(orders.stage(stage)[0])
+    shape = workload.shape
+    hidden_bytes = shape.activation_bytes()
+    passes = 2 * orders.num_microbatches * orders.num_chunks  # forward and backward of every microbatch
+    layers = workload.layers_per_chunk
+    result = []
+    if orders.num_stages > 1:
+        split = shape.tensor_parallel if workload.sequence_parallel else 1
+        # One send or receive per pass except at the pipeline's ends; counted as one launch per pass.
+        result.append(
+            Collective(
+                name=collective_name("pp", "send_recv"),
+                stage=stage,
+                cls=_collective_class("pp", "send_recv", per_bucket=False),
+                group_size=2,
+                bytes_per_launch=hidden_bytes // split,
+                launches_per_iteration=passes,
+                link=workload.pp_link,
+                bandwidth_gbps=workload.pp_bandwidth_gbps,
+                launch_points=(first,),
+            )
+        )
+    if shape.tensor_parallel > 1:
+        ops: list[Op] = ["all_gather", "reduce_scatter"] if workload.sequence_parallel else ["all_reduce"]
+        for op in ops:
+            # Two per layer and pass (attention and MLP), as in the workload model; with sequence parallelism
+            # two all-gathers and two reduce-scatters.
+            result.append(
+                Collective(
+                    name=collective_name("tp", op),
+                    stage=stage,
+                    cls=_collective_class("tp", op, per_bucket=False),
+                    group_size=shape.tensor_parallel,
+                    bytes_per_launch=hidden_bytes,
+                    launches_per_iteration=2 * layers * passes,
+                    link="nvlink",
+                    bandwidth_gbps=workload.tp_bandwidth_gbps,
+                    launch_points=(first, first._replace(phase=GEMM_OVERLAP_PHASE))
+                    if workload.sequence_parallel
+                    else (first,),
+                )
+            )
+    return result

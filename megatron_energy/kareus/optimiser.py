@@ -1,0 +1,321 @@
+"""The Kareus-style optimiser: launch point and CTA budget of every collective class, jointly with the clock.
+
+``--energy-mode kareus`` plans at stock clocks (every instruction at its fastest profiled clock);
+``--energy-mode all`` runs it after Perseus and refines each Perseus point: the point's clocks stay, shifted
+only for the instructions a class overlaps (``kareus.schedule``), and the collective actions are added.
+
+For the target point it searches (``kareus.search``), stage by stage, the choices of every collective class
+of the stage (:func:`class_space`) for the least *modelled* energy (``sim.overlap``) whose iteration is no
+slower than the deadline: the base point's deadline, or (alone) the stock iteration under megatron-core's
+default collective schedule for ``iso-time`` and its slowdown for ``slowdown:X``. Where the base point's own
+choices (megatron-core's defaults) already miss its deadline under the overlap model (a model that prices
+collectives the clock planner's DAG does not), the deadline is that default iteration's time, so a Kareus
+point is never slower than its base point as this model prices both. The other points get the target's
+choices where these keep them within their deadlines, megatron-core's defaults otherwise.
+
+Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
+relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
+relaxation does not cover collectives).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.kareus.cache import SearchCache
+from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
+from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel
+from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
+from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import (
+    Action,
+    Baseline,
+    Boundary,
+    ClockAction,
+    CollectiveAction,
+    Plan,
+    PlanPoint,
+    RankPlan,
+)
+from megatron_energy.sim.overlap import OverlapResult
+
+
+def class_space(key: str, sequence_parallel: bool) -> ClassSpace:
+    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning)."""
+    if key in ("dp.reduce_scatter", "dp.all_reduce"):
+        return ClassSpace(
+            ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=(-1, 0, 1, 2), clock_steps=(-2, -1, 0, 1)
+        )
+    if key == "dp.all_gather":
+        return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16), launches=(0, 1))
+    if key == "pp.send_recv":
+        return ClassSpace(ctas=(CTA_DEFAULT, 1, 2, 4, 8))
+    launches = (0, 1) if sequence_parallel else (0,)
+    clocks = (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
+    return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=launches, clock_steps=clocks)
+
+
+@dataclass
+class KareusOptimiser:
+    """Collective launch points and CTA budgets jointly with the clock (module docstring)."""
+
+    budget: SearchBudget = field(default_factory=lambda: SearchBudget(trials=24))
+    """Model-priced trials per stage, seed and sampler."""
+
+    cache_dir: Path | None = None
+    """Where search results are cached by fingerprint; no cache when ``None``."""
+
+    name = "kareus"
+    request = ProfileRequest(clock_grid=True, collectives=True)
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        """Plan the collectives of ``job`` (alone at stock clocks, or refining ``base``).
+
+        Without the job's collective workload, a composition's ``base`` is returned as it is (its
+        ``optimisers`` then do not name ``kareus``: nothing of the plan came from it), so ``all`` keeps
+        working where the runtime does not yet describe the collectives.
+
+        Raises:
+            EnergyValueError: If the job carries no collective workload and there is no base plan, or the GPU
+                spec cannot be found.
+        """
+        if job.collectives is None and base is not None:
+            return base  # nothing to schedule: the plan names base's optimisers only
+        workload = _workload(job)
+        spec = _spec(job, profile)
+        dag = job.dag()
+        model = KareusModel(dag, profile, spec, build_collectives(workload), workload.layers_per_chunk)
+        defaults = model.choices_default()
+        stock = model.evaluate(None, defaults)
+        if base is None:
+            base_clocks: list[dict[Instruction, int] | None] = [None]
+            deadlines = [_deadline(job, stock.iteration_time_s)]
+            lower_bounds = [math.inf]
+            labels = [str(job.target)]
+            target_index = 0
+        else:
+            base_clocks = [_clocks(point) for point in base.points]
+            deadlines = [point.deadline_s for point in base.points]
+            lower_bounds = [point.lower_bound_j for point in base.points]
+            labels = [point.label for point in base.points]
+            target_index = base.target_index
+        target_default = model.evaluate(base_clocks[target_index], defaults)
+        deadline = max(deadlines[target_index], target_default.iteration_time_s)
+        best = self.choose(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        points = []
+        for index, clocks in enumerate(base_clocks):
+            choices = best
+            result = model.evaluate(clocks, choices)
+            default_result = model.evaluate(clocks, defaults)
+            limit = max(deadlines[index], default_result.iteration_time_s)
+            if index != target_index and result.iteration_time_s > limit * (1 + 1e-9):
+                choices, result = defaults, default_result
+            points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
+        baseline = base.baseline if base is not None else _baseline(stock)
+        return Plan(
+            fingerprint=job.fingerprint,
+            gpu_name=profile.gpu_name,
+            provenance=profile.source,
+            target=str(job.target),
+            optimisers=(*(base.optimisers if base is not None else ()), self.name),
+            switch_latency_s=job.switch_latency_s,
+            baseline=baseline,
+            points=tuple(points),
+            target_index=target_index,
+            frontier=base.frontier if base is not None else (),
+            measured_tail=base.measured_tail if base is not None else None,
+        )
+
+    def choose(
+        self,
+        model: KareusModel,
+        workload: CollectiveWorkload,
+        clocks: Mapping[Instruction, int] | None,
+        deadline_s: float,
+        fingerprint: str,
+    ) -> dict[ChoiceKey, ClassChoice]:
+        """Stage by stage, the least-energy choices within the deadline (cached by fingerprint).
+
+        Args:
+            model: The job's Kareus model.
+            workload: Its collective workload (for the search space).
+            clocks: The base clocks (fastest where absent).
+            deadline_s: The iteration-time budget.
+            fingerprint: The job fingerprint (the cache key, with the other inputs).
+
+        Returns:
+            The choice of every class of every rank (megatron-core's defaults where nothing better fits).
+        """
+        cache = SearchCache(self.cache_dir) if self.cache_dir is not None else None
+        key = {
+            "fingerprint": fingerprint,
+            "deadline_s": deadline_s,
+            "clocks": sorted((list(i), c) for i, c in (clocks or {}).items()),
+            "budget": [self.budget.trials, self.budget.seed, self.budget.sampler],
+        }
+        if cache is not None:
+            hit = cache.load(fingerprint, key)
+            if hit is not None:
+                return hit
+
+        def measure(choices: Mapping[ChoiceKey, ClassChoice]) -> Measurement:
+            result = model.evaluate(clocks, choices)
+            return Measurement(result.iteration_time_s, result.total_energy_j, "modelled")
+
+        best = self._global_start(model, workload, measure, deadline_s)
+        for stage in sorted(model.class_keys):
+            space = {(stage, k): class_space(k, workload.sequence_parallel) for k in model.class_keys[stage]}
+            seeds = [best, *(_overlap_seed(best, space, ctas) for ctas in (4, 8, 16))]
+            found = search(space, measure, deadline_s, self.budget, fixed=best, seeds=seeds)
+            if found.feasible:
+                best = dict(found.best.choices)
+        if cache is not None:
+            cache.store(fingerprint, key, best)
+        return best
+
+    @staticmethod
+    def _global_start(
+        model: KareusModel,
+        workload: CollectiveWorkload,
+        measure: Callable[[Mapping[ChoiceKey, ClassChoice]], Measurement],
+        deadline_s: float,
+    ) -> dict[ChoiceKey, ClassChoice]:
+        """The start of the stage-by-stage search: the defaults, or a joint move of every rank.
+
+        A joint move (:func:`_joint`) is taken when it fits the deadline with less energy: one stage at a time
+        cannot find it (overlap on every rank shortens the pipeline, and only then can every rank's clock come
+        down).
+        """
+        best = model.choices_default()
+        best_j = measure(best).energy_j
+        for ctas in (4, 8):
+            for steps in (0, -1, -2, -3, -4):
+                candidate = _joint(model, workload, ctas, steps)
+                priced = measure(candidate)
+                if priced.time_s <= deadline_s * (1 + 1e-9) and priced.energy_j < best_j:
+                    best, best_j = candidate, priced.energy_j
+        return best
+
+
+def _joint(
+    model: KareusModel, workload: CollectiveWorkload, ctas: int, clock_steps: int
+) -> dict[ChoiceKey, ClassChoice]:
+    """Every rank alike: collectives overlapped with ``ctas`` CTAs, overlapped work ``clock_steps`` away."""
+    choices = model.choices_default()
+    for stage, keys in model.class_keys.items():
+        for key in keys:
+            space = class_space(key, workload.sequence_parallel)
+            launch = max(space.launches) if key == "dp.all_gather" or key.startswith("tp.") else 0
+            steps = clock_steps if clock_steps in space.clock_steps else 0
+            choices[(stage, key)] = ClassChoice(ctas, launch, steps)
+    return choices
+
+
+def _overlap_seed(
+    best: Mapping[ChoiceKey, ClassChoice], space: Mapping[ChoiceKey, ClassSpace], ctas: int
+) -> dict[ChoiceKey, ClassChoice]:
+    """A model-derived seed: every class of the stage overlapped as early as allowed with ``ctas`` CTAs."""
+    seed = dict(best)
+    for key, values in space.items():
+        launch = max(values.launches) if key[1] in ("dp.all_gather",) or key[1].startswith("tp.") else 0
+        seed[key] = ClassChoice(ctas, launch, 0)
+    return seed
+
+
+def _workload(job: PlanningJob) -> CollectiveWorkload:
+    if job.collectives is None:
+        raise EnergyValueError(
+            "--energy-mode kareus/all needs the job's collective workload (model shape, parallelism, links): "
+            "this planning job carries none; plan from a job description (megatron-energy simulate/plan "
+            "--config) or use --energy-mode perseus"
+        )
+    return job.collectives
+
+
+def _spec(job: PlanningJob, profile: Profile) -> GpuSpec:
+    if job.gpu is not None:
+        return job.gpu
+    try:
+        return load_gpu_spec(profile.gpu_name)
+    except ValueError as error:
+        raise EnergyValueError(
+            f"the collective scheduler needs the GPU spec of {profile.gpu_name!r} (SMs, interconnect): "
+            f"{error}"
+        ) from None
+
+
+def _deadline(job: PlanningJob, stock_s: float) -> float:
+    target = job.target
+    if target.kind == "slowdown":
+        return stock_s * (1 + target.slowdown)
+    if target.kind == "min-energy":
+        return math.inf
+    return stock_s
+
+
+def _clocks(point: PlanPoint) -> dict[Instruction, int]:
+    return {i: c for stage in range(len(point.ranks)) for i, c in point.clock_table(stage).items()}
+
+
+def _baseline(stock: OverlapResult) -> Baseline:
+    return Baseline(
+        stock.iteration_time_s, stock.total_energy_j, tuple(stage.total_j for stage in stock.stages)
+    )
+
+
+def _point(
+    model: KareusModel,
+    label: str,
+    base_clocks: Mapping[Instruction, int] | None,
+    choices: Mapping[ChoiceKey, ClassChoice],
+    result: OverlapResult,
+    deadline_s: float,
+    lower_bound_j: float,
+) -> PlanPoint:
+    clocks = model.clocks(base_clocks, choices)
+    ranks = []
+    for stage, energy in enumerate(result.stages):
+        ranks.append(
+            RankPlan(
+                actions=_ordered(model, stage, clocks, model.actions(stage, choices)),
+                energy_j=energy.total_j,
+                busy_s=energy.phase("compute").time_s + energy.phase("overlap").time_s,
+            )
+        )
+    energy_j = result.total_energy_j
+    return PlanPoint(
+        label=label,
+        iteration_time_s=result.iteration_time_s,
+        deadline_s=deadline_s if math.isfinite(deadline_s) else result.iteration_time_s,
+        lower_bound_j=min(lower_bound_j, energy_j),
+        ranks=tuple(ranks),
+    )
+
+
+def _ordered(
+    model: KareusModel, stage: int, clocks: Mapping[Instruction, int], collectives: list[CollectiveAction]
+) -> tuple[Action, ...]:
+    """Clock and collective actions of a rank in execution order (a clock before launches at its start)."""
+    order = model.dag.stage_order(stage)
+    position = {instruction: i for i, instruction in enumerate(order)}
+    keyed: list[tuple[tuple[int, int, int], Action]] = [
+        ((position[i], 0, 0), ClockAction(Boundary(i), clocks[i])) for i in order
+    ]
+    for action in collectives:
+        phase = action.at.phase
+        layer = -1 if phase is None else (10**6 if phase in ("end", "after_optimizer") else _layer(phase))
+        rank = 2 if phase == "after_optimizer" else 1
+        keyed.append(((position[action.at.instruction], rank, layer), action))
+    keyed.sort(key=lambda item: item[0])
+    return tuple(action for _, action in keyed)
+
+
+def _layer(phase: str) -> int:
+    return int(phase[len("layer") :]) if phase.startswith("layer") else 0

@@ -1,0 +1,251 @@
+"""Choices per (stage, collective class) and what they mean: the overlap simulation and the plan's actions.
+
+A :class:`ClassChoice` is what the search picks for one collective class on one pipeline rank: a CTA budget,
+a launch point and a clock offset for the instructions the class overlaps. :class:`KareusModel` turns a set of
+choices (plus the base plan's clocks) into an :class:`~megatron_energy.sim.overlap.OverlapSchedule`, simulates
+it (*modelled*), and writes the rank's :class:`~megatron_energy.plan.CollectiveAction` list.
+
+Launch choice per class (``ClassChoice.launch``):
+
+* ``dp.reduce_scatter`` / ``dp.all_reduce``: ``-1`` = the last launch point of every bucket (``"end"`` of the
+  rank's last instruction: megatron-core's default, no overlap); ``d >= 0`` = ``d`` layers after the bucket's
+  gradients are ready (``0``: ``--overlap-grad-reduce``), clamped to the bucket's last point;
+* ``dp.all_gather``: ``0`` = ``"after_optimizer"`` (default), ``1`` = prefetch at ``"layer0"`` of the chunk's
+  first forward (``--overlap-param-gather``);
+* ``tp.*``: ``0`` = NCCL where megatron-core launches it, ``1`` = ``"gemm_overlap"`` (TE userbuffers);
+* ``pp.send_recv``: no choice (``0``).
+
+Clock offset (``ClassChoice.clock_steps``): the instructions a class overlaps run ``clock_steps`` x
+:data:`CLOCK_STEP_MHZ` away from the base plan's clock (snapped to a profiled clock): the chunk's last
+backward instructions for the gradient reduce, the chunks' first forwards for a prefetched all-gather, every
+instruction of the rank for the tensor-parallel classes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.kareus.collectives import (
+    AFTER_OPTIMIZER_PHASE,
+    GEMM_OVERLAP_PHASE,
+    NCCL_DEFAULT_CTAS,
+    Collective,
+    phase_layer,
+)
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.plan import Boundary, CollectiveAction
+from megatron_energy.sim.contention import CommLoad
+from megatron_energy.sim.overlap import (
+    CommLaunch,
+    InlineComm,
+    InlinePart,
+    OverlapResult,
+    OverlapSchedule,
+    OverlapSimulator,
+)
+from megatron_energy.sim.simulator import ProfileLike
+
+CLOCK_STEP_MHZ = 60
+"""One step of a class's clock offset."""
+
+ChoiceKey = tuple[int, str]
+"""``(stage, class key)``, e.g. ``(0, "dp.reduce_scatter")``."""
+
+
+@dataclass(frozen=True)
+class ClassChoice:
+    """What a plan does with one collective class on one rank (module docstring).
+
+    Attributes:
+        max_ctas: CTA budget; ``None`` for NCCL's default.
+        launch: Launch choice (module docstring); the default reproduces megatron-core's defaults.
+        clock_steps: Clock offset of the instructions the class overlaps, in :data:`CLOCK_STEP_MHZ` steps.
+    """
+
+    max_ctas: int | None = None
+    launch: int = 0
+    clock_steps: int = 0
+
+
+def default_choice(class_key: str) -> ClassChoice:
+    """megatron-core's defaults: NCCL's budget, no overlap, the base clock."""
+    return ClassChoice(launch=-1 if class_key in ("dp.reduce_scatter", "dp.all_reduce") else 0)
+
+
+class KareusModel:
+    """Choices → overlap simulation and plan actions for one job (module docstring)."""
+
+    def __init__(
+        self,
+        dag: PipelineDag,
+        profile: ProfileLike,
+        spec: GpuSpec,
+        collectives: list[Collective],
+        layers: int,
+    ):
+        """Model ``dag`` priced by ``profile`` on ``spec`` with the job's ``collectives``.
+
+        Args:
+            dag: The iteration DAG.
+            profile: Time and energy per clock of every instruction.
+            spec: The GPU spec (powers, SMs, per-CTA bandwidth).
+            collectives: Every collective of every rank (``kareus.collectives.build_collectives``).
+            layers: Transformer layers per model chunk (to place layer-boundary launches).
+        """
+        self.dag = dag
+        self.profile = profile
+        self.spec = spec
+        self.collectives = collectives
+        self.layers = layers
+        self.simulator = OverlapSimulator(dag, profile, spec)
+        self.class_keys: dict[int, list[str]] = {}
+        for collective in collectives:
+            keys = self.class_keys.setdefault(collective.stage, [])
+            if collective.cls.key not in keys:
+                keys.append(collective.cls.key)
+        self._clocks = {
+            work: sorted(option.clock_mhz for option in profile.options(work))
+            for work in {node.work for node in dag.compute_nodes()}
+        }
+
+    def choices_default(self) -> dict[ChoiceKey, ClassChoice]:
+        """megatron-core's defaults for every class of every rank."""
+        return {(stage, key): default_choice(key) for stage, keys in self.class_keys.items() for key in keys}
+
+    def load(self, collective: Collective, max_ctas: int | None) -> CommLoad:
+        """The collective's CTA budget and link as a contention load."""
+        return CommLoad(
+            ctas=max_ctas or NCCL_DEFAULT_CTAS,
+            link_bandwidth_gbps=collective.bandwidth_gbps,
+            cta_bandwidth_gbps=self.spec.cta_bandwidth_gbps,
+            latency_s=self.spec.p2p_latency_s,
+        )
+
+    def boundary(self, collective: Collective, choice: ClassChoice) -> Boundary:
+        """The launch point ``choice`` gives ``collective``."""
+        points = collective.launch_points
+        if collective.cls.op == "all_gather" and collective.cls.group == "dp":
+            return points[min(max(choice.launch, 0), len(points) - 1)]
+        if not collective.cls.per_bucket:
+            return points[min(max(choice.launch, 0), len(points) - 1)]
+        return points[-1] if choice.launch < 0 else points[min(choice.launch, len(points) - 1)]
+
+    def schedule(self, choices: Mapping[ChoiceKey, ClassChoice]) -> OverlapSchedule:
+        """The overlap schedule of ``choices`` (a class without a choice keeps megatron-core's defaults)."""
+        launches: list[CommLaunch] = []
+        transfer_s: dict[int, float] = {}
+        inline: dict[Work, InlineComm] = {}
+        for collective in self.collectives:
+            choice = choices.get((collective.stage, collective.cls.key)) or default_choice(collective.cls.key)
+            load = self.load(collective, choice.max_ctas)
+            if collective.cls.per_bucket:
+                launches.append(self._launch(collective, self.boundary(collective, choice), load))
+            elif collective.cls.group == "pp":
+                transfer_s[collective.stage] = load.duration_s(collective.traffic_bytes)
+            elif choice.max_ctas is not None or choice.launch != 0:
+                self._add_inline(inline, collective, choice, load)
+        return OverlapSchedule(tuple(launches), transfer_s, inline)
+
+    def _launch(self, collective: Collective, at: Boundary, load: CommLoad) -> CommLaunch:
+        if at.phase == AFTER_OPTIMIZER_PHASE:
+            return CommLaunch(
+                collective.name, collective.stage, collective.traffic_bytes, load, "after_optimizer"
+            )
+        if collective.cls.op == "all_gather":
+            return CommLaunch(
+                collective.name, collective.stage, collective.traffic_bytes, load, "prefetch", at.instruction
+            )
+        done = phase_layer(at.phase, self.layers)
+        fraction = 1.0 if done is None else done / self.layers
+        return CommLaunch(
+            collective.name,
+            collective.stage,
+            collective.traffic_bytes,
+            load,
+            "compute",
+            at.instruction,
+            fraction,
+        )
+
+    def _add_inline(
+        self, inline: dict[Work, InlineComm], collective: Collective, choice: ClassChoice, load: CommLoad
+    ) -> None:
+        """Add a tensor-parallel class's per-instruction collectives to every instruction of its rank."""
+        passes = 2 * self.dag.orders.num_microbatches * self.dag.num_chunks
+        per_pass = collective.launches_per_iteration / passes
+        part = InlinePart(
+            per_pass * load.duration_s(collective.traffic_bytes),
+            load,
+            self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE,
+        )
+        profiled_s = per_pass * self.load(collective, None).duration_s(collective.traffic_bytes)
+        for work in {node.work for node in self.dag.stage_order(collective.stage)}:
+            previous = inline.get(work, InlineComm((), 0.0))
+            inline[work] = InlineComm((*previous.parts, part), previous.profiled_s + profiled_s)
+
+    def clocks(
+        self, base: Mapping[Instruction, int] | None, choices: Mapping[ChoiceKey, ClassChoice]
+    ) -> dict[Instruction, int]:
+        """Every instruction's clock: the base plan's (fastest when absent), shifted by the class offsets."""
+        base = base or {}
+        clocks: dict[Instruction, int] = {}
+        for stage in range(self.dag.num_stages):
+            order = self.dag.stage_order(stage)
+            shifts = dict.fromkeys(order, 0)
+            for key in self.class_keys.get(stage, []):
+                choice = choices.get((stage, key))
+                if choice is None or choice.clock_steps == 0:
+                    continue
+                for instruction in self._overlapped_instructions(stage, key, choice):
+                    shifts[instruction] += choice.clock_steps
+            for instruction in order:
+                grid = self._clocks[instruction.work]
+                clock = base.get(instruction, grid[-1])
+                if shifts[instruction]:
+                    clock = _snap(grid, clock + shifts[instruction] * CLOCK_STEP_MHZ)
+                clocks[instruction] = clock
+        return clocks
+
+    def _overlapped_instructions(self, stage: int, key: str, choice: ClassChoice) -> set[Instruction]:
+        if key.startswith("tp."):
+            return set(self.dag.stage_order(stage))
+        chosen = {
+            self.boundary(c, choice).instruction
+            for c in self.collectives
+            if c.stage == stage and c.cls.key == key
+        }
+        if key == "dp.all_gather" and choice.launch == 0:
+            return set()
+        return chosen
+
+    def evaluate(
+        self, base: Mapping[Instruction, int] | None, choices: Mapping[ChoiceKey, ClassChoice]
+    ) -> OverlapResult:
+        """Simulate the iteration under the base clocks and ``choices`` (modelled)."""
+        return self.simulator.run(self.clocks(base, choices), self.schedule(choices))
+
+    def actions(self, stage: int, choices: Mapping[ChoiceKey, ClassChoice]) -> list[CollectiveAction]:
+        """The rank's collective actions: one per bucket, one per inline class (module docstring)."""
+        actions = []
+        for collective in self.collectives:
+            if collective.stage != stage:
+                continue
+            choice = choices.get((stage, collective.cls.key)) or default_choice(collective.cls.key)
+            actions.append(
+                CollectiveAction(self.boundary(collective, choice), collective.name, choice.max_ctas)
+            )
+        return actions
+
+
+def _snap(grid: list[int], clock_mhz: float) -> int:
+    """The profiled clock nearest to ``clock_mhz`` (ascending ``grid``)."""
+    i = bisect.bisect_left(grid, clock_mhz)
+    candidates = grid[max(0, i - 1) : i + 1]
+    if not candidates:
+        raise EnergyValueError("an instruction has no profiled clock")
+    return min(candidates, key=lambda c: (abs(c - clock_mhz), -c))

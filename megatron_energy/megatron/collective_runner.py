@@ -1,0 +1,225 @@
+"""Run the collective actions of the plan an energy session is running, on the job's DDP model chunks.
+
+:class:`CollectiveRunner` is a ``ScheduleListener`` placed after the session. At each step's start it looks
+at the session's plan runner (``session.runner``, a ``runtime.plan_runner.PlanRunner``): when a plan starts,
+switches point (a straggler's pace) or stops (fallback, safety net), it builds, swaps or removes this rank's
+:class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher`; communicators for the budgets of
+*every* point of the plan are created with the first launcher, so switching points creates none. A plan the
+job cannot honour is reported once and its collective actions are skipped (its clocks still run): every
+member of a data-parallel group runs the same pipeline rank's actions on the same job, so the members agree.
+
+On the launcher path the model chunks come from :func:`capture_model`, which wraps megatron-training's
+``setup_model_and_optimizer`` to keep the model it returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from megatron_energy.errors import EnergyError
+from megatron_energy.megatron.collective_launch import CollectiveLauncher
+from megatron_energy.megatron.communicators import BudgetCommunicators
+from megatron_energy.plan import Action, CollectiveAction
+
+CommunicatorConfig = Mapping[str, Mapping[str, Any]] | None
+
+
+class CollectiveRunner:
+    """Keeps this rank's collective launcher in step with the session's running plan point.
+
+    Args:
+        session: Has ``runner`` (``PlanRunner`` or ``None``) and ``context`` (``pipeline_rank``, ``orders``);
+            a callable returning it (or ``None`` until it exists) is accepted too.
+        model_chunks: Returns this rank's ``DistributedDataParallel`` chunks (``None`` until built).
+        communicator_config: The job's ``--nccl-communicator-config-path`` mapping, or ``None``; or a callable
+            returning it, called when the first plan starts (Megatron's arguments exist by then).
+        printer: Where a refused plan is reported.
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        model_chunks: Callable[[], Sequence[Any] | None],
+        communicator_config: CommunicatorConfig | Callable[[], CommunicatorConfig] = None,
+        printer: Callable[[str], Any] | None = None,
+    ) -> None:
+        self._session = session if callable(session) else (lambda: session)
+        self._model_chunks = model_chunks
+        self._config_source = communicator_config
+        self._communicators: BudgetCommunicators | None = None
+        self._config: CommunicatorConfig = None
+        self._printer = printer or (lambda line: print(line, file=sys.stderr))
+        self._running: tuple[int, int] | None = None
+        self._refused: set[int] = set()
+        self.launcher: CollectiveLauncher | None = None
+
+    def _sync(self) -> None:
+        session = self._session()
+        runner = None if session is None else session.runner
+        key = None if runner is None else (id(runner.plan), runner.index)
+        if key == self._running:
+            return
+        if self.launcher is not None:
+            self.launcher.uninstall()
+            self.launcher = None
+        self._running = key
+        if runner is None or id(runner.plan) in self._refused:
+            return
+        stage = session.context.pipeline_rank
+        every_point: list[Action] = [a for point in runner.plan.points for a in point.ranks[stage].actions]
+        if not any(isinstance(action, CollectiveAction) for action in every_point):
+            return
+        chunks = self._model_chunks()
+        if not chunks:
+            self._refuse(
+                runner,
+                stage,
+                "the job's model chunks were not captured (the launcher wraps "
+                "megatron-training's setup_model_and_optimizer; a script that builds its model "
+                "otherwise is not covered)",
+            )
+            return
+        try:
+            if self._communicators is None:
+                source = self._config_source
+                self._config = source() if callable(source) else source
+                self._communicators = BudgetCommunicators(self._config)
+            self.launcher = CollectiveLauncher(
+                chunks,
+                runner.point.ranks[stage].actions,
+                session.context.orders.stage(stage),
+                stage,
+                communicators=self._communicators,
+                budget_actions=every_point,
+                communicator_config=self._config,
+            )
+        except EnergyError as refused:
+            self._refuse(runner, stage, str(refused))
+
+    def _refuse(self, runner: Any, stage: int, reason: str) -> None:
+        self._refused.add(id(runner.plan))
+        self._printer(
+            f"[energy] pipeline rank {stage}: the plan's collective actions are not applied (its clocks "
+            f"are): {reason}"
+        )
+
+    def on_step_begin(self, step: int) -> None:
+        """Follow the session's plan point, then pass the event on."""
+        self._sync()
+        if self.launcher is not None:
+            self.launcher.on_step_begin(step)
+
+    def on_step_end(self, step: int) -> None:
+        """Pass the event on."""
+        if self.launcher is not None:
+            self.launcher.on_step_end(step)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Pass the event on."""
+        if self.launcher is not None:
+            self.launcher.on_instruction_begin(kind, microbatch, chunk)
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        """Pass the event on."""
+        if self.launcher is not None:
+            self.launcher.on_instruction_end(kind, microbatch, chunk)
+
+    def on_p2p_begin(self, op: str) -> None:
+        """Pipeline p2p is not retimed."""
+
+    def on_p2p_end(self, op: str) -> None:
+        """Pipeline p2p is not retimed."""
+
+    def close(self) -> None:
+        """Give the bucket groups their own methods back."""
+        if self.launcher is not None:
+            self.launcher.uninstall()
+            self.launcher = None
+
+
+class CapturedModel:
+    """The model megatron-training's ``setup_model_and_optimizer`` returned (launcher path)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[Any] | None = None
+
+    def __call__(self) -> list[Any] | None:
+        """This rank's DDP model chunks, ``None`` before the model is built."""
+        return self.chunks
+
+
+def capture_model() -> tuple[CapturedModel, Callable[[], None]]:
+    """Wrap ``megatron.training.training.setup_model_and_optimizer`` to keep the model it returns.
+
+    Returns:
+        The captured model (callable for :class:`CollectiveRunner`) and a function that restores Megatron's.
+    """
+    from megatron.training import training
+
+    original = training.setup_model_and_optimizer
+    captured = CapturedModel()
+
+    def setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        captured.chunks = list(result[0])
+        return result
+
+    training.setup_model_and_optimizer = setup_model_and_optimizer
+
+    def restore() -> None:
+        training.setup_model_and_optimizer = original
+
+    return captured, restore
+
+
+def megatron_communicator_config() -> CommunicatorConfig:
+    """The communicator config Megatron read (``--nccl-communicator-config-path``), or ``None``."""
+    from megatron.training.global_vars import get_args
+
+    from megatron_energy.runtime.communicator_budgets import read_communicator_config
+
+    path = getattr(get_args(), "nccl_communicator_config_path", None)
+    return None if path is None else read_communicator_config(path)
+
+
+def chunks_from_config(model_config: Any) -> list[Any] | None:
+    """The DDP model chunks behind ``config.no_sync_func``; ``None`` when it is not set.
+
+    Megatron's ``train()`` sets it to the chunks' bound ``no_sync`` methods under ``--overlap-grad-reduce``
+    (patched path: the model itself is not handed to the hooks).
+    """
+    funcs = getattr(model_config, "no_sync_func", None)
+    if funcs is None:
+        return None
+    owners = [getattr(func, "__self__", None) for func in (funcs if isinstance(funcs, list) else [funcs])]
+    return None if any(owner is None for owner in owners) else owners
+
+
+def add_collective_runner(
+    listeners: list[Any], model_chunks: Callable[[], Sequence[Any] | None] | None = None
+) -> Callable[[], None]:
+    """Follow the energy session among ``listeners`` with a :class:`CollectiveRunner`.
+
+    Appends the runner after the session, so it sees the plan the session adopted.
+
+    Args:
+        listeners: The listeners the hooks feed (the session, if any, among them).
+        model_chunks: Returns this rank's DDP chunks; ``None`` (launcher path): captured from
+            megatron-training's ``setup_model_and_optimizer`` (:func:`capture_model`).
+
+    Returns:
+        A function undoing the capture (a no-op when nothing was captured).
+    """
+    from megatron_energy.megatron.session_factory import DeferredSession
+
+    sessions = [listener for listener in listeners if isinstance(listener, DeferredSession)]
+    if not sessions:
+        return lambda: None
+    restore: Callable[[], None] = lambda: None  # noqa: E731
+    if model_chunks is None:
+        model_chunks, restore = capture_model()
+    deferred = sessions[0]
+    listeners.append(CollectiveRunner(lambda: deferred.session, model_chunks, megatron_communicator_config))
+    return restore

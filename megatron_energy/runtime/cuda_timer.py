@@ -1,0 +1,158 @@
+"""``CudaEventTimer``: instruction times from CUDA events, read at once (profiling) or one step later (run).
+
+**Exact (``lagged=False``, profiling).** ``finish_step`` waits for the step's last event, then reads the
+events: the step's timing comes back at the end of the same step. Profiling waits for the device anyway
+(the session laps the energy counter only once the device is idle), and only for a few steps.
+
+**Lagged (``lagged=True``, the run phase).** ``finish_step`` only *seals* the step: it notes the host time
+and keeps the step's events, without waiting for the GPU, so the host stays as far ahead of the GPU as
+Megatron lets it (the optimizer's kernels are queued behind the backward pass instead of after an idle
+GPU). The step sealed one call earlier is read instead: its events were recorded before this step's,
+and Megatron has synchronised since (every iteration ends with host reads of losses and the grad norm),
+so the wait on its last event returns at once. The first lagged call therefore returns nothing, each later
+one the step before it, and :meth:`CudaEventTimer.flush` (at close) the last step. Two event pools
+alternate between steps, so a step's events are not recorded again before they have been read.
+
+**Iteration time** (``StepTiming.cycle_s``) is the host's time between two consecutive schedule ends:
+after each wait when exact, at each seal when lagged. Under the lag this is not the device's iteration
+but the host's; the two agree on average (the host cannot run ahead of the device by more than it does at
+Megatron's per-iteration synchronisation, so host and device complete the same number of iterations over
+any stretch), and a single step's host time may differ from its device time by the variation of that
+lead (tens of ms). The step's energy is the counter lap the session takes at the same seal, so a step's
+time and energy cover the same host window and stay paired.
+
+The instruction samples and the pipeline span are always on the device timeline (event to event), exact
+in both modes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.timing import InstructionSample, StepTiming
+
+
+@dataclass
+class _SealedStep:
+    """One step's events, kept until they are read."""
+
+    start: Any
+    """The step's start event (``None``: the step was never begun)."""
+
+    marks: list[tuple[Instruction, Any, Any]] = field(default_factory=list)
+    """Each instruction with its start and end events, in execution order."""
+
+    cycle_s: float | None = None
+    """The host's time since the previous step's end (``None`` for the first step)."""
+
+
+class CudaEventTimer:
+    """Times instructions with CUDA events recorded on the current stream (measured).
+
+    See the module docstring for the exact and lagged modes and what the iteration time means under each.
+
+    Args:
+        comms: Collectives of the job, used to take the maximum of the pipeline's stage ends.
+    """
+
+    source: Literal["measured", "modelled"] = "measured"
+
+    def __init__(self, comms: RankComms) -> None:
+        import torch
+
+        self._torch = torch
+        self._comms = comms
+        self._pools: tuple[list[Any], list[Any]] = ([], [])
+        self._parity = 1  # the first step_begin flips it to pool 0
+        self._used = 0
+        self._step = _SealedStep(start=None)
+        self._open: dict[Instruction, Any] = {}
+        self._sealed: _SealedStep | None = None
+        self._last_end_s: float | None = None
+
+    def _event(self) -> Any:
+        pool = self._pools[self._parity]
+        if self._used == len(pool):
+            pool.append(self._torch.cuda.Event(enable_timing=True))
+        event = pool[self._used]
+        self._used += 1
+        event.record()
+        return event
+
+    def wait_for_device(self) -> None:
+        """Synchronise the current device (profiling only: it costs the overlap of host and device)."""
+        self._torch.cuda.synchronize()
+
+    def step_begin(self) -> Any:
+        """Record the step's start event (from the pool the previous step did not use) and return it."""
+        self._parity ^= 1
+        self._used = 0
+        self._open.clear()
+        self._step = _SealedStep(start=self._event())
+        return self._step.start
+
+    def begin(self, instruction: Instruction) -> Any:
+        """Record the instruction's start event and return it as the boundary marker."""
+        event = self._event()
+        self._open[instruction] = event
+        return event
+
+    def end(self, instruction: Instruction) -> None:
+        """Record the instruction's end event."""
+        start = self._open.pop(instruction, None)
+        if start is not None:
+            self._step.marks.append((instruction, start, self._event()))
+
+    def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
+        """Seal the step; return the steps whose timing is complete, oldest first.
+
+        Args:
+            lagged: ``False``: wait for this step's last event and return it (with a step still held from a
+                lagged call before it, that one first). ``True``: do not wait for this step; return the
+                step sealed by the previous call, if any.
+
+        Returns:
+            Zero, one or two steps' timings, each returned exactly once.
+        """
+        step, self._step = self._step, _SealedStep(start=None)
+        if not lagged and step.marks:
+            step.marks[-1][2].synchronize()
+        now_s = time.perf_counter()
+        step.cycle_s = None if self._last_end_s is None else now_s - self._last_end_s
+        self._last_end_s = now_s
+        held, self._sealed = self._sealed, step
+        ready = [] if held is None else [held]
+        if not lagged:
+            ready.append(step)
+            self._sealed = None
+        return tuple(self._read(sealed, gather=True) for sealed in ready)
+
+    def flush(self) -> tuple[StepTiming, ...]:
+        """The step still held by a lagged call (at close), read now; no collective runs.
+
+        Without the pipeline's other stages, its span is this stage's own last end.
+        """
+        held, self._sealed = self._sealed, None
+        return () if held is None else (self._read(held, gather=False),)
+
+    def _read(self, sealed: _SealedStep, gather: bool) -> StepTiming:
+        """Turn a sealed step's events into samples (its last event has completed or is waited for)."""
+        origin = sealed.start
+        if origin is None or not sealed.marks:
+            return StepTiming(samples=(), intrinsic_s=0.0, source="measured", cycle_s=sealed.cycle_s)
+        sealed.marks[-1][2].synchronize()  # done already: sealed before the current step's events
+        samples = tuple(
+            InstructionSample(
+                instruction=instruction,
+                start_s=origin.elapsed_time(start) / 1e3,
+                end_s=origin.elapsed_time(end) / 1e3,
+            )
+            for instruction, start, end in sealed.marks
+        )
+        stage_end_s = samples[-1].end_s
+        span_s = max(self._comms.all_gather_pipeline(stage_end_s)) if gather else stage_end_s
+        return StepTiming(samples, span_s, "measured", cycle_s=sealed.cycle_s)

@@ -1,0 +1,194 @@
+"""A collective (or any bandwidth-bound kernel) with a CTA budget, and what it does to compute beside it.
+
+*Modelled*, with these parameters from the GPU spec (``configs/gpus/*.yaml``): ``sm_count`` (S),
+``cta_bandwidth_gbps`` (beta), the link's bandwidth (B: ``nvlink_bandwidth_gbps``, ``nic_bandwidth_gbps`` or
+``pcie_bandwidth_gbps``, or the job's own figure), ``idle_power_w`` (P_idle), ``dynamic_power_max_w`` (P_dyn),
+``memory_power_w`` (P_mem), ``memory_core_activity`` (a), ``power_limit_w``.
+
+**Duration.** A collective with ``c`` CTAs that sends ``T`` bytes per GPU (``traffic_factor x bytes``) takes::
+
+    d(c) = latency + T / min(B, c * beta)
+
+Each CTA (one NCCL channel) drives at most ``beta``; the link saturates at ``c_sat = B / beta`` CTAs, beyond
+which more CTAs buy nothing. Assumptions: the link is the bottleneck once saturated (no PCIe or HBM limit
+below B); the per-CTA rate does not depend on the SM clock (copy engines of the SM are bandwidth-bound, far
+above the memory saturation clock); protocol overheads are folded into ``beta`` and ``latency``.
+
+**Contention.** While the collective runs, its ``c`` CTAs each hold one SM, so compute beside it runs on
+``S - c`` SMs: its progress rate is ``(1 - c/S)`` of its rate alone, at the same clock. Memory-bandwidth
+contention is not modelled (a collective's HBM traffic is ~3 x its link rate, a few % of HBM bandwidth).
+
+**Power.** Power of the GPU while the collective runs beside compute at clock ``f``::
+
+    P = P_idle + (1 - c/S) * (P_compute(f) - P_idle) + P_comm(c, f)
+    P_comm(c, f) = (c/S) * a * P_dyn * v(f)^2 * max(f, f_sat)/f_max  +  P_mem * hbm_rate / hbm_full
+
+``P_compute(f)`` is the compute's own busy power at ``f`` (its profile option), ``P_comm`` the collective's
+*dynamic* power: its CTAs' core activity (a, as for memory-bound work) and its HBM traffic (``hbm_rate`` =
+``hbm_bytes_per_byte`` x link rate; ``hbm_full`` the achieved full HBM bandwidth, the rate at which ``P_mem``
+was calibrated). When ``P`` exceeds the power limit the GPU lowers its clock: the effective clock is the
+highest profiled clock at or below the requested one at which ``P`` fits (the lowest when none does), and the
+compute's rate is ``(1 - c/S) x t(f_requested) / t(f_effective)``. A collective alone (no compute beside it)
+draws ``P_blocked + P_comm``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from megatron_energy.dvfs.model import GpuPowerModel
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyValueError
+
+HBM_FULL_FRACTION = 0.885
+"""Achieved fraction of peak HBM bandwidth at which ``memory_power_w`` was calibrated (H200: 4250 of 4800
+GB/s, ``configs/gpus/h200.yaml``)."""
+
+NCCL_HBM_BYTES_PER_BYTE = 3.0
+"""HBM bytes a ring collective moves per byte it sends: read the input, write the received chunk, read it
+again to reduce or forward (assumed)."""
+
+
+@dataclass(frozen=True)
+class CommLoad:
+    """A bandwidth-bound kernel with a CTA budget on one link (a collective, or a local copy).
+
+    Attributes:
+        ctas: CTAs (SMs) it runs on.
+        link_bandwidth_gbps: Bandwidth of the link it saturates, GB/s per direction.
+        cta_bandwidth_gbps: Bandwidth one CTA drives, GB/s.
+        hbm_bytes_per_byte: HBM traffic per byte moved over the link.
+        latency_s: Fixed cost per launch.
+        measured_dynamic_power_w: Its dynamic power measured while it ran alone (power minus blocked
+            power); replaces the estimate of :meth:`ContentionModel.comm_dynamic_power_w` when given.
+    """
+
+    ctas: int
+    link_bandwidth_gbps: float
+    cta_bandwidth_gbps: float
+    hbm_bytes_per_byte: float = NCCL_HBM_BYTES_PER_BYTE
+    latency_s: float = 0.0
+    measured_dynamic_power_w: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ctas < 1:
+            raise EnergyValueError(f"a collective needs at least one CTA, got {self.ctas}")
+        values = (self.link_bandwidth_gbps, self.cta_bandwidth_gbps)
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise EnergyValueError(f"bandwidths must be positive, got {values}")
+        if self.hbm_bytes_per_byte < 0 or self.latency_s < 0:
+            raise EnergyValueError("HBM bytes per byte and latency must not be negative")
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """``min(B, c x beta)``: the rate it moves bytes at."""
+        return min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
+
+    @property
+    def saturation_ctas(self) -> float:
+        """CTAs beyond which the link is saturated (``B / beta``)."""
+        return self.link_bandwidth_gbps / self.cta_bandwidth_gbps
+
+    def duration_s(self, traffic_bytes: float) -> float:
+        """Time to send ``traffic_bytes`` per GPU: latency plus bytes over :attr:`bandwidth_gbps`."""
+        if traffic_bytes < 0:
+            raise EnergyValueError(f"traffic must not be negative, got {traffic_bytes}")
+        return self.latency_s + traffic_bytes / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class OverlapState:
+    """Compute beside a collective (modelled).
+
+    Attributes:
+        rate: Progress of the compute relative to running alone at the requested clock (0..1].
+        power_w: Total GPU power while both run.
+        clock_mhz: The clock in effect (lower than requested when the power cap binds).
+        comm_power_w: The collective's dynamic part of ``power_w`` (:func:`comm_dynamic_power_w`).
+    """
+
+    rate: float
+    power_w: float
+    clock_mhz: int
+    comm_power_w: float
+
+
+class ContentionModel:
+    """Durations, SM shares and powers of collectives beside compute on one GPU spec (module docstring)."""
+
+    def __init__(self, spec: GpuSpec):
+        """Use ``spec``'s SM count, power figures and voltage curve."""
+        self.spec = spec
+        self._power = GpuPowerModel(spec)
+        self._hbm_full_gbps = spec.memory_bandwidth_gbps * HBM_FULL_FRACTION
+
+    def describe(self) -> str:
+        """One line naming the parameters, for reports of *modelled* figures."""
+        spec = self.spec
+        return (
+            f"modelled contention ({spec.name}: {spec.sm_count} SMs, "
+            f"{spec.cta_bandwidth_gbps:g} GB/s per CTA, "
+            f"NVLink {spec.nvlink_bandwidth_gbps:g} / NIC {spec.nic_bandwidth_gbps:g} / PCIe "
+            f"{spec.pcie_bandwidth_gbps:g} GB/s, compute slows by the collective's SM share)"
+        )
+
+    def sm_share(self, load: CommLoad) -> float:
+        """Share of the SMs the collective holds (``c / S``, at most 1)."""
+        return min(1.0, load.ctas / self.spec.sm_count)
+
+    def comm_dynamic_power_w(self, load: CommLoad, clock_mhz: float) -> float:
+        """Dynamic power of the collective at ``clock_mhz``: its CTAs' core activity and its HBM traffic.
+
+        A load with a measured dynamic power gives that instead (at any clock).
+        """
+        if load.measured_dynamic_power_w is not None:
+            return load.measured_dynamic_power_w
+        spec = self.spec
+        v_rel = self._power.voltage_v(clock_mhz) / spec.voltage_max_v
+        f_max = float(spec.max_sm_clock_mhz)
+        f_core = max(clock_mhz, self._power.saturation_clock_mhz) / f_max
+        core = self.sm_share(load) * spec.memory_core_activity * spec.dynamic_power_max_w * v_rel**2 * f_core
+        hbm = spec.memory_power_w * min(
+            1.0, load.bandwidth_gbps * load.hbm_bytes_per_byte / self._hbm_full_gbps
+        )
+        return core + hbm
+
+    def alone_power_w(self, load: CommLoad, clock_mhz: float) -> float:
+        """Power of the GPU while only the collective runs (blocked power plus its dynamic power)."""
+        return self.spec.blocked_power_w + self.comm_dynamic_power_w(load, clock_mhz)
+
+    def overlap(
+        self,
+        load: CommLoad,
+        clock_mhz: int,
+        clocks: Sequence[int],
+        time_s: Callable[[int], float],
+        power_w: Callable[[int], float],
+    ) -> OverlapState:
+        """Compute at requested ``clock_mhz`` beside the collective ``load``.
+
+        Args:
+            load: The collective.
+            clock_mhz: The compute's requested clock.
+            clocks: Clocks the compute can be priced at (its profiled clocks).
+            time_s: The compute's time alone at a clock of ``clocks``.
+            power_w: The compute's busy power alone at a clock of ``clocks``.
+
+        Returns:
+            Its rate, the power and the clock in effect.
+        """
+        share = self.sm_share(load)
+        idle, limit = self.spec.idle_power_w, self.spec.power_limit_w
+        candidates = sorted((c for c in clocks if c <= clock_mhz), reverse=True) or [min(clocks)]
+        chosen = candidates[-1]
+        for clock in candidates:
+            total = idle + (1 - share) * (power_w(clock) - idle) + self.comm_dynamic_power_w(load, clock)
+            if total <= limit + 1e-9:
+                chosen = clock
+                break
+        comm_w = self.comm_dynamic_power_w(load, chosen)
+        total = idle + (1 - share) * (power_w(chosen) - idle) + comm_w
+        rate = (1 - share) * time_s(clock_mhz) / time_s(chosen)
+        return OverlapState(rate=rate, power_w=total, clock_mhz=chosen, comm_power_w=comm_w)

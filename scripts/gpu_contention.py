@@ -1,0 +1,287 @@
+r"""Single-GPU contention check: bf16 GEMMs beside a CTA-limited copy kernel, measured vs modelled.
+
+Read-only on the GPU: it never sets clocks, power limits or any other device setting; it installs nothing.
+Every window is held ``--window-s`` seconds (>= 5 s, so the ~100 ms energy counter advances 50 times) and
+every configuration runs ``--rounds`` times (>= 3), alternating:
+
+* ``gemm``: groups of ``--gemms`` bf16 ``--n``-cubed GEMMs on the main stream;
+* ``copy:N``: a Triton copy kernel with a fixed grid of N CTAs (each loops over its share of the buffer),
+  moving ``--copy-gib`` GiB (read + written) per group, alone;
+* ``overlap:N``: both in each group: the copy on a side stream, launched once the first ``--launch-after``
+  GEMMs of the group are done (a CUDA event), the group ending when both have finished.
+
+Time per group comes from CUDA events over the window; energy from NVML's total-energy counter (read only:
+``nvmlDeviceGetTotalEnergyConsumption`` through pynvml, or ``nvidia-smi --query-gpu=total_energy_consumption``
+when pynvml is missing), as the slope of the counter over its updates inside the window times the time per
+group. The modelled figures come from ``megatron_energy.sim.contention_check`` (the planner's overlap
+simulator, calibrated on the isolated windows only). Prints per configuration measured vs modelled time and
+energy and their relative errors; ``--json OUT`` writes everything.
+
+    PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
+
+Defaults: 11 configurations x 3 rounds x 5 s windows + 1 s gaps: about 3.5 minutes plus warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from megatron_energy.dvfs.calibration import power_from_counter
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.sim.contention_check import CheckSetup, Window, compare
+
+RAMP_S = 0.3
+"""Counter updates in the first RAMP_S of a window are left out (clock and power settle)."""
+GAP_S = 1.0
+"""Pause between windows."""
+IN_FLIGHT_GROUPS = 4
+"""Groups enqueued ahead of the GPU."""
+COPY_BLOCK = 8192
+"""Elements (fp32) one CTA copies per loop step."""
+
+
+@triton.jit
+def _copy_kernel(src, dst, n_elements, BLOCK: tl.constexpr):  # noqa: N803
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    for start in tl.range(pid * BLOCK, n_elements, step):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < n_elements
+        tl.store(dst + offsets, tl.load(src + offsets, mask=mask), mask=mask)
+
+
+class EnergyCounter:
+    """Polls the GPU's total-energy counter (joules) in a thread: pynvml, else nvidia-smi (read only)."""
+
+    def __init__(self, index: int, poll_s: float):
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._poll_s = poll_s
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.source = "pynvml nvmlDeviceGetTotalEnergyConsumption"
+            self._read = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+        except Exception:  # no pynvml, or NVML will not start: read the counter through nvidia-smi
+            if shutil.which("nvidia-smi") is None:
+                sys.exit("neither pynvml nor nvidia-smi is available to read the energy counter")
+            self.source = "nvidia-smi --query-gpu=total_energy_consumption -lms 20"
+            self._process = subprocess.Popen(
+                [
+                    "nvidia-smi",
+                    f"--id={index}",
+                    "--query-gpu=total_energy_consumption",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "20",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            self._thread = threading.Thread(target=self._stream, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), self._read()))
+            time.sleep(self._poll_s)
+
+    def _stream(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            if self._stop.is_set():
+                break
+            try:
+                self.samples.append((time.perf_counter(), float(line.strip()) / 1e3))
+            except ValueError:
+                continue
+
+    def power_w(self, start_s: float, end_s: float) -> float:
+        """Slope of the counter over its updates in ``[start_s + RAMP_S, end_s]``."""
+        inside = [(t, e) for t, e in list(self.samples) if start_s + RAMP_S <= t <= end_s]
+        return power_from_counter([t for t, _ in inside], [e for _, e in inside])[0]
+
+    def close(self) -> None:
+        """Stop polling."""
+        self._stop.set()
+        if hasattr(self, "_process"):
+            self._process.terminate()
+
+
+class Workload:
+    """The GEMMs, the copy buffers and the streams."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        n = args.n
+        self.a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        self.c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        elements = int(args.copy_gib * 2**30 / 2 / 4)  # fp32 elements; read + written = copy_gib
+        self.src = torch.rand(elements, device="cuda", dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+        self.side = torch.cuda.Stream()
+        self.copy_bytes = 2 * 4 * elements
+
+    def copy(self, ctas: int) -> None:
+        """Enqueue the copy kernel on the current stream with a grid of ``ctas`` CTAs."""
+        _copy_kernel[(ctas,)](self.src, self.dst, self.src.numel(), BLOCK=COPY_BLOCK, num_warps=8)
+
+    def group(self, config: str, ctas: int | None) -> None:
+        """Enqueue one group of ``config``."""
+        main = torch.cuda.current_stream()
+        if config == "copy":
+            assert ctas is not None
+            self.copy(ctas)
+            return
+        for i in range(self.args.gemms):
+            if config == "overlap" and i == self.args.launch_after:
+                ready = torch.cuda.Event()
+                ready.record(main)
+                self.side.wait_event(ready)
+                with torch.cuda.stream(self.side):
+                    assert ctas is not None
+                    self.copy(ctas)
+            torch.matmul(self.a, self.b, out=self.c)
+        if config == "overlap":
+            done = torch.cuda.Event()
+            done.record(self.side)
+            main.wait_event(done)
+
+
+def run_window(
+    workload: Workload, counter: EnergyCounter, config: str, ctas: int | None, window_s: float
+) -> Window:
+    """Hold one configuration for ``window_s``; time per group from CUDA events, power from the counter."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pending: list[torch.cuda.Event] = []
+    host_start = time.perf_counter()
+    start.record()
+    groups = 0
+    while time.perf_counter() - host_start < window_s:
+        workload.group(config, ctas)
+        marker = torch.cuda.Event()
+        marker.record()
+        pending.append(marker)
+        groups += 1
+        if len(pending) > IN_FLIGHT_GROUPS:
+            pending.pop(0).synchronize()
+    end.record()
+    end.synchronize()
+    host_end = time.perf_counter()
+    time_s = start.elapsed_time(end) / 1e3 / groups
+    return Window(config, ctas, time_s, counter.power_w(host_start, host_end))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gpu", type=int, default=0, help="CUDA device index")
+    parser.add_argument("--spec", default="h200", help="GPU spec of configs/gpus/ the model uses")
+    parser.add_argument("--ctas", default="8,16,32,66,132", help="copy CTA counts")
+    parser.add_argument("--window-s", type=float, default=5.0, help="seconds per window (>= 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of every configuration (>= 3)")
+    parser.add_argument("--n", type=int, default=8192, help="GEMM size (n x n x n, bf16)")
+    parser.add_argument("--gemms", type=int, default=8, help="GEMMs per group (even)")
+    parser.add_argument(
+        "--launch-after", type=int, default=2, help="GEMMs of a group before the copy launches"
+    )
+    parser.add_argument("--copy-gib", type=float, default=8.0, help="GiB the copy reads + writes per group")
+    parser.add_argument("--poll-s", type=float, default=0.005, help="energy-counter polling period")
+    parser.add_argument("--json", type=Path, help="write windows, fit and comparison here")
+    args = parser.parse_args()
+    if args.window_s < 5 or args.rounds < 3:
+        parser.error("windows of >= 5 s and >= 3 rounds are needed to resolve the 100 ms energy counter")
+    torch.cuda.set_device(args.gpu)
+    spec = load_gpu_spec(args.spec)
+    ctas_list = [int(c) for c in args.ctas.split(",")]
+    workload = Workload(args)
+    setup = CheckSetup(args.gemms, args.launch_after, workload.copy_bytes)
+    counter = EnergyCounter(args.gpu, args.poll_s)
+    configs: list[tuple[str, int | None]] = [("gemm", None)]
+    configs += [("copy", c) for c in ctas_list] + [("overlap", c) for c in ctas_list]
+    print(
+        f"{torch.cuda.get_device_name()}: energy counter via {counter.source}; clocks untouched (read only)"
+    )
+    for config, ctas in configs:  # warm-up: compile the kernel, settle the clock
+        for _ in range(2):
+            workload.group(config, ctas)
+    torch.cuda.synchronize()
+    windows: list[Window] = []
+    started = time.perf_counter()
+    for round_index in range(args.rounds):
+        for config, ctas in configs:
+            window = run_window(workload, counter, config, ctas, args.window_s)
+            windows.append(window)
+            print(
+                f"round {round_index} {window.key:12s} {1e3 * window.time_s:9.3f} ms/group "
+                f"{window.power_w:7.1f} W (measured)",
+                flush=True,
+            )
+            time.sleep(GAP_S)
+    counter.close()
+    law, rows = compare(spec, setup, windows)
+    print(
+        f"copy law fitted to the copy-alone windows: min({law.link_gbps:.0f} GB/s, CTAs x "
+        f"{law.per_cta_gbps:.1f} GB/s) (bytes read + written)"
+    )
+    print(
+        f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "
+        f"{'E err':>7s} {'spread t/E':>11s}"
+    )
+    worst = 0.0
+    for row in rows:
+        print(
+            f"{row.key:12s} {1e3 * row.measured_time_s:9.3f} {1e3 * row.modelled_time_s:9.3f} "
+            f"{row.time_error:+7.2%} {row.measured_energy_j:8.2f} {row.modelled_energy_j:8.2f} "
+            f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%}"
+        )
+        if row.key.startswith("overlap"):
+            worst = max(worst, abs(row.time_error), abs(row.energy_error))
+    verdict = "within" if worst <= 0.05 else "OUTSIDE"
+    print(
+        f"overlap configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % target); "
+        f"measured = CUDA events + energy counter over {args.rounds} x {args.window_s:g} s windows, "
+        f"modelled = sim.overlap with spec {spec.name} calibrated on the isolated windows; "
+        f"run took {time.perf_counter() - started:.0f} s"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "counter": counter.source,
+                    "setup": dataclasses.asdict(setup),
+                    "windows": [dataclasses.asdict(w) for w in windows],
+                    "copy_law": dataclasses.asdict(law),
+                    "rows": [
+                        {**dataclasses.asdict(r), "time_error": r.time_error, "energy_error": r.energy_error}
+                        for r in rows
+                    ],
+                    "worst_overlap_error": worst,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The Kareus optimiser (Optimiser interface), the registry, and simulate --compare on the example jobs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_energy import registry
+from megatron_energy.commands.optimiser_comparison import compare_optimisers
+from megatron_energy.composition import ComposedOptimiser
+from megatron_energy.config import parse_target
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.job import JobConfig
+from megatron_energy.kareus.cache import SearchCache
+from megatron_energy.kareus.collectives import parse_collective_name
+from megatron_energy.kareus.optimiser import KareusOptimiser
+from megatron_energy.kareus.search import SearchBudget
+from megatron_energy.optimiser import PlanningJob
+from megatron_energy.perseus.optimiser import plan_point
+from megatron_energy.perseus.planner import Planner
+from megatron_energy.plan import Baseline, CollectiveAction, Plan
+from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = SearchBudget(trials=3)
+
+
+def planning_job(job: JobConfig) -> PlanningJob:
+    spec = job.spec()
+    return PlanningJob(
+        orders=job.orders(),
+        fingerprint=job.fingerprint(),
+        target=parse_target("iso-time"),
+        comm=job.comm_spec(spec),
+        tail=job.iteration_tail(spec),
+        collectives=job.collective_workload(spec),
+        gpu=spec,
+    )
+
+
+def test_kareus_and_all_are_released_in_that_order() -> None:
+    assert registry.mode_problem("kareus") is None
+    assert isinstance(registry.resolve("kareus"), KareusOptimiser)
+    composed = registry.resolve("all")
+    assert isinstance(composed, ComposedOptimiser)
+    assert [part.name for part in composed.parts] == ["perseus", "kareus"]
+    assert composed.request.collectives
+
+
+def test_kareus_alone_plans_every_collective_and_the_plan_round_trips(tmp_path: Path) -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    spec = job.spec()
+    plan = KareusOptimiser(budget=FAST, cache_dir=tmp_path).plan(
+        job.synthetic_profile(spec), planning_job(job)
+    )
+    assert plan.optimisers == ("kareus",)
+    point = plan.target_point
+    assert point.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)
+    assert point.energy_j < plan.baseline.energy_j
+    for stage, rank in enumerate(point.ranks):
+        names = [a.collective for a in rank.actions if isinstance(a, CollectiveAction)]
+        assert len(names) == len(set(names))
+        assert {parse_collective_name(n).class_key for n in names} >= {"dp.reduce_scatter", "pp.send_recv"}
+        assert all(a.at.instruction.stage == stage for a in rank.actions)
+    assert Plan.from_json_text(plan.to_json_text()) == plan
+    assert SearchCache(tmp_path).path(job.fingerprint()).is_file()
+
+
+def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    spec = job.spec()
+    profile = job.synthetic_profile(spec)
+    planner = Planner(job.build_dag(spec=spec), profile, num_points=2)
+    point = planner.solver.solve(planner.solver.baseline.iteration_time_s)
+    base = Plan(
+        fingerprint=job.fingerprint(),
+        gpu_name=spec.name,
+        provenance="modelled",
+        target="iso-time",
+        optimisers=("perseus",),
+        switch_latency_s=0.0,
+        baseline=Baseline(planner.solver.baseline.iteration_time_s, planner.solver.baseline.total_energy_j),
+        points=(plan_point(planner, point, "iso-time"),),
+        target_index=0,
+    )
+    plan = KareusOptimiser(budget=FAST).plan(profile, planning_job(job), base)
+    assert plan.optimisers == ("perseus", "kareus")
+    assert plan.target_point.iteration_time_s <= plan.target_point.deadline_s * (1 + 1e-9)
+    assert plan.target_point.deadline_s >= base.target_point.deadline_s
+
+
+def test_a_job_without_its_collectives_is_refused_with_what_to_do() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    bare = PlanningJob(orders=job.orders(), fingerprint="x", target=parse_target("iso-time"))
+    with pytest.raises(EnergyValueError, match="collective workload"):
+        KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare)
+
+
+def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    bare = PlanningJob(orders=job.orders(), fingerprint="x", target=parse_target("iso-time"))
+    base = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning_job(job))
+    assert KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare, base) is base
+
+
+@pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
+def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: Path) -> None:
+    comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2))
+    perseus, both = comparison.row("perseus"), comparison.row("all")
+    assert both.result.iteration_time_s <= both.deadline_s * (1 + 1e-9)
+    assert both.result.iteration_time_s <= perseus.result.iteration_time_s * (1 + 1e-9)
+    assert both.result.total_energy_j < 0.97 * perseus.result.total_energy_j
+    kareus, stock = comparison.row("kareus"), comparison.row("stock")
+    assert kareus.result.iteration_time_s <= stock.result.iteration_time_s * (1 + 1e-9)
+    assert kareus.result.total_energy_j < stock.result.total_energy_j
+
+
+def test_simulate_compare_prints_every_mode_as_modelled(tmp_path: Path) -> None:
+    trace = tmp_path / "all.json"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_energy.cli",
+            "simulate",
+            "--config",
+            str(EXAMPLE_7B),
+            "--compare",
+            "--trials",
+            "1",
+            "--trace",
+            str(trace),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    out = completed.stdout
+    for mode in ("stock", "perseus", "kareus", "all"):
+        assert f"│ {mode}" in out
+    assert "modelled" in out and "static" in out and "dynamic" in out
+    assert '"collectives (modelled)"' in trace.read_text()

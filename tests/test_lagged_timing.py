@@ -1,0 +1,236 @@
+"""The run phase never waits for the GPU at a step's end: CUDA-event timing one step late, paired with energy.
+
+``torch.cuda.Event`` and ``torch.cuda.synchronize`` are replaced, at the boundary only, by a fake device
+that knows which step each event was recorded in and when Megatron's own per-iteration synchronisation has
+completed a step. Every wait of the host on an event that has not completed is recorded: that is the stall
+the lagged timer removes. Reading an incomplete event's time raises, as CUDA does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.registry import resolve
+from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.comms import LocalComms
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.cuda_timer import CudaEventTimer
+from megatron_energy.runtime.session import EnergySession
+
+
+class FakeDevice:
+    """One GPU seen through its events: device time, the step the host is in, what the host waited on."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.host_step = 0
+        self.recorded = 0  # events recorded so far, in stream order
+        self.completed = 0  # events that have completed (the first this many recorded)
+        self.waits: list[tuple[int, int]] = []  # (host step, event's step) of each blocking wait
+        self.device_syncs: list[int] = []  # host step of each torch.cuda.synchronize()
+
+    def synchronize(self) -> None:
+        self.device_syncs.append(self.host_step)
+        self.complete_all()
+
+    def complete_all(self) -> None:
+        """The device has caught up with everything the host gave it."""
+        self.completed = self.recorded
+
+
+class FakeEvent:
+    """A CUDA event on the fake device."""
+
+    device: FakeDevice
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False) -> None:
+        self.step: int | None = None
+        self.position = 0
+        self.time_s = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        self.device.recorded += 1
+        self.step, self.position = self.device.host_step, self.device.recorded
+        self.time_s = self.device.now_s
+
+    def query(self) -> bool:
+        return self.step is not None and self.position <= self.device.completed
+
+    def synchronize(self) -> None:
+        if not self.query():
+            assert self.step is not None
+            self.device.waits.append((self.device.host_step, self.step))
+            self.device.completed = self.position  # the stream ran up to this event
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        if not (self.query() and end.query()):
+            raise RuntimeError("CUDA error: device not ready")
+        return 1e3 * (end.time_s - self.time_s)
+
+
+@pytest.fixture
+def device(monkeypatch) -> FakeDevice:
+    fake = FakeDevice()
+    FakeEvent.device = fake
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
+    return fake
+
+
+class _Controller:
+    def request(self, clock_mhz: int | None, boundary: object = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Meter:
+    """Each lap's energy names the host step it was taken at: 1000 J per step number, plus 7."""
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+
+    def lap(self) -> EnergyWindow:
+        energy_j = 1000.0 * self.device.host_step + 7.0
+        return EnergyWindow("iteration", 0.0, 1.0, {0: energy_j}, energy_j, None, True, False, "measured")
+
+
+def _forward_ms(step: int) -> float:
+    return 10.0 + step
+
+
+def _run_step(session: EnergySession, device: FakeDevice, step: int) -> None:
+    """One step of a one-stage, one-microbatch pipeline; Megatron synchronises after the schedule."""
+    device.host_step = step
+    session.on_step_begin(step)
+    for kind, duration_ms in (("forward", _forward_ms(step)), ("backward", 2 * _forward_ms(step))):
+        session.on_instruction_begin(kind, 0, 0)
+        device.now_s += duration_ms / 1e3
+        session.on_instruction_end(kind, 0, 0)
+    session.on_step_end(step)
+    device.complete_all()  # the optimizer step's host reads (grad norm, loss) wait for the device
+
+
+def _session(tmp_path, device: FakeDevice, log_interval: int = 1000) -> tuple[EnergySession, list[str]]:
+    spec = load_gpu_spec("h100-sxm")
+    context = JobContext(
+        pipeline_rank=0,
+        orders=pipeline_orders(1, 1),
+        data_parallel_rank=0,
+        data_parallel_size=1,
+        log_interval=log_interval,
+    )
+    lines: list[str] = []
+    session = EnergySession(
+        EnergyConfig(optimise=True, dir=tmp_path, profile_iters=1),
+        context,
+        optimiser=resolve("perseus"),
+        controller=_Controller(),
+        meter=_Meter(device),
+        timer=CudaEventTimer(LocalComms()),
+        comms=LocalComms(),
+        clocks_mhz=[1980, 1500],
+        can_set_clocks=False,
+        cache=JobCache(tmp_path, context.fingerprint_parts(spec.name)),
+        spec=spec,
+        printer=lines.append,
+    )
+    return session, lines
+
+
+def _profile(session: EnergySession, device: FakeDevice) -> int:
+    step = 0
+    while session.phase == "profiling":
+        _run_step(session, device, step)
+        step += 1
+    return step
+
+
+def test_the_run_phase_never_waits_for_the_current_step_and_reports_each_step_one_step_late(tmp_path, device):
+    session, _ = _session(tmp_path, device)
+    first_run_step = _profile(session, device)
+    # profiling is exact: it waits for the device at every step (the fake sees those waits)
+    assert device.device_syncs and device.waits
+    assert len(session.history) == first_run_step
+    waits, syncs = len(device.waits), len(device.device_syncs)
+
+    for step in range(first_run_step, first_run_step + 4):
+        _run_step(session, device, step)
+        # the step just ended is not reported yet; the one before it is
+        assert len(session.history) == step, step
+    assert device.waits[waits:] == [] and device.device_syncs[syncs:] == []
+
+    # each reported step carries its own device times and the energy lapped at its own end
+    for step in range(first_run_step, first_run_step + 3):
+        figures = session.history[step]
+        forward, backward = figures.timing.samples
+        assert forward.duration_s == pytest.approx(_forward_ms(step) / 1e3)
+        assert backward.duration_s == pytest.approx(2 * _forward_ms(step) / 1e3)
+        assert figures.timing.intrinsic_s == pytest.approx(3 * _forward_ms(step) / 1e3)
+        assert figures.energy_j == 1000.0 * step + 7.0
+        assert figures.timing.cycle_s is not None and figures.timing.cycle_s > 0
+
+
+def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
+    session, lines = _session(tmp_path, device, log_interval=1)
+    last = _profile(session, device) + 2
+    for step in range(last - 2, last + 1):
+        _run_step(session, device, step)
+    assert len(session.history) == last
+    lines.clear()
+
+    session.close()
+    assert len(session.history) == last + 1
+    figures = session.history[-1]
+    assert figures.energy_j == 1000.0 * last + 7.0
+    assert figures.timing.samples[0].duration_s == pytest.approx(_forward_ms(last) / 1e3)
+    assert session.energy_logger.window.window[-1] == (last, figures)
+    assert lines == [
+        f"[energy] rank 0 iteration {last + 1} (last, this rank only): {figures.energy_j:.1f} J, "
+        f"{1e3 * figures.iteration_s:.1f} ms (measured)"
+    ]
+
+
+def test_lagged_steps_use_alternate_event_pools_and_are_read_only_once_complete(device):
+    timer = CudaEventTimer(LocalComms())
+    starts, returned = [], []
+    for step in range(4):
+        device.host_step = step
+        starts.append(timer.step_begin())
+        timer.end(_begun(timer, step))
+        returned.append(timer.finish_step(lagged=True))
+        device.complete_all()
+    assert [len(timings) for timings in returned] == [0, 1, 1, 1]
+    assert device.waits == []
+    # step N+2 records into step N's events, which were read one step earlier
+    assert starts[2] is starts[0] and starts[3] is starts[1] and starts[0] is not starts[1]
+    (last,) = timer.flush()
+    assert last.samples[0].instruction.microbatch == 3
+    assert timer.flush() == ()
+
+
+def test_an_exact_step_after_a_lagged_one_returns_both_in_order(device):
+    timer = CudaEventTimer(LocalComms())
+    for step, lagged in ((0, True), (1, False)):
+        device.host_step = step
+        timer.step_begin()
+        timer.end(_begun(timer, step))
+        timings = timer.finish_step(lagged=lagged)
+    assert [timing.samples[0].instruction.microbatch for timing in timings] == [0, 1]
+    assert device.waits == [(1, 1)]  # exact: it waited for its own step
+
+
+def _begun(timer: CudaEventTimer, microbatch: int) -> Instruction:
+    instruction = Instruction(0, 0, microbatch, "forward")
+    timer.begin(instruction)
+    FakeEvent.device.now_s += 0.01
+    return instruction
