@@ -11,6 +11,7 @@ rest of the package uses.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
@@ -33,17 +34,30 @@ class EnergyTarget:
     """Where on the time–energy frontier the planner should land.
 
     ``iso-time`` keeps the iteration time of all-maximum clocks, ``min-energy`` takes the frontier's
-    minimum-energy point, and ``slowdown:X`` allows the iteration to become ``(1 + X)`` times longer.
+    minimum-energy point, ``slowdown:X`` allows the iteration to become ``(1 + X)`` times longer, and
+    ``power:W[,peak:P]`` takes the fastest point whose predicted average power per GPU is at most ``W`` watts
+    (and whose most power-hungry instruction draws at most ``P`` watts, when given).
     """
 
-    kind: Literal["iso-time", "min-energy", "slowdown"]
+    kind: Literal["iso-time", "min-energy", "slowdown", "power"]
     """Which target this is."""
 
     slowdown: float = 0.0
     """The allowed relative slowdown for ``slowdown`` (0 < X < 1); 0 for the other kinds."""
 
+    power_w: float = 0.0
+    """The average power budget per GPU in watts for ``power``; 0 for the other kinds."""
+
+    peak_w: float | None = None
+    """The optional cap on any instruction's predicted power per GPU for ``power``; ``None`` for no cap."""
+
     def __str__(self) -> str:
-        return f"slowdown:{self.slowdown:g}" if self.kind == "slowdown" else self.kind
+        if self.kind == "slowdown":
+            return f"slowdown:{self.slowdown:g}"
+        if self.kind == "power":
+            peak = "" if self.peak_w is None else f",peak:{self.peak_w:g}"
+            return f"power:{self.power_w:g}{peak}"
+        return self.kind
 
 
 def parse_target(text: str) -> EnergyTarget:
@@ -59,6 +73,8 @@ def parse_target(text: str) -> EnergyTarget:
         argparse.ArgumentTypeError: the value is not one of the accepted forms.
     """
     value = text.strip().lower()
+    if value.startswith("power:"):
+        return _parse_power_target(text, value.removeprefix("power:"))
     if value in ("iso-time", "min-energy"):
         return EnergyTarget(kind=value)  # type: ignore[arg-type]
     if value.startswith("slowdown:"):
@@ -75,8 +91,32 @@ def parse_target(text: str) -> EnergyTarget:
         )
     raise argparse.ArgumentTypeError(
         f"'{text}' is not a target; use iso-time (same iteration time, the default), min-energy, "
-        "or slowdown:X with 0 < X < 1"
+        "slowdown:X with 0 < X < 1, or power:W[,peak:P] (watts per GPU)"
     )
+
+
+def _parse_power_target(text: str, body: str) -> EnergyTarget:
+    """Parse the ``W[,peak:P]`` of ``power:W[,peak:P]`` (watts per GPU, positive, peak not below W)."""
+    average_text, _, rest = body.partition(",")
+    peak_text = rest.strip().removeprefix("peak:") if rest else None
+    usage = (
+        f"'{text}': use power:W or power:W,peak:P with W the average and P the peak power per GPU in watts, "
+        "e.g. power:450 or power:450,peak:600"
+    )
+    try:
+        power_w = float(average_text)
+        peak_w = None if peak_text is None else float(peak_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    if rest and not rest.strip().startswith("peak:"):
+        raise argparse.ArgumentTypeError(usage)
+    if not (math.isfinite(power_w) and power_w > 0) or (
+        peak_w is not None and not (math.isfinite(peak_w) and peak_w >= power_w)
+    ):
+        raise argparse.ArgumentTypeError(
+            usage + "; both must be positive and finite, and the peak at least the average"
+        )
+    return EnergyTarget(kind="power", power_w=power_w, peak_w=peak_w)
 
 
 def parse_freq_grid(text: str) -> tuple[int, ...] | None:
@@ -194,7 +234,7 @@ class EnergyConfig:
     optimiser a plugin package registers, see ``megatron_energy.registry``)."""
 
     target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
-    """``--energy-target``: ``iso-time`` (default), ``min-energy`` or ``slowdown:X``."""
+    """``--energy-target``: ``iso-time`` (default), ``min-energy``, ``slowdown:X`` or ``power:W[,peak:P]``."""
 
     backend: Backend = "auto"
     """``--energy-backend``: ``zeus`` (real GPUs), ``simulated`` (model-driven GPUs) or ``auto``."""
@@ -279,15 +319,16 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         "mode",
         ("--energy-mode",),
         "Optimiser: perseus (clock per pipeline instruction), kareus (collective launch points and CTA "
-        "budgets, at stock clocks), all (every released optimiser composed: perseus then kareus), or the "
-        "name of an optimiser an installed plugin declares; kernel is named but not released yet.",
-        {"metavar": "{perseus,kareus,all,PLUGIN}"},
+        "budgets, at stock clocks), kernel (clock per phase of kernels, under the switch latency), all "
+        "(every released optimiser composed: perseus, kareus, kernel), or the name of an optimiser an "
+        "installed plugin declares.",
+        {"metavar": "{perseus,kareus,kernel,all,PLUGIN}"},
     ),
     EnergyFlag(
         "target",
         ("--energy-target",),
         "iso-time (no slower than stock clocks), min-energy, or slowdown:X with 0<X<1.",
-        {"type": parse_target, "metavar": "iso-time|min-energy|slowdown:X"},
+        {"type": parse_target, "metavar": "iso-time|min-energy|slowdown:X|power:W[,peak:P]"},
     ),
     EnergyFlag(
         "backend",

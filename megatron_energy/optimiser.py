@@ -11,11 +11,14 @@ before, which it receives as ``base``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from megatron_energy.config import EnergyTarget
+from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
@@ -33,7 +36,8 @@ class ProfileRequest:
     """Every instruction's time and energy at each clock of the profiling grid."""
 
     phases: bool = False
-    """Timelines of phases (kernel groups) inside instructions."""
+    """Kernel timelines of instructions and of the iteration tail at stock clocks, grouped into phases
+    (``phases.timeline``), handed to optimisers as ``PlanningJob.phase_timelines``."""
 
     collectives: bool = False
     """Launch and completion times of collectives."""
@@ -83,6 +87,14 @@ class PlanningJob:
     gpu: GpuSpec | None = None
     """The GPU spec (SM count, interconnect, powers) for models that need more than the profile; looked up by
     the profile's GPU name when ``None``."""
+
+    layers_per_chunk: int | None = None
+    """Transformer layers one instruction runs (for the modelled phase split); ``None``: unknown."""
+
+    phase_timelines: Mapping[Work, Sequence[tuple[str, WorkProfile]]] | None = None
+    """Measured phases of each instruction class, in order: (class, work at the maximum clock), from kernel
+    timelines (``ProfileRequest.phases``); ``None`` until the runtime measures them (phases are then
+    modelled from each instruction's per-class split)."""
 
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""

@@ -2,10 +2,11 @@
 
 ``perseus`` is the clock-per-instruction optimiser; ``kareus`` chooses the launch point and CTA (SM) budget
 of every collective class jointly with the clock (alone: at stock clocks; it needs the job's collective
-workload, ``PlanningJob.collectives``). ``kernel`` (phase-level clocks) is a named mode whose optimiser has
-not landed yet: asking for it gives an error that says so, at flag-parsing time (:func:`mode_problem`) and
-at :func:`resolve`. ``all`` composes every released optimiser in :data:`COMPOSITION_ORDER`
-(``megatron_energy.composition`` says how): today Perseus's clocks, then Kareus's collectives on them.
+workload, ``PlanningJob.collectives``); ``kernel`` gives each phase of kernels inside and outside
+instructions its own clock under the switch latency (``megatron_energy.phases``). ``all`` composes every
+released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how): Perseus's
+clocks, then Kareus's collectives on them, then phase clocks. A named mode whose optimiser has not landed
+gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`.
 Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
 package by declaring an entry point in the ``megatron_energy.optimisers`` group (``name = module:factory``,
 e.g. in its ``pyproject.toml``: ``[project.entry-points."megatron_energy.optimisers"]`` then
@@ -32,9 +33,7 @@ if TYPE_CHECKING:
 COMPOSITION_ORDER: tuple[str, ...] = ("perseus", "kareus", "kernel")
 """The order ``all`` runs the optimisers in: clocks per instruction first, then collectives, then phases."""
 
-UNRELEASED: dict[str, str] = {
-    "kernel": "phase-level (kernel-group) clocks",
-}
+UNRELEASED: dict[str, str] = {}
 """Modes that are named but whose optimisers have not landed yet, with what they will do."""
 
 Factory = Callable[[], "Optimiser"] | str
@@ -43,6 +42,7 @@ Factory = Callable[[], "Optimiser"] | str
 _FACTORIES: dict[str, Factory] = {
     "perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser",
     "kareus": "megatron_energy.kareus.optimiser:KareusOptimiser",
+    "kernel": "megatron_energy.phases.optimiser:PhaseOptimiser",
 }
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"

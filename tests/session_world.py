@@ -75,10 +75,14 @@ class SessionSettings:
     """How the simulated GPUs depart from exact (counter noise, hidden energies, work between schedules);
     each rank's GPUs draw their own noise (the seed plus the rank)."""
 
+    mode: str = "perseus"
+    """``--energy-mode``."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
             optimise=True,
+            mode=self.mode,
             target=self.target,
             backend="simulated",
             gpu_spec=self.gpu_spec,

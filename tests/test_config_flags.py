@@ -81,8 +81,8 @@ def test_no_flag_shadows_a_megatron_flag() -> None:
         (["--energy-target", "min-energy"], "no effect without --energy-optimise"),
         (["--energy-dry-run"], "no effect without --energy-optimise"),
         (
-            ["--energy-optimise", "--energy-mode", "kernel"],
-            "not available in this release; use one of perseus, kareus",
+            ["--energy-optimise", "--energy-mode", "phase"],
+            "unknown --energy-mode 'phase'; use one of perseus, kareus, kernel",
         ),
         (
             ["--energy-optimise", "--energy-backend", "zeus", "--energy-gpu-spec", "h200"],

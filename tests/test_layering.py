@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.registry": 2,
     "megatron_energy.perseus": 2,
     "megatron_energy.kareus": 2,
+    "megatron_energy.phases": 2,
     "megatron_energy.runtime": 3,
     "megatron_energy.dvfs": 3,
     "megatron_energy.megatron": 4,

@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target",
         type=parse_target,
         default=EnergyTarget("iso-time"),
-        help="iso-time (default: no slower than all-maximum clocks), min-energy, or slowdown:X with 0<X<1",
+        help="iso-time (default: no slower than all-maximum clocks), min-energy, slowdown:X with 0<X<1, "
+        "or power:W[,peak:P] (fastest plan within W watts per GPU on average, P at peak)",
     )
     parser.add_argument(
         "--gpu-spec",

@@ -3,7 +3,8 @@
 Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maximum clocks (every
 instruction at its highest profiled clock, as the GPU runs unplanned; see
 :func:`~megatron_energy.perseus.frontier.all_max_clocks`), ``slowdown:X`` allows ``(1 + X)`` times that,
-``min-energy`` takes the frontier's minimum-energy point. For data-parallel stragglers,
+``min-energy`` takes the frontier's minimum-energy point, ``power:W[,peak:P]`` the fastest point within a
+power budget per GPU (:mod:`megatron_energy.perseus.power_budget`). For data-parallel stragglers,
 :meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that still
 finishes within ``T'``; past the minimum-energy point it stays there, since running slower than that only
 adds energy.
@@ -17,6 +18,7 @@ from functools import cached_property
 
 from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
+from megatron_energy.perseus.power_budget import fastest_within_budget
 from megatron_energy.perseus.switching import make_switch_aware
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
@@ -81,6 +83,10 @@ class Planner:
             clocks=adjusted.clocks,
         )
 
+    def executable_points(self) -> list[FrontierPoint]:
+        """Every frontier point and the minimum-energy point, made executable (the power target's choices)."""
+        return [self.executable(point) for point in (*self.frontier.points, self.min_energy_point)]
+
     def point_for_time(self, time_s: float) -> FrontierPoint:
         """The least-energy executable point whose iteration time is within ``time_s``.
 
@@ -96,8 +102,14 @@ class Planner:
         return self.executable(solved if listed is None or solved.energy_j <= listed.energy_j else listed)
 
     def point(self, target: EnergyTarget | str) -> FrontierPoint:
-        """The frontier point for a target (``iso-time``, ``min-energy`` or ``slowdown:X``)."""
+        """The frontier point for a target (``iso-time``, ``min-energy``, ``slowdown:X`` or ``power:W``).
+
+        Raises:
+            PowerBudgetError: A ``power`` target no executable frontier point fits.
+        """
         target = parse_target(target) if isinstance(target, str) else target
+        if target.kind == "power":
+            return fastest_within_budget(self.executable_points(), self.profile, target)
         if target.kind == "min-energy":
             return self.executable(self.min_energy_point)
         return self.point_for_time(self.solver.baseline.iteration_time_s * (1.0 + target.slowdown))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.config import EnergyTarget
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import (
@@ -25,6 +26,7 @@ from megatron_energy.runtime.energy_log import (
 )
 from megatron_energy.runtime.log_window import PhaseWindow
 from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.runtime.power_budget import with_power_budget
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.stats import Source
 
@@ -41,6 +43,8 @@ class EnergyLogger:
 
     Attributes:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
+        power_target: ``--energy-target`` when it is a power budget: the line then shows the measured power
+            per GPU against it (``runtime.power_budget``); ``None`` otherwise.
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class EnergyLogger:
         self.printer = printer
         self.window = PhaseWindow()
         self.log_file: Path | None = None
+        self.power_target: EnergyTarget | None = None
 
     def add(
         self,
@@ -93,6 +98,10 @@ class EnergyLogger:
         if gathered is not None:
             stock = self._stock(baseline, figures.exact)
             line, scalars = format_energy_line(iteration, gathered, self.source, phase, stock)
+            if self.power_target is not None:
+                line, scalars = with_power_budget(
+                    line, scalars, gathered, self.power_target, self._period(figures.exact), self.source
+                )
             publish(line, scalars, iteration, self.context.log_sinks, self.printer)
             self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
         # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
@@ -100,6 +109,10 @@ class EnergyLogger:
             scalars = self.comms.broadcast_from_root(scalars)
             if gathered is None and scalars is not None:
                 write_scalars(scalars, iteration, self.context.log_sinks)
+
+    def _period(self, exact: bool) -> float:
+        """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""
+        return 0.0 if exact else self.counter_period_s
 
     def _stock(self, baseline: StockBaseline, exact: bool) -> StockSamples | None:
         """The stock baseline's iterations, as the log compares with them; ``None`` when it has none."""

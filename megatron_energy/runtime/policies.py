@@ -71,6 +71,9 @@ class StragglerPolicy:
 class SafetyNet:
     """Reverts to stock clocks when the plan is slower than its target for several consecutive steps.
 
+    Under a power budget a step that draws more than its allowed power (by more than ``tolerance``) is a
+    violation too: a sustained overshoot trips the net like a sustained slowdown (``last_cause`` says which).
+
     Args:
         tolerance: Relative excess over the target that counts as a violation.
         patience: Consecutive violating steps before reverting.
@@ -80,21 +83,35 @@ class SafetyNet:
     patience: int
     violations: int = 0
     tripped: bool = False
+    last_cause: str | None = None
+    """What the last violating step broke: ``"time"`` or ``"power"`` (``None`` before any violation)."""
 
     def excuse(self) -> None:
         """Record a slow step the plan is not to blame for (only this replica is slow): it ends a streak."""
         self.violations = 0
 
-    def observe(self, measured_s: float, target_s: float) -> bool:
+    def observe(
+        self,
+        measured_s: float,
+        target_s: float,
+        power_w: float | None = None,
+        allowed_w: float | None = None,
+    ) -> bool:
         """Record one step; return ``True`` exactly once, on the step that trips the net.
 
         Args:
             measured_s: The step's iteration time.
             target_s: The time the plan is allowed to take.
+            power_w: The step's average power on this GPU, when a power budget applies (NaN: unknown).
+            allowed_w: The power this GPU may draw under the budget (``runtime.power_budget``).
         """
         if self.tripped:
             return False
-        self.violations = self.violations + 1 if measured_s > target_s * (1.0 + self.tolerance) else 0
+        slow = measured_s > target_s * (1.0 + self.tolerance)
+        over = power_w is not None and allowed_w is not None and power_w > allowed_w * (1.0 + self.tolerance)
+        if slow or over:
+            self.last_cause = "time" if slow else "power"
+        self.violations = self.violations + 1 if slow or over else 0
         if self.violations >= self.patience:
             self.tripped = True
             return True

@@ -62,6 +62,7 @@ from megatron_energy.runtime.planning import (
     tail_from_profiling,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
+from megatron_energy.runtime.power_budget import allowed_power_w
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
@@ -140,6 +141,7 @@ class EnergySession:
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
+        self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self._start_from_cache()
 
     @property
@@ -484,13 +486,20 @@ class EnergySession:
             self.safety.excuse()
             return
         allowed_s = self.allowed_time_s(self.runner.predicted_time_s)
-        if self.safety.observe(figures.iteration_s, allowed_s):
+        allowed_w = allowed_power_w(self.config.target, self.runner.point, self.context.pipeline_rank)
+        power_w = None if allowed_w is None else figures.energy_j / figures.iteration_s
+        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w):
             self.runner = None
             self.controller.request(RESET)
             self.phase = "stock (safety net)"
+            broken = (
+                f"power {power_w:.1f} W exceeded the allowed {allowed_w:.1f} W (power budget)"
+                if self.safety.last_cause == "power" and power_w is not None and allowed_w is not None
+                else f"iteration time {1e3 * figures.iteration_s:.1f} ms exceeded the allowed "
+                f"{1e3 * allowed_s:.1f} ms"
+            )
             self.printer(
-                f"[energy] rank {self.context.global_rank}: iteration time "
-                f"{1e3 * figures.iteration_s:.1f} ms exceeded the allowed {1e3 * allowed_s:.1f} ms by more "
+                f"[energy] rank {self.context.global_rank}: {broken} by more "
                 f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
                 "steps; clocks reverted to stock for the rest of the run"
             )

@@ -1,0 +1,129 @@
+"""Kernel records from a ``torch.profiler`` (Kineto) Chrome trace: times, FLOPs and bytes per kernel.
+
+Pure JSON reading, so it is tested without a GPU. A trace holds ``kernel`` events (GPU start ``ts`` and
+``dur`` in µs, ``args.correlation``), ``cuda_runtime`` launch events on the CPU thread that launched them
+(same correlation) and ``cpu_op`` events (aten operators, nested by time on their thread; with
+``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is attributed to
+the innermost operator enclosing its launch; the operator's work is estimated from its input shapes
+(:func:`op_flops`, :func:`op_bytes`: *estimates*, stated as such) and shared over its kernels by duration
+(:func:`~megatron_energy.phases.timeline.split_op_work`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from megatron_energy.phases.timeline import KernelRecord, split_op_work
+
+DTYPE_BYTES: dict[str, int] = {
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "float": 4,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "unsigned char": 1,
+}
+"""Element sizes of the dtype names Kineto writes in ``Input type``."""
+
+
+def _numel(dims: Sequence[int]) -> int:
+    return math.prod(dims) if dims else 0
+
+
+def op_flops(name: str, dims: Sequence[Sequence[int]]) -> float:
+    """Estimated FLOPs of one operator from its input shapes (0 for operators without a rule).
+
+    Rules: ``aten::mm`` / ``aten::addmm`` / ``aten::bmm`` / ``aten::baddbmm`` / ``aten::matmul`` /
+    ``aten::linear``: 2 x the product's multiply-adds; scaled-dot-product (flash, efficient, cuDNN)
+    attention (``aten::_flash_attention_*`` too): 4·B·H·S²·D forward, twice that backward (causal masking,
+    which halves the work, is not visible in the shapes: an upper estimate).
+    """
+    shapes = [list(d) for d in dims if d]
+    try:
+        if name in ("aten::mm", "aten::matmul") and len(shapes) >= 2 and len(shapes[0]) == 2:
+            (m, k), (_, n) = shapes[0], shapes[1]
+            return 2.0 * m * k * n
+        if name == "aten::addmm" and len(shapes) >= 3:
+            (m, k), (_, n) = shapes[1], shapes[2]
+            return 2.0 * m * k * n
+        if name in ("aten::bmm", "aten::baddbmm") and len(shapes) >= 2:
+            a, b = shapes[-2], shapes[-1]
+            return 2.0 * a[0] * a[1] * a[2] * b[2]
+        if name == "aten::linear" and len(shapes) >= 2:
+            rows = _numel(shapes[0][:-1])
+            n, k = shapes[1]
+            return 2.0 * rows * k * n
+        if "scaled_dot_product" in name and shapes:  # query [B, H, S, D]
+            batch, heads, seq, head_dim = shapes[0][:4]
+            forward = 4.0 * batch * heads * seq * seq * head_dim
+            return 2.0 * forward if "backward" in name else forward
+        if (
+            "flash_attention" in name and shapes
+        ):  # aten::_flash_attention_forward/backward: query [B, S, H, D]
+            batch, seq, heads, head_dim = shapes[0][:4]
+            forward = 4.0 * batch * heads * seq * seq * head_dim
+            return 2.0 * forward if "backward" in name else forward
+    except (ValueError, IndexError):
+        return 0.0
+    return 0.0
+
+
+def op_bytes(dims: Sequence[Sequence[int]], types: Sequence[str]) -> float:
+    """Estimated bytes an operator moves: its inputs read once, and an output the size of its first input."""
+    sizes = [_numel(d) * DTYPE_BYTES.get(t, 0) for d, t in zip(dims, types, strict=False) if d]
+    return float(sum(sizes) + (sizes[0] if sizes else 0))
+
+
+def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
+    """Every GPU kernel of a Kineto Chrome trace, with its operator's estimated work shared to it.
+
+    Args:
+        trace: The parsed JSON of ``prof.export_chrome_trace(path)``.
+
+    Returns:
+        Kernel records, seconds from the first kernel's start, in start order.
+    """
+    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    ops_by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for event in events:
+        if event.get("cat") == "cpu_op":
+            ops_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(event)
+    groups: dict[int, list[dict[str, Any]]] = {}
+    owner: dict[int, dict[str, Any] | None] = {}
+    for kernel in kernels:
+        launch = launches.get(kernel.get("args", {}).get("correlation"))
+        op = (
+            None
+            if launch is None
+            else _innermost(ops_by_thread.get((launch.get("pid"), launch.get("tid")), []), launch["ts"])
+        )
+        key = id(op) if op is not None else id(kernel)
+        groups.setdefault(key, []).append(kernel)
+        owner[key] = op
+    records = []
+    for key, members in groups.items():
+        op = owner[key]
+        args = {} if op is None else op.get("args", {})
+        dims = args.get("Input Dims", [])
+        flops = 0.0 if op is None else op_flops(op.get("name", ""), dims)
+        num_bytes = op_bytes(dims, args.get("Input type", []))
+        shares = split_op_work(flops, num_bytes, [k["dur"] * 1e-6 for k in members])
+        for kernel, (k_flops, k_bytes) in zip(members, shares, strict=True):
+            records.append(
+                KernelRecord(kernel["name"], kernel["ts"] * 1e-6, kernel["dur"] * 1e-6, k_flops, k_bytes)
+            )
+    records.sort(key=lambda r: r.start_s)
+    origin = records[0].start_s if records else 0.0
+    return [KernelRecord(r.name, r.start_s - origin, r.duration_s, r.flops, r.bytes) for r in records]
+
+
+def _innermost(ops: Sequence[dict[str, Any]], ts: float) -> dict[str, Any] | None:
+    """The shortest operator on a thread whose span holds ``ts``."""
+    enclosing = [op for op in ops if op["ts"] <= ts <= op["ts"] + op.get("dur", 0)]
+    return min(enclosing, key=lambda op: op.get("dur", 0), default=None)

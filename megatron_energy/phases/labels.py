@@ -1,0 +1,65 @@
+"""Names of phase boundaries in a plan: what the runtime needs to schedule a phase's clock ahead.
+
+A phase boundary is ``Boundary(instruction, phase)`` with ``phase`` written by :func:`phase_label`, e.g.
+``p3:memory:modelled:at=1.234ms:lead=10.000ms``: the phase's index, class and provenance (``modelled``: from
+the per-class split; ``measured``: from a kernel timeline), its planned start from the instruction's start,
+and how long before that start the clock must be requested (0 for a switch down, the latency for a switch
+up). Tail phases (after the rank's last instruction) start with ``tail``; a tail's restoring request is
+``tail-restore``. :func:`parse_phase_label` reads it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PhaseLabel:
+    """A phase boundary's name, parsed."""
+
+    scope: str
+    """``p`` (inside the instruction) or ``tail`` (after it) or ``tail-restore``."""
+    index: int
+    """The phase's index in its sequence."""
+    kind: str
+    """The phase's class (``compute``, ``memory``, ``communication``, ``mixed``, or ``restore``)."""
+    provenance: str
+    """``modelled`` or ``measured``."""
+    at_s: float
+    """Planned start, seconds from the instruction's start (the tail's: from the last instruction's end)."""
+    lead_s: float
+    """How long before ``at_s`` the clock is requested."""
+
+    def __str__(self) -> str:
+        return phase_label(self)
+
+
+def phase_label(label: PhaseLabel) -> str:
+    """The boundary name of ``label``."""
+    return (
+        f"{label.scope}{label.index}:{label.kind}:{label.provenance}:"
+        f"at={1e3 * label.at_s:.3f}ms:lead={1e3 * label.lead_s:.3f}ms"
+    )
+
+
+def parse_phase_label(text: str) -> PhaseLabel:
+    """Read a boundary name written by :func:`phase_label`.
+
+    Raises:
+        ValueError: If ``text`` is not such a name.
+    """
+    try:
+        head, kind, provenance, at, lead = text.split(":")
+        scope = head.rstrip("0123456789")
+        return PhaseLabel(
+            scope,
+            int(head[len(scope) :]),
+            kind,
+            provenance,
+            float(at.removeprefix("at=").removesuffix("ms")) / 1e3,
+            float(lead.removeprefix("lead=").removesuffix("ms")) / 1e3,
+        )
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a phase boundary name (e.g. p3:memory:modelled:at=1.2ms:lead=0ms)"
+        ) from None

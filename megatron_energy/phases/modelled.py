@@ -1,0 +1,84 @@
+"""Phases of an instruction from a *modelled* per-class split, until kernel timelines are measured.
+
+An instruction's :class:`~megatron_energy.dvfs.model.WorkProfile` (fitted to its profile rows, or from the
+workload model) says how much of its time is compute-bound, memory-bound and fixed, but not in which order.
+A transformer layer runs them interleaved; :data:`LAYER_PATTERN` is one layer's order in a pre-norm GPT
+layer (norm, attention block, tensor-parallel all-reduce, residual + norm, FC1, activation, FC2, all-reduce,
+residual), with each run's share of its class's time per layer. The instruction's work is split evenly over
+its layers and laid out in that order; adjacent runs of one class (a layer's last residual and the next
+layer's first norm) form one phase. The shares are assumptions (provenance ``modelled``): a measured kernel
+timeline (:func:`~megatron_energy.phases.timeline.group_phases`) replaces them.
+
+The iteration tail's phases (:func:`tail_phases`): the data-parallel gradient sync is communication, the
+optimizer step memory-bound (Adam streams parameters, gradients and moments).
+"""
+
+from __future__ import annotations
+
+from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.phases.timeline import Phase, PhaseClass, class_work
+
+LAYER_PATTERN: tuple[tuple[PhaseClass, float], ...] = (
+    ("memory", 0.25),  # input layer norm
+    ("compute", 0.45),  # QKV GEMM, attention, output projection
+    ("communication", 0.5),  # tensor-parallel all-reduce (and launch gaps)
+    ("memory", 0.35),  # bias/dropout/residual add, pre-MLP layer norm
+    ("compute", 0.275),  # FC1
+    ("memory", 0.25),  # activation (GELU / SwiGLU)
+    ("compute", 0.275),  # FC2
+    ("communication", 0.5),  # tensor-parallel all-reduce (and launch gaps)
+    ("memory", 0.15),  # bias/dropout/residual add
+)
+"""One layer's runs in order: (class, share of the layer's time of that class). Shares per class sum to 1."""
+
+
+def _class_time(work: WorkProfile, kind: PhaseClass) -> float:
+    """The time of one class in ``work``."""
+    return {"compute": work.compute_s, "memory": work.memory_s}.get(kind, work.fixed_s)
+
+
+def coalesce(runs: list[Phase]) -> list[Phase]:
+    """Adjacent runs of one class as one phase; empty runs dropped; starts recomputed."""
+    phases: list[Phase] = []
+    start_s = 0.0
+    for run in runs:
+        if run.duration_s <= 0:
+            continue
+        if phases and phases[-1].kind == run.kind:
+            last = phases[-1]
+            phases[-1] = Phase(last.kind, last.start_s, last.work + run.work, last.kernels + run.kernels)
+        else:
+            phases.append(Phase(run.kind, start_s, run.work, run.kernels))
+        start_s += run.duration_s
+    return phases
+
+
+def modelled_phases(work: WorkProfile, layers: int) -> list[Phase]:
+    """The instruction's phases, ``work`` split evenly over ``layers`` layers of :data:`LAYER_PATTERN`.
+
+    Args:
+        work: The instruction's work at the maximum clock.
+        layers: Transformer layers the instruction runs (1 when unknown: the coarsest split).
+
+    Raises:
+        ValueError: If ``layers`` is not positive.
+    """
+    if layers <= 0:
+        raise ValueError(f"an instruction runs at least one layer, got {layers}")
+    per_layer = work.scaled(1.0 / layers)
+    runs = [
+        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind)))
+        for _ in range(layers)
+        for kind, share in LAYER_PATTERN
+    ]
+    return coalesce(runs)
+
+
+def tail_phases(dp_sync_s: float, optimizer_s: float) -> list[Phase]:
+    """The iteration tail's phases: gradient sync (communication), then the optimizer step (memory)."""
+    return coalesce(
+        [
+            Phase("communication", 0.0, class_work("communication", dp_sync_s)),
+            Phase("memory", 0.0, class_work("memory", optimizer_s)),
+        ]
+    )

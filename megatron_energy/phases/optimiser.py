@@ -1,0 +1,179 @@
+"""The ``kernel`` optimiser: clocks per phase inside instructions and in the iteration tail.
+
+It refines a base plan (the previous optimiser's in ``--energy-mode all``; alone, every instruction at its
+fastest clock): each plan point keeps its iteration time, deadline and instruction-level clock actions, and
+gains phase actions. Per instruction class and base clock, the instruction's work (fitted to its profile
+rows, :func:`~megatron_energy.dvfs.model.fit_work_profile`) is split into phases (measured timelines when
+the job carries them, else the *modelled* per-class split of :mod:`.modelled`), planned within its time at
+the base clock (:mod:`.planner`), and written as ``ClockAction`` s at phase boundaries named by
+:mod:`.labels`. A modelled iteration tail (gradient sync, optimizer step) gets its own phase clocks within its
+time at the fastest clock; its energy change is counted against the tail running at the last instruction's
+clock, as it does without phase actions (the simulator's own convention charges a modelled tail at idle
+power, which no clock changes). Each rank's predicted energy changes by what its phases save under the model
+(finishing early is charged at the blocked power until the base plan's end of the instruction); a sequence
+whose phases would not save energy once its switches are priced keeps the base clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.phases.labels import PhaseLabel
+from megatron_energy.phases.modelled import coalesce, modelled_phases, tail_phases
+from megatron_energy.phases.planner import SequencePlan, plan_sequence, single_clock
+from megatron_energy.phases.stock import stock_plan
+from megatron_energy.phases.timeline import Phase, PhaseClass
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import Action, Boundary, ClockAction, Plan, PlanPoint, RankPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refined:
+    """One instruction's phase actions and its energy change (modelled)."""
+
+    actions: tuple[ClockAction, ...]
+    delta_j: float
+
+
+class PhaseOptimiser:
+    """Clocks per phase of kernels (see the module docstring)."""
+
+    name = "kernel"
+    request = ProfileRequest(clock_grid=True, phases=True)
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        """Refine ``base`` (stock clocks when ``None``) with phase clocks.
+
+        Returns:
+            The plan with the same points, phase actions added and predicted energies updated.
+        """
+        if base is None:
+            base = stock_plan(profile, job)
+        spec = load_gpu_spec(profile.gpu_name)
+        context = _Context(GpuPowerModel(spec), profile, job)
+        points = tuple(context.refine(point) for point in base.points)
+        return dataclasses.replace(base, optimisers=(*base.optimisers, self.name), points=points)
+
+
+class _Context:
+    """What refining the points of one plan shares: the model, the fitted work, the planned sequences."""
+
+    def __init__(self, model: GpuPowerModel, profile: Profile, job: PlanningJob):
+        self.model = model
+        self.profile = profile
+        self.job = job
+        self.clocks = sorted({option.clock_mhz for key in profile for option in profile.options(key)})
+        self.provenance = "measured" if job.phase_timelines else "modelled"
+        self._works = {key: self._fit(key) for key in profile}
+        self._plans: dict[tuple[Work, int], _Refined] = {}
+
+    def _fit(self, key: Work) -> WorkProfile:
+        points = [(o.clock_mhz, o.time_s, o.energy_j) for o in self.profile.options(key)]
+        return fit_work_profile(self.model.spec, points).work
+
+    def phases_of(self, key: Work) -> list[Phase]:
+        """The instruction class's phases: measured when the job has them, else modelled."""
+        timelines = self.job.phase_timelines
+        if timelines and key in timelines:
+            return coalesce([Phase(_kind(kind), 0.0, work) for kind, work in timelines[key]])
+        return modelled_phases(self._works[key], self.job.layers_per_chunk or 1)
+
+    def refine(self, point: PlanPoint) -> PlanPoint:
+        """``point`` with phase actions after each instruction's clock action and in the tail."""
+        ranks = []
+        for rank in point.ranks:
+            actions: list[Action] = []
+            delta_j = 0.0
+            clocks = [a for a in rank.actions if isinstance(a, ClockAction) and a.at.phase is None]
+            for action in rank.actions:
+                actions.append(action)
+                if isinstance(action, ClockAction) and action.at.phase is None:
+                    refined = self.instruction(action.at.instruction, action.clock_mhz)
+                    actions.extend(refined.actions)
+                    delta_j += refined.delta_j
+            tail = self.tail(clocks)
+            actions.extend(tail.actions)
+            delta_j += tail.delta_j
+            ranks.append(RankPlan(tuple(actions), rank.energy_j + delta_j, rank.busy_s))
+        return dataclasses.replace(point, ranks=tuple(ranks))
+
+    def instruction(self, instruction: Instruction, base_mhz: int) -> _Refined:
+        """The phase actions of one instruction at its base clock (shared by equal instructions)."""
+        key = (instruction.work, base_mhz)
+        refined = self._plans.get(key)
+        if refined is None:
+            work = self._works[instruction.work]
+            budget_s, base_j = single_clock(self.model, work, base_mhz)
+            plan = plan_sequence(
+                self.model,
+                self.phases_of(instruction.work),
+                budget_s,
+                self.clocks,
+                base_mhz,
+                self.job.switch_latency_s,
+                base_mhz=base_mhz,
+            )
+            delta_j = (
+                plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - base_j
+            )
+            refined = _kept_if_better(self._actions(instruction, plan, "p"), delta_j)
+            self._plans[key] = refined
+        return refined
+
+    def tail(self, clocks: Sequence[ClockAction]) -> _Refined:
+        """The tail's phase actions after the rank's last instruction (none for a measured or absent tail)."""
+        tail = self.job.tail
+        if not clocks or tail is None or tail.is_measured or tail.dp_sync_s + tail.optimizer_s <= 0:
+            return _Refined((), 0.0)
+        phases = tail_phases(tail.dp_sync_s, tail.optimizer_s)
+        last, first = clocks[-1], clocks[0]
+        budget_s = sum(self.model.time_s(phase.work, max(self.clocks)) for phase in phases)
+        unplanned_j = sum(self.model.energy_j(phase.work, last.clock_mhz) for phase in phases)
+        plan = plan_sequence(
+            self.model,
+            phases,
+            budget_s,
+            self.clocks,
+            last.clock_mhz,
+            self.job.switch_latency_s,
+            outgoing_mhz=first.clock_mhz,
+        )
+        delta_j = (
+            plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - unplanned_j
+        )
+        return _kept_if_better(self._actions(last.at.instruction, plan, "tail"), delta_j)
+
+    def _actions(self, instruction: Instruction, plan: SequencePlan, scope: str) -> tuple[ClockAction, ...]:
+        """A clock action per request of ``plan``, named by its phase label."""
+        actions = []
+        for request in plan.requests:
+            restore = request.phase >= len(plan.phases)
+            label = PhaseLabel(
+                f"{scope}-restore" if restore else scope,
+                request.phase,
+                "restore" if restore else plan.phases[request.phase].kind,
+                self.provenance,
+                request.planned_start_s,
+                request.lead_s,
+            )
+            actions.append(ClockAction(Boundary(instruction, str(label)), request.clock_mhz))
+        return tuple(actions)
+
+
+def _kept_if_better(actions: tuple[ClockAction, ...], delta_j: float) -> _Refined:
+    """The phase actions when they save energy; none (the base plan's clock throughout) when they do not.
+
+    The allocation prices phases without the cost of switching between them, which the latency-aware
+    energy includes; a sequence whose switches cost more than its phases save keeps the base clock.
+    """
+    return _Refined(actions, delta_j) if delta_j < 0 else _Refined((), 0.0)
+
+
+def _kind(name: str) -> PhaseClass:
+    """A measured phase's class name as a :data:`PhaseClass` (unknown names are ``mixed``)."""
+    return name if name in ("compute", "memory", "communication") else "mixed"  # type: ignore[return-value]

@@ -1,0 +1,106 @@
+"""One phase sequence's plan: merge under the latency, allocate the budget, schedule the switches.
+
+A sequence is an instruction's phases or the iteration tail's. The plan keeps the sequence within its time
+budget (the instruction's time at its clock in the base plan: a Perseus frontier point or stock clocks), so
+the iteration is never slower than the base plan. Two constraints keep the base plan's instruction-level
+switching intact (its latency-aware post-pass already made the instruction boundaries executable):
+
+- an instruction's first phase keeps the base clock (the base plan's boundary action is unchanged);
+- its last phase runs at most at the base clock, so the base plan's request for the next instruction (an
+  early one when it switches up) can only speed that phase up.
+
+The tail (gradient sync, optimizer step) has no base action of its own: its phases are free, and when its
+last phase runs below the next iteration's first clock a restoring request goes out ``L`` before its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.phases.allocate import PhaseOption, allocate, phase_options
+from megatron_energy.phases.merge import merge_short_phases, min_phase_s
+from megatron_energy.phases.switching import (
+    SwitchRequest,
+    costliest_landings,
+    planned_starts,
+    simulate,
+    switch_requests,
+)
+from megatron_energy.phases.timeline import Phase
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """The clocks of one phase sequence and what they are predicted to cost (modelled)."""
+
+    phases: tuple[Phase, ...]
+    """The phases after merging, in order."""
+    clocks_mhz: tuple[int, ...]
+    """One clock per phase."""
+    requests: tuple[SwitchRequest, ...]
+    """When each clock change is requested (a restoring request last, for the tail)."""
+    planned_s: float
+    """Planned time of the sequence (never above its budget unless even the fastest clocks exceed it)."""
+    energy_j: float
+    """Latency-aware energy of its work (switches landing at the costlier end of their windows)."""
+
+
+def plan_sequence(
+    model: GpuPowerModel,
+    phases: Sequence[Phase],
+    budget_s: float,
+    clocks_mhz: Sequence[int],
+    incoming_mhz: int,
+    latency_s: float,
+    base_mhz: int | None = None,
+    outgoing_mhz: int | None = None,
+) -> SequencePlan:
+    """Plan one sequence (see the module docstring).
+
+    Args:
+        model: Time and power per class (the GPU spec's model).
+        phases: The sequence's phases at the maximum clock, in order.
+        budget_s: The time the sequence may take.
+        clocks_mhz: The clocks phases may use.
+        incoming_mhz: The clock in force when the sequence starts.
+        latency_s: The switch latency.
+        base_mhz: The instruction's base-plan clock (first phase keeps it, last runs at most at it); ``None``
+            for the tail (free phases).
+        outgoing_mhz: For the tail: the clock the next iteration starts at (restored before its end).
+    """
+    merged = merge_short_phases(phases, min_phase_s(latency_s))
+    works = [phase.work for phase in merged]
+    option_sets = [
+        _allowed(phase_options(model, work, clocks_mhz), i, len(works), base_mhz)
+        for i, work in enumerate(works)
+    ]
+    chosen = allocate(option_sets, budget_s)
+    clocks = [option.clock_mhz for option in chosen]
+    requests = switch_requests(model, works, clocks, incoming_mhz, latency_s)
+    end_s = planned_starts(model, works, clocks)[-1]
+    if outgoing_mhz is not None and outgoing_mhz > clocks[-1]:
+        requests.append(SwitchRequest(len(works), outgoing_mhz, end_s - latency_s, end_s))
+    run = simulate(
+        model, works, incoming_mhz, requests, costliest_landings(requests, incoming_mhz), latency_s
+    )
+    return SequencePlan(tuple(merged), tuple(clocks), tuple(requests), end_s, run.energy_j)
+
+
+def _allowed(options: list[PhaseOption], index: int, count: int, base_mhz: int | None) -> list[PhaseOption]:
+    """The options phase ``index`` of ``count`` may use under the base clock's constraints."""
+    if base_mhz is None:
+        return options
+    if index == 0 or count == 1:
+        kept = [o for o in options if o.clock_mhz == base_mhz]
+    elif index == count - 1:
+        kept = [o for o in options if o.clock_mhz <= base_mhz]
+    else:
+        kept = options
+    return kept or options
+
+
+def single_clock(model: GpuPowerModel, work: WorkProfile, clock_mhz: int) -> tuple[float, float]:
+    """(time, energy) of ``work`` at one clock: the instruction-level plan's figures under the same model."""
+    return model.time_s(work, clock_mhz), model.energy_j(work, clock_mhz)

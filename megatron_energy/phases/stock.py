@@ -1,0 +1,53 @@
+"""The base plan of ``--energy-mode kernel`` alone: every instruction at its fastest profiled clock."""
+
+from __future__ import annotations
+
+from megatron_energy.optimiser import PlanningJob
+from megatron_energy.perseus.frontier import all_max_clocks
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.plan import Baseline, MeasuredTail, Plan, PlanPoint, RankPlan, clock_actions
+from megatron_energy.sim.simulator import Simulator
+
+
+def stock_plan(profile: Profile, job: PlanningJob) -> Plan:
+    """One point (``iso-time``): the all-maximum-clocks iteration, simulated under the switch latency.
+
+    Its baseline is the same iteration; the phase optimiser then refines the point.
+    """
+    dag = job.dag()
+    clocks = all_max_clocks(dag, profile)
+    result = Simulator(dag, profile, switch_latency_s=job.switch_latency_s).run(clocks)
+    point = PlanPoint(
+        label=str(job.target),
+        iteration_time_s=result.iteration_time_s,
+        deadline_s=result.iteration_time_s,
+        lower_bound_j=result.total_energy_j,
+        ranks=tuple(
+            RankPlan(
+                clock_actions(clocks, dag.stage_order(stage)),
+                stage_result.total_energy_j,
+                stage_result.busy_s,
+            )
+            for stage, stage_result in enumerate(result.stages)
+        ),
+    )
+    tail = job.tail
+    return Plan(
+        fingerprint=job.fingerprint,
+        gpu_name=profile.gpu_name,
+        provenance=profile.source,
+        target=str(job.target),
+        optimisers=(),
+        switch_latency_s=job.switch_latency_s,
+        baseline=Baseline(
+            result.iteration_time_s,
+            result.total_energy_j,
+            tuple(stage.total_energy_j for stage in result.stages),
+        ),
+        points=(point,),
+        target_index=0,
+        frontier=(),
+        measured_tail=MeasuredTail(tail.outside_s, tail.stage_energy_j)
+        if tail is not None and tail.is_measured
+        else None,
+    )

@@ -1,0 +1,220 @@
+r"""Kernel timeline and per-class power of a GPT layer on one GPU, read-only (clocks are never touched).
+
+For each model (``--models``: ``demo``, the ``megatron-energy demo`` default GPT-3 1.3B layer at its
+microbatch; ``upstream``, the layer of ``scripts/pretrain_gpt.py``'s model: hidden 2048, 16 heads, seq 2048,
+micro-batch 1; ``full``, that whole 24-layer model with an Adam step, for an iteration's phases outside the
+layers), in bf16:
+
+1. **Timeline** (*measured* times): ``torch.profiler`` records ``--iters`` forward + backward passes (after
+   warm-up) and writes the Chrome trace; each kernel gets its operator's FLOPs and bytes, *estimated* from the
+   operator's input shapes (``megatron_energy.phases.kineto``), and is classified compute-, memory- or
+   communication-bound against the spec's roofline (``phases.timeline.classify_kernel``). Kernels are grouped
+   into phases; the script prints per-class time shares, the phase count and how many phases last more than
+   10 ms (long enough for a Hopper clock switch).
+2. **Power per class** (*measured*): replay loops of at least ``--loop-s`` (>= 2) seconds each, a GEMM of
+   the layer's FC1 shape (compute), a LayerNorm + residual add over the layer's activations (memory), a
+   ``torch.cuda._sleep`` spin (how a communication kernel waits; one GPU has no peer), while a thread polls
+   the energy counter and the SM clock: power is the counter's slope, and the median SM clock is the clock the
+   GPU chooses by itself under its power limit.
+
+Only read-only NVML calls are made (the sampler of ``scripts/gpu_calibrate.py``). Usage on one H200::
+
+    python scripts/gpu_phases.py --spec h200 --json gpu_phases.json --trace-dir traces/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pynvml
+import torch
+from torch import nn
+from torch.nn import functional
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_calibrate import NvmlSampler, timed_loop  # the same read-only sampler and loop
+
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.phases.kineto import kernels_from_trace
+from megatron_energy.phases.timeline import class_shares, classify_kernel, group_phases, long_phases
+from megatron_energy.pipeline.workload import TransformerShape
+
+MIN_LOOP_S = 2.0
+POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model to profile: its layer shape, how many layers, and whether an optimizer step runs."""
+
+    shape: TransformerShape
+    layers: int
+    optimizer: bool
+
+
+MODELS: dict[str, Model] = {
+    "demo": Model(TransformerShape.from_name("gpt3-1.3b"), 1, False),
+    "upstream": Model(TransformerShape.from_name("gpt3-1.3b", seq_length=2048, micro_batch_size=1), 1, False),
+    "full": Model(TransformerShape.from_name("gpt3-1.3b", seq_length=2048, micro_batch_size=1), 24, True),
+}
+"""``demo``: the demo's default model; ``upstream``/``full``: scripts/pretrain_gpt.py's flags (one layer, all
+24 with Adam). Today ``demo`` and ``upstream`` share a layer shape (GPT-3 1.3B, seq 2048, micro-batch 1);
+both are kept so the table stays right when either changes."""
+
+
+class GptLayer(nn.Module):
+    """A pre-norm GPT layer: LayerNorm, QKV, causal flash attention, projection, LayerNorm, GELU MLP."""
+
+    def __init__(self, shape: TransformerShape) -> None:
+        super().__init__()
+        h = shape.hidden_size
+        self.heads = shape.num_attention_heads
+        self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, shape.ffn_hidden_size), nn.Linear(shape.ffn_hidden_size, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on activations ``x`` of shape (batch, sequence, hidden)."""
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        attention = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(functional.gelu(self.fc1(self.norm2(x))))
+
+
+def build(model: Model) -> tuple[nn.Module, torch.Tensor, torch.optim.Optimizer | None]:
+    """The model (bf16, on the GPU), one microbatch of activations, and Adam when the model steps."""
+    shape = model.shape
+    layers = nn.Sequential(*(GptLayer(shape) for _ in range(model.layers))).cuda().to(torch.bfloat16)
+    x = torch.randn(
+        shape.micro_batch_size, shape.seq_length, shape.hidden_size, device="cuda", dtype=torch.bfloat16
+    )
+    optimizer = torch.optim.Adam(layers.parameters(), lr=1e-5, fused=True) if model.optimizer else None
+    return layers, x.requires_grad_(), optimizer
+
+
+def step_fn(
+    layers: nn.Module, x: torch.Tensor, optimizer: torch.optim.Optimizer | None
+) -> Callable[[], None]:
+    """One forward + backward (+ optimizer step) of the model."""
+
+    def step() -> None:
+        layers(x).float().pow(2).mean().backward()
+        if optimizer is not None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def timeline(name: str, model: Model, iters: int, spec_name: str, trace_dir: Path) -> dict[str, object]:
+    """Profile ``iters`` steps; classify and group the kernels; return the summary."""
+    spec = load_gpu_spec(spec_name)
+    layers, x, optimizer = build(model)
+    step = step_fn(layers, x, optimizer)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    trace_path = trace_dir / f"{name}.trace.json"
+    prof.export_chrome_trace(str(trace_path))
+    kernels = kernels_from_trace(json.loads(trace_path.read_text()))
+    phases = group_phases(kernels, spec)
+    kinds = [classify_kernel(k, spec) for k in kernels]
+    per_step = [p.duration_s for p in phases]
+    summary: dict[str, object] = {
+        "model": name,
+        "shape": str(model.shape),
+        "layers": model.layers,
+        "iterations": iters,
+        "kernels": len(kernels),
+        "kernels_by_class": {kind: kinds.count(kind) for kind in set(kinds)},
+        "time_shares (measured times, estimated work)": class_shares(phases),
+        "phases": len(phases),
+        "phases_over_10ms": len(long_phases(phases)),
+        "longest_phases_ms": sorted((round(1e3 * d, 3) for d in per_step), reverse=True)[:10],
+        "median_phase_ms": 1e3 * statistics.median(per_step) if per_step else 0.0,
+        "trace": str(trace_path),
+    }
+    del layers, x, optimizer
+    torch.cuda.empty_cache()
+    return summary
+
+
+def class_power(model: Model, seconds: float, handle: object) -> list[dict[str, object]]:
+    """Replay loops per class (>= 2 s each); power from the energy counter, the SM clock the GPU chose."""
+    shape = model.shape
+    rows, h, f = shape.micro_batch_size * shape.seq_length, shape.hidden_size, shape.ffn_hidden_size
+    a = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(h, f, device="cuda", dtype=torch.bfloat16)
+    norm = nn.LayerNorm(h).cuda().to(torch.bfloat16)
+    loops = {
+        "compute (FC1 GEMM)": lambda: torch.matmul(a, w),
+        "memory (LayerNorm + residual add)": lambda: norm(a).add_(a),
+        "communication proxy (spin kernel)": lambda: torch.cuda._sleep(1_000_000),
+    }
+    results = []
+    with NvmlSampler(handle, POLL_S) as sampler:
+        for name, fn in loops.items():
+            loop, _, repetitions = timed_loop(sampler, name, fn, seconds, f"{repetitions_text(rows, h, f)}")
+            results.append(
+                {
+                    "class": name,
+                    "seconds": round(loop.duration_s, 3),
+                    "power_w (measured, counter slope)": round(loop.power_w, 1),
+                    "median_sm_clock_mhz (chosen by the GPU)": loop.median_sm_clock_mhz,
+                    "repetitions": repetitions,
+                }
+            )
+    return results
+
+
+def repetitions_text(rows: int, h: int, f: int) -> str:
+    """What the loops replay."""
+    return f"GEMM {rows}x{h}x{f} bf16; LayerNorm+add over {rows}x{h} bf16; spin kernel"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="Kernel timeline and per-class power of a GPT layer (read-only)."
+    )
+    parser.add_argument("--spec", default="h200", help="GPU spec for the roofline (configs/gpus/NAME.yaml)")
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--iters", type=int, default=3, help="profiled iterations (a few)")
+    parser.add_argument("--loop-s", type=float, default=3.0, help="seconds per power loop (at least 2)")
+    parser.add_argument("--json", type=Path, default=Path("gpu_phases.json"))
+    parser.add_argument("--trace-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpu_phases")
+    args = parser.parse_args()
+    if args.loop_s < MIN_LOOP_S:
+        parser.error(f"--loop-s must be at least {MIN_LOOP_S} s so the ~100 ms energy counter resolves it")
+    if not torch.cuda.is_available():
+        parser.error("no CUDA GPU: run this on the GPU machine")
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    report: dict[str, object] = {"gpu": pynvml.nvmlDeviceGetName(handle), "spec": args.spec, "models": []}
+    for name in args.models:
+        model = MODELS[name]
+        summary = timeline(name, model, args.iters, args.spec, args.trace_dir)
+        summary["power_by_class"] = class_power(model, args.loop_s, handle) if name != "full" else []
+        print(json.dumps(summary, indent=2))
+        report["models"].append(summary)  # type: ignore[attr-defined]
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"written to {args.json}; every time is measured, FLOPs/bytes per kernel are estimated from shapes")
+    pynvml.nvmlShutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
