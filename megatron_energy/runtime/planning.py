@@ -27,7 +27,13 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
+from megatron_energy.runtime.profiling import (
+    ProfileRow,
+    StepRecord,
+    baseline_records,
+    mean_record,
+    synchronised_records,
+)
 
 NOTHING_S = 1e-9
 """A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
@@ -206,12 +212,15 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 def baseline_from_profiling(
     gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's measured stock steps (rank = position).
+    """The stock-clock baseline from every rank's baseline steps (rank = position).
 
-    Per rank, the mean over its stock steps; per step, the slowest rank's time and the energy of all ranks
-    (over the steps every rank measured).
+    Only the steps timed as the run phase times its steps (lagged, no device sync; ``runtime.profiling``)
+    count, so every comparison with the planned windows is between steps measured the same way; the
+    synchronous profile steps are left out. Per rank, the mean over its baseline steps; per step, the
+    slowest rank's time and the energy of all ranks (over the steps every rank measured).
     """
-    stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
+    stock = [(rank, baseline_records(steps)) for rank, (_, steps) in enumerate(gathered)]
+    stock = [(rank, steps) for rank, steps in stock if steps]
     means = {rank: mean_record(steps) for rank, steps in stock}
     per_step = list(zip(*(steps for _, steps in stock), strict=False))
     return StockBaseline(
@@ -225,7 +234,9 @@ def baseline_from_profiling(
 def tail_from_profiling(
     gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> IterationTail | None:
-    """The measured iteration tail: what the stock steps spent outside the pipeline span (rank = position).
+    """The measured iteration tail: what the synchronous stock steps spent outside the pipeline span.
+
+    Only the synchronous profile steps measured that part apart (rank = position).
 
     Its time is the slowest rank's mean (the ranks' spans end together, at the replica's pipeline end); each
     stage's energy is the mean over the ranks of that stage (peers of a stage are one GPU each, as in
@@ -237,7 +248,8 @@ def tail_from_profiling(
     """
     by_stage: dict[int, list[float]] = defaultdict(list)
     time_s = 0.0
-    for rows, steps in gathered:
+    for rows, records in gathered:
+        steps = synchronised_records(records)
         if not rows or not steps:
             return None
         mean = mean_record(steps)
