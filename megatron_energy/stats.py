@@ -264,7 +264,7 @@ def relative_change(
     if total == 0.0:
         return RelativeChange(ratio - 1.0, 0.0, n_b, n_t, confidence, source, method)
     dof = total**2 / (rel_var_t**2 / (n_t - 1) + rel_var_b**2 / (n_b - 1))
-    drift = baseline_drift(baseline)
+    drift = baseline_drift(baseline.tolist())
     halfwidth = _t_quantile(confidence, dof) * abs(ratio) * math.sqrt(total) + abs(ratio) * drift
     return RelativeChange(ratio - 1.0, halfwidth, n_b, n_t, confidence, source, method, drift)
 
