@@ -25,7 +25,7 @@ from megatron_energy.stats import relative_change
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
-PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
+PROFILING_ITERS = (1 + 4 + 2) + (1 + 2)  # stock: settling, the baseline's 4-iteration pilot, 2 synchronous
 RUN_ITERS = 3
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
 MEGATRON_LINE = re.compile(
@@ -126,7 +126,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
 
     # the run's figures: stock steps measured while profiling, planned iterations less the settling one
     baseline = StockBaseline.from_json((demo.job / "baseline.json").read_text())
-    assert len(baseline.step_energy_j) == 3  # the stock baseline's pilot: exact energies need no more
+    assert len(baseline.step_energy_j) == 4  # the stock baseline's pilot: exact energies need no more
     records = [r for r in read_records(demo.energy_dir / "demo" / "energy_log.jsonl") if r.phase == "planned"]
     assert [r.iteration for r in records] == list(range(PROFILING_ITERS + 1, TRAIN_ITERS + 1))
     planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]

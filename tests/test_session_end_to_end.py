@@ -62,9 +62,9 @@ def settings(energy_dir: Path, **changes) -> SessionSettings:
 
 def profiling_steps(demo: SessionSettings) -> int:
     """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock, and at
-    the stock clock the pilot of the baseline (exact simulated energies never need more)."""
+    the stock clock also the pilot of the baseline (exact simulated energies never need more)."""
     assert demo.freq_grid is not None
-    return (pilot_steps(demo.profile_iters) + 1) + (len(demo.freq_grid) - 1) * (demo.profile_iters + 1)
+    return pilot_steps(demo.profile_iters) + len(demo.freq_grid) * (demo.profile_iters + 1)
 
 
 def phases(report: RankReport) -> list[str]:
@@ -123,7 +123,7 @@ def test_every_rank_profiles_the_grid_then_runs_the_plan(first_run):
     for report in reports:
         assert phases(report) == ["profiling"] * profiling + ["planned"] * RUN_STEPS
         assert report.stock_time_s is not None and report.stock_energy_j is not None
-        assert report.stock_steps == pilot_steps(demo.profile_iters) == 3
+        assert report.stock_steps == pilot_steps(demo.profile_iters) == 4
         # profiling walks down the grid: the lowest clock is slower and cheaper than stock
         stock, lowest = report.steps[1], report.steps[profiling - 1]
         assert lowest.iteration_s > stock.iteration_s
