@@ -81,7 +81,9 @@ def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> Non
 
 def test_the_ranks_log_like_megatron_one_based_with_timestamps(demo: DemoRun) -> None:
     megatron = [MEGATRON_LINE.match(line) for line in demo.lines]
-    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [(i, TRAIN_ITERS) for i in range(1, 11)]
+    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [
+        (i, TRAIN_ITERS) for i in range(1, TRAIN_ITERS + 1)
+    ]
     energy = [ENERGY_LINE.match(line) for line in demo.lines]
     phases = [(int(m[1]), m[2]) for m in energy if m]
     expected = [(i, "profiling") for i in range(1, PROFILING_ITERS + 1)]

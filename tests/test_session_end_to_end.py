@@ -36,7 +36,8 @@ pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 
-RUN_STEPS = 6
+RUN_STEPS = 8
+"""With the 12 profiling steps, the job's 20 steps end on a log line (every LOG_INTERVAL)."""
 LOG_INTERVAL = 4
 THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
