@@ -38,7 +38,8 @@ GRID_MHZ = (1980, 1755, 1530, 1305)
 
 RUN_STEPS = 8
 """With the 12 profiling steps, the job's 20 steps end on a log line (every LOG_INTERVAL)."""
-LOG_INTERVAL = 4
+LOG_INTERVAL = 5
+"""Also puts a log line's interval across the end of profiling (step 11, 0-based, inside steps 10-14)."""
 THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
 
@@ -334,7 +335,7 @@ def test_the_throttled_replica_keeps_its_plan(straggler_run):
 @pytest.fixture(scope="module")
 def safety_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     """PP=2, one replica, its GPUs throttled through the whole run phase; 2 % tolerance."""
-    demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=6, safety_tolerance=0.02)
+    demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=8, safety_tolerance=0.02)
     profiling = profiling_steps(demo)
     demo = replace(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
     return demo, run_world(demo, tmp_path_factory.mktemp("results"))
