@@ -249,8 +249,9 @@ class EnergyConfig:
     """``--energy-dir``: where profiles, plans, reports and traces are written (keyed by job fingerprint)."""
 
     profile_iters: int = 2
-    """``--energy-profile-iters``: training steps measured at each clock of the profiling grid (the stock
-    clock: at least 3, and as many as its baseline needs, ``runtime.baseline_length``)."""
+    """``--energy-profile-iters``: synchronous training steps measured at each clock of the profiling grid
+    (the stock clock also measures its baseline steps, at least 4 and as many as the baseline needs,
+    ``runtime.baseline_length``)."""
 
     freq_grid: tuple[int, ...] | None = None
     """``--energy-freq-grid``: SM clocks (MHz) to profile, highest first; ``None``: the GPU's own list."""
@@ -352,8 +353,8 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
     EnergyFlag(
         "profile_iters",
         ("--energy-profile-iters",),
-        "Training steps measured at each profiled clock, after one settling step (the stock clock: at least "
-        "3, and as many as its baseline needs to resolve a saving, up to 20).",
+        "Training steps measured at each profiled clock, after one settling step (the stock clock also "
+        "measures a baseline of at least 4 steps, as many as it needs to resolve a saving, up to 20 in all).",
         {"type": positive_int, "metavar": "N"},
     ),
     EnergyFlag(

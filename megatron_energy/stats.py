@@ -12,6 +12,22 @@ and "within noise" when the interval covers zero ("too few samples yet" while a 
   Welch-Satterthwaite degrees of freedom. It is symmetric and accurate while the baseline mean is known to
   a few percent (its relative standard error below ~10 %), which every window this module sizes satisfies
   (:func:`baseline_steps`); Fieller's exact interval differs from it only by terms of that order squared.
+  To that statistical half-width it **adds the drift observed inside the baseline** (:func:`baseline_drift`).
+
+**Why a drift term.** Per-iteration figures on real GPUs are not independent: an H200 dry run (nothing
+changed) showed excursions of 5-20 % lasting ~6 consecutive iterations (also without the plugin), and the
+Welch interval, which takes samples as independent, then called a difference of levels a saving (-2.6 %
+± 2.0 %, -7.4 % ± 5.1 %). Batch means long enough to absorb such an excursion would need blocks of ~6+
+iterations, i.e. 60+ iterations of stock baseline for a few blocks: far beyond the profiling bound
+(``runtime.baseline_length.MAX_STOCK_STEPS``). Instead the baseline, measured in consecutive iterations,
+is its own witness of how far the level wanders: ``d = |mean(later half) - mean(earlier half)| / mean``
+(halves of the baseline's samples in the order they ran). A window measured later may sit at least that far
+from the baseline's level for reasons other than the treatment, so ``|r| · d`` is added linearly (as a
+systematic term, not in quadrature) to the Student-t half-width. Without drift the term is of the order of
+the noise (``~2 · CV / sqrt(n)``), so a real 10 % change with a few percent of noise stays resolved; a
+baseline with an excursion like the H200's widens the interval by the excursion's share, so a dry run reads
+"within noise". The samples' grouping by the energy counter (:func:`iterations_per_sample`, blocks of at
+least two counter periods) is unchanged; the drift term is computed on those samples.
 * :func:`paired_relative_change`: the same for paired samples (run ``i`` without and with a plugin, side by
   side): the per-pair ratios ``t_i / b_i - 1`` and a Student-t interval of their mean, so run-to-run drift
   that hits both members of a pair cancels.
@@ -99,6 +115,8 @@ class RelativeChange:
     confidence: float
     source: Source
     method: str
+    drift: float = 0.0
+    """The baseline's own drift (:func:`baseline_drift`) included in ``halfwidth``, as a fraction."""
 
     @property
     def low(self) -> float:
@@ -209,12 +227,13 @@ def relative_change(
     confidence: float = 0.95,
     source: Source = "measured",
 ) -> RelativeChange:
-    """Relative change of the treatment mean against the baseline mean (independent samples).
+    """Relative change of the treatment mean against the baseline mean, widened by the baseline's drift.
 
     With ``r = m_t / m_b`` and the relative variances of the means ``a = s_t² / (n_t m_t²)`` and
     ``b = s_b² / (n_b m_b²)``, the delta method gives ``Var(r) ≈ r² (a + b)``; the interval is
-    ``r - 1 ± t_q(ν) · r · sqrt(a + b)`` with Welch-Satterthwaite degrees of freedom
-    ``ν = (a + b)² / (a²/(n_t-1) + b²/(n_b-1))``.
+    ``r - 1 ± (t_q(ν) · r · sqrt(a + b) + r · d)`` with Welch-Satterthwaite degrees of freedom
+    ``ν = (a + b)² / (a²/(n_t-1) + b²/(n_b-1))`` and ``d`` the drift observed inside the baseline
+    (:func:`baseline_drift`; see the module docstring).
 
     Args:
         baseline_samples: E.g. energy per iteration at stock clocks.
@@ -235,7 +254,7 @@ def relative_change(
     if mean_b <= 0.0:
         raise ValueError(f"relative_change: the baseline mean must be positive, got {mean_b!r}")
     ratio = mean_t / mean_b
-    method = "Welch, delta method for the ratio of means"
+    method = "Welch, delta method for the ratio of means, plus the baseline's drift between its halves"
     n_b, n_t = baseline.size, treatment.size
     if n_b < 2 or n_t < 2:
         return RelativeChange(ratio - 1.0, math.inf, n_b, n_t, confidence, source, method)
@@ -245,8 +264,30 @@ def relative_change(
     if total == 0.0:
         return RelativeChange(ratio - 1.0, 0.0, n_b, n_t, confidence, source, method)
     dof = total**2 / (rel_var_t**2 / (n_t - 1) + rel_var_b**2 / (n_b - 1))
-    halfwidth = _t_quantile(confidence, dof) * abs(ratio) * math.sqrt(total)
-    return RelativeChange(ratio - 1.0, halfwidth, n_b, n_t, confidence, source, method)
+    drift = baseline_drift(baseline.tolist())
+    halfwidth = _t_quantile(confidence, dof) * abs(ratio) * math.sqrt(total) + abs(ratio) * drift
+    return RelativeChange(ratio - 1.0, halfwidth, n_b, n_t, confidence, source, method, drift)
+
+
+def baseline_drift(samples: Sequence[float]) -> float:
+    """How far the level of consecutive samples wandered: the relative difference of their halves' means.
+
+    Args:
+        samples: Baseline samples in the order they ran (e.g. stock iterations' block means).
+
+    Returns:
+        ``|mean(later half) - mean(earlier half)| / mean`` (the middle sample of an odd count left out);
+        0 with fewer than 4 samples (2 a half) or a non-positive mean.
+
+    Raises:
+        ValueError: If ``samples`` is empty or holds a non-finite value.
+    """
+    values = _as_array(samples, "baseline_drift")
+    half = values.size // 2
+    mean = float(np.mean(values))
+    if half < 2 or mean <= 0.0:
+        return 0.0
+    return abs(float(np.mean(values[-half:])) - float(np.mean(values[:half]))) / mean
 
 
 def paired_relative_change(
@@ -300,8 +341,10 @@ def baseline_steps(
        quantisation included, since it was observed with the same counter), a window of ``w`` iterations
        has CV ``cv_w = observed_cv / sqrt(w)``. Baseline and treatment measured over equally long windows of
        ``n`` samples give a change whose interval half-width is ``t_q(2n - 2) · cv_w · sqrt(2 / n)``
-       (:func:`relative_change` with equal spreads); ``n`` is the smallest count that brings it to at
-       most ``target_halfwidth``, and never below ``min_samples``.
+       (:func:`relative_change` with equal spreads), plus the drift term the baseline's own noise gives on
+       average (:func:`baseline_drift` of independent samples: ``sqrt(2/π) · 2 · cv_w / sqrt(n)``); ``n``
+       is the smallest count that brings the sum to at most ``target_halfwidth``, and never below
+       ``min_samples``.
 
     The answer is ``n · w`` iterations. Choose ``target_halfwidth`` below the saving to be resolved (e.g. half
     of it): a saving of 10 % with a half-width of 5 % still excludes zero.
@@ -332,9 +375,20 @@ def baseline_steps(
     window_cv = observed_cv / math.sqrt(per_sample)
     normal_q = float(special.ndtri(0.5 + confidence / 2.0))
     samples = max(2, min_samples, math.ceil(2.0 * (normal_q * window_cv / target_halfwidth) ** 2))
-    while _t_quantile(confidence, 2 * samples - 2) * window_cv * math.sqrt(2.0 / samples) > target_halfwidth:
+    while _expected_halfwidth(samples, window_cv, confidence) > target_halfwidth:
         samples += 1
     return samples * per_sample
+
+
+def _expected_halfwidth(samples: int, window_cv: float, confidence: float) -> float:
+    """:func:`relative_change`'s half-width: two sides of ``samples`` independent samples of CV ``window_cv``.
+
+    The Student-t part with equal spreads, plus the mean absolute halves difference such noise gives
+    (the drift term of independent samples).
+    """
+    statistical = _t_quantile(confidence, 2 * samples - 2) * window_cv * math.sqrt(2.0 / samples)
+    drift = math.sqrt(2.0 / math.pi) * 2.0 * window_cv / math.sqrt(samples) if samples >= 4 else 0.0
+    return statistical + drift
 
 
 def iterations_per_sample(iteration_s: float, counter_period_s: float) -> int:

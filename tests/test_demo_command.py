@@ -23,7 +23,8 @@ from megatron_energy.stats import relative_change
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
-PROFILING_ITERS = (1 + 3) + (1 + 2)  # stock: a settling and the baseline's 3-iteration pilot; 1530: 1 + 2
+# stock: settling, a 4-iteration baseline pilot, 2 synchronous steps; the next clock (1530 MHz): 1 + 2
+PROFILING_ITERS = (1 + 4 + 2) + (1 + 2)
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
 MEGATRON_LINE = re.compile(
     r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +(\d+) \| consumed samples: +\d+ \| "
@@ -47,7 +48,9 @@ def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> Non
 
 def test_the_ranks_log_like_megatron_one_based_with_timestamps(demo: DemoRun) -> None:
     megatron = [MEGATRON_LINE.match(line) for line in demo.lines]
-    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [(i, TRAIN_ITERS) for i in range(1, 11)]
+    assert [(int(m[1]), int(m[2])) for m in megatron if m] == [
+        (i, TRAIN_ITERS) for i in range(1, TRAIN_ITERS + 1)
+    ]
     energy = [ENERGY_LINE.match(line) for line in demo.lines]
     phases = [(int(m[1]), m[2]) for m in energy if m]
     expected = [(i, "profiling") for i in range(1, PROFILING_ITERS + 1)]
@@ -92,7 +95,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
 
     # the run's figures: stock steps measured while profiling, planned iterations less the settling one
     baseline = StockBaseline.from_json((demo.job / "baseline.json").read_text())
-    assert len(baseline.step_energy_j) == 3  # the stock baseline's pilot: exact energies need no more
+    assert len(baseline.step_energy_j) == 4  # the stock baseline's pilot: exact energies need no more
     records = [r for r in read_records(demo.energy_dir / "demo" / "energy_log.jsonl") if r.phase == "planned"]
     assert [r.iteration for r in records] == list(range(PROFILING_ITERS + 1, TRAIN_ITERS + 1))
     planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]

@@ -32,8 +32,17 @@ def test_a_line_that_is_not_a_record_is_named(tmp_path: Path) -> None:
 
 
 def test_the_stock_baseline_keeps_each_steps_job_figures() -> None:
-    rank0 = [StepRecord(1980, 0.120, 50.0), StepRecord(1980, 0.124, 52.0)]
-    rank1 = [StepRecord(1980, 0.125, 70.0), StepRecord(1980, 0.121, 71.0)]
+    # baseline steps (timed as the run phase times its own), then a synchronous profile step: left out
+    synchronous = StepRecord(1980, 0.2, 90.0, 0.01, 5.0, synchronised=True)
+    rank0 = [
+        StepRecord(1980, 0.120, 50.0, synchronised=False),
+        StepRecord(1980, 0.124, 52.0, synchronised=False),
+    ]
+    rank1 = [
+        StepRecord(1980, 0.125, 70.0, synchronised=False),
+        StepRecord(1980, 0.121, 71.0, synchronised=False),
+    ]
+    rank0, rank1 = [*rank0, synchronous], [*rank1, synchronous]
     baseline = baseline_from_profiling([([], rank0), ([], rank1)])
     assert baseline.step_iteration_s == (0.125, 0.124)  # the slowest rank, step by step
     assert baseline.step_energy_j == (120.0, 123.0)  # every rank's energy, step by step

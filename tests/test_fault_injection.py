@@ -76,7 +76,7 @@ DEATH_LIMIT_S = 20.0
 
 GPU_SPEC = "h100-sxm"
 GRID_MHZ = (1980, 1500)
-STOCK_PROFILING_STEPS = 1 + pilot_steps(1)  # a settling step and the stock baseline's pilot (exact energies)
+STOCK_PROFILING_STEPS = 1 + pilot_steps(1) + 1  # settling, the baseline pilot (exact energies), 1 synchronous
 PROFILING_STEPS = STOCK_PROFILING_STEPS + 2 * (len(GRID_MHZ) - 1)  # then a settling and a measured step
 RUN_STEPS = 2
 JOB_STEPS = PROFILING_STEPS + RUN_STEPS

@@ -19,6 +19,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.registry import resolve
+from megatron_energy.runtime.baseline_length import MIN_STOCK_STEPS
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
@@ -234,3 +235,24 @@ def _begun(timer: CudaEventTimer, microbatch: int) -> Instruction:
     timer.begin(instruction)
     FakeEvent.device.now_s += 0.01
     return instruction
+
+
+def test_the_stock_baseline_is_made_of_steps_timed_as_the_run_phase_times_its_own(tmp_path, device):
+    session, _ = _session(tmp_path, device)
+    first_run_step = _profile(session, device)
+    waited = set(device.device_syncs) | {host_step for host_step, _ in device.waits}
+    # the steps during which the host never waited for the device, after the settling step
+    unsynchronised = [step for step in range(1, first_run_step) if step not in waited]
+    baseline = session.baseline
+    assert baseline.steps == len(unsynchronised) >= MIN_STOCK_STEPS
+    # the comparison baseline is exactly those steps: each one's single lap (1000 J per step number + 7)
+    assert baseline.step_energy_j == tuple(1000.0 * step + 7.0 for step in unsynchronised)
+    assert baseline.step_iteration_s == tuple(session.history[step].iteration_s for step in unsynchronised)
+    # the synchronous profile steps (profile rows, measured tail) ran too, and stay out of the baseline
+    synchronous = [step for step in range(1, first_run_step) if step in device.device_syncs]
+    assert synchronous and not set(synchronous) & set(unsynchronised)
+    # and the run phase's steps are timed the same way: no wait at all
+    syncs, waits = len(device.device_syncs), len(device.waits)
+    for step in range(first_run_step, first_run_step + 3):
+        _run_step(session, device, step)
+    assert device.device_syncs[syncs:] == [] and device.waits[waits:] == []

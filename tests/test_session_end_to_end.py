@@ -36,8 +36,10 @@ pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 GRID_MHZ = (1980, 1755, 1530, 1305)
 """Profiled clocks, all supported by the simulated h100-sxm; stock first."""
 
-RUN_STEPS = 6
-LOG_INTERVAL = 4
+RUN_STEPS = 8
+"""With the 12 profiling steps, the job's 20 steps end on a log line (every LOG_INTERVAL)."""
+LOG_INTERVAL = 5
+"""Also puts a log line's interval across the end of profiling (step 11, 0-based, inside steps 10-14)."""
 THROTTLE_MHZ = 1100
 """A thermal-throttling ceiling far below every profiled clock."""
 
@@ -62,9 +64,9 @@ def settings(energy_dir: Path, **changes) -> SessionSettings:
 
 def profiling_steps(demo: SessionSettings) -> int:
     """Steps the profiling grid takes: a settling step and ``profile_iters`` measured steps per clock, and at
-    the stock clock the pilot of the baseline (exact simulated energies never need more)."""
+    the stock clock also the pilot of the baseline (exact simulated energies never need more)."""
     assert demo.freq_grid is not None
-    return (pilot_steps(demo.profile_iters) + 1) + (len(demo.freq_grid) - 1) * (demo.profile_iters + 1)
+    return pilot_steps(demo.profile_iters) + len(demo.freq_grid) * (demo.profile_iters + 1)
 
 
 def phases(report: RankReport) -> list[str]:
@@ -123,7 +125,7 @@ def test_every_rank_profiles_the_grid_then_runs_the_plan(first_run):
     for report in reports:
         assert phases(report) == ["profiling"] * profiling + ["planned"] * RUN_STEPS
         assert report.stock_time_s is not None and report.stock_energy_j is not None
-        assert report.stock_steps == pilot_steps(demo.profile_iters) == 3
+        assert report.stock_steps == pilot_steps(demo.profile_iters) == 4
         # profiling walks down the grid: the lowest clock is slower and cheaper than stock
         stock, lowest = report.steps[1], report.steps[profiling - 1]
         assert lowest.iteration_s > stock.iteration_s
@@ -342,7 +344,7 @@ def test_the_throttled_replica_keeps_its_plan(straggler_run):
 @pytest.fixture(scope="module")
 def safety_run(tmp_path_factory) -> tuple[SessionSettings, list[RankReport]]:
     """PP=2, one replica, its GPUs throttled through the whole run phase; 2 % tolerance."""
-    demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=6, safety_tolerance=0.02)
+    demo = settings(tmp_path_factory.mktemp("energy"), pipeline_size=2, run_steps=8, safety_tolerance=0.02)
     profiling = profiling_steps(demo)
     demo = replace(demo, throttle=(0, profiling, profiling + demo.run_steps, THROTTLE_MHZ))
     return demo, run_world(demo, tmp_path_factory.mktemp("results"))

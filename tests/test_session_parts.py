@@ -361,36 +361,51 @@ def _collector(clocks=(1980, 1500), steps_per_clock=2) -> ProfileCollector:
 
 def test_profile_collector_walks_the_grid_and_discards_each_settling_step():
     collector = _collector()
-    assert collector.steps_needed == 6
+    assert collector.steps_needed == 8
     walked = []
-    # per clock: settling step (wildly off, must be discarded), then two measured steps
-    plan = {1980: (9.0, 2.0, 3.0), 1500: (9.0, 3.0, 5.0)}
+    # stock: settling step (wildly off, must be discarded), two baseline steps, two synchronous profile steps;
+    # 1500 MHz: settling step, two profile steps
+    plan = {1980: (9.0, 7.0, 8.0, 2.0, 3.0), 1500: (9.0, 3.0, 5.0)}
     for clock in (1980, 1500):
         for forward_s in plan[clock]:
             assert not collector.done
-            walked.append(collector.clock_for_next_step())
+            walked.append(collector.begin_step())
             timing = _timing(
                 {"forward": forward_s, "backward": 2 * forward_s},
                 10.0,
                 {"forward": forward_s, "backward": 1.0},
             )
             collector.add_step(StepFigures(timing, 10.0 + forward_s, 100.0 + forward_s, None, exact=True))
-    assert walked == [1980] * 3 + [1500] * 3
+    assert [(step.clock_mhz, step.kind) for step in walked] == [
+        (1980, "settling"),
+        (1980, "baseline"),
+        (1980, "baseline"),
+        (1980, "profile"),
+        (1980, "profile"),
+        (1500, "settling"),
+        (1500, "profile"),
+        (1500, "profile"),
+    ]
+    assert [step.synchronised for step in walked] == [True, False, False, True, True, True, True, True]
     assert collector.done
     assert collector.clock_for_next_step() == 1500  # stays on the last clock once done
 
+    # the rows come from every measured step: the stock clock's baseline and synchronous steps
     rows = {(row.work.kind, row.clock_mhz): row for row in collector.rows()}
     assert set(rows) == {("forward", 1980), ("backward", 1980), ("forward", 1500), ("backward", 1500)}
-    assert rows[("forward", 1980)].time_s == pytest.approx((2.0 + 3.0) / 2)
+    assert rows[("forward", 1980)].time_s == pytest.approx((7.0 + 8.0 + 2.0 + 3.0) / 4)
     assert rows[("backward", 1500)].time_s == pytest.approx((6.0 + 10.0) / 2)
     assert rows[("forward", 1500)].energy_j == pytest.approx((3.0 + 5.0) / 2)
     assert rows[("backward", 1980)].energy_j == pytest.approx(1.0)
-    assert all(row.samples == 2 and row.work.stage == 1 and row.work.chunk == 0 for row in rows.values())
+    assert [rows[(kind, 1980)].samples for kind in ("forward", "backward")] == [4, 4]
+    assert all(row.samples == 2 for key, row in rows.items() if key[1] == 1500)
+    assert all(row.work.stage == 1 and row.work.chunk == 0 for row in rows.values())
 
+    # the stock baseline comes from the baseline steps only
     stock = collector.stock_baseline()
     assert stock is not None and stock.clock_mhz == 1980
-    assert stock.iteration_s == pytest.approx((12.0 + 13.0) / 2)
-    assert stock.energy_j == pytest.approx((102.0 + 103.0) / 2)
+    assert stock.iteration_s == pytest.approx((17.0 + 18.0) / 2)
+    assert stock.energy_j == pytest.approx((107.0 + 108.0) / 2)
 
 
 def test_measured_step_energy_less_waiting_and_the_outside_part_is_split_over_instructions_by_time():
@@ -398,6 +413,7 @@ def test_measured_step_energy_less_waiting_and_the_outside_part_is_split_over_in
     timing = _timing({"forward": 0.1, "backward": 0.3}, iteration_s=1.0)  # no per-instruction energy
     timing = dataclasses.replace(timing, cycle_s=1.25)  # 0.25 s between the two schedules
     collector.add_step(StepFigures(timing, 1.25, 0.0, 0.0, exact=False))  # settling
+    collector.add_step(StepFigures(timing, 1.3, 240.0, None, exact=False))  # baseline: one lap, no split
     step_energy_j, outside_j = 200.0, 30.0  # the pipeline span's 200 J and 30 J between the schedules
     collector.add_step(StepFigures(timing, 1.25, step_energy_j + outside_j, outside_j, exact=False))
 
@@ -406,28 +422,46 @@ def test_measured_step_energy_less_waiting_and_the_outside_part_is_split_over_in
     blocked_j = 100.0 * (last_end_s - busy_s)  # the gap before the forward, at the blocked power
     idle_j = 50.0 * (1.0 - last_end_s)  # after the last instruction, at the idle power
     busy_j = step_energy_j - blocked_j - idle_j
+    # the baseline step's pipeline span: its whole 240 J less the 30 J the synchronous step measured outside
+    baseline_busy_j = 240.0 - outside_j - blocked_j - idle_j
     rows = {row.work.kind: row for row in collector.rows()}
-    assert rows["forward"].energy_j == pytest.approx(busy_j * 0.1 / busy_s)
-    assert rows["backward"].energy_j == pytest.approx(busy_j * 0.3 / busy_s)
-    (stock,) = collector.stock_steps()
-    assert (stock.iteration_s, stock.energy_j) == (1.25, 230.0)  # the whole iteration
-    assert (stock.outside_s, stock.outside_j) == (pytest.approx(0.25), 30.0)
+    assert rows["forward"].energy_j == pytest.approx((busy_j + baseline_busy_j) / 2 * 0.1 / busy_s)
+    assert rows["backward"].energy_j == pytest.approx((busy_j + baseline_busy_j) / 2 * 0.3 / busy_s)
+    baseline, profiled = collector.stock_steps()
+    assert (baseline.synchronised, profiled.synchronised) == (False, True)
+    assert (baseline.iteration_s, baseline.energy_j, baseline.outside_j) == (1.3, 240.0, 0.0)
+    assert (profiled.iteration_s, profiled.energy_j) == (1.25, 230.0)  # the whole iteration
+    assert (profiled.outside_s, profiled.outside_j) == (pytest.approx(0.25), 30.0)
 
 
-def test_the_stock_clock_is_measured_as_long_as_decided_then_the_grid_goes_on():
+def test_the_baseline_is_measured_as_long_as_decided_at_the_pilots_end_under_the_lag():
     collector = _collector(steps_per_clock=1)
     collector.stock_iters = 3  # the pilot
     timing = _timing({"forward": 0.1, "backward": 0.3}, iteration_s=1.0)
-    clocks = []
+    walked, held = [], []
     while not collector.done:
-        clocks.append(collector.clock_for_next_step())
-        collector.add_step(StepFigures(timing, 1.0, 100.0, None, exact=True))
-        if collector.stock_measured == 3 and collector.steps_needed == 6:
-            collector.set_stock_steps(5)  # decided after the pilot: two more
-    assert clocks == [1980] * 6 + [1500] * 2
-    assert len(collector.stock_steps()) == 5 and collector.steps_needed == 8
+        walked.append(collector.begin_step())
+        if not walked[-1].synchronised:  # lagged: this step's figures come at the next step's end
+            held.append(StepFigures(timing, 1.0, 100.0, None, exact=False))
+            ready = held[:-1]
+            del held[:-1]
+        else:
+            ready = [*held, StepFigures(timing, 1.0, 100.0, None, exact=False)]
+            held.clear()
+        for figures in ready:
+            collector.add_step(figures)
+            if collector.stock_begun == 3 and collector.stock_iters == 3:
+                assert collector.stock_measured == 2  # the pilot's last step is still in flight
+                collector.set_stock_steps(5)  # decided at the pilot's end: two more
+    kinds = [(step.clock_mhz, step.kind) for step in walked]
+    assert kinds == [(1980, "settling")] + [(1980, "baseline")] * 5 + [
+        (1980, "profile"),
+        (1500, "settling"),
+        (1500, "profile"),
+    ]
+    assert len(collector.baseline_steps()) == 5 and collector.steps_needed == 9
     with pytest.raises(ValueError):
-        collector.set_stock_steps(6)  # the stock clock is over
+        collector.set_stock_steps(6)  # the baseline steps are over
 
 
 def test_the_stock_baseline_length_follows_the_counter_period_and_the_spread():
@@ -448,6 +482,9 @@ def test_the_stock_baseline_length_follows_the_counter_period_and_the_spread():
     assert stock_steps_needed(slow, counter_period_s=0.1) == int(
         MAX_STOCK_S / statistics.fmean([10.0, 10.5, 9.6])
     )
+    # the stock clock's synchronous profile steps count towards the bound; the steps begun are the floor
+    assert stock_steps_needed(noisy, counter_period_s=0.1, synchronous_steps=2) == MAX_STOCK_STEPS - 2
+    assert stock_steps_needed(quiet, counter_period_s=0.1, synchronous_steps=2, begun=4) == 4
 
 
 def test_merge_rows_takes_the_slowest_peer_and_the_mean_energy():
@@ -628,8 +665,9 @@ def _profile_and_plan(session: EnergySession) -> int:
     while session.phase == "profiling":
         _step(session, step)
         step += 1
-    # the stock clock: a settling step and the 3-step pilot (exact, steady figures need no more); then 1500
-    assert step == session.collector.steps_needed == (1 + 3) + (1 + 1)
+    # the stock clock: a settling step, the 4-step baseline pilot (exact, steady figures need no more) and one
+    # synchronous profile step; then 1500
+    assert step == session.collector.steps_needed == (1 + 4 + 1) + (1 + 1)
     assert session.phase == "planned" and session.plan is not None
     return step
 
@@ -699,7 +737,7 @@ def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_
     while session.phase == "profiling":
         _step(session, step)
         step += 1
-    assert step == session.collector.steps_needed == 1 + 3  # one settling step + the pilot, stock only
+    assert step == session.collector.steps_needed == 1 + 4 + 1  # settling, baseline pilot, one synchronous
     assert set(controller.requests[:step]) == {1980}
     assert session.profile_source == "modelled"
     profile = Profile.from_csv(session.cache.folder / "profile.csv", gpu_name="h100-sxm", source="modelled")

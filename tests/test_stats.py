@@ -1,9 +1,13 @@
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from megatron_energy.runtime.log_window import compare_to_stock
 from megatron_energy.stats import (
+    RelativeChange,
+    baseline_drift,
     baseline_steps,
     block_means,
     iterations_per_sample,
@@ -175,3 +179,52 @@ def test_a_100_ms_counter_read_every_iteration_resolves_a_ten_percent_saving_and
     saving = relative_change(stock, block_means(reads(900.0, 20), size))
     assert saving.excludes_zero and saving.low <= -0.10 <= saving.high
     assert not relative_change(stock, block_means(reads(1000.0, 20), size)).excludes_zero
+
+
+def _drifting_stock(rng: np.random.Generator) -> np.ndarray:
+    """20 stock iterations of ~1595 ms (1 % noise) whose last 6 run 5-20 % slower, as on the H200 dry run."""
+    stock = 1595.0 * (1.0 + 0.01 * rng.standard_normal(20))
+    stock[14:] *= 1.0 + np.array([0.06, 0.12, 0.2, 0.15, 0.08, 0.05])
+    return stock
+
+
+@pytest.mark.parametrize("planned_iters", [3, 4, 5, 10, 20])
+def test_a_drift_excursion_in_the_stock_baseline_never_reads_as_a_change_in_a_dry_run(planned_iters):
+    rng = np.random.default_rng(planned_iters)
+    signed_without_drift = 0
+    for _ in range(50):
+        stock = _drifting_stock(rng)
+        planned = 1595.0 * (1.0 + 0.01 * rng.standard_normal(planned_iters))  # nothing changed
+        change = compare_to_stock(list(stock), list(planned), iterations_per_block=1, source="measured")
+        assert change is not None and not change.excludes_zero, change.format()
+        assert change.format().startswith(("within noise", "too few samples yet"))
+        signed_without_drift += _welch_only(change).excludes_zero
+    # the same samples taken as independent (no drift term) mostly print a signed saving: the H200's defect
+    assert signed_without_drift > 25
+
+
+def _welch_only(change: RelativeChange) -> RelativeChange:
+    """The change's interval without the baseline's drift term (samples taken as independent)."""
+    statistical = change.halfwidth - abs(1.0 + change.change) * change.drift
+    return dataclasses.replace(change, halfwidth=statistical, drift=0.0)
+
+
+def test_a_real_ten_percent_change_is_resolved_despite_the_drift_and_its_interval_holds_the_truth():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        stock = _drifting_stock(rng)
+        planned = 0.9 * float(np.mean(stock)) * (1.0 + 0.01 * rng.standard_normal(10))
+        change = compare_to_stock(list(stock), list(planned), iterations_per_block=1, source="measured")
+        assert change is not None and change.excludes_zero and change.high < 0, change.format()
+        assert change.drift > 0.03  # the excursion widened the interval
+        assert change.low <= -0.1 <= change.high  # the planned level is 10 % below the baseline's mean
+
+
+def test_baseline_drift_is_the_relative_difference_of_the_halves_means():
+    assert baseline_drift([100.0, 100.0, 110.0, 110.0]) == pytest.approx(10.0 / 105.0)
+    assert baseline_drift([100.0, 100.0, 7.0, 110.0, 110.0]) == pytest.approx(
+        10.0 / (427.0 / 5)
+    )  # middle out
+    assert baseline_drift([100.0, 120.0, 90.0]) == 0.0  # fewer than two samples a half
+    flat = relative_change([100.0, 101.0, 100.0, 101.0], [100.0, 101.0, 99.0])
+    assert flat.drift == pytest.approx(0.0)

@@ -78,14 +78,14 @@ class DemoJob:
     def profiling_iters(self) -> int:
         """Iterations the profiling grid takes: a settling and ``profile_iters`` measured ones per clock.
 
-        The stock clock's measured iterations are the stock baseline's pilot: the demo's simulated GPUs
+        The stock clock also measures its baseline, whose length is the pilot: the demo's simulated GPUs
         report exact energies, whose spread is nil, so the baseline never asks for more
         (``runtime.baseline_length``).
         """
         spec = load_gpu_spec(self.energy.gpu_spec or "")
         grid = profiling_grid(self.energy.freq_grid, spec.sm_clocks_mhz)
         per_clock = self.energy.profile_iters + 1
-        return (pilot_steps(self.energy.profile_iters) + 1) + (len(grid) - 1) * per_clock
+        return pilot_steps(self.energy.profile_iters) + len(grid) * per_clock
 
     @property
     def train_iters(self) -> int:

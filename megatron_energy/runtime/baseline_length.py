@@ -3,8 +3,10 @@
 Every measured saving (the energy log, the demo summary, TensorBoard/W&B scalars) is the relative change of
 per-iteration figures under the plan against those at stock clocks (``stats.relative_change``), so the stock
 side must hold enough iterations for the interval to be narrow. The session profiles the stock clock first:
-one settling step, then a pilot of ``max(--energy-profile-iters, MIN_STOCK_STEPS)`` measured steps. From the
-pilot, each rank takes
+one settling step, then the baseline steps, timed as the run phase times its steps (lagged, no device sync;
+``runtime.profiling``), then ``--energy-profile-iters`` synchronous profile steps. The baseline starts with a
+pilot of ``pilot_steps`` steps; at the pilot's last step's end (when, under the lag, the figures of all
+its steps but the last have come) each rank takes, from the pilot steps recorded so far,
 
 * the mean iteration time (whole iterations),
 * the observed spread: the larger coefficient of variation of its per-iteration energy and time (counter
@@ -14,9 +16,10 @@ pilot, each rank takes
 
 and :func:`megatron_energy.stats.baseline_steps` answers how many iterations bring the interval's half-width
 down to ``TARGET_HALFWIDTH`` when the planned window is as long and as noisy (so a saving of twice that is
-resolved). The answer is bounded: never below the pilot, never above ``MAX_STOCK_STEPS`` iterations nor
-above ``MAX_STOCK_S`` seconds of them (profiling stays short; a noisier job then gets a wider interval, which
-the log states). Every rank takes the largest answer (one all-reduce), so all profile the same steps.
+resolved). The answer is bounded: never below the pilot, and the stock clock's measured iterations (the
+baseline and the synchronous profile steps together) never above ``MAX_STOCK_STEPS`` nor above
+``MAX_STOCK_S`` seconds (profiling stays short; a noisier job then gets a wider interval, which the log
+states). Every rank takes the largest answer (one all-reduce), so all profile the same steps.
 """
 
 from __future__ import annotations
@@ -28,43 +31,49 @@ from collections.abc import Sequence
 from megatron_energy.runtime.profiling import StepRecord
 from megatron_energy.stats import MIN_SAMPLES_TO_RESOLVE, baseline_steps
 
-MIN_STOCK_STEPS = MIN_SAMPLES_TO_RESOLVE
-"""Fewest measured stock-clock iterations: a spread needs a few."""
+MIN_STOCK_STEPS = MIN_SAMPLES_TO_RESOLVE + 1
+"""Fewest baseline iterations: a spread needs a few, and under the lag the pilot's last step's figures
+come only after the decision, so the pilot holds one more."""
 
 TARGET_HALFWIDTH = 0.01
 """The interval half-width (1 %) the stock baseline is sized for: savings of 2 % and more are resolved."""
 
 MAX_STOCK_STEPS = 20
-"""Most measured stock-clock iterations, whatever the noise."""
+"""Most measured stock-clock iterations (baseline and synchronous profile steps), whatever the noise."""
 
 MAX_STOCK_S = 60.0
 """Most seconds of measured stock-clock iterations."""
 
 
 def pilot_steps(profile_iters: int) -> int:
-    """Measured stock-clock steps before the baseline's length is decided."""
+    """Baseline steps before the baseline's length is decided."""
     return max(profile_iters, MIN_STOCK_STEPS)
 
 
-def stock_steps_needed(pilot: Sequence[StepRecord], counter_period_s: float) -> int:
-    """The measured stock-clock iterations this rank asks for, from its pilot (see the module docstring).
+def stock_steps_needed(
+    pilot: Sequence[StepRecord], counter_period_s: float, synchronous_steps: int = 0, begun: int = 0
+) -> int:
+    """The baseline iterations this rank asks for, from its pilot (see the module docstring).
 
     Args:
-        pilot: This rank's measured stock steps so far (at least two).
+        pilot: This rank's baseline steps recorded so far (at least two).
         counter_period_s: The energy counter's period; 0 when the energies are exact.
+        synchronous_steps: The stock clock's synchronous profile steps, which count towards the bounds.
+        begun: Baseline steps already begun (the pilot, some not recorded yet under the lag).
 
     Returns:
-        At least ``len(pilot)``, at most the bounds.
+        At least ``max(len(pilot), begun)``; otherwise at most the bounds less ``synchronous_steps``.
     """
+    floor = max(len(pilot), begun)
     times = [record.iteration_s for record in pilot]
     energies = [record.energy_j for record in pilot]
     iteration_s = statistics.fmean(times)
     if len(pilot) < 2 or not (iteration_s > 0 and all(map(math.isfinite, energies))):
-        return len(pilot)
+        return floor
     spread = max(_variation(times), _variation(energies))
     wanted = baseline_steps(iteration_s, TARGET_HALFWIDTH, spread, counter_period_s)
-    ceiling = min(MAX_STOCK_STEPS, math.floor(MAX_STOCK_S / iteration_s))
-    return max(len(pilot), min(wanted, ceiling))
+    ceiling = min(MAX_STOCK_STEPS, math.floor(MAX_STOCK_S / iteration_s)) - synchronous_steps
+    return max(floor, min(wanted, ceiling))
 
 
 def _variation(values: Sequence[float]) -> float:

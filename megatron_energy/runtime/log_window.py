@@ -11,7 +11,8 @@ Each rank keeps, for the phase it runs in (``profiling``, ``planned``, ``followi
 Rank 0 aligns the ranks' windows on the steps every rank ran in its current phase (:func:`job_window`) and
 sums energies over ranks, takes the slowest rank's time, per iteration, as the stock baseline does. Before a
 comparison, per-iteration figures read from an energy counter are grouped into samples spanning at least
-two counter periods (``stats.iterations_per_sample``, ``stats.block_means``).
+two counter periods (``stats.iterations_per_sample``, ``stats.block_means``); the interval includes the drift
+the stock baseline shows between its halves (``stats.baseline_drift``), as everywhere a change is stated.
 """
 
 from __future__ import annotations

@@ -27,7 +27,13 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord, mean_record
+from megatron_energy.runtime.profiling import (
+    ProfileRow,
+    StepRecord,
+    baseline_records,
+    mean_record,
+    synchronised_records,
+)
 
 NOTHING_S = 1e-9
 """A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
@@ -216,13 +222,16 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 def baseline_from_profiling(
     gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]], source: str = "measured"
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's measured stock steps (rank = position).
+    """The stock-clock baseline from every rank's baseline steps (rank = position).
 
-    Per rank, the mean over its stock steps and its stage (from its profile rows); per step, the slowest
-    rank's time and the energy of all ranks (over the steps every rank measured). ``source`` says whether the
-    figures are measured or modelled (simulated GPUs).
+    Only the steps timed as the run phase times its steps (lagged, no device sync; ``runtime.profiling``)
+    count, so every comparison with the planned windows is between steps measured the same way; the
+    synchronous profile steps are left out. Per rank, the mean over its baseline steps and its stage (from its
+    profile rows); per step, the slowest rank's time and the energy of all ranks (over the steps every rank
+    measured). ``source`` says whether the figures are measured or modelled (simulated GPUs).
     """
-    stock = [(rank, list(steps)) for rank, (_, steps) in enumerate(gathered) if steps]
+    stock = [(rank, baseline_records(steps)) for rank, (_, steps) in enumerate(gathered)]
+    stock = [(rank, steps) for rank, steps in stock if steps]
     means = {rank: mean_record(steps) for rank, steps in stock}
     per_step = list(zip(*(steps for _, steps in stock), strict=False))
     return StockBaseline(
@@ -238,7 +247,9 @@ def baseline_from_profiling(
 def tail_from_profiling(
     gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
 ) -> IterationTail | None:
-    """The measured iteration tail: what the stock steps spent outside the pipeline span (rank = position).
+    """The measured iteration tail: what the synchronous stock steps spent outside the pipeline span.
+
+    Only the synchronous profile steps measured that part apart (rank = position).
 
     Its time is the slowest rank's mean (the ranks' spans end together, at the replica's pipeline end); each
     stage's energy is the mean over the ranks of that stage (peers of a stage are one GPU each, as in
@@ -250,7 +261,8 @@ def tail_from_profiling(
     """
     by_stage: dict[int, list[float]] = defaultdict(list)
     time_s = 0.0
-    for rows, steps in gathered:
+    for rows, records in gathered:
+        steps = synchronised_records(records)
         if not rows or not steps:
             return None
         mean = mean_record(steps)

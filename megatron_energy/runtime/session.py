@@ -4,9 +4,15 @@ The session does not know how plans are made: it asks the optimiser ``--energy-m
 (``megatron_energy.registry``) what to profile and for a plan, and runs whatever plan comes back.
 
 Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps,
-the stock clock first and for as long as the stock baseline needs (``runtime.baseline_length``); the timer
-times every instruction on the device timeline and the whole iteration; the meter gives each step's energy,
-the part between two schedules apart from the pipeline span's (``runtime.step_figures``).
+the stock clock first; the timer times every instruction on the device timeline and the whole iteration; the
+meter gives each step's energy. The stock clock's measured steps are of two kinds (``runtime.profiling``):
+the **baseline steps**, as many as the stock baseline needs (``runtime.baseline_length``), are timed exactly
+as the run phase times its steps (lagged, no device sync, one counter lap per iteration), and they alone are
+the stock baseline every measured change is compared with, so the comparison carries no bias from how the
+two sides were measured; the **synchronous profile steps** (like every measured step at the other clocks)
+wait for the device at their begin and end, so the counter laps separate the pipeline span's energy from
+what ran between two schedules (``runtime.step_figures``): they give the profile rows and the measured
+iteration tail, exact, and never enter a comparison.
 Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
 optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
@@ -129,6 +135,7 @@ class EnergySession:
             stock_iters=pilot_steps(config.profile_iters),
         )
         self._stock_decided = False
+        self._step_lagged = False  # whether the step running now is timed without a device sync
         self.phase = "profiling"
         self.plan: Plan | None = None
         self.baseline = StockBaseline()
@@ -159,18 +166,21 @@ class EnergySession:
     # ----------------------------------------------------------------------------------- schedule events
 
     def on_step_begin(self, step: int) -> None:
-        """Start a step: choose its clock while profiling, and start timing and metering.
+        """Start a step: choose its clock and kind while profiling, and start timing and metering.
 
-        While profiling, the energy between the two schedules is read apart: the device finishes first, then
-        the meter laps, then the step's timing starts.
+        A synchronous profiling step reads the energy between the two schedules apart: the device finishes
+        first, then the meter laps, then the step's timing starts. A baseline step, like a run-phase step,
+        does none of that.
         """
-        self._lapped_at_start = self.phase == "profiling"
+        planned = self.collector.begin_step() if self.phase == "profiling" else None
+        self._step_lagged = planned is None or not planned.synchronised
+        self._lapped_at_start = not self._step_lagged
         if self._lapped_at_start:
             self.timer.wait_for_device()
             self._outside = self.meter.lap()
         boundary = self.timer.step_begin()
-        if self.phase == "profiling":
-            self.controller.request(self.collector.clock_for_next_step(), boundary)
+        if planned is not None:
+            self.controller.request(planned.clock_mhz, boundary)
 
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
@@ -194,15 +204,14 @@ class EnergySession:
     def on_step_end(self, step: int) -> None:
         """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
 
-        While profiling the timer waits for the device and returns this step. In the run phase nothing here
-        waits for the GPU: the timer returns the previous step (``runtime.cuda_timer``; simulated GPUs still
-        return this one), whose figures the straggler policy, the safety net and the log then see one step
-        late. The counter lap is host-only work (an NVML read, ~3 ms), taken while the GPU still runs the
-        backward pass queued before it, so it costs the GPU no idle time; it is this step's energy, and is
-        kept with the step until its timing comes.
+        A synchronous profiling step waits for the device and returns this step. In a baseline step and in
+        the run phase nothing here waits for the GPU: the timer returns the previous step
+        (``runtime.cuda_timer``; simulated GPUs still return this one), whose figures the straggler policy,
+        the safety net and the log then see one step late. The counter lap is host-only work (an NVML read,
+        ~3 ms), taken while the GPU still runs the backward pass queued before it, so it costs the GPU no
+        idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
-        lagged = self.phase != "profiling"
-        timings = self.timer.finish_step(lagged=lagged)
+        timings = self.timer.finish_step(lagged=self._step_lagged)
         self._sealed.append(
             SealedStep(
                 step=step,
@@ -223,8 +232,8 @@ class EnergySession:
         self.history.append(figures)
         if sealed.phase == "profiling":
             self.collector.add_step(figures)
-            if not self._stock_decided and self.collector.stock_measured == self.collector.stock_iters:
-                self._decide_stock_steps(figures.exact)
+            if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:
+                self._decide_stock_steps(figures.exact)  # at the pilot's end, before another step begins
             if self.collector.done:
                 self._plan()
         else:
@@ -284,13 +293,19 @@ class EnergySession:
     # ------------------------------------------------------------------------------------------- phases
 
     def _decide_stock_steps(self, exact: bool) -> None:
-        """After the stock pilot, every rank agrees on how many stock steps the baseline measures (max)."""
+        """At the pilot's last step's end, every rank agrees on how many baseline steps to measure (max).
+
+        Under the lag the pilot's last step is not recorded yet: the decision uses the steps that are.
+        """
         self._stock_decided = True
         period_s = 0.0 if exact else self.spec.energy_counter_period_s
+        collector = self.collector
         try:
-            mine = stock_steps_needed(self.collector.stock_steps(), period_s)
+            mine = stock_steps_needed(
+                collector.baseline_steps(), period_s, collector.steps_per_clock, collector.stock_begun
+            )
         except Exception:  # a rank that cannot tell keeps the pilot; the others decide
-            mine = self.collector.stock_iters
+            mine = collector.stock_iters
         (agreed,) = self.comms.all_reduce_max([float(mine)])
         self.collector.set_stock_steps(int(agreed))
 
