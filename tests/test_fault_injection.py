@@ -263,10 +263,14 @@ def tamper(name: str, content: bytes) -> bytes:
     text = content.decode()
     if name == "profile.csv":
         lines = text.splitlines()
-        rows = [lines[0]] + [
-            ",".join([*row.split(",")[:-1], repr(float(row.split(",")[-1]) * 0.01)]) for row in lines[1:]
-        ]
-        return ("\n".join(rows) + "\n").encode()
+        energy = lines[0].split(",").index("energy")
+
+        def scaled(row: str) -> str:
+            cells = row.split(",")
+            cells[energy] = repr(float(cells[energy]) * 0.01)
+            return ",".join(cells)
+
+        return ("\n".join([lines[0], *map(scaled, lines[1:])]) + "\n").encode()
     if name == "baseline.json":
         data = json.loads(text)
         data["stock_energy_by_rank"] = {k: v * 0.01 for k, v in data["stock_energy_by_rank"].items()}
