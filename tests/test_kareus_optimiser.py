@@ -46,7 +46,7 @@ def test_kareus_and_all_are_released_in_that_order() -> None:
     assert isinstance(registry.resolve("kareus"), KareusOptimiser)
     composed = registry.resolve("all")
     assert isinstance(composed, ComposedOptimiser)
-    assert [part.name for part in composed.parts] == ["perseus", "kareus"]
+    assert [part.name for part in composed.parts] == ["perseus", "kareus", "kernel"]
     assert composed.request.collectives
 
 

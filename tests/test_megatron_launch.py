@@ -18,8 +18,8 @@ from megatron_energy.plan import Plan
 
 NUM_MICROBATCHES = 8
 GROUP_SIZE = 4
-TRAIN_ITERS = 7  # 6 profiling steps (stock: a settling step and the baseline's 3-step pilot; 1500 MHz: a
-# settling and a measured step), then the plan runs
+TRAIN_ITERS = 9  # 8 profiling steps (stock: a settling step, the baseline's 4-step pilot and 1 synchronous
+# step; 1500 MHz: a settling and a measured step), then the plan runs
 # PP=2 x VPP=2, 8 microbatches (global batch 16 / micro batch 2), in groups of 4 per virtual stage
 MEGATRON_ARGS = [
     "--num-layers", "4", "--hidden-size", "16", "--num-attention-heads", "2",

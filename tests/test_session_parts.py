@@ -673,14 +673,14 @@ def _profile_and_plan(session: EnergySession) -> int:
 
 
 def test_the_first_planned_line_speaks_for_planned_steps_only(tmp_path):
-    # 8-step log interval: steps 0-5 profile (the last two at 1500 MHz, 39.6 ms, 17.6 J), steps 6-7 run the
-    # plan at 1980 MHz (30 ms, 21 J); the line at step 7 must not average the profiling steps in.
-    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1, log_interval=8)
+    # 10-step log interval: steps 0-7 profile (the last two at 1500 MHz, 39.6 ms, 17.6 J), steps 8-9 run the
+    # plan at 1980 MHz (30 ms, 21 J); the line at step 9 must not average the profiling steps in.
+    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1, log_interval=10)
     step = _profile_and_plan(session)
-    assert step == 6
-    _step(session, 6)
-    _step(session, 7)
-    (line,) = [line for line in lines if line.startswith("[energy] iteration 8 |")]
+    assert step == 8
+    _step(session, 8)
+    _step(session, 9)
+    (line,) = [line for line in lines if line.startswith("[energy] iteration 10 |")]
     assert "| planned |" in line
     assert "s0=21.0 | total=21.0" in line and "| iter 30.0 ms (modelled)" in line
 
@@ -821,5 +821,5 @@ def test_the_run_ends_with_the_stock_plan_against_the_measured_stock_steps(tmp_p
     session.close()
     (line,) = [line for line in lines if line.startswith("[energy] model vs measured at stock clocks")]
     # the simulated timer's stock steps: 10 + 20 ms of instructions, nothing outside them
-    assert "(3 stock steps): iteration time 30.0 ms modelled vs 30.0 ms modelled" in line
+    assert "(4 stock steps): iteration time 30.0 ms modelled vs 30.0 ms modelled" in line
     assert "energy, stage 0 21.0 J modelled vs 21.0 J modelled: +0.00 % (within the ±2 % target)" in line
