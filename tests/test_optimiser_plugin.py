@@ -25,8 +25,6 @@ pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "optimiser_plugin"
 # 8 profiling steps (stock: settling + 4-step baseline pilot + 1 synchronous; 1005 MHz: 1 + 1), 2 planned
 TRAIN_ITERS = 10
-    10  # 8 profiling (stock: settling + 4-step baseline pilot + 1 synchronous; 1005 MHz: 1 + 1), 2 planned
-)
 MEGATRON_ARGS = [
     "--num-layers", "2", "--hidden-size", "16", "--num-attention-heads", "2",
     "--seq-length", "8", "--max-position-embeddings", "8", "--vocab-size", "64",
