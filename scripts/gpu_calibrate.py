@@ -55,7 +55,7 @@ CHUNK_S = 0.05
 SHIPPED_FOLDER = Path(__file__).resolve().parents[1] / "configs" / "gpus"
 
 
-def cuda_loop(step: Callable[[], None]) -> Callable[[float], tuple[float, int]]:
+def cuda_loop(step: Callable[[], object]) -> Callable[[float], tuple[float, int]]:
     """Runs ``step`` back to back for about the given seconds (sized from a warm-up); CUDA-event duration."""
 
     def run(seconds: float) -> tuple[float, int]:

@@ -25,13 +25,16 @@ Only read-only NVML calls are made (the sampler of ``scripts/gpu_calibrate.py``)
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import torch
@@ -40,8 +43,9 @@ from torch.nn import functional
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_calibrate import NvmlSampler, timed_loop  # the same read-only sampler and loop
+from gpu_calibrate import cuda_loop  # the same back-to-back CUDA loop
 
+from megatron_energy.dvfs.calibration_nvml import NvmlSampler, loop_from_samples
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.phases.kineto import kernels_from_trace
 from megatron_energy.phases.timeline import class_shares, classify_kernel, group_phases, long_phases
@@ -49,6 +53,8 @@ from megatron_energy.pipeline.workload import TransformerShape
 
 MIN_LOOP_S = 2.0
 POLL_S = 0.01
+RAMP_S = 0.3
+"""Samples in a loop's first 0.3 s are left out (clock and power settle)."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,7 @@ def step_fn(
 
 
 def timeline(name: str, model: Model, iters: int, spec_name: str, trace_dir: Path) -> dict[str, object]:
-    """Profile ``iters`` steps; classify and group the kernels; return the summary."""
-    spec = load_gpu_spec(spec_name)
+    """Profile ``iters`` steps of ``model``; classify and group the kernels; return the summary."""
     layers, x, optimizer = build(model)
     step = step_fn(layers, x, optimizer)
     for _ in range(3):
@@ -130,27 +135,38 @@ def timeline(name: str, model: Model, iters: int, spec_name: str, trace_dir: Pat
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace_path = trace_dir / f"{name}.trace.json"
     prof.export_chrome_trace(str(trace_path))
-    kernels = kernels_from_trace(json.loads(trace_path.read_text()))
+    summary = summarise_trace(json.loads(trace_path.read_text()), spec_name, iters)
+    summary.update({"model": name, "shape": str(model.shape), "layers": model.layers})
+    summary["trace"] = str(trace_path)
+    del layers, x, optimizer
+    torch.cuda.empty_cache()
+    return summary
+
+
+def summarise_trace(trace: Mapping[str, Any], spec_name: str, iters: int) -> dict[str, object]:
+    """Kernel classes, per-class time shares and phase lengths of a Chrome trace of ``iters`` steps."""
+    spec = load_gpu_spec(spec_name)
+    kernels = kernels_from_trace(trace)
     phases = group_phases(kernels, spec)
     kinds = [classify_kernel(k, spec) for k in kernels]
-    per_step = [p.duration_s for p in phases]
-    summary: dict[str, object] = {
-        "model": name,
-        "shape": str(model.shape),
-        "layers": model.layers,
+    durations = [p.duration_s for p in phases]
+    return {
         "iterations": iters,
         "kernels": len(kernels),
         "kernels_by_class": {kind: kinds.count(kind) for kind in set(kinds)},
         "time_shares (measured times, estimated work)": class_shares(phases),
         "phases": len(phases),
         "phases_over_10ms": len(long_phases(phases)),
-        "longest_phases_ms": sorted((round(1e3 * d, 3) for d in per_step), reverse=True)[:10],
-        "median_phase_ms": 1e3 * statistics.median(per_step) if per_step else 0.0,
-        "trace": str(trace_path),
+        "longest_phases_ms": sorted((round(1e3 * d, 3) for d in durations), reverse=True)[:10],
+        "median_phase_ms": 1e3 * statistics.median(durations) if durations else 0.0,
     }
-    del layers, x, optimizer
-    torch.cuda.empty_cache()
-    return summary
+
+
+def read_trace(path: Path) -> Mapping[str, Any]:
+    """A Chrome trace, plain or gzipped (Megatron's ``--use-pytorch-profiler`` writes ``rank-N.json.gz``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as handle:
+        return json.load(handle)
 
 
 def class_power(model: Model, seconds: float, handle: object) -> list[dict[str, object]]:
@@ -166,9 +182,12 @@ def class_power(model: Model, seconds: float, handle: object) -> list[dict[str, 
         "communication proxy (spin kernel)": lambda: torch.cuda._sleep(1_000_000),
     }
     results = []
-    with NvmlSampler(handle, POLL_S) as sampler:
+    with NvmlSampler(pynvml, handle, POLL_S) as sampler:
         for name, fn in loops.items():
-            loop, _, repetitions = timed_loop(sampler, name, fn, seconds, f"{repetitions_text(rows, h, f)}")
+            began = time.perf_counter()
+            duration_s, repetitions = cuda_loop(fn)(seconds)
+            window = sampler.window(began + RAMP_S, time.perf_counter())
+            loop, _ = loop_from_samples(name, window, duration_s, repetitions_text(rows, h, f))
             results.append(
                 {
                     "class": name,
@@ -196,6 +215,14 @@ def main() -> int:
     parser.add_argument("--loop-s", type=float, default=3.0, help="seconds per power loop (at least 2)")
     parser.add_argument("--json", type=Path, default=Path("gpu_phases.json"))
     parser.add_argument("--trace-dir", type=Path, default=Path(tempfile.gettempdir()) / "gpu_phases")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="also summarise these Chrome traces (e.g. Megatron's --use-pytorch-profiler rank-0.json.gz)",
+    )
+    parser.add_argument("--trace-iters", type=int, default=1, help="training iterations each --trace covers")
     args = parser.parse_args()
     if args.loop_s < MIN_LOOP_S:
         parser.error(f"--loop-s must be at least {MIN_LOOP_S} s so the ~100 ms energy counter resolves it")
@@ -208,6 +235,11 @@ def main() -> int:
         model = MODELS[name]
         summary = timeline(name, model, args.iters, args.spec, args.trace_dir)
         summary["power_by_class"] = class_power(model, args.loop_s, handle) if name != "full" else []
+        print(json.dumps(summary, indent=2))
+        report["models"].append(summary)  # type: ignore[attr-defined]
+    for path in args.trace:
+        summary = summarise_trace(read_trace(path), args.spec, args.trace_iters)
+        summary["trace"] = str(path)
         print(json.dumps(summary, indent=2))
         report["models"].append(summary)  # type: ignore[attr-defined]
     args.json.write_text(json.dumps(report, indent=2))
