@@ -1,8 +1,8 @@
 """Kernel records from a ``torch.profiler`` (Kineto) Chrome trace: times, FLOPs and bytes per kernel.
 
 Pure JSON reading, so it is tested without a GPU. A trace holds ``kernel`` events (GPU start ``ts`` and
-``dur`` in µs, ``args.correlation``), ``cuda_runtime`` launch events on the CPU thread that launched them
-(same correlation) and ``cpu_op`` events (aten operators, nested by time on their thread; with
+``dur`` in µs, ``args.correlation``), ``cuda_runtime`` or ``cuda_driver`` launch events on the CPU thread
+that launched them (same correlation) and ``cpu_op`` events (aten operators, nested by time on their thread; with
 ``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is attributed to
 the innermost operator enclosing its launch; the operator's work is estimated from its input shapes
 (:func:`op_flops`, :func:`op_bytes`: *estimates*, stated as such) and shared over its kernels by duration
@@ -29,9 +29,18 @@ DTYPE_BYTES: dict[str, int] = {
 }
 """Element sizes of the dtype names Kineto writes in ``Input type``."""
 
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+"""Categories of the CPU-side launch events: runtime API calls, and driver API calls (``cuLaunchKernelEx``:
+cuBLAS launches its Hopper GEMM kernels this way)."""
 
-def _numel(dims: Sequence[int]) -> int:
-    return math.prod(dims) if dims else 0
+
+def _numel(dims: Sequence[Any]) -> int:
+    """Elements of one input: a shape, or a list of shapes (a ``TensorList`` input); 0 for a scalar."""
+    if not dims:
+        return 0
+    if all(isinstance(d, int) for d in dims):
+        return math.prod(dims)
+    return sum(_numel(d) for d in dims if isinstance(d, list))
 
 
 def op_flops(name: str, dims: Sequence[Sequence[int]]) -> float:
@@ -72,7 +81,7 @@ def op_flops(name: str, dims: Sequence[Sequence[int]]) -> float:
     return 0.0
 
 
-def op_bytes(dims: Sequence[Sequence[int]], types: Sequence[str]) -> float:
+def op_bytes(dims: Sequence[Sequence[Any]], types: Sequence[str]) -> float:
     """Estimated bytes an operator moves: its inputs read once, and an output the size of its first input."""
     sizes = [_numel(d) * DTYPE_BYTES.get(t, 0) for d, t in zip(dims, types, strict=False) if d]
     return float(sum(sizes) + (sizes[0] if sizes else 0))
@@ -89,20 +98,26 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
     """
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
+    }
     ops_by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for event in events:
         if event.get("cat") == "cpu_op":
             ops_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(event)
+    launches_by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for launch in launches.values():
+        launches_by_thread.setdefault((launch.get("pid"), launch.get("tid")), []).append(launch)
+    op_of_launch: dict[int, dict[str, Any] | None] = {}
+    for thread, thread_launches in launches_by_thread.items():
+        op_of_launch.update(_innermost_ops(ops_by_thread.get(thread, []), thread_launches))
     groups: dict[int, list[dict[str, Any]]] = {}
     owner: dict[int, dict[str, Any] | None] = {}
     for kernel in kernels:
         launch = launches.get(kernel.get("args", {}).get("correlation"))
-        op = (
-            None
-            if launch is None
-            else _innermost(ops_by_thread.get((launch.get("pid"), launch.get("tid")), []), launch["ts"])
-        )
+        op = None if launch is None else op_of_launch.get(id(launch))
         key = id(op) if op is not None else id(kernel)
         groups.setdefault(key, []).append(kernel)
         owner[key] = op
@@ -123,7 +138,31 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
     return [KernelRecord(r.name, r.start_s - origin, r.duration_s, r.flops, r.bytes) for r in records]
 
 
-def _innermost(ops: Sequence[dict[str, Any]], ts: float) -> dict[str, Any] | None:
-    """The shortest operator on a thread whose span holds ``ts``."""
-    enclosing = [op for op in ops if op["ts"] <= ts <= op["ts"] + op.get("dur", 0)]
-    return min(enclosing, key=lambda op: op.get("dur", 0), default=None)
+def _innermost_ops(
+    ops: Sequence[dict[str, Any]], launches: Sequence[dict[str, Any]]
+) -> dict[int, dict[str, Any] | None]:
+    """The innermost operator enclosing each launch of one thread (keyed by ``id(launch)``).
+
+    Operators on a thread nest by time, so one sweep in time order with a stack of the open operators finds
+    them all (a trace holds ~10^5 operators and ~10^4 kernels per step: a scan per launch would be too slow).
+    """
+    ordered_ops = sorted(ops, key=lambda op: (op["ts"], -op.get("dur", 0)))
+    found: dict[int, dict[str, Any] | None] = {}
+    open_ops: list[dict[str, Any]] = []
+    next_op = 0
+    for launch in sorted(launches, key=lambda e: e["ts"]):
+        ts = launch["ts"]
+        while next_op < len(ordered_ops) and ordered_ops[next_op]["ts"] <= ts:
+            op = ordered_ops[next_op]
+            while open_ops and _end(open_ops[-1]) < op["ts"]:
+                open_ops.pop()
+            open_ops.append(op)
+            next_op += 1
+        while open_ops and _end(open_ops[-1]) < ts:
+            open_ops.pop()
+        found[id(launch)] = open_ops[-1] if open_ops else None
+    return found
+
+
+def _end(op: Mapping[str, Any]) -> float:
+    return float(op["ts"]) + float(op.get("dur", 0))
