@@ -2,9 +2,9 @@
 
 Pure JSON reading, so it is tested without a GPU. A trace holds ``kernel`` events (GPU start ``ts`` and
 ``dur`` in µs, ``args.correlation``), ``cuda_runtime`` or ``cuda_driver`` launch events on the CPU thread
-that launched them (same correlation) and ``cpu_op`` events (aten operators, nested by time on their thread; with
-``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is attributed to
-the innermost operator enclosing its launch; the operator's work is estimated from its input shapes
+that launched them (same correlation) and ``cpu_op`` events (aten operators, nested by time on their
+thread; with ``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is
+attributed to the innermost operator enclosing its launch; the operator's work is estimated from its shapes
 (:func:`op_flops`, :func:`op_bytes`: *estimates*, stated as such) and shared over its kernels by duration
 (:func:`~megatron_energy.phases.timeline.split_op_work`).
 """
@@ -108,8 +108,9 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
         if event.get("cat") == "cpu_op":
             ops_by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(event)
     launches_by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for launch in launches.values():
-        launches_by_thread.setdefault((launch.get("pid"), launch.get("tid")), []).append(launch)
+    for launch_event in launches.values():
+        thread = (launch_event.get("pid"), launch_event.get("tid"))
+        launches_by_thread.setdefault(thread, []).append(launch_event)
     op_of_launch: dict[int, dict[str, Any] | None] = {}
     for thread, thread_launches in launches_by_thread.items():
         op_of_launch.update(_innermost_ops(ops_by_thread.get(thread, []), thread_launches))
