@@ -57,6 +57,8 @@ COPY_WARPS = 8
 """Warps per copy CTA (256 threads)."""
 MAX_CTAS_PER_SM = 32
 """Hopper's limit of resident CTAs per SM."""
+REGISTERS_PER_SM = 65536
+"""Hopper's register file per SM (32-bit registers), when torch does not report it."""
 
 
 @triton.jit
@@ -204,7 +206,7 @@ def copy_ctas_per_sm(workload: Workload) -> int:
     limits = [props.max_threads_per_multi_processor // threads, MAX_CTAS_PER_SM]
     registers = getattr(compiled, "n_regs", 0)
     if registers:
-        limits.append(props.regs_per_multiprocessor // (threads * registers))
+        limits.append(getattr(props, "regs_per_multiprocessor", REGISTERS_PER_SM) // (threads * registers))
     return max(1, min(limits))
 
 
