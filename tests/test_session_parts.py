@@ -43,6 +43,7 @@ from megatron_energy.runtime.energy_log import StageEnergy, StockSamples, format
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.plan_runner import PlanRunner
+from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
@@ -230,6 +231,19 @@ def test_an_excused_step_ends_a_streak_of_violations():
     net.excuse()
     assert net.observe(2.0, 1.0) is False
     assert net.observe(2.0, 1.0) is True
+
+
+def test_steps_within_the_stock_steps_own_noise_do_not_trip_the_net():
+    """A dry run on a noisy machine: stock steps swing by ~8 %, so 10 %-slow steps are noise, 30 % are not."""
+    baseline = StockBaseline(iteration_s=1.0, step_iteration_s=(0.92, 1.0, 1.08, 0.95, 1.05))
+    noise_s = baseline.iteration_noise_s
+    assert noise_s == pytest.approx(statistics.stdev(baseline.step_iteration_s))
+    assert StockBaseline(iteration_s=1.0, step_iteration_s=(0.9, 1.1)).iteration_noise_s == 0.0
+    net = SafetyNet(tolerance=0.05, patience=3)
+    assert not any(net.observe(1.1, 1.0, noise_s=noise_s) for _ in range(10))
+    assert [net.observe(1.3, 1.0, noise_s=noise_s) for _ in range(3)] == [False, False, True]
+    quiet = SafetyNet(tolerance=0.05, patience=3)  # no noise known: the tolerance alone decides
+    assert [quiet.observe(1.1, 1.0) for _ in range(3)] == [False, False, True]
 
 
 # ------------------------------------------------------------------------------------------- plan runner

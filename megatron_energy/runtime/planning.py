@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,12 @@ class StockBaseline:
     def steps(self) -> int:
         """Measured stock steps (per-step samples kept)."""
         return len(self.step_energy_j)
+
+    @property
+    def iteration_noise_s(self) -> float:
+        """Standard deviation of the stock steps' iteration times (0 with fewer than three steps)."""
+        times = self.step_iteration_s
+        return statistics.stdev(times) if len(times) >= 3 else 0.0
 
     def to_json(self) -> str:
         """The baseline as the cache stores it."""

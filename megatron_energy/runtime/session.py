@@ -503,7 +503,8 @@ class EnergySession:
         allowed_s = self.allowed_time_s(self.runner.predicted_time_s)
         allowed_w = allowed_power_w(self.config.target, self.runner.point, self.context.pipeline_rank)
         power_w = None if allowed_w is None else figures.energy_j / figures.iteration_s
-        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w):
+        noise_s = self.baseline.iteration_noise_s
+        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w, noise_s):
             self.runner = None
             self.controller.request(RESET)
             self.phase = "stock (safety net)"
