@@ -732,6 +732,19 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
     assert session.phase == "stock (safety net)"
 
 
+def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it_at_close(tmp_path):
+    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
+    step = _profile_and_plan(session)
+    assert session.host_cost.run_steps_s == []  # profiling steps synchronise on purpose: not counted
+    for _ in range(3):
+        _step(session, step)
+        step += 1
+    assert len(session.host_cost.run_steps_s) == 3
+    assert all(seconds > 0 for seconds in session.host_cost.run_steps_s)
+    session.close()
+    assert sum("rank 0: plugin host time on the training thread" in line for line in lines) == 1
+
+
 def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     session, timer, comms, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)

@@ -53,6 +53,7 @@ from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.host_cost import HostCost, host_timed
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
@@ -143,6 +144,7 @@ class EnergySession:
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
+        self.host_cost = HostCost()
         self._outside: EnergyWindow | None = None
         self._lapped_at_start = False
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
@@ -165,6 +167,7 @@ class EnergySession:
 
     # ----------------------------------------------------------------------------------- schedule events
 
+    @host_timed
     def on_step_begin(self, step: int) -> None:
         """Start a step: choose its clock and kind while profiling, and start timing and metering.
 
@@ -182,6 +185,7 @@ class EnergySession:
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
 
+    @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
         instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
@@ -191,6 +195,7 @@ class EnergySession:
             if clock is not None:
                 self.controller.request(clock, boundary)
 
+    @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end."""
         self.timer.end(Instruction(self.context.pipeline_rank, chunk, microbatch, kind))
@@ -202,6 +207,13 @@ class EnergySession:
         """See ``on_p2p_begin``."""
 
     def on_step_end(self, step: int) -> None:
+        """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
+        run_phase = self.phase != "profiling"
+        self._seal_step(step)
+        self.host_cost.end_step(run_phase)
+
+    @host_timed
+    def _seal_step(self, step: int) -> None:
         """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
 
         A synchronous profiling step waits for the device and returns this step. In a baseline step and in
@@ -272,7 +284,8 @@ class EnergySession:
 
         The flush (the last step of a lagged timer) never raises: the process is ending. Rank 0 of a job that
         ran a plan then logs the stock plan's prediction against the measured stock steps
-        (``runtime.stock_check``): the run's last word on how well the model matched.
+        (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
+        its own host time in the hooks (``runtime.host_cost``).
         """
         self.controller.close()
         if self.guard is not None:
@@ -281,6 +294,9 @@ class EnergySession:
             self._flush()
         except Exception as problem:  # a failing flush must not mask how the run ended
             self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
+        host_line = self.host_cost.summary(self.context.global_rank, self.baseline.iteration_s)
+        if host_line is not None:
+            self.printer(host_line)
         if self.context.global_rank == 0 and self.plan is not None:
             try:
                 comparison = compare_stock(self.plan, self.baseline)
