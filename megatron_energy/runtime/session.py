@@ -66,6 +66,7 @@ from megatron_energy.runtime.planning import (
     profile_from_rows,
     store_release,
     tail_from_profiling,
+    tail_phases_from_profiling,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
@@ -169,8 +170,8 @@ class EnergySession:
         """Start a step: choose its clock and kind while profiling, and start timing and metering.
 
         A synchronous profiling step reads the energy between the two schedules apart: the device finishes
-        first, then the meter laps, then the step's timing starts. A baseline step, like a run-phase step,
-        does none of that.
+        first, then the meter laps and the outside phases' durations are read, then the step's timing starts.
+        A baseline step, like a run-phase step, does none of that.
         """
         planned = self.collector.begin_step() if self.phase == "profiling" else None
         self._step_lagged = planned is None or not planned.synchronised
@@ -178,6 +179,7 @@ class EnergySession:
         if self._lapped_at_start:
             self.timer.wait_for_device()
             self._outside = self.meter.lap()
+            self.collector.add_outside_phases(self.timer.outside_durations())
         boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
@@ -194,6 +196,20 @@ class EnergySession:
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end."""
         self.timer.end(Instruction(self.context.pipeline_rank, chunk, microbatch, kind))
+
+    def on_outside_begin(self, name: str) -> None:
+        """Mark an outside phase's start and, when a plan runs, request the clocks planned at its hook."""
+        boundary = self.timer.phase_begin(name)
+        if self.runner is not None:
+            for clock in self.runner.outside_clocks(name):
+                self.controller.request(clock, boundary)
+
+    def on_outside_end(self, name: str) -> None:
+        """Mark an outside phase's end (a simulated GPU runs its emulated work); request a planned restore."""
+        self.timer.phase_end(name)
+        if self.runner is not None:
+            for clock in self.runner.outside_clocks(name, end=True):
+                self.controller.request(clock)
 
     def on_p2p_begin(self, op: str) -> None:
         """Pipeline communication needs no action: it is part of the waiting time between instructions."""
@@ -407,6 +423,7 @@ class EnergySession:
             target=self.config.target,
             switch_latency_s=self.spec.switch_latency_s,
             tail=tail_from_profiling(gathered),
+            tail_phases=tail_phases_from_profiling(gathered),
         )
         baseline = baseline_from_profiling(gathered, source=self.timer.source)
         return plan_on_root(self.optimiser, profile, job, baseline)
@@ -429,6 +446,9 @@ class EnergySession:
             return False
         if self.context.global_rank == 0:
             self.printer(plan_summary(plan, release.plan_text))
+        hooks = runner.hook_report()
+        if hooks is not None and self.context.data_parallel_rank == 0:
+            self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.plan = plan
         self.baseline = release.baseline
         self.runner = runner
