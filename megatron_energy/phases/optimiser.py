@@ -79,11 +79,20 @@ class _Context:
         return fit_work_profile(self.model.spec, points).work
 
     def phases_of(self, key: Work) -> list[Phase]:
-        """The instruction class's phases: measured when the job has them, else modelled."""
+        """The instruction class's phases: measured when the job has them, else modelled.
+
+        Measured phases keep their shares of the kernel timeline, scaled to the instruction's profiled time
+        at the fastest clock (a timeline leaves out what ran between its kernels at its ends).
+        """
         timelines = self.job.phase_timelines
+        work = self._works[key]
         if timelines and key in timelines:
-            return coalesce([Phase(_kind(kind), 0.0, work) for kind, work in timelines[key]])
-        return modelled_phases(self._works[key], self.job.layers_per_chunk or 1)
+            phases = coalesce([Phase(_kind(kind), 0.0, phase) for kind, phase in timelines[key]])
+            total_s = sum(phase.duration_s for phase in phases)
+            target_s = self.model.time_s(work, max(self.clocks))
+            scale = target_s / total_s if total_s > 0 else 1.0
+            return coalesce([Phase(p.kind, 0.0, p.work.scaled(scale), p.kernels) for p in phases])
+        return modelled_phases(work, self.job.layers_per_chunk or 1)
 
     def refine(self, point: PlanPoint) -> PlanPoint:
         """``point`` with phase actions after each instruction's clock action and in the tail."""
