@@ -151,14 +151,16 @@ class _Recorder:
         }
 
 
-def _run(tmp_path, mode: str, steps: int) -> tuple[_Recorder, list[str], EnergySession]:
+def _run(
+    tmp_path, mode: str, steps: int, profile_iters: int = 1
+) -> tuple[_Recorder, list[str], EnergySession]:
     controller, lines, begun = _Controller(), [], []
     context = JobContext(
         pipeline_rank=0, orders=pipeline_orders(1, 1), data_parallel_rank=0, data_parallel_size=1
     )
     recorder = _Recorder(begun)
     session = EnergySession(
-        EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=1),
+        EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=profile_iters),
         context,
         optimiser=resolve(mode),
         controller=controller,
@@ -181,12 +183,15 @@ def _run(tmp_path, mode: str, steps: int) -> tuple[_Recorder, list[str], EnergyS
     return recorder, lines, session
 
 
-def test_kernels_are_recorded_in_the_stock_profile_steps_only_and_feed_the_phase_planner(tmp_path) -> None:
-    recorder, lines, session = _run(tmp_path, "kernel", steps=14)
-    # steps 0-5 at the stock clock (settling, the 4-step baseline pilot, one synchronous profile step), 6-7 at
-    # 1500 MHz, then the plan runs: only step 5 records, and never a run-phase step
+@pytest.mark.parametrize(("profile_iters", "recorded"), [(1, 5), (2, 6)])
+def test_kernels_are_recorded_in_the_last_stock_profile_step_only_and_feed_the_phase_planner(
+    tmp_path, profile_iters: int, recorded: int
+) -> None:
+    recorder, lines, session = _run(tmp_path, "kernel", steps=16, profile_iters=profile_iters)
+    # the stock clock: a settling step, the 4-step baseline pilot, then `profile_iters` synchronous profile
+    # steps; then 1500 MHz, then the plan runs: only the last stock profile step records, no run-phase step
     assert session.phase == "planned"
-    assert recorder.started_at == [5]
+    assert recorder.started_at == [recorded]
     assert not recorder.recording
     assert recorder.instructions == [Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")]
     assert any(

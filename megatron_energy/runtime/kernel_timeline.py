@@ -2,7 +2,7 @@
 
 On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
 between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
-around its stock clock's synchronous profile steps and never in the run phase; each instruction is a
+around its stock clock's last synchronous profile step and never in the run phase; each instruction is a
 ``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
 synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
 (``phases.kineto.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
@@ -123,9 +123,9 @@ def timelines_line(timelines: Timelines, timer_source: str) -> str:
     """The log line saying where the phase planner's split of the instructions comes from."""
     if timelines:
         return (
-            "phases inside instructions: measured kernel timelines (torch.profiler, stock-clock profile "
-            f"steps) of {len(timelines)} instruction classes; kernel classes from estimated FLOPs/bytes, "
-            "clock response modelled"
+            "phases inside instructions: measured kernel timelines (torch.profiler, the stock clock's last "
+            f"profile step) of {len(timelines)} instruction classes; kernel classes from estimated "
+            "FLOPs/bytes, clock response modelled"
         )
     why = "simulated GPUs have no kernels" if timer_source == "modelled" else "no kernel was recorded"
     return f"phases inside instructions: modelled per-class split ({why})"

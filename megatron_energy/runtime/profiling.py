@@ -182,6 +182,14 @@ class ProfileCollector:
         block, within = divmod(index - (baseline_end + self.steps_per_clock + 1), self.steps_per_clock + 1)
         return PlannedStep(self.clocks_mhz[1 + block], "settling" if within == 0 else "profile")
 
+    def begun_last_stock_profile_step(self) -> bool:
+        """Whether the step begun last is the stock clock's last synchronous profile step.
+
+        The step after it is the next clock's settling step (discarded) or the first planned step (left out of
+        every comparison), so host work at its end (a profiler's) disturbs no measured figure.
+        """
+        return self._begun - 1 == self.stock_iters + self.steps_per_clock
+
     def begin_step(self) -> PlannedStep:
         """The next step begins: what it is (its clock, and whether it is synchronised)."""
         planned = self.planned(self._begun)

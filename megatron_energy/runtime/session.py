@@ -72,7 +72,6 @@ from megatron_energy.runtime.planning import (
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
 from megatron_energy.runtime.profiling import (
-    PlannedStep,
     ProfileCollector,
     ProfileRow,
     StepRecord,
@@ -102,8 +101,8 @@ class EnergySession:
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
         kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
-            only) in the stock clock's synchronous profile steps, when the optimiser asks for phases; never
-            in the run phase. ``None``: the phase planner uses the modelled per-class split.
+            only) in the stock clock's last synchronous profile step, when the optimiser asks for phases;
+            never in the run phase. ``None``: the phase planner uses the modelled per-class split.
     """
 
     def __init__(
@@ -192,7 +191,7 @@ class EnergySession:
             self.timer.wait_for_device()
             self._outside = self.meter.lap()
             self.collector.add_outside_phases(self.timer.outside_durations())
-            if self.kernel_timeline is not None and planned is not None and self._records_kernels(planned):
+            if self.kernel_timeline is not None and self._records_kernels():
                 self.kernel_timeline.start()
         boundary = self.timer.step_begin()
         if planned is not None:
@@ -329,9 +328,13 @@ class EnergySession:
 
     # ------------------------------------------------------------------------------------------- phases
 
-    def _records_kernels(self, planned: PlannedStep) -> bool:
-        """Whether a step records kernel timelines: the stock clock's synchronous profile steps only."""
-        return planned.kind == "profile" and planned.clock_mhz == self.stock_clock_mhz
+    def _records_kernels(self) -> bool:
+        """Whether the step begun records kernel timelines: the stock clock's last synchronous profile step.
+
+        One step: the profiler's host work at its end (stopping, exporting the trace) then falls on a step
+        whose figures are discarded or left out, and never on a run-phase step.
+        """
+        return self.collector.begun_last_stock_profile_step()
 
     def _decide_stock_steps(self, exact: bool) -> None:
         """At the pilot's last step's end, every rank agrees on how many baseline steps to measure (max).
