@@ -20,8 +20,12 @@ def main() -> None:
     parser.add_argument("--clock-stride", type=int, default=4, help="use every Nth clock of the spec's grid")
     parser.add_argument("--points", type=int, default=8, help="frontier deadlines in the Perseus sweep")
     args = parser.parse_args()
+    try:
+        jobs = example_jobs(args.jobs)
+    except ValueError as problem:
+        parser.error(str(problem))
     print(HEADER)
-    for config in example_jobs(args.jobs):
+    for config in jobs:
         for row in sweep_job(config, args.latencies, args.clock_stride, args.points):
             print(row.markdown(), flush=True)
     print("all figures modelled (GPU spec time/power model, per-class phase split); savings at iso-time")
