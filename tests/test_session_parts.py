@@ -606,6 +606,15 @@ class _Timer:
     def flush(self) -> tuple[StepTiming, ...]:
         return ()
 
+    def phase_begin(self, name: str) -> None:
+        return None
+
+    def phase_end(self, name: str) -> None:
+        pass
+
+    def outside_durations(self) -> dict[str, float]:
+        return {}
+
     def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
         samples, start = [], 0.0
         for kind, time_s, energy_j in self._runs:

@@ -6,7 +6,9 @@ that launched them (same correlation) and ``cpu_op`` events (aten operators, nes
 thread; with ``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is
 attributed to the innermost operator enclosing its launch; the operator's work is estimated from its shapes
 (:func:`op_flops`, :func:`op_bytes`: *estimates*, stated as such) and shared over its kernels by duration
-(:func:`~megatron_energy.phases.timeline.split_op_work`).
+(:func:`~megatron_energy.phases.timeline.split_op_work`). :func:`kernels_by_annotation` also groups the
+kernels by the ``record_function`` range (``user_annotation`` event) that enclosed their launch, which is how
+the session's profiling steps tell the instructions' kernels apart.
 """
 
 from __future__ import annotations
@@ -96,7 +98,45 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
     Returns:
         Kernel records, seconds from the first kernel's start, in start order.
     """
-    events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+    return _from_origin([record for record, _ in _records(trace)])
+
+
+def kernels_by_annotation(trace: Mapping[str, Any], prefix: str) -> dict[str, list[KernelRecord]]:
+    """The kernels launched inside each ``record_function`` range whose name starts with ``prefix``.
+
+    A kernel belongs to the innermost such range (a ``user_annotation`` event) of the launching process that
+    encloses its launch, on any of its threads: the ranges mark work that runs one at a time, and a backward
+    pass's kernels are launched by autograd's own thread while the range's thread waits for it. Kernels
+    launched outside every such range are left out.
+
+    Args:
+        trace: The parsed JSON of ``prof.export_chrome_trace(path)``.
+        prefix: The names' common start (e.g. ``energy:``).
+
+    Returns:
+        Range name -> its kernels, seconds from its first kernel's start, in start order.
+    """
+    ranges: dict[Any, list[dict[str, Any]]] = {}
+    for event in _complete_events(trace):
+        if event.get("cat") == "user_annotation" and str(event.get("name", "")).startswith(prefix):
+            ranges.setdefault(event.get("pid"), []).append(event)
+    groups: dict[str, list[KernelRecord]] = {}
+    for record, launch in _records(trace):
+        if launch is None:
+            continue
+        enclosing = _innermost(ranges.get(launch.get("pid"), []), launch["ts"])
+        if enclosing is not None:
+            groups.setdefault(enclosing["name"], []).append(record)
+    return {name: _from_origin(records) for name, records in groups.items()}
+
+
+def _complete_events(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def _records(trace: Mapping[str, Any]) -> list[tuple[KernelRecord, dict[str, Any] | None]]:
+    """Every kernel (absolute times, its operator's work shared to it) with the event that launched it."""
+    events = _complete_events(trace)
     kernels = [e for e in events if e.get("cat") == "kernel"]
     launches = {
         e["args"]["correlation"]: e
@@ -116,8 +156,10 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
         op_of_launch.update(_innermost_ops(ops_by_thread.get(thread, []), thread_launches))
     groups: dict[int, list[dict[str, Any]]] = {}
     owner: dict[int, dict[str, Any] | None] = {}
+    launch_of: dict[int, dict[str, Any] | None] = {}
     for kernel in kernels:
         launch = launches.get(kernel.get("args", {}).get("correlation"))
+        launch_of[id(kernel)] = launch
         op = None if launch is None else op_of_launch.get(id(launch))
         key = id(op) if op is not None else id(kernel)
         groups.setdefault(key, []).append(kernel)
@@ -131,12 +173,16 @@ def kernels_from_trace(trace: Mapping[str, Any]) -> list[KernelRecord]:
         num_bytes = op_bytes(dims, args.get("Input type", []))
         shares = split_op_work(flops, num_bytes, [k["dur"] * 1e-6 for k in members])
         for kernel, (k_flops, k_bytes) in zip(members, shares, strict=True):
-            records.append(
-                KernelRecord(kernel["name"], kernel["ts"] * 1e-6, kernel["dur"] * 1e-6, k_flops, k_bytes)
-            )
-    records.sort(key=lambda r: r.start_s)
-    origin = records[0].start_s if records else 0.0
-    return [KernelRecord(r.name, r.start_s - origin, r.duration_s, r.flops, r.bytes) for r in records]
+            record = KernelRecord(kernel["name"], kernel["ts"] * 1e-6, kernel["dur"] * 1e-6, k_flops, k_bytes)
+            records.append((record, launch_of[id(kernel)]))
+    return records
+
+
+def _from_origin(records: Sequence[KernelRecord]) -> list[KernelRecord]:
+    """The records in start order, seconds from the first one's start."""
+    ordered = sorted(records, key=lambda r: r.start_s)
+    origin = ordered[0].start_s if ordered else 0.0
+    return [KernelRecord(r.name, r.start_s - origin, r.duration_s, r.flops, r.bytes) for r in ordered]
 
 
 def _innermost_ops(
@@ -167,3 +213,9 @@ def _innermost_ops(
 
 def _end(op: Mapping[str, Any]) -> float:
     return float(op["ts"]) + float(op.get("dur", 0))
+
+
+def _innermost(ops: Sequence[dict[str, Any]], ts: float) -> dict[str, Any] | None:
+    """The shortest event (operator, annotated range) whose span holds ``ts``."""
+    enclosing = [op for op in ops if op["ts"] <= ts <= op["ts"] + op.get("dur", 0)]
+    return min(enclosing, key=lambda op: op.get("dur", 0), default=None)
