@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
@@ -313,6 +314,8 @@ class CollectiveWorkload:
         pp_link: Link pipeline transfers cross.
         pp_bandwidth_gbps: Its bandwidth.
         tp_bandwidth_gbps: Bandwidth of the tensor-parallel group (NVLink inside a node).
+        levers: What the running job lets a plan change (``kareus.levers``); ``None`` when planning offline,
+            every lever free.
     """
 
     shape: TransformerShape
@@ -326,6 +329,7 @@ class CollectiveWorkload:
     pp_bandwidth_gbps: float
     tp_bandwidth_gbps: float
     bucket_elements: int | None = None
+    levers: RuntimeLevers | None = None
 
     @property
     def layers_per_chunk(self) -> int:

@@ -29,7 +29,7 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.cache import SearchCache
 from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
-from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel
+from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.instruction import Instruction
@@ -47,19 +47,32 @@ from megatron_energy.plan import (
 from megatron_energy.sim.overlap import OverlapResult
 
 
-def class_space(key: str, sequence_parallel: bool) -> ClassSpace:
-    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning)."""
+def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
+    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning).
+
+    A live job's levers (``workload.levers``, ``kareus.levers``) narrow it to what the running job can honour.
+    """
+    levers = workload.levers
+    group = key.split(".", 1)[0]
     if key in ("dp.reduce_scatter", "dp.all_reduce"):
-        return ClassSpace(
-            ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=(-1, 0, 1, 2), clock_steps=(-2, -1, 0, 1)
-        )
+        launches = (-1, 0, 1, 2) if levers is None or levers.overlap_grad_reduce else (-1,)
+        return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=launches, clock_steps=(-2, -1, 0, 1))
+    if levers is not None and (key == "dp.all_gather" or group in ("pp", "tp")):
+        fixed = default_choice(key, levers)
+        clocks = _tp_clock_steps(key) if group == "tp" else (0,)
+        ctas = CTA_DEFAULT if fixed.max_ctas is None else fixed.max_ctas
+        return ClassSpace(ctas=(ctas,), launches=(fixed.launch,), clock_steps=clocks)
     if key == "dp.all_gather":
         return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16), launches=(0, 1))
     if key == "pp.send_recv":
         return ClassSpace(ctas=(CTA_DEFAULT, 1, 2, 4, 8))
-    launches = (0, 1) if sequence_parallel else (0,)
-    clocks = (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
-    return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=launches, clock_steps=clocks)
+    overlaps = (0, 1) if workload.sequence_parallel else (0,)
+    return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=overlaps, clock_steps=_tp_clock_steps(key))
+
+
+def _tp_clock_steps(key: str) -> tuple[int, ...]:
+    """Clock offsets of a tensor-parallel class (every instruction of the rank runs its collectives)."""
+    return (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
 
 
 @dataclass
@@ -91,7 +104,9 @@ class KareusOptimiser:
         workload = _workload(job)
         spec = _spec(job, profile)
         dag = job.dag()
-        model = KareusModel(dag, profile, spec, build_collectives(workload), workload.layers_per_chunk)
+        model = KareusModel(
+            dag, profile, spec, build_collectives(workload), workload.layers_per_chunk, workload.levers
+        )
         defaults = model.choices_default()
         stock = model.evaluate(None, defaults)
         if base is None:
@@ -171,7 +186,7 @@ class KareusOptimiser:
 
         best = self._global_start(model, workload, measure, deadline_s)
         for stage in sorted(model.class_keys):
-            space = {(stage, k): class_space(k, workload.sequence_parallel) for k in model.class_keys[stage]}
+            space = {(stage, k): class_space(k, workload) for k in model.class_keys[stage]}
             seeds = [best, *(_overlap_seed(best, space, ctas) for ctas in (4, 8, 16))]
             found = search(space, measure, deadline_s, self.budget, fixed=best, seeds=seeds)
             if found.feasible:
@@ -211,10 +226,14 @@ def _joint(
     choices = model.choices_default()
     for stage, keys in model.class_keys.items():
         for key in keys:
-            space = class_space(key, workload.sequence_parallel)
+            space = class_space(key, workload)
             launch = max(space.launches) if key == "dp.all_gather" or key.startswith("tp.") else 0
             steps = clock_steps if clock_steps in space.clock_steps else 0
-            choices[(stage, key)] = ClassChoice(ctas, launch, steps)
+            allowed = ctas if ctas in space.ctas else space.ctas[0]
+            budget = None if allowed == CTA_DEFAULT else allowed
+            choices[(stage, key)] = ClassChoice(
+                budget, launch if launch in space.launches else space.launches[0], steps
+            )
     return choices
 
 

@@ -10,10 +10,13 @@ do, and training goes on at stock clocks.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.comms import TorchComms, control_plane_comms
@@ -53,6 +56,7 @@ def parallel_job_context(
     microbatch_group_size: int | None = None,
     log_interval: int = 10,
     log_sinks: tuple[Any, ...] = (),
+    collectives: CollectiveSetup | None = None,
 ) -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
 
@@ -65,6 +69,7 @@ def parallel_job_context(
         microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None``: the pipeline size.
         log_interval: Steps between energy log lines.
         log_sinks: Scalar writers ``(name, value, step)``.
+        collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
 
     Returns:
         The context and the collectives: over gloo (CPU) groups of the job's world and pipelines, created
@@ -88,6 +93,7 @@ def parallel_job_context(
         data_parallel_size=ps.get_data_parallel_world_size(),
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
         shape=shape,
+        collectives=collectives,
         global_rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
@@ -100,16 +106,21 @@ def parallel_job_context(
 
 def megatron_job_context() -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
     from megatron.core.num_microbatches_calculator import get_num_microbatches
     from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 
     args = get_args()
+    ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size()
+    data_parallel = ps.get_data_parallel_world_size(with_context_parallel=True)
     return parallel_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
         microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
+        collectives=collective_setup(args, data_parallel, ranks_per_node),
     )
 
 

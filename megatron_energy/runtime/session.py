@@ -44,6 +44,7 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.kareus.collectives import CollectiveWorkload
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
@@ -407,9 +408,18 @@ class EnergySession:
             target=self.config.target,
             switch_latency_s=self.spec.switch_latency_s,
             tail=tail_from_profiling(gathered),
+            collectives=self._collective_workload(),
+            gpu=self.spec,
         )
         baseline = baseline_from_profiling(gathered, source=self.timer.source)
         return plan_on_root(self.optimiser, profile, job, baseline)
+
+    def _collective_workload(self) -> CollectiveWorkload | None:
+        """The job's collectives on this GPU, when the optimiser asks for them and the context knows them."""
+        setup, shape = self.context.collectives, self.context.shape
+        if not self.optimiser.request.collectives or setup is None or shape is None:
+            return None
+        return setup.workload(shape, self.context.orders, self.spec)
 
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
         """Every rank parses the same plan text; all run it only if every rank could (one all-reduce)."""
