@@ -11,7 +11,14 @@ default collective schedule for ``iso-time`` and its slowdown for ``slowdown:X``
 choices (megatron-core's defaults) already miss its deadline under the overlap model (a model that prices
 collectives the clock planner's DAG does not), the deadline is that default iteration's time, so a Kareus
 point is never slower than its base point as this model prices both. The other points get the target's
-choices where these keep them within their deadlines, megatron-core's defaults otherwise.
+choices where these keep them within their deadlines, megatron-core's defaults otherwise. (With a live job's
+levers, "megatron-core's defaults" means the job's own flags and communicator budgets: ``kareus.levers``.)
+
+Composed (``all``), Kareus is given the Perseus clocks and moves them jointly with the collectives (the clock
+offsets of the instructions a class overlaps, and a joint move of every rank's clocks where overlap on every
+rank shortens the pipeline: :meth:`KareusOptimiser._global_start`). A refined point the overlap model does
+not price below its base point's prediction keeps the base point (its clocks and predictions, megatron-core's
+collective schedule written out): ``all`` never predicts more energy than Perseus alone.
 
 Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
 relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
@@ -20,6 +27,7 @@ relaxation does not cover collectives).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -132,7 +140,11 @@ class KareusOptimiser:
             limit = max(deadlines[index], default_result.iteration_time_s)
             if index != target_index and result.iteration_time_s > limit * (1 + 1e-9):
                 choices, result = defaults, default_result
-            points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
+            point = _point(model, labels[index], clocks, choices, result, limit, lower_bounds[index])
+            if base is not None and point.energy_j >= base.points[index].energy_j:
+                written = _point(model, labels[index], clocks, defaults, default_result, limit, math.inf)
+                point = _base_with_actions(base.points[index], written)
+            points.append(point)
         baseline = base.baseline if base is not None else _baseline(stock)
         return Plan(
             fingerprint=job.fingerprint,
@@ -316,6 +328,20 @@ def _point(
         lower_bound_j=min(lower_bound_j, energy_j),
         ranks=tuple(ranks),
     )
+
+
+def _base_with_actions(base: PlanPoint, actions_of: PlanPoint) -> PlanPoint:
+    """The base point as it was (clocks, predictions), with the actions of ``actions_of`` on every rank.
+
+    A refined point that the overlap model does not price below its base point's prediction keeps the base
+    point (the Kareus paper's fallback to the Perseus plan where overlap loses), with megatron-core's
+    collective schedule written out: so ``all`` never predicts more energy than the plan it refines.
+    """
+    ranks = tuple(
+        dataclasses.replace(rank, actions=other.actions)
+        for rank, other in zip(base.ranks, actions_of.ranks, strict=True)
+    )
+    return dataclasses.replace(base, ranks=ranks)
 
 
 def _ordered(
