@@ -9,7 +9,9 @@ spec it becomes the :class:`~megatron_energy.kareus.collectives.CollectiveWorklo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
@@ -55,6 +57,23 @@ class CollectiveSetup:
             raise EnergyValueError(f"data-parallel size must be positive, got {self.data_parallel}")
         if self.bucket_elements is not None and self.bucket_elements < 1:
             raise EnergyValueError(f"a DDP bucket must hold at least one element, got {self.bucket_elements}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CollectiveSetup:
+        """Read back ``dataclasses.asdict`` of a setup (as a job folder's ``job.json`` holds it).
+
+        Raises:
+            EnergyValueError: If ``data`` is not such a mapping.
+        """
+        try:
+            fields = dict(data)
+            levers = fields.pop("levers", None)
+            if levers is not None:
+                fixed = tuple((str(group), int(ctas)) for group, ctas in levers.get("fixed_ctas", ()))
+                levers = RuntimeLevers(**{**levers, "fixed_ctas": fixed})
+            return cls(**fields, levers=levers)
+        except (TypeError, ValueError, AttributeError) as error:
+            raise EnergyValueError(f"not a collective setup ({error}): {dict(data)!r}") from None
 
     def workload(self, shape: TransformerShape, orders: PipelineOrders, spec: GpuSpec) -> CollectiveWorkload:
         """The collective workload of this job on ``spec`` (tensor-parallel groups inside a node, NVLink).

@@ -199,6 +199,8 @@ class KareusOptimiser:
         best = self._global_start(model, workload, measure, deadline_s)
         for stage in sorted(model.class_keys):
             space = {(stage, k): class_space(k, workload) for k in model.class_keys[stage]}
+            if all(values.size == 1 for values in space.values()):
+                continue  # the job leaves this stage nothing to choose (a live job's levers)
             seeds = [best, *(_overlap_seed(best, space, ctas) for ctas in (4, 8, 16))]
             found = search(space, measure, deadline_s, self.budget, fixed=best, seeds=seeds)
             if found.feasible:
