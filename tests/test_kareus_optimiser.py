@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,11 @@ from megatron_energy.kareus.cache import SearchCache
 from megatron_energy.kareus.collectives import parse_collective_name
 from megatron_energy.kareus.optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.perseus.optimiser import plan_point
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
@@ -69,13 +73,12 @@ def test_kareus_alone_plans_every_collective_and_the_plan_round_trips(tmp_path: 
     assert SearchCache(tmp_path).path(job.fingerprint()).is_file()
 
 
-def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
-    job = JobConfig.load(EXAMPLE_7B)
+def perseus_plan(job: JobConfig) -> Plan:
+    """Perseus's iso-time plan of the job (instant clock switches, one point: fast to solve)."""
     spec = job.spec()
-    profile = job.synthetic_profile(spec)
-    planner = Planner(job.build_dag(spec=spec), profile, num_points=2)
+    planner = Planner(job.build_dag(spec=spec), job.synthetic_profile(spec), num_points=2)
     point = planner.solver.solve(planner.solver.baseline.iteration_time_s)
-    base = Plan(
+    return Plan(
         fingerprint=job.fingerprint(),
         gpu_name=spec.name,
         provenance="modelled",
@@ -86,10 +89,69 @@ def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
         points=(plan_point(planner, point, "iso-time"),),
         target_index=0,
     )
-    plan = KareusOptimiser(budget=FAST).plan(profile, planning_job(job), base)
+
+
+@dataclass
+class Planned:
+    """A first optimiser that hands out a plan made beforehand (Perseus's, in the composition's place)."""
+
+    given: Plan
+    name = "perseus"
+    request = ProfileRequest()
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        return self.given
+
+
+def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    base = perseus_plan(job)
+    plan = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning_job(job), base)
     assert plan.optimisers == ("perseus", "kareus")
     assert plan.target_point.iteration_time_s <= plan.target_point.deadline_s * (1 + 1e-9)
     assert plan.target_point.deadline_s >= base.target_point.deadline_s
+
+
+@pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
+def test_all_composed_predicts_less_energy_than_perseus_alone_on_the_example_jobs(example: Path) -> None:
+    """``all`` = Perseus, then Kareus given Perseus's clocks (and moving them jointly), then phase clocks."""
+    job = JobConfig.load(example)
+    base = perseus_plan(job)
+    composed = ComposedOptimiser(
+        [Planned(base), KareusOptimiser(budget=SearchBudget(trials=2)), PhaseOptimiser()]
+    )
+    plan = composed.plan(job.synthetic_profile(), planning_job(job))
+    assert plan.optimisers == ("perseus", "kareus", "kernel")
+    point, alone = plan.target_point, base.target_point
+    assert point.energy_j < alone.energy_j
+    assert point.iteration_time_s <= point.deadline_s * (1 + 1e-9)
+    assert any(isinstance(a, CollectiveAction) and a.max_ctas for rank in point.ranks for a in rank.actions)
+
+
+def test_a_refined_point_the_model_prices_no_lower_keeps_the_perseus_point() -> None:
+    """Kareus's fallback: a base point predicted cheaper than anything the overlap model finds stays as it
+    was, with megatron-core's collective schedule written out, so ``all`` never predicts more than Perseus."""
+    job = JobConfig.load(EXAMPLE_7B)
+    given = perseus_plan(job)
+    cheap = dataclasses.replace(
+        given.target_point,
+        ranks=tuple(
+            dataclasses.replace(rank, energy_j=rank.energy_j / 2) for rank in given.target_point.ranks
+        ),
+    )
+    base = dataclasses.replace(given, points=(cheap,))
+    plan = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning_job(job), base)
+    point = plan.target_point
+    assert (point.energy_j, point.iteration_time_s, point.deadline_s) == (
+        cheap.energy_j,
+        cheap.iteration_time_s,
+        cheap.deadline_s,
+    )
+    for stage, rank in enumerate(point.ranks):
+        assert point.clock_table(stage) == cheap.clock_table(stage)
+        collectives = [a for a in rank.actions if isinstance(a, CollectiveAction)]
+        assert collectives and all(a.max_ctas is None for a in collectives)
+        assert {a.at.phase for a in collectives if a.collective.startswith("dp.reduce_scatter")} == {"end"}
 
 
 def test_a_job_without_its_collectives_is_refused_with_what_to_do() -> None:
