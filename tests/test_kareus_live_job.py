@@ -22,11 +22,13 @@ from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.kareus.optimiser import KareusOptimiser, class_space
 from megatron_energy.kareus.schedule import ClassChoice, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, SearchBudget
+from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.collective_runner import changes_megatron
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
+from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.communicator_budgets import BudgetError
 from tests.kareus_jobs import EXAMPLE_7B
 
@@ -143,3 +145,29 @@ def test_only_actions_that_change_megatron_need_the_model_chunks() -> None:
     assert changes_megatron(CollectiveAction(first, "pp.send_recv", 4))
     assert changes_megatron(CollectiveAction(first._replace(phase="gemm_overlap"), "tp.all_gather", None))
     assert changes_megatron(CollectiveAction(first._replace(phase="end"), "dp.reduce_scatter.bucket0", None))
+
+
+def _launcher(tp_comm_overlap: bool, phase: str | None) -> None:
+    """A launcher for one TP action on a model chunk whose config has ``tp_comm_overlap`` as given."""
+    import torch
+
+    chunk = SimpleNamespace(
+        bucket_groups=[],
+        module=torch.nn.Linear(1, 1),
+        config=SimpleNamespace(tp_comm_overlap=tp_comm_overlap),
+    )
+    order = [Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")]
+    action = CollectiveAction(Boundary(order[0], phase), "tp.all_gather", None)
+    CollectiveLauncher([chunk], [action], order, stage=0)
+
+
+def test_tp_collectives_are_refused_where_transformer_engine_decides_and_the_message_says_why() -> None:
+    with pytest.raises(CollectivePlanError) as without_te:
+        _launcher(tp_comm_overlap=False, phase="gemm_overlap")
+    message = str(without_te.value)
+    assert "synchronously inside each layer's forward and backward" in message
+    assert "does not time them one by one" in message and "add --tp-comm-overlap" in message.lower()
+    with pytest.raises(CollectivePlanError, match="userbuffers run the TP/SP collectives"):
+        _launcher(tp_comm_overlap=True, phase=None)
+    _launcher(tp_comm_overlap=True, phase="gemm_overlap")  # what a live plan under the flag says
+    _launcher(tp_comm_overlap=False, phase=None)  # NCCL at megatron-core's own launch
