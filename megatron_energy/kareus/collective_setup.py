@@ -15,7 +15,7 @@ from typing import Any
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.collectives import CollectiveWorkload, Link
+from megatron_energy.kareus.collectives import CollectiveWorkload, Link, MeasuredBucket
 from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
@@ -52,6 +52,10 @@ class CollectiveSetup:
     levers: RuntimeLevers | None = None
     """What the running job lets a plan change; ``None`` when planning offline (every lever free)."""
 
+    buckets: tuple[MeasuredBucket, ...] | None = None
+    """The running job's DDP bucket layout (this rank's, until the session gathers every pipeline rank's);
+    ``None``: modelled from ``bucket_elements``."""
+
     def __post_init__(self) -> None:
         if self.data_parallel < 1:
             raise EnergyValueError(f"data-parallel size must be positive, got {self.data_parallel}")
@@ -71,7 +75,12 @@ class CollectiveSetup:
             if levers is not None:
                 fixed = tuple((str(group), int(ctas)) for group, ctas in levers.get("fixed_ctas", ()))
                 levers = RuntimeLevers(**{**levers, "fixed_ctas": fixed})
-            return cls(**fields, levers=levers)
+            buckets = fields.pop("buckets", None)
+            if buckets is not None:
+                buckets = tuple(
+                    MeasuredBucket(**{**bucket, "layers": tuple(bucket["layers"])}) for bucket in buckets
+                )
+            return cls(**fields, levers=levers, buckets=buckets)
         except (TypeError, ValueError, AttributeError) as error:
             raise EnergyValueError(f"not a collective setup ({error}): {dict(data)!r}") from None
 
@@ -104,4 +113,5 @@ class CollectiveSetup:
             tp_bandwidth_gbps=spec.nvlink_bandwidth_gbps,
             bucket_elements=self.bucket_elements,
             levers=self.levers,
+            measured_buckets=self.buckets,
         )

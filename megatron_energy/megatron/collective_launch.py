@@ -306,7 +306,7 @@ class CollectiveLauncher:
                 "inside each layer's forward and backward (tensor_parallel/mappings.py, NCCL on the compute "
                 "stream): their launch cannot be moved and this runtime does not time them one by one (no "
                 "hook inside a layer), so a plan may give them only a communicator budget, fixed at "
-                "start-up. Add --tp-comm-overlap (Transformer Engine required), or rerun planning for this "
+                "start-up: add --tp-comm-overlap (Transformer Engine required), or rerun planning for this "
                 "job"
             )
         if action.max_ctas is not None:

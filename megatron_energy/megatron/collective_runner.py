@@ -234,5 +234,6 @@ def add_collective_runner(
     if model_chunks is None:
         model_chunks, restore = capture_model()
     deferred = sessions[0]
+    deferred.model_chunks = model_chunks  # the session reads the measured bucket layout from them
     listeners.append(CollectiveRunner(lambda: deferred.session, model_chunks, megatron_communicator_config))
     return restore

@@ -8,6 +8,8 @@ Read from Megatron's parsed arguments and the parallel sizes (``kareus.collectiv
   (``initialize_model_parallel``'s default order ``tp-cp-ep-dp-pp``), so a data-parallel group crosses nodes
   when ``tp x dp`` exceeds the ranks of a node, and pipeline transfers do when ``tp x dp x pp`` does (then
   the NIC, else NVLink);
+* the DDP bucket layout of this rank, when the model chunks are known (``megatron.bucket_layout``; the
+  session gathers every pipeline rank's before planning);
 * the levers (``kareus.levers``): ``--overlap-grad-reduce``, ``--overlap-param-gather``,
   ``--tp-comm-overlap`` and the ``pp``/``tp`` budgets of the communicator config
   (``--nccl-communicator-config-path``), which megatron-core creates its communicators with at start-up.
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.runtime.communicator_budgets import FIXED_GROUPS, read_communicator_config
 
@@ -28,6 +31,7 @@ def collective_setup(
     data_parallel: int,
     ranks_per_node: int,
     communicator_config: Mapping[str, Mapping[str, Any]] | None = None,
+    buckets: tuple[MeasuredBucket, ...] | None = None,
 ) -> CollectiveSetup:
     """The job's collectives from Megatron's parsed arguments (module docstring).
 
@@ -37,6 +41,7 @@ def collective_setup(
         ranks_per_node: Ranks (GPUs) of one node.
         communicator_config: The communicator config Megatron read; read from
             ``args.nccl_communicator_config_path`` when ``None``.
+        buckets: This rank's DDP bucket layout (``megatron.bucket_layout.measured_buckets``), if known.
 
     Returns:
         The setup, with the running job's levers.
@@ -67,4 +72,5 @@ def collective_setup(
         dp_link="nic" if block > ranks_per_node else "nvlink",
         pp_link="nic" if block * args.pipeline_model_parallel_size > ranks_per_node else "nvlink",
         levers=levers,
+        buckets=buckets,
     )

@@ -12,13 +12,16 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
+from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.comms import TorchComms, control_plane_comms
 from megatron_energy.runtime.context import JobContext
 
@@ -104,8 +107,15 @@ def parallel_job_context(
     return context, control_plane_comms(ps.get_pipeline_model_parallel_group(), device, warn)
 
 
-def megatron_job_context() -> tuple[JobContext, TorchComms]:
-    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments."""
+def megatron_job_context(
+    model_chunks: Callable[[], Sequence[Any] | None] | None = None,
+) -> tuple[JobContext, TorchComms]:
+    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments.
+
+    Args:
+        model_chunks: Returns this rank's DDP model chunks (``None`` until built), for the measured bucket
+            layout; without them (or with another wrapper than megatron-core's DDP) the planner models it.
+    """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.num_microbatches_calculator import get_num_microbatches
@@ -114,13 +124,20 @@ def megatron_job_context() -> tuple[JobContext, TorchComms]:
     args = get_args()
     ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size()
     data_parallel = ps.get_data_parallel_world_size(with_context_parallel=True)
+    chunks = model_chunks() if model_chunks is not None else None
+    buckets = None
+    if chunks and data_parallel > 1:
+        try:
+            buckets = measured_buckets(chunks, ps.get_pipeline_model_parallel_rank())
+        except CollectivePlanError:  # not megatron-core's DDP: the planner models the buckets
+            buckets = None
     return parallel_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
         microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
-        collectives=collective_setup(args, data_parallel, ranks_per_node),
+        collectives=collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
     )
 
 
@@ -135,12 +152,14 @@ class DeferredSession:
         self.config = config
         self.session: Any = None
         self.failed = False
+        self.model_chunks: Callable[[], Sequence[Any] | None] | None = None
+        """Returns this rank's DDP model chunks (set by ``collective_runner.add_collective_runner``)."""
 
     def _start(self) -> None:
         from megatron_energy.runtime.assembly import build_session
 
         try:
-            context, comms = megatron_job_context()
+            context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True

@@ -96,5 +96,6 @@ class JobContext:
             "num_microbatches": self.num_microbatches,
             "microbatch_group_size": self.orders.microbatch_group_size,
             "gpu": gpu_name,
-            "collectives": None if self.collectives is None else asdict(self.collectives),
+            # every rank computes the same fingerprint: the setup without this rank's own bucket layout
+            "collectives": None if self.collectives is None else asdict(self.collectives) | {"buckets": None},
         }
