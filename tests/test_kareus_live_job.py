@@ -17,7 +17,7 @@ from megatron_energy.config import parse_target
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
-from megatron_energy.kareus.collectives import parse_collective_name
+from megatron_energy.kareus.collectives import MeasuredBucket, parse_collective_name
 from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.kareus.optimiser import KareusOptimiser, class_space
 from megatron_energy.kareus.schedule import ClassChoice, default_choice
@@ -75,7 +75,8 @@ def test_a_setup_survives_the_job_record_and_bad_ones_are_refused() -> None:
     setup = CollectiveSetup(4, levers=RuntimeLevers(tp_comm_overlap=True, fixed_ctas=(("tp", 8),)))
     record = dataclasses.asdict(setup)
     assert CollectiveSetup.from_dict(record) == setup
-    assert CollectiveSetup.from_dict(dataclasses.asdict(CollectiveSetup(2))) == CollectiveSetup(2)
+    bucketed = CollectiveSetup(2, buckets=(MeasuredBucket(1, 0, 3, (-1, 4), 1000),))
+    assert CollectiveSetup.from_dict(dataclasses.asdict(bucketed)) == bucketed
     with pytest.raises(EnergyValueError, match="not a collective setup"):
         CollectiveSetup.from_dict({**record, "pipeline": 3})
     with pytest.raises(EnergyValueError, match="data-parallel size must be positive"):
