@@ -15,10 +15,13 @@ choices where these keep them within their deadlines, megatron-core's defaults o
 levers, "megatron-core's defaults" means the job's own flags and communicator budgets: ``kareus.levers``.)
 
 Composed (``all``), Kareus is given the Perseus clocks and moves them jointly with the collectives (the clock
-offsets of the instructions a class overlaps, and a joint move of every rank's clocks where overlap on every
-rank shortens the pipeline: :meth:`KareusOptimiser._global_start`). A refined point the overlap model does
-not price below its base point's prediction keeps the base point (its clocks and predictions, megatron-core's
-collective schedule written out): ``all`` never predicts more energy than Perseus alone.
+offsets of the instructions a class overlaps), and, as a joint pass, also searches from stock clocks, where
+its own joint move of every rank's clocks applies (overlap on every rank shortens the pipeline, then every
+rank's clock comes down: :meth:`KareusOptimiser._global_start`); the target point takes whichever the
+overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`). A point whose choices the
+model prices no lower than megatron-core's defaults on its clocks keeps the defaults, so every point of
+``all`` costs no more than its Perseus point with megatron-core's collective schedule, as this model prices
+both.
 
 Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
 relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
@@ -27,7 +30,6 @@ relaxation does not cover collectives).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,7 +120,7 @@ class KareusOptimiser:
         defaults = model.choices_default()
         stock = model.evaluate(None, defaults)
         if base is None:
-            base_clocks: list[dict[Instruction, int] | None] = [None]
+            base_clocks: list[Mapping[Instruction, int] | None] = [None]
             deadlines = [_deadline(job, stock.iteration_time_s)]
             lower_bounds = [math.inf]
             labels = [str(job.target)]
@@ -131,20 +133,18 @@ class KareusOptimiser:
             target_index = base.target_index
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
-        best = self.choose(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        base_clocks[target_index] = start
         points = []
         for index, clocks in enumerate(base_clocks):
             choices = best
             result = model.evaluate(clocks, choices)
             default_result = model.evaluate(clocks, defaults)
             limit = max(deadlines[index], default_result.iteration_time_s)
-            if index != target_index and result.iteration_time_s > limit * (1 + 1e-9):
+            slower = index != target_index and result.iteration_time_s > limit * (1 + 1e-9)
+            if slower or result.total_energy_j > default_result.total_energy_j:
                 choices, result = defaults, default_result
-            point = _point(model, labels[index], clocks, choices, result, limit, lower_bounds[index])
-            if base is not None and point.energy_j >= base.points[index].energy_j:
-                written = _point(model, labels[index], clocks, defaults, default_result, limit, math.inf)
-                point = _base_with_actions(base.points[index], written)
-            points.append(point)
+            points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
         baseline = base.baseline if base is not None else _baseline(stock)
         return Plan(
             fingerprint=job.fingerprint,
@@ -159,6 +159,34 @@ class KareusOptimiser:
             frontier=base.frontier if base is not None else (),
             measured_tail=base.measured_tail if base is not None else None,
         )
+
+    def joint(
+        self,
+        model: KareusModel,
+        workload: CollectiveWorkload,
+        clocks: Mapping[Instruction, int] | None,
+        deadline_s: float,
+        fingerprint: str,
+    ) -> tuple[Mapping[Instruction, int] | None, dict[ChoiceKey, ClassChoice]]:
+        """The clocks to start from and the collective choices, jointly, within the deadline.
+
+        Given a base plan's clocks (``all``: Perseus's), the choices on them (:meth:`choose`) and, as a joint
+        pass, the choices on stock clocks, which move every rank's clocks with the collectives themselves
+        (the clock offsets and :meth:`_global_start`'s joint move): whichever the model prices lower within
+        the deadline. Alone (``clocks`` is ``None``), the choices on stock clocks.
+
+        Returns:
+            ``(clocks, choices)``: the base clocks or ``None`` (stock), and the choices on them.
+        """
+        best = self.choose(model, workload, clocks, deadline_s, fingerprint)
+        if clocks is None:
+            return None, best
+        own = self.choose(model, workload, None, deadline_s, fingerprint)
+        refined, joint = model.evaluate(clocks, best), model.evaluate(None, own)
+        fits = joint.iteration_time_s <= deadline_s * (1 + 1e-9)
+        if fits and joint.total_energy_j < refined.total_energy_j:
+            return None, own
+        return clocks, best
 
     def choose(
         self,
@@ -266,8 +294,9 @@ def _workload(job: PlanningJob) -> CollectiveWorkload:
     if job.collectives is None:
         raise EnergyValueError(
             "--energy-mode kareus/all needs the job's collective workload (model shape, parallelism, links): "
-            "this planning job carries none; plan from a job description (megatron-energy simulate/plan "
-            "--config) or use --energy-mode perseus"
+            "this planning job carries none. The launcher's session reads it from Megatron's arguments (a "
+            "job context built without them has none); offline, megatron-energy simulate --config JOB "
+            "--compare plans it from a job description; or use --energy-mode perseus"
         )
     return job.collectives
 
@@ -330,20 +359,6 @@ def _point(
         lower_bound_j=min(lower_bound_j, energy_j),
         ranks=tuple(ranks),
     )
-
-
-def _base_with_actions(base: PlanPoint, actions_of: PlanPoint) -> PlanPoint:
-    """The base point as it was (clocks, predictions), with the actions of ``actions_of`` on every rank.
-
-    A refined point that the overlap model does not price below its base point's prediction keeps the base
-    point (the Kareus paper's fallback to the Perseus plan where overlap loses), with megatron-core's
-    collective schedule written out: so ``all`` never predicts more energy than the plan it refines.
-    """
-    ranks = tuple(
-        dataclasses.replace(rank, actions=other.actions)
-        for rank, other in zip(base.ranks, actions_of.ranks, strict=True)
-    )
-    return dataclasses.replace(base, ranks=ranks)
 
 
 def _ordered(
