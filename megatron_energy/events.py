@@ -14,6 +14,16 @@ schedules (evaluation fires nothing), and in this order per step::
       ...
     on_step_end(step)
 
+Listeners that also implement :class:`OutsidePhaseListener` get the phases of an iteration outside the
+instructions, named by :data:`OUTSIDE_PHASES`: ``grad-sync`` (megatron-core's ``finalize_model_grads``,
+between the last instruction and ``on_step_end``), then ``optimizer`` (the optimizer step, after
+``on_step_end``) with, nested at its end, ``param-gather`` (the distributed optimizer's parameter all-gather
+when it is not overlapped with the next forward)::
+
+    ... on_outside_begin("grad-sync") on_outside_end("grad-sync") on_step_end(step)
+    on_outside_begin("optimizer") [on_outside_begin("param-gather") on_outside_end("param-gather")]
+    on_outside_end("optimizer")
+
 Pure Python: no torch, no megatron imports.
 """
 
@@ -49,6 +59,21 @@ class ScheduleListener(Protocol):
 
     def on_p2p_end(self, op: str) -> None:
         """The send/receive ``op`` returned: done, or only posted with ``--overlap-p2p-communication``."""
+
+
+OUTSIDE_PHASES: tuple[str, ...] = ("grad-sync", "optimizer", "param-gather")
+"""The phases outside instructions that the hooks report, in the order they run in an iteration."""
+
+
+@runtime_checkable
+class OutsidePhaseListener(Protocol):
+    """Receives the phases of an iteration outside its instructions (see the module docstring)."""
+
+    def on_outside_begin(self, name: str) -> None:
+        """The outside phase ``name`` (one of :data:`OUTSIDE_PHASES`) starts."""
+
+    def on_outside_end(self, name: str) -> None:
+        """The outside phase ``name`` ended."""
 
 
 class ListenerFanout:
@@ -92,6 +117,18 @@ class ListenerFanout:
         for listener in self.listeners:
             listener.on_p2p_end(op)
 
+    def on_outside_begin(self, name: str) -> None:
+        """Forward ``on_outside_begin`` to the listeners that take outside phases."""
+        for listener in self.listeners:
+            if isinstance(listener, OutsidePhaseListener):
+                listener.on_outside_begin(name)
+
+    def on_outside_end(self, name: str) -> None:
+        """Forward ``on_outside_end`` to the listeners that take outside phases."""
+        for listener in self.listeners:
+            if isinstance(listener, OutsidePhaseListener):
+                listener.on_outside_end(name)
+
 
 def trace_path_for_rank(path: Path, rank: int, world_size: int) -> Path:
     """The file ``--energy-trace PATH`` names on one rank.
@@ -112,8 +149,9 @@ class TraceWriter:
     """Writes every event as one JSON line: the ``--energy-trace`` listener.
 
     Each line has ``rank``, ``step``, ``event`` (``step_begin``, ``step_end``, ``instruction_begin``,
-    ``instruction_end``, ``p2p_begin``, ``p2p_end``), ``kind``, ``microbatch`` and ``chunk`` (``null``
-    where they do not apply), ``op`` for p2p events, and ``host_time_s``: measured host wall-clock time
+    ``instruction_end``, ``p2p_begin``, ``p2p_end``, ``outside_begin``, ``outside_end``), ``kind``,
+    ``microbatch`` and ``chunk`` (``null`` where they do not apply), ``op`` for p2p events and the outside
+    phase's name for outside events, and ``host_time_s``: measured host wall-clock time
     (``time.time()``) when the hook fired, i.e. CPU launch time, not GPU completion time. The file is
     line-buffered, so a crashed run keeps every event written before the crash. A write error (a full
     disk) ends the trace with one line on stderr; it never reaches the training step.
@@ -197,6 +235,14 @@ class TraceWriter:
     def on_p2p_end(self, op: str) -> None:
         """Record ``p2p_end``."""
         self._write("p2p_end", op=op)
+
+    def on_outside_begin(self, name: str) -> None:
+        """Record ``outside_begin``."""
+        self._write("outside_begin", op=name)
+
+    def on_outside_end(self, name: str) -> None:
+        """Record ``outside_end``."""
+        self._write("outside_end", op=name)
 
     def close(self) -> None:
         """Close the file; later events are dropped. A failing final flush is reported, not raised."""

@@ -91,6 +91,11 @@ class PlanningJob:
     layers_per_chunk: int | None = None
     """Transformer layers one instruction runs (for the modelled phase split); ``None``: unknown."""
 
+    tail_phases: Sequence[tuple[str, float]] = ()
+    """Measured duration at the stock clock of each outside phase (``events.OUTSIDE_PHASES`` names: gradient
+    sync, optimizer step, parameter all-gather) in the order they run, from the session's profiling steps;
+    empty when the runtime did not see them (then only a modelled ``tail`` gets phase clocks)."""
+
     phase_timelines: Mapping[Work, Sequence[tuple[str, WorkProfile]]] | None = None
     """Measured phases of each instruction class, in order: (class, work at the maximum clock), from kernel
     timelines (``ProfileRequest.phases``); ``None`` until the runtime measures them (phases are then

@@ -14,10 +14,13 @@ Time per group comes from CUDA events over the window; energy from NVML's total-
 ``nvmlDeviceGetTotalEnergyConsumption`` through pynvml, or ``nvidia-smi --query-gpu=total_energy_consumption``
 when pynvml is missing), as the slope of the counter over its updates inside the window times the time per
 group. The modelled figures come from ``megatron_energy.sim.contention_check`` (the planner's overlap
-simulator, calibrated on the isolated windows only). Prints per configuration measured vs modelled time and
-energy and their relative errors; ``--json OUT`` writes everything.
+simulator, calibrated on the isolated windows and on the overlap window with the fewest CTAs, which is
+marked as calibration and left out of the verdict). Prints per configuration measured vs modelled time and
+energy and their relative errors; ``--json OUT`` writes everything. ``--replay OUT`` recomputes the
+modelled side from the windows of an earlier run (no GPU needed).
 
     PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
+    PYTHONPATH=. python3 scripts/gpu_contention.py --replay contention.json --ctas-per-sm 8
 
 Defaults: 11 configurations x 3 rounds x 5 s windows + 1 s gaps: about 3.5 minutes plus warm-up.
 """
@@ -50,6 +53,12 @@ IN_FLIGHT_GROUPS = 4
 """Groups enqueued ahead of the GPU."""
 COPY_BLOCK = 8192
 """Elements (fp32) one CTA copies per loop step."""
+COPY_WARPS = 8
+"""Warps per copy CTA (256 threads)."""
+MAX_CTAS_PER_SM = 32
+"""Hopper's limit of resident CTAs per SM."""
+REGISTERS_PER_SM = 65536
+"""Hopper's register file per SM (32-bit registers), when torch does not report it."""
 
 
 @triton.jit
@@ -140,7 +149,7 @@ class Workload:
 
     def copy(self, ctas: int) -> None:
         """Enqueue the copy kernel on the current stream with a grid of ``ctas`` CTAs."""
-        _copy_kernel[(ctas,)](self.src, self.dst, self.src.numel(), BLOCK=COPY_BLOCK, num_warps=8)
+        _copy_kernel[(ctas,)](self.src, self.dst, self.src.numel(), BLOCK=COPY_BLOCK, num_warps=COPY_WARPS)
 
     def group(self, config: str, ctas: int | None) -> None:
         """Enqueue one group of ``config``."""
@@ -189,6 +198,78 @@ def run_window(
     return Window(config, ctas, time_s, counter.power_w(host_start, host_end))
 
 
+def copy_ctas_per_sm(workload: Workload) -> int:
+    """The copy kernel's occupancy: CTAs one SM can hold (threads, registers, the 32-CTA limit)."""
+    compiled = _copy_kernel[(1,)](workload.src, workload.dst, 1, BLOCK=COPY_BLOCK, num_warps=COPY_WARPS)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    threads = 32 * COPY_WARPS
+    limits = [props.max_threads_per_multi_processor // threads, MAX_CTAS_PER_SM]
+    registers = getattr(compiled, "n_regs", 0)
+    if registers:
+        limits.append(getattr(props, "regs_per_multiprocessor", REGISTERS_PER_SM) // (threads * registers))
+    return max(1, min(limits))
+
+
+def report(
+    setup: CheckSetup, windows: list[Window], args: argparse.Namespace, extra: dict[str, object]
+) -> None:
+    """Print measured vs modelled per configuration and the verdict; write ``--json`` when given."""
+    spec = load_gpu_spec(args.spec)
+    law, sm_gbps, rows = compare(spec, setup, windows)
+    print(
+        f"copy law fitted to the copy-alone windows: min({law.link_gbps:.0f} GB/s, CTAs x "
+        f"{law.per_cta_gbps:.1f} GB/s) (bytes read + written); packed beside the GEMMs "
+        f"{setup.ctas_per_sm} CTAs per SM, {sm_gbps or 0:.1f} GB/s per SM held"
+    )
+    print(
+        f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "
+        f"{'E err':>7s} {'spread t/E':>11s}"
+    )
+    worst = 0.0
+    for row in rows:
+        note = "  (calibration)" if row.calibration else ""
+        print(
+            f"{row.key:12s} {1e3 * row.measured_time_s:9.3f} {1e3 * row.modelled_time_s:9.3f} "
+            f"{row.time_error:+7.2%} {row.measured_energy_j:8.2f} {row.modelled_energy_j:8.2f} "
+            f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%}{note}"
+        )
+        if row.key.startswith("overlap") and not row.calibration:
+            worst = max(worst, abs(row.time_error), abs(row.energy_error))
+    verdict = "within" if worst <= 0.05 else "OUTSIDE"
+    print(
+        f"predicted overlap configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % "
+        f"target); measured = CUDA events + energy counter over {args.rounds} x {args.window_s:g} s windows, "
+        f"modelled = sim.overlap with spec {spec.name}"
+    )
+    if args.json:
+        document = {
+            **extra,
+            "setup": dataclasses.asdict(setup),
+            "windows": [dataclasses.asdict(w) for w in windows],
+            "copy_law": dataclasses.asdict(law),
+            "sm_bandwidth_gbps": sm_gbps,
+            "rows": [
+                {**dataclasses.asdict(r), "time_error": r.time_error, "energy_error": r.energy_error}
+                for r in rows
+            ],
+            "worst_overlap_error": worst,
+        }
+        args.json.write_text(json.dumps(document, indent=1))
+
+
+def replay(args: argparse.Namespace) -> int:
+    """Recompute the comparison from an earlier run's windows (``--replay``)."""
+    recorded = json.loads(args.replay.read_text())
+    ctas_per_sm = args.ctas_per_sm or recorded["setup"].get("ctas_per_sm", 1)
+    setup = CheckSetup(**{**recorded["setup"], "ctas_per_sm": ctas_per_sm})
+    windows = [Window(**w) for w in recorded["windows"]]
+    rounds = max(sum(1 for w in windows if w.key == key) for key in {w.key for w in windows})
+    args.rounds = rounds
+    print(f"replaying {len(windows)} windows measured on {recorded.get('gpu')} (model recomputed on CPU)")
+    report(setup, windows, args, {"gpu": recorded.get("gpu"), "counter": recorded.get("counter")})
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -206,14 +287,21 @@ def main() -> int:
     parser.add_argument("--copy-gib", type=float, default=8.0, help="GiB the copy reads + writes per group")
     parser.add_argument("--poll-s", type=float, default=0.005, help="energy-counter polling period")
     parser.add_argument("--json", type=Path, help="write windows, fit and comparison here")
+    parser.add_argument(
+        "--ctas-per-sm", type=int, default=0, help="copy CTAs per SM when packed (0: the kernel's occupancy)"
+    )
+    parser.add_argument("--replay", type=Path, help="recompute the model for the windows of this --json file")
     args = parser.parse_args()
+    if args.replay:
+        return replay(args)
     if args.window_s < 5 or args.rounds < 3:
         parser.error("windows of >= 5 s and >= 3 rounds are needed to resolve the 100 ms energy counter")
     torch.cuda.set_device(args.gpu)
-    spec = load_gpu_spec(args.spec)
     ctas_list = [int(c) for c in args.ctas.split(",")]
     workload = Workload(args)
-    setup = CheckSetup(args.gemms, args.launch_after, workload.copy_bytes)
+    setup = CheckSetup(
+        args.gemms, args.launch_after, workload.copy_bytes, args.ctas_per_sm or copy_ctas_per_sm(workload)
+    )
     counter = EnergyCounter(args.gpu, args.poll_s)
     configs: list[tuple[str, int | None]] = [("gemm", None)]
     configs += [("copy", c) for c in ctas_list] + [("overlap", c) for c in ctas_list]
@@ -237,49 +325,8 @@ def main() -> int:
             )
             time.sleep(GAP_S)
     counter.close()
-    law, rows = compare(spec, setup, windows)
-    print(
-        f"copy law fitted to the copy-alone windows: min({law.link_gbps:.0f} GB/s, CTAs x "
-        f"{law.per_cta_gbps:.1f} GB/s) (bytes read + written)"
-    )
-    print(
-        f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "
-        f"{'E err':>7s} {'spread t/E':>11s}"
-    )
-    worst = 0.0
-    for row in rows:
-        print(
-            f"{row.key:12s} {1e3 * row.measured_time_s:9.3f} {1e3 * row.modelled_time_s:9.3f} "
-            f"{row.time_error:+7.2%} {row.measured_energy_j:8.2f} {row.modelled_energy_j:8.2f} "
-            f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%}"
-        )
-        if row.key.startswith("overlap"):
-            worst = max(worst, abs(row.time_error), abs(row.energy_error))
-    verdict = "within" if worst <= 0.05 else "OUTSIDE"
-    print(
-        f"overlap configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % target); "
-        f"measured = CUDA events + energy counter over {args.rounds} x {args.window_s:g} s windows, "
-        f"modelled = sim.overlap with spec {spec.name} calibrated on the isolated windows; "
-        f"run took {time.perf_counter() - started:.0f} s"
-    )
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "gpu": torch.cuda.get_device_name(),
-                    "counter": counter.source,
-                    "setup": dataclasses.asdict(setup),
-                    "windows": [dataclasses.asdict(w) for w in windows],
-                    "copy_law": dataclasses.asdict(law),
-                    "rows": [
-                        {**dataclasses.asdict(r), "time_error": r.time_error, "energy_error": r.energy_error}
-                        for r in rows
-                    ],
-                    "worst_overlap_error": worst,
-                },
-                indent=1,
-            )
-        )
+    print(f"measuring took {time.perf_counter() - started:.0f} s")
+    report(setup, windows, args, {"gpu": torch.cuda.get_device_name(), "counter": counter.source})
     return 0
 
 

@@ -112,6 +112,7 @@ def run_once(plugin: bool, args: argparse.Namespace, out: Path, tag: str, iters:
         ),
         "iterations": iterations,
         "energy_lines": [line for line in log.splitlines() if "[energy]" in line][-12:],
+        "host_time_lines": [line for line in log.splitlines() if "plugin host time" in line],
     }
 
 

@@ -226,25 +226,29 @@ def main() -> int:
     args = parser.parse_args()
     if args.loop_s < MIN_LOOP_S:
         parser.error(f"--loop-s must be at least {MIN_LOOP_S} s so the ~100 ms energy counter resolves it")
-    if not torch.cuda.is_available():
-        parser.error("no CUDA GPU: run this on the GPU machine")
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-    report: dict[str, object] = {"gpu": pynvml.nvmlDeviceGetName(handle), "spec": args.spec, "models": []}
-    for name in args.models:
-        model = MODELS[name]
-        summary = timeline(name, model, args.iters, args.spec, args.trace_dir)
-        summary["power_by_class"] = class_power(model, args.loop_s, handle) if name != "full" else []
-        print(json.dumps(summary, indent=2))
-        report["models"].append(summary)  # type: ignore[attr-defined]
+    report: dict[str, Any] = {"spec": args.spec, "models": []}
+    if args.models:
+        if not torch.cuda.is_available():
+            parser.error(
+                "no CUDA GPU: run this on the GPU machine (only --trace files can be read without one)"
+            )
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        report["gpu"] = pynvml.nvmlDeviceGetName(handle)
+        for name in args.models:
+            model = MODELS[name]
+            summary = timeline(name, model, args.iters, args.spec, args.trace_dir)
+            summary["power_by_class"] = class_power(model, args.loop_s, handle) if name != "full" else []
+            print(json.dumps(summary, indent=2))
+            report["models"].append(summary)
+        pynvml.nvmlShutdown()
     for path in args.trace:
         summary = summarise_trace(read_trace(path), args.spec, args.trace_iters)
         summary["trace"] = str(path)
         print(json.dumps(summary, indent=2))
-        report["models"].append(summary)  # type: ignore[attr-defined]
+        report["models"].append(summary)
     args.json.write_text(json.dumps(report, indent=2))
     print(f"written to {args.json}; every time is measured, FLOPs/bytes per kernel are estimated from shapes")
-    pynvml.nvmlShutdown()
     return 0
 
 

@@ -8,7 +8,11 @@ schedule step after step and reports what it saw. The simulated GPUs time every 
 a real model's stage (GPT-3 1.3B by default), so every figure here is modelled.
 
 Unlike the launcher, the worker drives the steps itself: it can throttle a replica's simulated GPUs between
-two steps (a straggler) and read each step's figures from the session.
+two steps (a straggler) and read each step's figures from the session. With ``ddp`` the chunks are wrapped
+in megatron-core's DDP, so its ``finalize_model_grads`` fires the ``all-grads-sync`` timer (``grad-sync``);
+with ``optimizer_step`` each step is followed by an optimizer step inside Megatron's ``optimizer`` timer, as
+``train_step`` runs it. The clock each outside phase's emulated work ran at is recorded
+(``RankReport.outside_clocks``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from megatron_harness import PipelineWorld, spawn_world
 
 from megatron_energy.config import EnergyConfig, EnergyTarget
 from megatron_energy.dvfs.emulation import Emulation
+from megatron_energy.events import ListenerFanout
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,12 @@ class SessionSettings:
     """Megatron arguments the job's collectives are read from (``megatron.collective_setup``), besides the
     parallel sizes; e.g. ``(("use_distributed_optimizer", True), ("overlap_grad_reduce", True))``."""
 
+    ddp: bool = False
+    """Wrap the chunks in megatron-core's DDP (``finalize_model_grads``: the ``grad-sync`` hook)."""
+
+    optimizer_step: bool = False
+    """Run an optimizer step inside Megatron's ``optimizer`` timer after each schedule."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -131,6 +142,8 @@ class RankReport:
     scalars: tuple[tuple[str, float, int], ...] = ()
     """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
     writers live on the last rank only; here every rank has one)."""
+    outside_clocks: tuple[tuple[int, str, str, int], ...] = ()
+    """``(step, session phase, outside phase, SM clock in effect when its emulated work finished)``."""
 
 
 def session_worker(rank: int, world_size: int, settings: SessionSettings) -> RankReport:
@@ -143,7 +156,14 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     from megatron_energy.pipeline.workload import TransformerShape
     from megatron_energy.runtime.assembly import build_session
 
-    world = PipelineWorld(settings.pipeline_size)
+    if settings.ddp:
+        from ddp_world import DdpWorld
+
+        ddp_world = DdpWorld(settings.pipeline_size, bucket_size=None)
+        world, run_schedule = ddp_world.world, ddp_world.run
+    else:
+        world = PipelineWorld(settings.pipeline_size)
+        run_schedule = world.run
     scalars: list[tuple[str, float, int]] = []
     args = SimpleNamespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=settings.pipeline_size)
     args.__dict__.update(settings.megatron_args)
@@ -175,7 +195,10 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
             emulation=replace(settings.emulation, seed=settings.emulation.seed + rank),
         )
     session = build_session(config, context, comms, printer=printer, handle=handle)
-    installation = install_hooks(session, num_microbatches_fn=lambda: settings.num_microbatches)
+    probe = OutsideClockProbe(session, context.local_device_index)
+    installation = install_hooks(
+        ListenerFanout([session, probe]), num_microbatches_fn=lambda: settings.num_microbatches
+    )
     world.config.timers = global_vars.Timers(0, "minmax")
     gpu = session.meter.gpus.state(context.local_device_index)
     steps: list[StepReport] = []
@@ -185,7 +208,9 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         while sum(report.phase != "profiling" for report in steps) < settings.run_steps:
             _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
             phase, exact_before_mj = session.phase, gpu.energy_mj
-            losses += world.run(settings.num_microbatches, seed=step)
+            losses += run_schedule(settings.num_microbatches, seed=step)
+            if settings.optimizer_step:
+                _optimizer_step(world)
             world.zero_grads()
             figures = session.history[-1]
             exact_j = (gpu.energy_mj - exact_before_mj) / 1000
@@ -205,7 +230,73 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         stock_energy_j=session.baseline.energy_by_rank.get(rank),
         stock_steps=session.baseline.steps,
         scalars=tuple(scalars),
+        outside_clocks=tuple(probe.clocks),
     )
+
+
+class OutsideClockProbe:
+    """Notes the SM clock each outside phase's emulated work ran at (after the session, in a fanout).
+
+    The simulated timer runs the optimizer step when its hook ends, and the gradient sync after the step's
+    pipeline span (at the step's end), so the clock is read at those events.
+    """
+
+    def __init__(self, session: Any, device: int) -> None:
+        self.session = session
+        self.device = device
+        self.step = 0
+        self.synced = False
+        self.clocks: list[tuple[int, str, str, int]] = []
+
+    def _note(self, name: str) -> None:
+        clock = self.session.meter.gpus.current_clock_mhz(self.device)
+        self.clocks.append((self.step, self.session.phase, name, clock))
+
+    def on_step_begin(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, step: int) -> None:
+        if self.synced:
+            self.synced = False
+            self._note("grad-sync")
+
+    def on_outside_begin(self, name: str) -> None:
+        pass
+
+    def on_outside_end(self, name: str) -> None:
+        if name == "grad-sync":
+            self.synced = True
+        else:
+            self._note(name)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        pass
+
+    def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
+        pass
+
+    def on_p2p_begin(self, op: str) -> None:
+        pass
+
+    def on_p2p_end(self, op: str) -> None:
+        pass
+
+
+def _optimizer_step(world: Any) -> None:
+    """An SGD step of this rank's parameters inside Megatron's ``optimizer`` timer, as ``train_step`` does."""
+    import torch
+
+    timers = world.config.timers
+    timers("optimizer", log_level=1).start(barrier=False)
+    parameters = [p for chunk in world.chunks for p in chunk.parameters()]
+    with torch.no_grad():
+        for parameter in parameters:
+            grad = getattr(parameter, "main_grad", None)
+            if grad is None:
+                grad = parameter.grad
+            if grad is not None:
+                parameter.add_(grad, alpha=-1e-4)
+    timers("optimizer").stop(barrier=False)
 
 
 def _apply_throttle(session: Any, settings: SessionSettings, replica: int, device: int, step: int) -> None:

@@ -37,6 +37,13 @@ class FakeDevice:
         self.completed = 0  # events that have completed (the first this many recorded)
         self.waits: list[tuple[int, int]] = []  # (host step, event's step) of each blocking wait
         self.device_syncs: list[int] = []  # host step of each torch.cuda.synchronize()
+        self.stream = object()  # what torch.cuda.current_stream() returns
+        self.stream_lookups = 0
+        self.streams_recorded_on: set[int] = set()
+
+    def current_stream(self, device: Any = None) -> object:
+        self.stream_lookups += 1
+        return self.stream
 
     def synchronize(self) -> None:
         self.device_syncs.append(self.host_step)
@@ -58,6 +65,7 @@ class FakeEvent:
         self.time_s = 0.0
 
     def record(self, stream: Any = None) -> None:
+        self.device.streams_recorded_on.add(id(stream))
         self.device.recorded += 1
         self.step, self.position = self.device.host_step, self.device.recorded
         self.time_s = self.device.now_s
@@ -83,6 +91,7 @@ def device(monkeypatch) -> FakeDevice:
     FakeEvent.device = fake
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", fake.synchronize)
+    monkeypatch.setattr(torch.cuda, "current_stream", fake.current_stream)
     return fake
 
 
@@ -195,7 +204,8 @@ def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
     assert figures.energy_j == 1000.0 * last + 7.0
     assert figures.timing.samples[0].duration_s == pytest.approx(_forward_ms(last) / 1e3)
     assert session.energy_logger.window.window[-1] == (last, figures)
-    closing = [line for line in lines if "model vs measured at stock clocks" not in line]  # the run's summary
+    summaries = ("model vs measured at stock clocks", "plugin host time")  # the run's closing summaries
+    closing = [line for line in lines if not any(summary in line for summary in summaries)]
     assert closing == [
         f"[energy] rank 0 iteration {last + 1} (last, this rank only): {figures.energy_j:.1f} J, "
         f"{1e3 * figures.iteration_s:.1f} ms (measured)"
@@ -218,6 +228,8 @@ def test_lagged_steps_use_alternate_event_pools_and_are_read_only_once_complete(
     (last,) = timer.flush()
     assert last.samples[0].instruction.microbatch == 3
     assert timer.flush() == ()
+    # every event goes on the schedule's stream, looked up once per step (not once per event)
+    assert device.streams_recorded_on == {id(device.stream)} and device.stream_lookups == 4
 
 
 def test_an_exact_step_after_a_lagged_one_returns_both_in_order(device):

@@ -74,3 +74,32 @@ def test_trace_to_classified_phases() -> None:
     phases = group_phases(kernels, SPEC)
     assert [p.kind for p in phases] == ["memory", "compute", "communication"]
     assert [p.kind for p in long_phases(phases)] == ["communication"]  # only the 12 ms all-reduce > 10 ms
+
+
+def test_tensor_list_inputs_count_every_tensor() -> None:
+    """A TensorList input's ``Input Dims`` is a list of shapes (``aten::_foreach_*`` in an optimizer)."""
+    dims = [[[4, 4], [2, 8]], [1024]]
+    assert op_bytes(dims, ["TensorList", "float"]) == 4 * 1024  # the list's dtype is unknown: 0 bytes
+    assert op_bytes([[[4, 4], [2, 8]]], ["float"]) == 2 * 4 * (16 + 16)
+
+
+def test_driver_launches_and_nested_operators() -> None:
+    """cuBLAS launches through the driver API; a kernel goes to the innermost enclosing operator, also when
+    an earlier sibling operator has closed and a later one starts after the launch."""
+    events = [
+        _op("aten::linear", 0, 100, [[64, 32], [16, 32]], ["float", "float"]),
+        _op("aten::t", 5, 5, [[16, 32]], ["float"]),  # a closed sibling before the launch
+        _op("aten::mm", 20, 50, [[64, 32], [32, 16]], ["float", "float"]),
+        _launch(30, 9) | {"cat": "cuda_driver", "name": "cuLaunchKernelEx"},
+        _launch(90, 10),  # inside aten::linear only, after aten::mm closed
+        _op("aten::add", 200, 10, [[64, 16], [64, 16]], ["float", "float"]),
+        _launch(205, 11, tid=2),  # another thread, with no operator open
+        _kernel("nvjet_sm90_gemm", 1000, 100, 9),
+        _kernel("bias_add", 1100, 10, 10),
+        _kernel("orphan", 1200, 10, 11),
+    ]
+    kernels = kernels_from_trace({"traceEvents": events})
+    assert [k.name for k in kernels] == ["nvjet_sm90_gemm", "bias_add", "orphan"]
+    assert kernels[0].flops == pytest.approx(2.0 * 64 * 32 * 16)  # aten::mm, launched via the driver
+    assert kernels[1].flops == pytest.approx(2.0 * 64 * 32 * 16)  # aten::linear's own estimate
+    assert kernels[2].flops == 0.0 and kernels[2].bytes == 0.0

@@ -195,7 +195,10 @@ def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path
 
 
 def test_all_refines_perseus_without_predicting_slower(profile: Profile) -> None:
-    job = _job(1e-4)
+    # 10 µs switches: every point has memory-bound phases inside its instructions to refine (at 100 µs this
+    # job's are merged away, and its tail, with no idle gap after it to restore in, keeps the next
+    # iteration's clock on its last phase: phases/planner.py)
+    job = _job(1e-5)
     base = resolve("perseus").plan(profile, job)
     plan = resolve("all").plan(profile, job)
     assert plan.optimisers == ("perseus", "kernel")

@@ -43,6 +43,7 @@ from megatron_energy.runtime.energy_log import StageEnergy, StockSamples, format
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.plan_runner import PlanRunner
+from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
@@ -230,6 +231,19 @@ def test_an_excused_step_ends_a_streak_of_violations():
     net.excuse()
     assert net.observe(2.0, 1.0) is False
     assert net.observe(2.0, 1.0) is True
+
+
+def test_steps_within_the_stock_steps_own_noise_do_not_trip_the_net():
+    """A dry run on a noisy machine: stock steps swing by ~8 %, so 10 %-slow steps are noise, 30 % are not."""
+    baseline = StockBaseline(iteration_s=1.0, step_iteration_s=(0.92, 1.0, 1.08, 0.95, 1.05))
+    noise_s = baseline.iteration_noise_s
+    assert noise_s == pytest.approx(statistics.stdev(baseline.step_iteration_s))
+    assert StockBaseline(iteration_s=1.0, step_iteration_s=(0.9, 1.1)).iteration_noise_s == 0.0
+    net = SafetyNet(tolerance=0.05, patience=3)
+    assert not any(net.observe(1.1, 1.0, noise_s=noise_s) for _ in range(10))
+    assert [net.observe(1.3, 1.0, noise_s=noise_s) for _ in range(3)] == [False, False, True]
+    quiet = SafetyNet(tolerance=0.05, patience=3)  # no noise known: the tolerance alone decides
+    assert [quiet.observe(1.1, 1.0) for _ in range(3)] == [False, False, True]
 
 
 # ------------------------------------------------------------------------------------------- plan runner
@@ -592,6 +606,15 @@ class _Timer:
     def flush(self) -> tuple[StepTiming, ...]:
         return ()
 
+    def phase_begin(self, name: str) -> None:
+        return None
+
+    def phase_end(self, name: str) -> None:
+        pass
+
+    def outside_durations(self) -> dict[str, float]:
+        return {}
+
     def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
         samples, start = [], 0.0
         for kind, time_s, energy_j in self._runs:
@@ -716,6 +739,19 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
     assert comms.all_reduces == before + 1
     assert len(controller.requests) == requests  # no more plan clocks
     assert session.phase == "stock (safety net)"
+
+
+def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it_at_close(tmp_path):
+    session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
+    step = _profile_and_plan(session)
+    assert session.host_cost.run_steps_s == []  # profiling steps synchronise on purpose: not counted
+    for _ in range(3):
+        _step(session, step)
+        step += 1
+    assert len(session.host_cost.run_steps_s) == 3
+    assert all(seconds > 0 for seconds in session.host_cost.run_steps_s)
+    session.close()
+    assert sum("rank 0: plugin host time on the training thread" in line for line in lines) == 1
 
 
 def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):

@@ -10,8 +10,10 @@ session meets on real GPUs, so the statistics and the anchored predictions can b
   counter period already gives;
 * hidden energies (``exact_energy=False``): only the counter knows energy, as on real GPUs; the session then
   reads each step's energy from the meter and splits it over the instructions itself;
-* the work between two schedules: an optimizer step run at the clock in effect and host time the GPU idles
-  (data loading, logging), once per step before its schedule.
+* the work between two schedules: a gradient sync and an optimizer step run at the clock in effect, and
+  host time the GPU idles (data loading, logging). The timer runs the gradient sync when the ``grad-sync``
+  hook ends (after the pipeline span) and the optimizer step when the ``optimizer`` hook ends, or, in a job
+  whose optimizer step fires no hook, before the next schedule.
 
 Every figure stays *modelled*.
 """
@@ -39,6 +41,9 @@ class Emulation:
 
     between_steps: WorkProfile | None = None
     """Work each GPU runs between two schedules (an optimizer step), at the clock in effect."""
+
+    grad_sync: WorkProfile | None = None
+    """Work each GPU runs for the data-parallel gradient sync (``grad-sync`` hook), at the clock in effect."""
 
     idle_between_steps_s: float = 0.0
     """Time each GPU idles between two schedules (the host loading data, logging)."""

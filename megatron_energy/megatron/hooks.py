@@ -17,6 +17,13 @@ files changes; two of its own extension points are used.
   (a real ``Timer`` synchronises the GPU on every start/stop). The timers carry no ids, so
   ``ExpectedOrder`` walks this rank's order from ``schedule.pipeline_orders`` (megatron-core's own schedule
   table) and checks every observed kind against it.
+- *Outside phases.* The same proxy fires ``on_outside_begin/end`` on the timers megatron-core starts
+  around the work outside instructions: ``'all-grads-sync'`` (``finalize_model_grads``: the data-parallel
+  gradient sync) as ``grad-sync``, ``'optimizer'`` (``train_step`` around ``optimizer.step()``) as
+  ``optimizer``, and ``'params-all-gather'`` (the distributed optimizer's all-gather when
+  ``--overlap-param-gather`` is off) as ``param-gather``. With ``--overlap-param-gather`` the all-gather runs
+  on a communication stream beside the next step's first forward: not a phase of its own on the GPU's one
+  SM clock, so it has no hook and runs at that instruction's clock.
 - *P2P communicator swap.* Schedules build ``P2PCommunicator(...)`` from the module-global name in
   ``megatron.core.pipeline_parallel.schedules``; ``install_hooks`` points that name at a subclass whose
   ``_communicate`` fires ``on_p2p_begin/end``.
@@ -24,7 +31,9 @@ files changes; two of its own extension points are used.
 **Patched path** (``patches/megatron-core-0.19``): ``schedules.py`` and ``p2p_communication.py`` call
 ``config.instruction_hooks`` (a ``ScheduleHooks``) with exact microbatch and chunk ids. Attach it with
 ``attach_hooks(model_config, listener)`` *after* the model is built (the config is deep-copied during
-model construction, and it is not a dataclass field, so it never shows in config dumps).
+model construction, and it is not a dataclass field, so it never shows in config dumps). The patch set has
+no outside-phase hooks: on this path the optimizer step and the gradient sync run at the clock of the
+instruction before them (the plan runner says so in its log).
 
 Hooks fire on the CPU when Megatron *launches* the work; nothing here synchronises the GPU.
 """
@@ -39,7 +48,7 @@ from typing import Any
 import torch
 
 from megatron_energy.errors import EnergyRuntimeError
-from megatron_energy.events import ScheduleListener
+from megatron_energy.events import OutsidePhaseListener, ScheduleListener
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction
 
@@ -50,6 +59,12 @@ BACKWARD = "backward"
 STEP_TIMER = "forward-backward"
 FORWARD_TIMER = "forward-compute"
 BACKWARD_TIMER = "backward-compute"
+OUTSIDE_TIMERS: dict[str, str] = {
+    "all-grads-sync": "grad-sync",
+    "optimizer": "optimizer",
+    "params-all-gather": "param-gather",
+}
+"""megatron-core's timer names around work outside instructions -> the outside phase each marks."""
 
 
 def p2p_op_name(tensor_send_next: Any, tensor_send_prev: Any, recv_prev: bool, recv_next: bool) -> str:
@@ -83,6 +98,8 @@ class ScheduleHooks:
         listener: Receives the events.
         step: The number of the next (or current) training schedule.
         in_training_schedule: True between the begin and end of a training (not evaluation) schedule.
+        after_training_schedule: True from the end of a training schedule to the next schedule's begin (the
+            optimizer step of a training iteration lies there).
     """
 
     p2p_op_name = staticmethod(p2p_op_name)
@@ -96,9 +113,11 @@ class ScheduleHooks:
         self.listener = listener
         self.step = 0
         self.in_training_schedule = False
+        self.after_training_schedule = False
 
     def on_schedule_begin(self, forward_only: bool) -> None:
         """A schedule starts; it is a training step unless ``forward_only`` or gradients are disabled."""
+        self.after_training_schedule = False
         self.in_training_schedule = not forward_only and torch.is_grad_enabled()
         if self.in_training_schedule:
             self.listener.on_step_begin(self.step)
@@ -107,6 +126,7 @@ class ScheduleHooks:
         """The schedule that began last returned."""
         if self.in_training_schedule:
             self.in_training_schedule = False
+            self.after_training_schedule = True
             self.listener.on_step_end(self.step)
             self.step += 1
 
@@ -129,6 +149,20 @@ class ScheduleHooks:
         """Forward ``on_p2p_end`` during a training schedule."""
         if self.in_training_schedule:
             self.listener.on_p2p_end(op)
+
+    def on_outside_begin(self, name: str) -> None:
+        """Forward ``on_outside_begin`` during or after a training schedule, to a listener that takes it."""
+        if (self.in_training_schedule or self.after_training_schedule) and isinstance(
+            self.listener, OutsidePhaseListener
+        ):
+            self.listener.on_outside_begin(name)
+
+    def on_outside_end(self, name: str) -> None:
+        """Forward ``on_outside_end`` like ``on_outside_begin``."""
+        if (self.in_training_schedule or self.after_training_schedule) and isinstance(
+            self.listener, OutsidePhaseListener
+        ):
+            self.listener.on_outside_end(name)
 
 
 class ScheduleMismatchError(EnergyRuntimeError):
@@ -261,6 +295,11 @@ class HookedTimers:
             FORWARD_TIMER: (self._forward_begin, self._forward_end),
             BACKWARD_TIMER: (self._backward_begin, self._backward_end),
         }
+        for timer_name, phase in OUTSIDE_TIMERS.items():
+            self._handlers[timer_name] = (
+                functools.partial(hooks.on_outside_begin, phase),
+                functools.partial(hooks.on_outside_end, phase),
+            )
         self._hooked: dict[str, _HookedTimer] = {}
 
     def __call__(self, name: str, log_level: int | None = None) -> Any:

@@ -196,6 +196,16 @@ class DeferredSession:
     def on_p2p_end(self, op: str) -> None:
         """Pipeline communication: nothing to do."""
 
+    def on_outside_begin(self, name: str) -> None:
+        """Forward to the session (outside phases: gradient sync, optimizer step, parameter all-gather)."""
+        if self.session is not None:
+            self.session.on_outside_begin(name)
+
+    def on_outside_end(self, name: str) -> None:
+        """Forward to the session."""
+        if self.session is not None:
+            self.session.on_outside_end(name)
+
     def close(self) -> None:
         """Close the session (the controller resets the clocks it locked)."""
         if self.session is not None:

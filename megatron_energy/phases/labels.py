@@ -5,7 +5,10 @@ A phase boundary is ``Boundary(instruction, phase)`` with ``phase`` written by :
 the per-class split; ``measured``: from a kernel timeline), its planned start from the instruction's start,
 and how long before that start the clock must be requested (0 for a switch down, the latency for a switch
 up). Tail phases (after the rank's last instruction) start with ``tail``; a tail's restoring request is
-``tail-restore``. :func:`parse_phase_label` reads it back.
+``tail-restore``. A request issued at a runtime hook names it after ``@`` (``events.OUTSIDE_PHASES``), e.g.
+``tail1@optimizer:memory:measured:at=30.000ms:lead=0.000ms`` goes out when the optimizer step begins; a
+label without one (phases inside an instruction) has no hook of its own. :func:`parse_phase_label` reads it
+back.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class PhaseLabel:
     """Planned start, seconds from the instruction's start (the tail's: from the last instruction's end)."""
     lead_s: float
     """How long before ``at_s`` the clock is requested."""
+    hook: str | None = None
+    """The runtime hook at which the request goes out (an outside phase's name); ``None``: none."""
 
     def __str__(self) -> str:
         return phase_label(self)
@@ -36,8 +41,9 @@ class PhaseLabel:
 
 def phase_label(label: PhaseLabel) -> str:
     """The boundary name of ``label``."""
+    hook = "" if label.hook is None else f"@{label.hook}"
     return (
-        f"{label.scope}{label.index}:{label.kind}:{label.provenance}:"
+        f"{label.scope}{label.index}{hook}:{label.kind}:{label.provenance}:"
         f"at={1e3 * label.at_s:.3f}ms:lead={1e3 * label.lead_s:.3f}ms"
     )
 
@@ -50,6 +56,7 @@ def parse_phase_label(text: str) -> PhaseLabel:
     """
     try:
         head, kind, provenance, at, lead = text.split(":")
+        head, _, hook = head.partition("@")
         scope = head.rstrip("0123456789")
         return PhaseLabel(
             scope,
@@ -58,6 +65,7 @@ def parse_phase_label(text: str) -> PhaseLabel:
             provenance,
             float(at.removeprefix("at=").removesuffix("ms")) / 1e3,
             float(lead.removeprefix("lead=").removesuffix("ms")) / 1e3,
+            hook or None,
         )
     except ValueError:
         raise ValueError(

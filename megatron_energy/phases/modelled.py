@@ -9,11 +9,16 @@ its layers and laid out in that order; adjacent runs of one class (a layer's las
 layer's first norm) form one phase. The shares are assumptions (provenance ``modelled``): a measured kernel
 timeline (:func:`~megatron_energy.phases.timeline.group_phases`) replaces them.
 
-The iteration tail's phases (:func:`tail_phases`): the data-parallel gradient sync is communication, the
-optimizer step memory-bound (Adam streams parameters, gradients and moments).
+The iteration tail's phases (:func:`tail_phases`), one per outside phase the runtime hooks
+(``events.OUTSIDE_PHASES``), each of a modelled class (:data:`OUTSIDE_CLASSES`): the data-parallel gradient
+sync and the parameter all-gather are communication, the optimizer step memory-bound (Adam streams
+parameters, gradients and moments). Their durations are measured (the session's profiling steps) or modelled
+(a job description's tail).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.phases.timeline import Phase, PhaseClass, class_work
@@ -74,11 +79,39 @@ def modelled_phases(work: WorkProfile, layers: int) -> list[Phase]:
     return coalesce(runs)
 
 
-def tail_phases(dp_sync_s: float, optimizer_s: float) -> list[Phase]:
-    """The iteration tail's phases: gradient sync (communication), then the optimizer step (memory)."""
-    return coalesce(
-        [
-            Phase("communication", 0.0, class_work("communication", dp_sync_s)),
-            Phase("memory", 0.0, class_work("memory", optimizer_s)),
-        ]
-    )
+OUTSIDE_CLASSES: dict[str, PhaseClass] = {
+    "grad-sync": "communication",
+    "optimizer": "memory",
+    "param-gather": "communication",
+}
+"""The class of each outside phase (modelled: assigned by what the phase does, not measured)."""
+
+
+def tail_phases(durations: Sequence[tuple[str, float]]) -> tuple[list[Phase], list[str]]:
+    """The iteration tail's phases from its outside phases' durations, and the hook each phase starts at.
+
+    Args:
+        durations: ``(name, seconds at the maximum clock)`` of each outside phase in the order they run
+            (names from :data:`OUTSIDE_CLASSES`).
+
+    Returns:
+        The phases (adjacent ones of one class as one, empty ones dropped) and, per phase, the name of the
+        outside phase at its start.
+
+    Raises:
+        ValueError: If a name is not an outside phase.
+    """
+    unknown = [name for name, _ in durations if name not in OUTSIDE_CLASSES]
+    if unknown:
+        raise ValueError(f"not outside phases: {unknown}; known: {sorted(OUTSIDE_CLASSES)}")
+    named = [(name, seconds) for name, seconds in durations if seconds > 0]
+    phases = coalesce([Phase(OUTSIDE_CLASSES[n], 0.0, class_work(OUTSIDE_CLASSES[n], s)) for n, s in named])
+    hooks = []
+    for phase in phases:
+        start_s = 0.0
+        for name, seconds in named:
+            if start_s >= phase.start_s - 1e-12:
+                hooks.append(name)
+                break
+            start_s += seconds
+    return phases, hooks

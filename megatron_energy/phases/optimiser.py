@@ -6,12 +6,14 @@ gains phase actions. Per instruction class and base clock, the instruction's wor
 rows, :func:`~megatron_energy.dvfs.model.fit_work_profile`) is split into phases (measured timelines when
 the job carries them, else the *modelled* per-class split of :mod:`.modelled`), planned within its time at
 the base clock (:mod:`.planner`), and written as ``ClockAction`` s at phase boundaries named by
-:mod:`.labels`. A modelled iteration tail (gradient sync, optimizer step) gets its own phase clocks within its
-time at the fastest clock; its energy change is counted against the tail running at the last instruction's
-clock, as it does without phase actions (the simulator's own convention charges a modelled tail at idle
-power, which no clock changes). Each rank's predicted energy changes by what its phases save under the model
-(finishing early is charged at the blocked power until the base plan's end of the instruction); a sequence
-whose phases would not save energy once its switches are priced keeps the base clock.
+:mod:`.labels`. The iteration tail (gradient sync, optimizer step, parameter all-gather:
+measured by the profiling steps' outside-phase hooks, or a job description's modelled tail) gets its own
+phase clocks within its time at the fastest clock, requested at those hooks; its energy change is counted
+against the tail running at the last instruction's clock, as it does without phase actions (the simulator's
+own convention charges a modelled tail at idle power, which no clock changes). Each rank's predicted energy
+changes by what its phases save under the model (finishing early is charged at the blocked power until the
+base plan's end of the instruction); a sequence whose phases would not save energy once its switches are
+priced keeps the base clock.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class _Context:
         self.profile = profile
         self.job = job
         self.clocks = sorted({option.clock_mhz for key in profile for option in profile.options(key)})
-        self.provenance = "measured" if job.phase_timelines else "modelled"
+        self.measured_inside = bool(job.phase_timelines)
         self._works = {key: self._fit(key) for key in profile}
         self._plans: dict[tuple[Work, int], _Refined] = {}
 
@@ -77,11 +79,20 @@ class _Context:
         return fit_work_profile(self.model.spec, points).work
 
     def phases_of(self, key: Work) -> list[Phase]:
-        """The instruction class's phases: measured when the job has them, else modelled."""
+        """The instruction class's phases: measured when the job has them, else modelled.
+
+        Measured phases keep their shares of the kernel timeline, scaled to the instruction's profiled time
+        at the fastest clock (a timeline leaves out what ran between its kernels at its ends).
+        """
         timelines = self.job.phase_timelines
+        work = self._works[key]
         if timelines and key in timelines:
-            return coalesce([Phase(_kind(kind), 0.0, work) for kind, work in timelines[key]])
-        return modelled_phases(self._works[key], self.job.layers_per_chunk or 1)
+            phases = coalesce([Phase(_kind(kind), 0.0, phase) for kind, phase in timelines[key]])
+            total_s = sum(phase.duration_s for phase in phases)
+            target_s = self.model.time_s(work, max(self.clocks))
+            scale = target_s / total_s if total_s > 0 else 1.0
+            return coalesce([Phase(p.kind, 0.0, p.work.scaled(scale), p.kernels) for p in phases])
+        return modelled_phases(work, self.job.layers_per_chunk or 1)
 
     def refine(self, point: PlanPoint) -> PlanPoint:
         """``point`` with phase actions after each instruction's clock action and in the tail."""
@@ -126,11 +137,17 @@ class _Context:
         return refined
 
     def tail(self, clocks: Sequence[ClockAction]) -> _Refined:
-        """The tail's phase actions after the rank's last instruction (none for a measured or absent tail)."""
-        tail = self.job.tail
-        if not clocks or tail is None or tail.is_measured or tail.dp_sync_s + tail.optimizer_s <= 0:
+        """The tail's phase actions after the rank's last instruction (none without tail phases).
+
+        The tail's phases are the outside phases the profiling measured (``PlanningJob.tail_phases``), else a
+        modelled tail's gradient sync and optimizer step; a measured tail without them has none. Their
+        requests go out at the outside phases' hooks (``hooked``), each label naming its hook: a phase's
+        start (``@optimizer``) or, for the restoring request, the tail's end (``@optimizer.end``).
+        """
+        durations = self._tail_durations()
+        if not clocks or not durations:
             return _Refined((), 0.0)
-        phases = tail_phases(tail.dp_sync_s, tail.optimizer_s)
+        phases, hooks = tail_phases(durations)
         last, first = clocks[-1], clocks[0]
         budget_s = sum(self.model.time_s(phase.work, max(self.clocks)) for phase in phases)
         unplanned_j = sum(self.model.energy_j(phase.work, last.clock_mhz) for phase in phases)
@@ -142,14 +159,41 @@ class _Context:
             last.clock_mhz,
             self.job.switch_latency_s,
             outgoing_mhz=first.clock_mhz,
+            hooked=True,
+            gap_after_s=self._gap_after_tail(durations),
         )
         delta_j = (
             plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - unplanned_j
         )
-        return _kept_if_better(self._actions(last.at.instruction, plan, "tail"), delta_j)
+        hook_at = {phase.start_s: hook for phase, hook in zip(phases, hooks, strict=True)}
+        names = [hook_at[phase.start_s] for phase in plan.phases] + [f"{_last_to_end(durations)}.end"]
+        return _kept_if_better(self._actions(last.at.instruction, plan, "tail", names), delta_j)
 
-    def _actions(self, instruction: Instruction, plan: SequencePlan, scope: str) -> tuple[ClockAction, ...]:
-        """A clock action per request of ``plan``, named by its phase label."""
+    def _provenance(self, scope: str) -> str:
+        """``measured`` when the scope's phase durations were measured (timelines, hooks), else modelled."""
+        measured = bool(self.job.tail_phases) if scope == "tail" else self.measured_inside
+        return "measured" if measured else "modelled"
+
+    def _gap_after_tail(self, durations: Sequence[tuple[str, float]]) -> float:
+        """The measured iteration tail's time outside its hooked phases (host work: the GPU idles)."""
+        tail = self.job.tail
+        if tail is None or not tail.is_measured:
+            return 0.0
+        return max(0.0, tail.outside_s - sum(seconds for _, seconds in durations))
+
+    def _tail_durations(self) -> tuple[tuple[str, float], ...]:
+        """The tail's outside phases and their durations: measured, else a modelled tail's, else none."""
+        if self.job.tail_phases:
+            return tuple(self.job.tail_phases)
+        tail = self.job.tail
+        if tail is None or tail.is_measured:
+            return ()
+        return (("grad-sync", tail.dp_sync_s), ("optimizer", tail.optimizer_s))
+
+    def _actions(
+        self, instruction: Instruction, plan: SequencePlan, scope: str, hooks: Sequence[str] = ()
+    ) -> tuple[ClockAction, ...]:
+        """A clock action per request of ``plan``, named by its phase label (and hook, when hooked)."""
         actions = []
         for request in plan.requests:
             restore = request.phase >= len(plan.phases)
@@ -157,9 +201,10 @@ class _Context:
                 f"{scope}-restore" if restore else scope,
                 request.phase,
                 "restore" if restore else plan.phases[request.phase].kind,
-                self.provenance,
+                self._provenance(scope),
                 request.planned_start_s,
                 request.lead_s,
+                None if request.hook is None else hooks[request.hook],
             )
             actions.append(ClockAction(Boundary(instruction, str(label)), request.clock_mhz))
         return tuple(actions)
@@ -172,6 +217,12 @@ def _kept_if_better(actions: tuple[ClockAction, ...], delta_j: float) -> _Refine
     energy includes; a sequence whose switches cost more than its phases save keeps the base clock.
     """
     return _Refined(actions, delta_j) if delta_j < 0 else _Refined((), 0.0)
+
+
+def _last_to_end(durations: Sequence[tuple[str, float]]) -> str:
+    """The outside phase ending the tail: the optimizer step (it nests the all-gather), else the last."""
+    names = [name for name, _ in durations]
+    return "optimizer" if "optimizer" in names else names[-1]
 
 
 def _kind(name: str) -> PhaseClass:

@@ -11,6 +11,12 @@ switching intact (its latency-aware post-pass already made the instruction bound
 
 The tail (gradient sync, optimizer step) has no base action of its own: its phases are free, and when its
 last phase runs below the next iteration's first clock a restoring request goes out ``L`` before its end.
+Its requests can only go out where the runtime has a hook, at the start of a tail phase or its end
+(``hooked``): :func:`~megatron_energy.phases.switching.snap_to_phase_starts` moves them there (a switch up
+early, a restore to the end), and the latency-aware energy is that of the moved requests. A restore at the
+end lands up to ``L`` later, in the idle gap after the tail if there is one and else in the next iteration's
+first instruction: when that delay does not fit in the tail's slack, the last phase runs at the next
+iteration's clock instead (no restore, no late switch).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from megatron_energy.phases.switching import (
     costliest_landings,
     planned_starts,
     simulate,
+    snap_to_phase_starts,
     switch_requests,
 )
 from megatron_energy.phases.timeline import Phase
@@ -56,6 +63,8 @@ def plan_sequence(
     latency_s: float,
     base_mhz: int | None = None,
     outgoing_mhz: int | None = None,
+    hooked: bool = False,
+    gap_after_s: float = 0.0,
 ) -> SequencePlan:
     """Plan one sequence (see the module docstring).
 
@@ -69,6 +78,9 @@ def plan_sequence(
         base_mhz: The instruction's base-plan clock (first phase keeps it, last runs at most at it); ``None``
             for the tail (free phases).
         outgoing_mhz: For the tail: the clock the next iteration starts at (restored before its end).
+        hooked: Requests go out only at phase starts (the tail's runtime hooks); ``False``: at any time.
+        gap_after_s: For a hooked tail: how long the GPU idles after it before the next iteration's work
+            (measured host time: data loading, logging), during which a restore requested at its end lands.
     """
     merged = merge_short_phases(phases, min_phase_s(latency_s))
     works = [phase.work for phase in merged]
@@ -77,15 +89,48 @@ def plan_sequence(
         for i, work in enumerate(works)
     ]
     chosen = allocate(option_sets, budget_s)
+    if (
+        hooked
+        and outgoing_mhz is not None
+        and not _restore_affordable(model, works, chosen, budget_s, outgoing_mhz, latency_s, gap_after_s)
+    ):
+        option_sets[-1] = [o for o in option_sets[-1] if o.clock_mhz >= outgoing_mhz] or option_sets[-1]
+        chosen = allocate(option_sets, budget_s)
     clocks = [option.clock_mhz for option in chosen]
     requests = switch_requests(model, works, clocks, incoming_mhz, latency_s)
-    end_s = planned_starts(model, works, clocks)[-1]
+    starts = planned_starts(model, works, clocks)
+    end_s = starts[-1]
     if outgoing_mhz is not None and outgoing_mhz > clocks[-1]:
         requests.append(SwitchRequest(len(works), outgoing_mhz, end_s - latency_s, end_s))
+    if hooked:
+        requests = snap_to_phase_starts(requests, starts)
     run = simulate(
         model, works, incoming_mhz, requests, costliest_landings(requests, incoming_mhz), latency_s
     )
     return SequencePlan(tuple(merged), tuple(clocks), tuple(requests), end_s, run.energy_j)
+
+
+def _restore_affordable(
+    model: GpuPowerModel,
+    works: Sequence[WorkProfile],
+    chosen: Sequence[PhaseOption],
+    budget_s: float,
+    outgoing_mhz: int,
+    latency_s: float,
+    gap_after_s: float,
+) -> bool:
+    """Whether a restore requested at the tail's end keeps the next iteration on time.
+
+    The restored clock lands up to ``L`` after the end; what of ``L`` the idle gap after the tail does not
+    cover, the next iteration's first instruction runs at the tail's last clock, at worst compute-bound
+    (time inversely proportional to the clock). That delay must fit in the tail's slack under its budget.
+    """
+    last_mhz = chosen[-1].clock_mhz
+    if last_mhz >= outgoing_mhz:
+        return True
+    end_s = planned_starts(model, works, [option.clock_mhz for option in chosen])[-1]
+    delay_s = max(0.0, latency_s - gap_after_s) * (outgoing_mhz / last_mhz - 1.0)
+    return delay_s <= budget_s - end_s + 1e-12
 
 
 def _allowed(options: list[PhaseOption], index: int, count: int, base_mhz: int | None) -> list[PhaseOption]:

@@ -35,6 +35,8 @@ class SwitchRequest:
     """When to request it, seconds from the sequence's planned start (negative: before it)."""
     planned_start_s: float
     """The phase's planned start."""
+    hook: int | None = None
+    """The phase at whose start the request goes out (:func:`snap_to_phase_starts`); ``None``: any time."""
 
     @property
     def lead_s(self) -> float:
@@ -143,3 +145,41 @@ def costliest_landings(requests: Sequence[SwitchRequest], incoming_mhz: int) -> 
         landings.append(0.0 if request.clock_mhz > current else 1.0)
         current = request.clock_mhz
     return landings
+
+
+def snap_to_phase_starts(requests: Sequence[SwitchRequest], starts_s: Sequence[float]) -> list[SwitchRequest]:
+    """The requests moved to hook times, the only times a hook can issue them (see the module docstring).
+
+    Args:
+        requests: The requests (:func:`switch_requests`, a restoring request for phase ``len(starts_s) - 1``
+            last), in order.
+        starts_s: Each phase's planned start, and the sequence's end last.
+
+    Returns:
+        The requests with ``request_s`` at a hook and ``hook`` its index into ``starts_s``, in order; a
+        request overtaken by a later one issued at the same or an earlier hook is dropped. A restoring request
+        goes out at the end (``hook == len(starts_s) - 1``): no hook lies inside the last phase, so it comes
+        after the sequence (late by up to the latency) rather than give up the last phase's clock.
+
+    Raises:
+        ValueError: If there are no phases.
+    """
+    phases = len(starts_s) - 1
+    if phases < 1:
+        raise ValueError("a sequence without phases has no hooks")
+    snapped: list[SwitchRequest] = []
+    for request in requests:
+        if request.phase >= phases:
+            hook = phases
+        elif request.lead_s > 0:  # a switch up: the latest start at or before it (early), else the first
+            hook = max((i for i in range(phases) if starts_s[i] <= request.request_s + 1e-12), default=0)
+        else:  # a switch down: the earliest start at or after it (late), else the last
+            hook = min(
+                (i for i in range(phases) if starts_s[i] >= request.request_s - 1e-12), default=phases - 1
+            )
+        while snapped and (snapped[-1].hook or 0) >= hook:  # overtaken: the later request holds from there
+            snapped.pop()
+        snapped.append(
+            SwitchRequest(request.phase, request.clock_mhz, starts_s[hook], request.planned_start_s, hook)
+        )
+    return snapped

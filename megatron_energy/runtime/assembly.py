@@ -21,6 +21,7 @@ from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
+from megatron_energy.runtime.kernel_timeline import KernelTimeline, TorchKernelTimeline
 from megatron_energy.runtime.parts import Guard
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
@@ -219,4 +220,15 @@ def build_session(
         spec=parts.spec,
         guard=parts.guard,
         printer=printer,
+        kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser),
     )
+
+
+def build_kernel_timeline(handle: GpuHandle, spec: GpuSpec, optimiser: Optimiser) -> KernelTimeline | None:
+    """``torch.profiler`` kernel timelines on real GPUs when the optimiser asks for phases; else none.
+
+    Simulated GPUs run no kernels: the phase planner keeps the modelled per-class split there.
+    """
+    if handle.backend == "simulated" or not optimiser.request.phases:
+        return None
+    return TorchKernelTimeline(spec)

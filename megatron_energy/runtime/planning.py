@@ -17,10 +17,12 @@ import hashlib
 import io
 import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
@@ -66,6 +68,12 @@ class StockBaseline:
     def steps(self) -> int:
         """Measured stock steps (per-step samples kept)."""
         return len(self.step_energy_j)
+
+    @property
+    def iteration_noise_s(self) -> float:
+        """Standard deviation of the stock steps' iteration times (0 with fewer than three steps)."""
+        times = self.step_iteration_s
+        return statistics.stdev(times) if len(times) >= 3 else 0.0
 
     def to_json(self) -> str:
         """The baseline as the cache stores it."""
@@ -274,6 +282,31 @@ def tail_from_profiling(
     if time_s <= NOTHING_S and all(energy <= NOTHING_J for energy in energies):
         return None
     return IterationTail.measured(time_s, energies)
+
+
+def tail_phases_from_profiling(
+    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
+) -> tuple[tuple[str, float], ...]:
+    """The outside phases' measured durations at the stock clock, in the order they run (none if unseen).
+
+    Each rank's mean over its stock synchronous steps that measured them; over ranks, the longest (the ranks
+    of a replica run their tails side by side). The parameter all-gather runs nested at the end of the
+    optimizer step, so the optimizer phase is its hook's span less the all-gather.
+    """
+    longest: dict[str, float] = {}
+    for rows, records in gathered:
+        stock = [r for r in synchronised_records(records) if r.outside_phases]  # records: the stock steps
+        if not rows or not stock:
+            continue
+        sums: dict[str, float] = defaultdict(float)
+        for record in stock:
+            for name, seconds in record.outside_phases:
+                sums[name] += seconds / len(stock)
+        for name, seconds in sums.items():
+            longest[name] = max(longest.get(name, 0.0), seconds)
+    if "optimizer" in longest:
+        longest["optimizer"] = max(0.0, longest["optimizer"] - longest.get("param-gather", 0.0))
+    return tuple((name, longest[name]) for name in OUTSIDE_PHASES if longest.get(name, 0.0) > 0)
 
 
 def plan_digest(plan_text: str) -> str:

@@ -27,7 +27,9 @@ stock rows average every stock step (:meth:`ProfileCollector.rows`).
 What the pipeline span leaves out of an iteration (gradient sync, optimizer step, data loading, logging) is
 kept per synchronous step as measured (``StepRecord.outside_s`` and ``outside_j``), and its mean over the
 stock clock's synchronous steps is the measured iteration tail the plan's predictions carry
-(``runtime.planning.tail_from_profiling``).
+(``runtime.planning.tail_from_profiling``). The outside phases' own durations (gradient sync, optimizer
+step, parameter all-gather, from their hooks) are read at the next synchronous step's start and kept with
+the step they followed (``StepRecord.outside_phases``), for the phase planner's tail.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ class StepRecord:
     synchronised: bool = True
     """``True``: a synchronous profile step (exact outside split); ``False``: a baseline step, timed as the
     run phase times its steps (lagged, no sync), the kind the comparison baseline is made of."""
+    outside_phases: tuple[tuple[str, float], ...] = ()
+    """Measured durations of the outside phases after this step (``events.OUTSIDE_PHASES`` names), in the
+    order they ran; empty when not measured (a step not followed by a synchronous one, or no hooks)."""
 
 
 def baseline_records(records: Sequence[StepRecord]) -> list[StepRecord]:
@@ -177,6 +182,14 @@ class ProfileCollector:
         block, within = divmod(index - (baseline_end + self.steps_per_clock + 1), self.steps_per_clock + 1)
         return PlannedStep(self.clocks_mhz[1 + block], "settling" if within == 0 else "profile")
 
+    def begun_last_stock_profile_step(self) -> bool:
+        """Whether the step begun last is the stock clock's last synchronous profile step.
+
+        The step after it is the next clock's settling step (discarded) or the first planned step (left out of
+        every comparison), so host work at its end (a profiler's) disturbs no measured figure.
+        """
+        return self._begun - 1 == self.stock_iters + self.steps_per_clock
+
     def begin_step(self) -> PlannedStep:
         """The next step begins: what it is (its clock, and whether it is synchronised)."""
         planned = self.planned(self._begun)
@@ -210,6 +223,18 @@ class ProfileCollector:
             self._unsplit.append((planned.clock_mhz, timing, figures.energy_j))
             return
         self._add_samples(planned.clock_mhz, timing, figures.pipeline_energy_j)
+
+    def add_outside_phases(self, durations: dict[str, float]) -> None:
+        """The outside phases measured after the last step, read at the start of the step just begun.
+
+        They join the last step's record when every begun step before this one is recorded and the last
+        was a synchronous profile step (the clock in effect over them was that step's).
+        """
+        if not durations or self._added != self._begun - 1 or not self.steps or self._added == 0:
+            return
+        if self.planned(self._added - 1).kind != "profile":
+            return
+        self.steps[-1].outside_phases = tuple(durations.items())
 
     def _add_samples(self, clock_mhz: int, timing: StepTiming, pipeline_energy_j: float) -> None:
         """Add one step's instruction samples with their energies (the pipeline span's, split)."""

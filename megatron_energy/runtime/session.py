@@ -55,6 +55,8 @@ from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.host_cost import HostCost, host_timed
+from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
@@ -68,10 +70,16 @@ from megatron_energy.runtime.planning import (
     profile_from_rows,
     store_release,
     tail_from_profiling,
+    tail_phases_from_profiling,
 )
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
-from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
+from megatron_energy.runtime.profiling import (
+    ProfileCollector,
+    ProfileRow,
+    StepRecord,
+    merge_rows,
+)
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
@@ -95,6 +103,9 @@ class EnergySession:
         spec: The GPU's spec (name, blocked and idle power for energy attribution).
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
+        kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
+            only) in the stock clock's last synchronous profile step, when the optimiser asks for phases;
+            never in the run phase. ``None``: the phase planner uses the modelled per-class split.
     """
 
     def __init__(
@@ -113,6 +124,7 @@ class EnergySession:
         spec: GpuSpec,
         guard: Guard | None = None,
         printer: Callable[[str], Any] = print,
+        kernel_timeline: KernelTimeline | None = None,
     ) -> None:
         self.config = config
         self.context = context
@@ -125,6 +137,7 @@ class EnergySession:
         self.spec = spec
         self.guard = guard
         self.printer = printer
+        self.kernel_timeline = kernel_timeline if optimiser.request.phases else None
         self.stock_clock_mhz = clocks_mhz[0]
         self.grid_mhz = list(clocks_mhz)
         self.can_set_clocks = can_set_clocks
@@ -146,6 +159,7 @@ class EnergySession:
         self.straggler: StragglerPolicy | None = None
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
+        self.host_cost = HostCost()
         self._outside: EnergyWindow | None = None
         self._lapped_at_start = False
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
@@ -168,12 +182,13 @@ class EnergySession:
 
     # ----------------------------------------------------------------------------------- schedule events
 
+    @host_timed
     def on_step_begin(self, step: int) -> None:
         """Start a step: choose its clock and kind while profiling, and start timing and metering.
 
         A synchronous profiling step reads the energy between the two schedules apart: the device finishes
-        first, then the meter laps, then the step's timing starts. A baseline step, like a run-phase step,
-        does none of that.
+        first, then the meter laps and the outside phases' durations are read, then the step's timing starts.
+        A baseline step, like a run-phase step, does none of that.
         """
         planned = self.collector.begin_step() if self.phase == "profiling" else None
         self._step_lagged = planned is None or not planned.synchronised
@@ -181,22 +196,48 @@ class EnergySession:
         if self._lapped_at_start:
             self.timer.wait_for_device()
             self._outside = self.meter.lap()
+            self.collector.add_outside_phases(self.timer.outside_durations())
+            if self.kernel_timeline is not None and self._records_kernels():
+                self.kernel_timeline.start()
         boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
 
+    @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
         instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+            self.kernel_timeline.instruction_begin(instruction)
         boundary = self.timer.begin(instruction)
         if self.runner is not None:
             clock = self.runner.clock_at(instruction)
             if clock is not None:
                 self.controller.request(clock, boundary)
 
+    @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end."""
-        self.timer.end(Instruction(self.context.pipeline_rank, chunk, microbatch, kind))
+        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        self.timer.end(instruction)
+        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+            self.kernel_timeline.instruction_end(instruction)
+
+    @host_timed
+    def on_outside_begin(self, name: str) -> None:
+        """Mark an outside phase's start and, when a plan runs, request the clocks planned at its hook."""
+        boundary = self.timer.phase_begin(name)
+        if self.runner is not None:
+            for clock in self.runner.outside_clocks(name):
+                self.controller.request(clock, boundary)
+
+    @host_timed
+    def on_outside_end(self, name: str) -> None:
+        """Mark an outside phase's end (a simulated GPU runs its emulated work); request a planned restore."""
+        self.timer.phase_end(name)
+        if self.runner is not None:
+            for clock in self.runner.outside_clocks(name, end=True):
+                self.controller.request(clock)
 
     def on_p2p_begin(self, op: str) -> None:
         """Pipeline communication needs no action: it is part of the waiting time between instructions."""
@@ -205,6 +246,13 @@ class EnergySession:
         """See ``on_p2p_begin``."""
 
     def on_step_end(self, step: int) -> None:
+        """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
+        run_phase = self.phase != "profiling"
+        self._seal_step(step)
+        self.host_cost.end_step(run_phase)
+
+    @host_timed
+    def _seal_step(self, step: int) -> None:
         """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
 
         A synchronous profiling step waits for the device and returns this step. In a baseline step and in
@@ -215,6 +263,8 @@ class EnergySession:
         idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
         timings = self.timer.finish_step(lagged=self._step_lagged)
+        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+            self.kernel_timeline.stop()  # the synchronous step's kernels have run
         self._sealed.append(
             SealedStep(
                 step=step,
@@ -275,7 +325,8 @@ class EnergySession:
 
         The flush (the last step of a lagged timer) never raises: the process is ending. Rank 0 of a job that
         ran a plan then logs the stock plan's prediction against the measured stock steps
-        (``runtime.stock_check``): the run's last word on how well the model matched.
+        (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
+        its own host time in the hooks (``runtime.host_cost``).
         """
         self.controller.close()
         if self.guard is not None:
@@ -284,6 +335,9 @@ class EnergySession:
             self._flush()
         except Exception as problem:  # a failing flush must not mask how the run ended
             self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
+        host_line = self.host_cost.summary(self.context.global_rank, self.baseline.iteration_s)
+        if host_line is not None:
+            self.printer(host_line)
         if self.context.global_rank == 0 and self.plan is not None:
             try:
                 comparison = compare_stock(self.plan, self.baseline)
@@ -294,6 +348,14 @@ class EnergySession:
                 self.printer(comparison_line(comparison))
 
     # ------------------------------------------------------------------------------------------- phases
+
+    def _records_kernels(self) -> bool:
+        """Whether the step begun records kernel timelines: the stock clock's last synchronous profile step.
+
+        One step: the profiler's host work at its end (stopping, exporting the trace) then falls on a step
+        whose figures are discarded or left out, and never on a run-phase step.
+        """
+        return self.collector.begun_last_stock_profile_step()
 
     def _decide_stock_steps(self, exact: bool) -> None:
         """At the pilot's last step's end, every rank agrees on how many baseline steps to measure (max).
@@ -356,9 +418,14 @@ class EnergySession:
         """
         self._buckets = self._gather_buckets()
         gathered = self.comms.gather_to_root(self._profile_contribution())
+        timelines = (
+            self.comms.gather_to_root(self._timeline_contribution())
+            if self.optimiser.request.phases
+            else None
+        )
         decision: PlanRelease | Fallback | None = None
         if gathered is not None:
-            decision = self._decide_on_root(gathered)
+            decision = self._decide_on_root(gathered, merge_timelines(timelines or []))
         decision = self.comms.broadcast_from_root(decision)
         if isinstance(decision, Fallback):
             self._fall_back(decision.reason)
@@ -374,13 +441,25 @@ class EnergySession:
         except Exception as problem:  # reported to rank 0, which decides for every rank
             return Fallback(f"rank {self.context.global_rank} could not summarise its profile: {problem}")
 
-    def _decide_on_root(self, gathered: list[Any]) -> PlanRelease | Fallback:
+    def _timeline_contribution(self) -> Timelines:
+        """This rank's measured phases per instruction class (none without a kernel timeline, or on error)."""
+        if self.kernel_timeline is None:
+            return {}
+        try:
+            return self.kernel_timeline.timelines()
+        except Exception as problem:  # the phase planner then models this stage's split
+            self.printer(f"[energy] rank {self.context.global_rank}: kernel timeline not read: {problem}")
+            return {}
+
+    def _decide_on_root(self, gathered: list[Any], timelines: Timelines) -> PlanRelease | Fallback:
         """Plan on rank 0; any failure becomes a fallback every rank takes (never an exception)."""
         failures = [entry for entry in gathered if isinstance(entry, Fallback)]
         if failures:
             return failures[0]
+        if self.optimiser.request.phases:
+            self.printer(f"[energy] {timelines_line(timelines, self.timer.source)}")
         try:
-            return self._plan_profile(gathered)
+            return self._plan_profile(gathered, timelines)
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 
@@ -394,7 +473,9 @@ class EnergySession:
                 "the next run profiles again"
             )
 
-    def _plan_profile(self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]]) -> PlanRelease:
+    def _plan_profile(
+        self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]], timelines: Timelines
+    ) -> PlanRelease:
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
             rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
@@ -413,6 +494,8 @@ class EnergySession:
             tail=tail_from_profiling(gathered),
             collectives=self._collective_workload(),
             gpu=self.spec,
+            tail_phases=tail_phases_from_profiling(gathered),
+            phase_timelines=timelines or None,
         )
         baseline = baseline_from_profiling(gathered, source=self.timer.source)
         return plan_on_root(self.optimiser, profile, job, baseline)
@@ -457,6 +540,9 @@ class EnergySession:
             return False
         if self.context.global_rank == 0:
             self.printer(plan_summary(plan, release.plan_text))
+        hooks = runner.hook_report()
+        if hooks is not None and self.context.data_parallel_rank == 0:
+            self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.plan = plan
         self.baseline = release.baseline
         self.runner = runner
@@ -531,7 +617,8 @@ class EnergySession:
         allowed_s = self.allowed_time_s(self.runner.predicted_time_s)
         allowed_w = allowed_power_w(self.config.target, self.runner.point, self.context.pipeline_rank)
         power_w = None if allowed_w is None else figures.energy_j / figures.iteration_s
-        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w):
+        noise_s = self.baseline.iteration_noise_s
+        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w, noise_s):
             self.runner = None
             self.controller.request(RESET)
             self.phase = "stock (safety net)"

@@ -101,6 +101,22 @@ class InstructionTimer(Protocol):
         """Mark an instruction's end."""
         ...
 
+    def phase_begin(self, name: str) -> Any:
+        """Mark an outside phase's start (``events.OUTSIDE_PHASES``); returns its boundary marker or None."""
+        ...
+
+    def phase_end(self, name: str) -> None:
+        """Mark an outside phase's end."""
+        ...
+
+    def outside_durations(self) -> dict[str, float]:
+        """Each outside phase's duration on the device timeline since the last step began, then forgets them.
+
+        Called only while the device is idle (a synchronous profiling step's start), so reading waits for
+        nothing.
+        """
+        ...
+
     def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
         """Seal the step (called once per step, after the schedule); return the steps now complete.
 
@@ -131,9 +147,12 @@ class SimulatedTimer:
     previous step's schedule (the pipeline repeats itself from step to step); the end of the step charges
     only the blocked time still missing.
 
-    The GPUs' :class:`~megatron_energy.dvfs.emulation.Emulation` says what runs between two schedules (run at
-    the start of each step, before its schedule) and whether energies are reported: without exact energies
-    the samples and the step carry none, and the session reads the energy counter as on real GPUs.
+    The GPUs' :class:`~megatron_energy.dvfs.emulation.Emulation` says what runs between two schedules and
+    whether energies are reported: without exact energies the samples and the step carry none, and the
+    session reads the energy counter as on real GPUs. Its gradient sync runs when the ``grad-sync`` hook
+    ends, after the step's pipeline span is charged (the sync waits for the replica's pipeline); its optimizer
+    step when the ``optimizer`` hook ends, or before the next schedule in a job whose optimizer fires no hook.
+    Both run at the clock in effect, and their energy counts as outside the next step's pipeline span.
 
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
@@ -163,22 +182,28 @@ class SimulatedTimer:
         self._waited_s = 0.0
         self._waited_j = 0.0
         self._last_end_s: float | None = None
-        self._outside_j: float | None = None
+        self._outside_j = 0.0
+        self._between_done = False  # whether what runs between two schedules has run this step
+        self._optimizer_ran = False  # whether the optimizer hook ran the emulated optimizer step
+        self._pending_sync = False  # a gradient sync hooked inside the schedule, run after its span
+        self._durations: dict[str, float] = {}
 
     def wait_for_device(self) -> None:
         """Run what the emulation puts between two schedules, if it has not run yet this step."""
-        if self._outside_j is not None:
+        if self._between_done:
             return
+        self._between_done = True
         if self._last_end_s is None:
             self._last_end_s = self._gpus.virtual_time_s(self._index)
         emulation = self._gpus.emulation
-        self._outside_j = self._gpus.wait(self._index, emulation.idle_between_steps_s, blocked=False)
-        if emulation.between_steps is not None:
+        self._outside_j += self._gpus.wait(self._index, emulation.idle_between_steps_s, blocked=False)
+        if emulation.between_steps is not None and not self._optimizer_ran:
             self._outside_j += self._gpus.execute(self._index, emulation.between_steps)[1]
 
     def step_begin(self) -> Any:
         """Start the step after what runs between two schedules; there is no boundary marker."""
         self.wait_for_device()
+        self._durations.clear()  # the previous tail's, read by now if anyone wanted them
         self._runs.clear()
         self._waited_s = self._waited_j = 0.0
         return None
@@ -195,6 +220,30 @@ class SimulatedTimer:
         """Execute the instruction's modelled work at the current clock."""
         time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
         self._runs.append((instruction, time_s, energy_j))
+
+    def phase_begin(self, name: str) -> Any:
+        """An outside phase starts; there is no boundary marker."""
+        return None
+
+    def phase_end(self, name: str) -> None:
+        """Run the outside phase's emulated work: the optimizer step now, the gradient sync after the span."""
+        emulation = self._gpus.emulation
+        if name == "grad-sync" and emulation.grad_sync is not None:
+            self._pending_sync = True
+        elif name == "optimizer" and emulation.between_steps is not None:
+            self._optimizer_ran = True
+            self._run_outside(name, emulation.between_steps)
+
+    def outside_durations(self) -> dict[str, float]:
+        """The outside phases' emulated durations since the last step began (virtual time)."""
+        durations, self._durations = self._durations, {}
+        return durations
+
+    def _run_outside(self, name: str, work: Any) -> None:
+        """Execute an outside phase's work at the clock in effect; its energy is outside the next span."""
+        time_s, energy_j = self._gpus.execute(self._index, work)
+        self._outside_j += energy_j
+        self._durations[name] = self._durations.get(name, 0.0) + time_s
 
     def finish_step(self, *, lagged: bool = False) -> tuple[StepTiming, ...]:
         """Compose the replica's pipeline and charge this GPU its blocked and idle time.
@@ -234,7 +283,11 @@ class SimulatedTimer:
         self._gaps_s = _gaps_before(samples)
         end_s = self._gpus.virtual_time_s(self._index)
         cycle_s, self._last_end_s = end_s - (self._last_end_s or 0.0), end_s
-        outside_j, self._outside_j = self._outside_j, None
+        outside_j, self._outside_j = self._outside_j, 0.0
+        self._between_done = self._optimizer_ran = False
+        if self._pending_sync:
+            self._pending_sync = False
+            self._run_outside("grad-sync", self._gpus.emulation.grad_sync)
         if not exact:
             return StepTiming(samples, schedule.makespan_s, "modelled", cycle_s=cycle_s)
         return StepTiming(samples, schedule.makespan_s, "modelled", energy_j, cycle_s, outside_j)

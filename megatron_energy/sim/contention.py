@@ -14,21 +14,30 @@ which more CTAs buy nothing. Assumptions: the link is the bottleneck once satura
 below B); the per-CTA rate does not depend on the SM clock (copy engines of the SM are bandwidth-bound, far
 above the memory saturation clock); protocol overheads are folded into ``beta`` and ``latency``.
 
-**Contention.** While the collective runs, its ``c`` CTAs each hold one SM, so compute beside it runs on
-``S - c`` SMs: its progress rate is ``(1 - c/S)`` of its rate alone, at the same clock. Memory-bandwidth
-contention is not modelled (a collective's HBM traffic is ~3 x its link rate, a few % of HBM bandwidth).
+**Placement.** Alone, the block scheduler spreads the ``c`` CTAs over ``c`` idle SMs. Launched while compute
+fills every SM, its CTAs go to the first SMs that free up, as many to one SM as its occupancy allows
+(``ctas_per_sm``: threads, registers, shared memory per CTA), and stay there for the kernel's life: it then
+holds ``ceil(c / ctas_per_sm)`` SMs and, when ``sm_bandwidth_gbps`` is known, drives at most that per SM held.
+Measured on one H200 (``scripts/gpu_contention.py``): a Triton copy of 8 CTAs of 256 threads launched beside
+bf16 GEMMs ran 4.7x longer than alone, all 8 CTAs packed on one SM (about 150 GB/s). NCCL's CTAs (512+
+threads, large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
+
+**Contention.** While the collective runs, the SMs it holds (``h``: ``c`` spread, ``ceil(c / ctas_per_sm)``
+packed) are lost to compute beside it: compute's progress rate is ``(1 - h/S)`` of its rate alone, at the
+same clock. Memory-bandwidth contention is not modelled (a collective's HBM traffic is ~3 x its link rate, a
+few % of HBM bandwidth).
 
 **Power.** Power of the GPU while the collective runs beside compute at clock ``f``::
 
-    P = P_idle + (1 - c/S) * (P_compute(f) - P_idle) + P_comm(c, f)
-    P_comm(c, f) = (c/S) * a * P_dyn * v(f)^2 * max(f, f_sat)/f_max  +  P_mem * hbm_rate / hbm_full
+    P = P_idle + (1 - h/S) * (P_compute(f) - P_idle) + P_comm(c, f)
+    P_comm(c, f) = (h/S) * a * P_dyn * v(f)^2 * max(f, f_sat)/f_max  +  P_mem * hbm_rate / hbm_full
 
 ``P_compute(f)`` is the compute's own busy power at ``f`` (its profile option), ``P_comm`` the collective's
 *dynamic* power: its CTAs' core activity (a, as for memory-bound work) and its HBM traffic (``hbm_rate`` =
 ``hbm_bytes_per_byte`` x link rate; ``hbm_full`` the achieved full HBM bandwidth, the rate at which ``P_mem``
 was calibrated). When ``P`` exceeds the power limit the GPU lowers its clock: the effective clock is the
 highest profiled clock at or below the requested one at which ``P`` fits (the lowest when none does), and the
-compute's rate is ``(1 - c/S) x t(f_requested) / t(f_effective)``. A collective alone (no compute beside it)
+compute's rate is ``(1 - h/S) x t(f_requested) / t(f_effective)``. A collective alone (no compute beside it)
 draws ``P_blocked + P_comm``.
 """
 
@@ -63,6 +72,9 @@ class CommLoad:
         latency_s: Fixed cost per launch.
         measured_dynamic_power_w: Its dynamic power measured while it ran alone (power minus blocked
             power); replaces the estimate of :meth:`ContentionModel.comm_dynamic_power_w` when given.
+        ctas_per_sm: CTAs one SM takes when they are packed (its occupancy); 1 spreads them.
+        sm_bandwidth_gbps: Bandwidth one SM drives however many of its CTAs it holds (None: no limit).
+        packed: Launched beside compute that fills every SM, so its CTAs are packed (module docstring).
     """
 
     ctas: int
@@ -71,10 +83,19 @@ class CommLoad:
     hbm_bytes_per_byte: float = NCCL_HBM_BYTES_PER_BYTE
     latency_s: float = 0.0
     measured_dynamic_power_w: float | None = None
+    ctas_per_sm: int = 1
+    sm_bandwidth_gbps: float | None = None
+    packed: bool = False
 
     def __post_init__(self) -> None:
-        if self.ctas < 1:
-            raise EnergyValueError(f"a collective needs at least one CTA, got {self.ctas}")
+        if self.ctas < 1 or self.ctas_per_sm < 1:
+            raise EnergyValueError(
+                f"a collective needs at least one CTA and one CTA per SM, got {self.ctas}, {self.ctas_per_sm}"
+            )
+        if self.sm_bandwidth_gbps is not None and not (
+            math.isfinite(self.sm_bandwidth_gbps) and self.sm_bandwidth_gbps > 0
+        ):
+            raise EnergyValueError(f"the per-SM bandwidth must be positive, got {self.sm_bandwidth_gbps}")
         values = (self.link_bandwidth_gbps, self.cta_bandwidth_gbps)
         if not all(math.isfinite(v) and v > 0 for v in values):
             raise EnergyValueError(f"bandwidths must be positive, got {values}")
@@ -82,9 +103,17 @@ class CommLoad:
             raise EnergyValueError("HBM bytes per byte and latency must not be negative")
 
     @property
+    def held_sms(self) -> int:
+        """SMs its CTAs occupy: one each when spread, ``ceil(c / ctas_per_sm)`` when packed."""
+        return math.ceil(self.ctas / self.ctas_per_sm) if self.packed else self.ctas
+
+    @property
     def bandwidth_gbps(self) -> float:
-        """``min(B, c x beta)``: the rate it moves bytes at."""
-        return min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
+        """``min(B, c x beta)``, and at most :attr:`held_sms` x the per-SM bandwidth: its rate."""
+        rate = min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
+        if self.sm_bandwidth_gbps is None:
+            return rate
+        return min(rate, self.held_sms * self.sm_bandwidth_gbps)
 
     @property
     def saturation_ctas(self) -> float:
@@ -135,8 +164,8 @@ class ContentionModel:
         )
 
     def sm_share(self, load: CommLoad) -> float:
-        """Share of the SMs the collective holds (``c / S``, at most 1)."""
-        return min(1.0, load.ctas / self.spec.sm_count)
+        """Share of the SMs the collective holds (``h / S``, at most 1)."""
+        return min(1.0, load.held_sms / self.spec.sm_count)
 
     def comm_dynamic_power_w(self, load: CommLoad, clock_mhz: float) -> float:
         """Dynamic power of the collective at ``clock_mhz``: its CTAs' core activity and its HBM traffic.

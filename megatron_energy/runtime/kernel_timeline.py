@@ -1,0 +1,191 @@
+"""Kernel timelines of the instructions in a few profiling steps, grouped into phases (``kernel`` mode).
+
+On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
+between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
+around its stock clock's last synchronous profile step and never in the run phase; each instruction is a
+``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
+synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
+(``phases.kineto.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
+(``phases.timeline.group_phases``); of an instruction class's instances (microbatches, steps), the one of
+median length speaks for it. Times are measured (kernel start and duration at the stock clock); each
+kernel's class rests on FLOPs and bytes estimated from its operator's input shapes (``phases.kineto``), and
+each class's response to the clock is the GPU spec's model: what the phase planner does with them is
+modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
+(``phases.modelled``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.phases.kineto import kernels_by_annotation
+from megatron_energy.phases.timeline import Phase, group_phases
+from megatron_energy.pipeline.instruction import Instruction, Work
+
+PREFIX = "energy:"
+"""The start of every range name the session records."""
+
+Timelines = dict[Work, list[tuple[str, WorkProfile]]]
+"""Per instruction class, its phases in order: (class, work at the stock clock)."""
+
+
+def annotation(instruction: Instruction) -> str:
+    """The ``record_function`` name of an instruction, e.g. ``energy:1:0:3:backward``."""
+    return f"{PREFIX}{instruction.stage}:{instruction.chunk}:{instruction.microbatch}:{instruction.kind}"
+
+
+def parse_annotation(name: str) -> Instruction:
+    """The instruction an :func:`annotation` names.
+
+    Raises:
+        ValueError: If ``name`` is not one.
+    """
+    try:
+        stage, chunk, microbatch, kind = name.removeprefix(PREFIX).split(":")
+        return Instruction(int(stage), int(chunk), int(microbatch), kind)
+    except ValueError:
+        raise ValueError(f"{name!r} is not an instruction range (e.g. {PREFIX}0:0:1:forward)") from None
+
+
+def phase_timelines(traces: Sequence[Mapping[str, Any]], spec: GpuSpec) -> Timelines:
+    """Phases per instruction class from Chrome traces of annotated instructions (see the module docstring).
+
+    Args:
+        traces: The parsed JSON of ``torch.profiler``'s ``export_chrome_trace``, one per profiled step (each
+            trace's correlation ids are its own).
+        spec: The GPU whose roofline classifies the kernels.
+
+    Returns:
+        Per instruction class with kernels in the traces, the phases of its median-length instance.
+    """
+    instances: dict[Work, list[list[Phase]]] = {}
+    for trace in traces:
+        for name, kernels in kernels_by_annotation(trace, PREFIX).items():
+            phases = group_phases(kernels, spec)
+            if phases:
+                instances.setdefault(parse_annotation(name).work, []).append(phases)
+    return {work: [(p.kind, p.work) for p in _median(found)] for work, found in instances.items()}
+
+
+def _median(instances: list[list[Phase]]) -> list[Phase]:
+    """The instance whose total length is the (lower) median of all."""
+    lengths = [sum(phase.duration_s for phase in phases) for phases in instances]
+    middle = statistics.median_low(lengths)
+    return instances[lengths.index(middle)]
+
+
+class KernelTimeline(Protocol):
+    """What the session needs of a kernel-timeline recorder (:class:`TorchKernelTimeline` on CUDA)."""
+
+    @property
+    def recording(self) -> bool:
+        """Whether it records now."""
+        ...
+
+    def start(self) -> None:
+        """Start recording (a synchronous stock-clock profile step begins)."""
+        ...
+
+    def instruction_begin(self, instruction: Instruction) -> None:
+        """An instruction starts."""
+        ...
+
+    def instruction_end(self, instruction: Instruction) -> None:
+        """An instruction ends."""
+        ...
+
+    def stop(self) -> None:
+        """Stop recording (the step's device work is done)."""
+        ...
+
+    def timelines(self) -> Timelines:
+        """The phases per instruction class of every recorded step."""
+        ...
+
+
+def merge_timelines(per_rank: Sequence[Timelines]) -> Timelines:
+    """Every rank's phases per instruction class as one mapping (the first rank of a stage speaks for it)."""
+    merged: Timelines = {}
+    for timelines in per_rank:
+        for work, phases in timelines.items():
+            merged.setdefault(work, phases)
+    return merged
+
+
+def timelines_line(timelines: Timelines, timer_source: str) -> str:
+    """The log line saying where the phase planner's split of the instructions comes from."""
+    if timelines:
+        return (
+            "phases inside instructions: measured kernel timelines (torch.profiler, the stock clock's last "
+            f"profile step) of {len(timelines)} instruction classes; kernel classes from estimated "
+            "FLOPs/bytes, clock response modelled"
+        )
+    why = "simulated GPUs have no kernels" if timer_source == "modelled" else "no kernel was recorded"
+    return f"phases inside instructions: modelled per-class split ({why})"
+
+
+class TorchKernelTimeline:
+    """Records kernel timelines with ``torch.profiler`` between :meth:`start` and :meth:`stop` (CUDA only).
+
+    Args:
+        spec: The GPU whose roofline classifies the kernels.
+    """
+
+    def __init__(self, spec: GpuSpec) -> None:
+        import torch
+
+        self._torch = torch
+        self.spec = spec
+        self._profiler: Any = None
+        self._ranges: dict[Instruction, Any] = {}
+        self._traces: list[dict[str, Any]] = []
+
+    @property
+    def recording(self) -> bool:
+        """Whether the profiler runs now."""
+        return self._profiler is not None
+
+    def start(self) -> None:
+        """Start the profiler (the device is idle: a synchronous profiling step begins)."""
+        activities = [self._torch.profiler.ProfilerActivity.CPU, self._torch.profiler.ProfilerActivity.CUDA]
+        self._profiler = self._torch.profiler.profile(activities=activities, record_shapes=True)
+        self._profiler.__enter__()
+
+    def instruction_begin(self, instruction: Instruction) -> None:
+        """Open the instruction's range."""
+        if self._profiler is not None:
+            scope = self._torch.profiler.record_function(annotation(instruction))
+            scope.__enter__()
+            self._ranges[instruction] = scope
+
+    def instruction_end(self, instruction: Instruction) -> None:
+        """Close the instruction's range."""
+        scope = self._ranges.pop(instruction, None)
+        if scope is not None:
+            scope.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Stop the profiler (after the step's device sync) and keep its trace."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return
+        profiler.__exit__(None, None, None)
+        handle, path = tempfile.mkstemp(suffix=".json", prefix="energy-kernels-")
+        os.close(handle)
+        try:
+            profiler.export_chrome_trace(path)
+            with open(path, encoding="utf-8") as file:
+                self._traces.append(json.load(file))
+        finally:
+            os.unlink(path)
+
+    def timelines(self) -> Timelines:
+        """The phases per instruction class over every recorded step (median instance)."""
+        return phase_timelines(self._traces, self.spec)

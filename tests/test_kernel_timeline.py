@@ -1,0 +1,230 @@
+"""Kernel timelines in the profiling steps: a Chrome trace's instruction ranges into phases; when the session
+records them (the stock clock's synchronous profile steps, never the run phase) and what the planner gets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_session_parts import _Controller, _Meter, _Timer
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.registry import resolve
+from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.comms import LocalComms
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.kernel_timeline import annotation, parse_annotation, phase_timelines
+from megatron_energy.runtime.session import EnergySession
+
+SPEC = load_gpu_spec("h100-sxm")
+PID, MAIN, AUTOGRAD = 1, 10, 11
+
+
+class _Trace:
+    """A Kineto-style Chrome trace (µs), built range by range; kernels launched by ``aten`` operators."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._correlation = 0
+        self._gpu_free = 0.0  # one stream: a kernel starts once the one before it has finished
+
+    def annotate(self, name: str, ts: float, dur: float) -> None:
+        self.events.append(
+            {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": MAIN, "ts": ts, "dur": dur}
+        )
+
+    def gemm(self, ts: float, dur: float, tid: int = MAIN) -> None:
+        """A 4096^3 bf16 GEMM: compute-bound at this duration."""
+        dims = [[4096, 4096], [4096, 4096]]
+        self._op("aten::mm", ts, dims, ["c10::BFloat16"] * 2, "sm90_xmma_gemm_bf16", dur, tid)
+
+    def elementwise(self, ts: float, dur: float, tid: int = MAIN) -> None:
+        """An add of two 64 Mi-element bf16 tensors: memory-bound."""
+        dims = [[8192, 8192], [8192, 8192]]
+        self._op("aten::add", ts, dims, ["c10::BFloat16"] * 2, "vectorized_elementwise_kernel", dur, tid)
+
+    def _op(self, op: str, ts: float, dims: list, types: list, kernel: str, dur: float, tid: int) -> None:
+        self._correlation += 1
+        args = {"Input Dims": dims, "Input type": types}
+        self.events.append(
+            {"ph": "X", "cat": "cpu_op", "name": op, "pid": PID, "tid": tid, "ts": ts, "dur": 5, "args": args}
+        )
+        launch = {"correlation": self._correlation}
+        self.events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": PID,
+                "tid": tid,
+                "ts": ts + 1,
+                "dur": 2,
+                "args": launch,
+            }
+        )
+        start = max(ts + 20, self._gpu_free)
+        self._gpu_free = start + dur
+        gpu = {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": start, "dur": dur}
+        self.events.append(gpu | {"args": launch})
+
+    def json(self) -> dict[str, Any]:
+        return {"traceEvents": self.events}
+
+
+def _step_trace(forward_gemm_us: float) -> dict[str, Any]:
+    """One step of a one-stage pipeline: forward (GEMM, add), backward launched by autograd's thread
+    (add, GEMM, GEMM), then an optimizer kernel outside every instruction."""
+    trace = _Trace()
+    trace.annotate(annotation(Instruction(0, 0, 0, "forward")), 0, 100)
+    trace.gemm(10, forward_gemm_us)
+    trace.elementwise(50, 300)
+    trace.annotate(annotation(Instruction(0, 0, 0, "backward")), 200, 100)
+    trace.elementwise(210, 300, tid=AUTOGRAD)
+    trace.gemm(230, 400, tid=AUTOGRAD)
+    trace.gemm(250, 400, tid=AUTOGRAD)
+    trace.elementwise(400, 500)  # the optimizer step: in no instruction's range
+    return trace.json()
+
+
+def test_a_trace_becomes_each_instruction_classes_phases() -> None:
+    timelines = phase_timelines([_step_trace(forward_gemm_us=200)], SPEC)
+    assert set(timelines) == {Work(0, 0, "forward"), Work(0, 0, "backward")}
+    forward = timelines[Work(0, 0, "forward")]
+    assert [kind for kind, _ in forward] == ["compute", "memory"]
+    assert forward[0][1].compute_s == pytest.approx(200e-6)
+    assert forward[1][1].memory_s == pytest.approx(300e-6)
+    backward = timelines[Work(0, 0, "backward")]  # launched on autograd's thread: still the backward's
+    assert [kind for kind, _ in backward] == ["memory", "compute"]
+    assert sum(work.compute_s for _, work in backward) == pytest.approx(800e-6)
+    assert sum(work.memory_s + work.compute_s + work.fixed_s for _, work in forward) < 1e-3  # no optimizer
+
+
+def test_the_median_instance_speaks_for_an_instruction_class() -> None:
+    traces = [_step_trace(forward_gemm_us=us) for us in (100, 900, 300)]
+    forward = phase_timelines(traces, SPEC)[Work(0, 0, "forward")]
+    assert forward[0][1].compute_s == pytest.approx(300e-6)
+
+
+def test_instruction_ranges_are_named_and_read_back() -> None:
+    instruction = Instruction(3, 1, 7, "backward")
+    assert parse_annotation(annotation(instruction)) == instruction
+    with pytest.raises(ValueError, match="not an instruction range"):
+        parse_annotation("energy:optimizer")
+
+
+# ---------------------------------------------------------------------------------- the session's steps
+
+
+class _Recorder:
+    """A kernel-timeline recorder that notes when the session drives it; its timelines are fixed."""
+
+    def __init__(self, session_steps: list[int]) -> None:
+        self.session_steps = session_steps
+        self.recording = False
+        self.started_at: list[int] = []
+        self.instructions: list[Instruction] = []
+
+    def start(self) -> None:
+        self.recording = True
+        self.started_at.append(self.session_steps[-1])
+
+    def instruction_begin(self, instruction: Instruction) -> None:
+        self.instructions.append(instruction)
+
+    def instruction_end(self, instruction: Instruction) -> None:
+        pass
+
+    def stop(self) -> None:
+        self.recording = False
+
+    def timelines(self) -> dict[Work, list[tuple[str, WorkProfile]]]:
+        return {
+            Work(0, 0, kind): [
+                ("memory", WorkProfile(0.0, 0.4 * seconds)),
+                ("compute", WorkProfile(0.6 * seconds, 0.0)),
+            ]
+            for kind, seconds in (("forward", 0.010), ("backward", 0.020))
+        }
+
+
+def _run(
+    tmp_path, mode: str, steps: int, profile_iters: int = 1
+) -> tuple[_Recorder, list[str], EnergySession]:
+    controller, lines, begun = _Controller(), [], []
+    context = JobContext(
+        pipeline_rank=0, orders=pipeline_orders(1, 1), data_parallel_rank=0, data_parallel_size=1
+    )
+    recorder = _Recorder(begun)
+    session = EnergySession(
+        EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=profile_iters),
+        context,
+        optimiser=resolve(mode),
+        controller=controller,
+        meter=_Meter(),
+        timer=_Timer(controller),
+        comms=LocalComms(),
+        clocks_mhz=[1980, 1500],
+        cache=JobCache(tmp_path, context.fingerprint_parts(SPEC.name)),
+        spec=SPEC,
+        printer=lines.append,
+        kernel_timeline=recorder,
+    )
+    for step in range(steps):
+        begun.append(step)
+        session.on_step_begin(step)
+        for kind in ("forward", "backward"):
+            session.on_instruction_begin(kind, 0, 0)
+            session.on_instruction_end(kind, 0, 0)
+        session.on_step_end(step)
+    return recorder, lines, session
+
+
+@pytest.mark.parametrize(("profile_iters", "recorded"), [(1, 5), (2, 6)])
+def test_kernels_are_recorded_in_the_last_stock_profile_step_only_and_feed_the_phase_planner(
+    tmp_path, profile_iters: int, recorded: int
+) -> None:
+    recorder, lines, session = _run(tmp_path, "kernel", steps=16, profile_iters=profile_iters)
+    # the stock clock: a settling step, the 4-step baseline pilot, then `profile_iters` synchronous profile
+    # steps; then 1500 MHz, then the plan runs: only the last stock profile step records, no run-phase step
+    assert session.phase == "planned"
+    assert recorder.started_at == [recorded]
+    assert not recorder.recording
+    assert recorder.instructions == [Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")]
+    assert any(
+        "measured kernel timelines (torch.profiler" in line and "2 instruction classes" in line
+        for line in lines
+    )
+
+
+def test_optimisers_without_phases_never_record_kernels(tmp_path) -> None:
+    recorder, lines, session = _run(tmp_path, "perseus", steps=10)
+    assert session.phase == "planned" and recorder.started_at == []
+    assert not any("phases inside instructions" in line for line in lines)
+
+
+def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between_start_and_stop() -> None:
+    import torch
+
+    from megatron_energy.phases.kineto import kernels_by_annotation
+    from megatron_energy.runtime.kernel_timeline import TorchKernelTimeline
+
+    recorder = TorchKernelTimeline(SPEC)
+    forward = Instruction(0, 0, 0, "forward")
+    recorder.instruction_begin(forward)  # not recording: nothing is opened
+    recorder.instruction_end(forward)
+    recorder.start()
+    assert recorder.recording
+    recorder.instruction_begin(forward)
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    recorder.instruction_end(forward)
+    recorder.stop()
+    assert not recorder.recording
+    (trace,) = recorder._traces
+    names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert names == [annotation(forward)]
+    # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it
+    assert kernels_by_annotation(trace, "energy:") == {} and recorder.timelines() == {}
