@@ -38,6 +38,7 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.kareus.collectives import CollectiveWorkload
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
@@ -199,29 +200,30 @@ class JobConfig:
         optimizer_s = optimizer_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
         return IterationTail(dp_sync_s=dp_sync_s, optimizer_s=optimizer_s)
 
-    def collective_workload(self, spec: GpuSpec | None = None) -> CollectiveWorkload:
-        """What the job's collectives are built from (``kareus.collectives``).
+    def collective_setup(self, spec: GpuSpec | None = None) -> CollectiveSetup:
+        """The job's collectives before the orders (``kareus.collective_setup``), every lever free.
 
-        Links: the tensor-parallel group inside a node (NVLink); the data-parallel group and pipeline
-        transfers over NVLink unless the job gives their bandwidth below NVLink's (then over the NIC). The
-        distributed optimizer is assumed (gradient reduce-scatter and parameter all-gather per bucket).
+        Links: the data-parallel group and pipeline transfers over NVLink unless the job gives their bandwidth
+        below NVLink's (then over the NIC, at that bandwidth). The distributed optimizer is assumed (gradient
+        reduce-scatter and parameter all-gather per bucket).
         """
-        spec = spec or self.spec()
-        nvlink = spec.nvlink_bandwidth_gbps
+        nvlink = (spec or self.spec()).nvlink_bandwidth_gbps
         dp_bandwidth = self.data_parallel_bandwidth_gbps or nvlink
         pp_bandwidth = self.pipeline_bandwidth_gbps or nvlink
-        return CollectiveWorkload(
-            shape=self.shape,
-            orders=self.orders(),
+        return CollectiveSetup(
             data_parallel=self.data_parallel,
             sequence_parallel=self.sequence_parallel,
             distributed_optimizer=True,
             dp_link="nic" if dp_bandwidth < nvlink else "nvlink",
-            dp_bandwidth_gbps=dp_bandwidth,
             pp_link="nic" if pp_bandwidth < nvlink else "nvlink",
+            dp_bandwidth_gbps=dp_bandwidth,
             pp_bandwidth_gbps=pp_bandwidth,
-            tp_bandwidth_gbps=nvlink,
         )
+
+    def collective_workload(self, spec: GpuSpec | None = None) -> CollectiveWorkload:
+        """What the job's collectives are built from (links: :meth:`collective_setup`)."""
+        spec = spec or self.spec()
+        return self.collective_setup(spec).workload(self.shape, self.orders(), spec)
 
     def build_dag(self, orders: PipelineOrders | None = None, spec: GpuSpec | None = None) -> PipelineDag:
         """The iteration DAG with modelled transfers and tail.

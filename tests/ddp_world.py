@@ -246,6 +246,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     import torch.distributed as dist
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+    from megatron_energy.megatron.bucket_layout import measured_buckets
     from megatron_energy.megatron.collective_launch import CollectiveLauncher
     from megatron_energy.megatron.collective_runner import chunks_from_config
     from megatron_energy.megatron.communicators import BudgetCommunicators
@@ -262,6 +263,7 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
     current, run_steps, same = observed.current, observed.run_steps, same_grads
 
     report: dict[str, Any] = {"stage": stage, "order": order, "layout": layout}
+    report["measured"] = measured_buckets(world.ddp, stage)  # what the session hands the planner
     report["baseline"], baseline_grads = run_steps((0, 1))
 
     empty = CollectiveLauncher(world.ddp, [], order, stage)

@@ -3,7 +3,9 @@
 The demo goes the real launcher path (``torch.distributed.run`` starting one fresh interpreter per rank),
 so each run costs every rank the import of torch and megatron-core: the demo tests and the tests of the
 commands that read a demo's job folder share this one run (PP=2 of GPT-3 1.3B stage work on simulated
-H100s, 4 microbatches, a 2-clock grid with two measured iterations per clock, 3 iterations with the plan).
+H100s, 4 microbatches, a 2-clock grid with two measured iterations per clock, 3 iterations with the plan), in
+``--energy-mode all`` (Perseus, Kareus and phase clocks composed; the demo then prints its comparison of
+Perseus only, Kareus only and both).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ NUM_MICROBATCHES = 4
 RUN_ITERS = 3
 GRID_MHZ = (1980, 1530)
 PROFILE_ITERS = 2
+MODE = "all"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ def run_demo(energy_dir: Path) -> DemoRun:
         "--energy-freq-grid", ",".join(map(str, GRID_MHZ)),
         "--energy-profile-iters", str(PROFILE_ITERS),
         "--energy-dir", str(energy_dir),
+        "--energy-mode", MODE,
     ]  # fmt: skip
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

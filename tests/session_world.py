@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from megatron_harness import PipelineWorld, spawn_world
@@ -83,6 +84,10 @@ class SessionSettings:
     mode: str = "perseus"
     """``--energy-mode``."""
 
+    megatron_args: tuple[tuple[str, Any], ...] = ()
+    """Megatron arguments the job's collectives are read from (``megatron.collective_setup``), besides the
+    parallel sizes; e.g. ``(("use_distributed_optimizer", True), ("overlap_grad_reduce", True))``."""
+
     ddp: bool = False
     """Wrap the chunks in megatron-core's DDP (``finalize_model_grads``: the ``grad-sync`` hook)."""
 
@@ -145,6 +150,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     """One rank: a pipeline stage of the tiny GPT with its energy session, run for the whole job."""
     from megatron.training import global_vars
 
+    from megatron_energy.megatron.collective_setup import collective_setup
     from megatron_energy.megatron.hooks import install_hooks
     from megatron_energy.megatron.session_factory import parallel_job_context
     from megatron_energy.pipeline.workload import TransformerShape
@@ -159,11 +165,14 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         world = PipelineWorld(settings.pipeline_size)
         run_schedule = world.run
     scalars: list[tuple[str, float, int]] = []
+    args = SimpleNamespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=settings.pipeline_size)
+    args.__dict__.update(settings.megatron_args)
     context, comms = parallel_job_context(
         shape=TransformerShape.from_name(settings.model),
         num_microbatches=settings.num_microbatches,
         log_interval=settings.log_interval,
         log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
+        collectives=collective_setup(args, settings.data_parallel_size, ranks_per_node=world_size),
     )
     lines: list[str] = []
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddp_world import grad_ready_world_worker, launch_world_worker
+from ddp_world import NUM_MICROBATCHES, grad_ready_world_worker, launch_world_worker
 from megatron_harness import spawn_world
 
-from megatron_energy.kareus.collectives import END_PHASE, phase_layer
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.kareus.collectives import END_PHASE, build_collectives, phase_layer
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.workload import TransformerShape
 
 pytestmark = pytest.mark.world
 
@@ -81,6 +85,25 @@ def test_every_bucket_group_is_reduced_once_per_step_without_a_plan(reports: lis
     # megatron-core buckets only pipeline rank 0's first chunk
     assert [len(r["layout"]) for r in reports][2:] == [2, 2]
     assert len(reports[0]["layout"]) > 2
+
+
+def test_the_measured_bucket_layout_gives_the_planner_megatrons_buckets_and_earliest_points(
+    reports: list[dict[str, Any]],
+) -> None:
+    """The layout the session hands the planner names every bucket group megatron-core made, and the
+    planner's earliest launch point of each is the one the runtime accepts as earliest (the early plan)."""
+    shape = TransformerShape(8, 16, 64, 2, 8, 1, 128)  # layer count as the world's: 2 per chunk, 2 x 2 chunks
+    orders = pipeline_orders(2, NUM_MICROBATCHES, 2)
+    buckets = tuple(bucket for report in reports[::2] for bucket in report["measured"])
+    setup = CollectiveSetup(2, distributed_optimizer=False, buckets=buckets)
+    workload = setup.workload(shape, orders, load_gpu_spec("h100-sxm"))
+    for report in reports:
+        planned = {
+            c.name: c for c in build_collectives(workload) if c.stage == report["stage"] and c.cls.per_bucket
+        }
+        assert set(planned) == {name for name, *_ in report["layout"]}
+        earliest = {action.collective: action.at for action in report["early"]["plan"]}
+        assert {name: c.launch_points[0] for name, c in planned.items()} == earliest
 
 
 def test_a_plan_without_collective_actions_leaves_megatron_unchanged(reports: list[dict[str, Any]]) -> None:

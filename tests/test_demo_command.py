@@ -1,8 +1,8 @@
 """`megatron-energy demo`, the README's main job without GPUs, through the command line and the launcher path.
 
 The session's one demo run (``demo_run``: PP=2 of GPT-3 1.3B stage work on simulated H100s, 4 microbatches,
-a 2-clock grid with two measured iterations per clock, 3 iterations with the plan) and the tests read what it
-printed and wrote.
+a 2-clock grid with two measured iterations per clock, 3 iterations with the plan, ``--energy-mode all``) and
+the tests read what it printed and wrote.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import pytest
 from demo_run import PIPELINE_SIZE, RUN_ITERS, DemoRun
 
 from megatron_energy.cli import main
+from megatron_energy.commands.comparison_output import all_vs_perseus_line, modes_table
+from megatron_energy.commands.optimiser_comparison import MODES, compare_job_folder
 from megatron_energy.demo_model import TRAINING_SCRIPT
-from megatron_energy.plan import Plan
+from megatron_energy.plan import CollectiveAction, Plan
 from megatron_energy.runtime.energy_log import read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import relative_change
@@ -42,7 +44,9 @@ def test_the_demo_runs_the_launcher_command_a_gpu_job_runs(demo: DemoRun) -> Non
         in command
     )
     assert "--num-layers 24 --hidden-size 2048" in command  # GPT-3 1.3B, whose stage work is timed
-    assert "--energy-optimise --energy-backend simulated --energy-gpu-spec h100-sxm" in command
+    assert (
+        "--energy-optimise --energy-mode all --energy-backend simulated --energy-gpu-spec h100-sxm" in command
+    )
     assert f"--train-iters {TRAIN_ITERS}" in command
 
 
@@ -123,6 +127,34 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
     assert statistics.mean(baseline.step_energy_j) == pytest.approx(predicted_stock.energy_j, rel=0.005)
     assert planned_j == pytest.approx(target.energy_j, rel=0.01)
     assert planned_j < statistics.mean(baseline.step_energy_j)
+
+
+def test_all_mode_prints_perseus_kareus_and_both_planned_from_the_measured_profile(demo: DemoRun) -> None:
+    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    assert plan.optimisers == ("perseus", "kareus", "kernel")
+    for rank in plan.target_point.ranks:  # the pipeline's p2p at NCCL's budget: the demo job's own setting
+        (action,) = [a for a in rank.actions if isinstance(a, CollectiveAction)]
+        assert (action.collective, action.max_ctas) == ("pp.send_recv", None)
+    assert not any("collective actions are not applied" in line for line in demo.lines)
+    start = demo.lines.index(
+        "Perseus only vs Kareus only vs both (--energy-mode all), each planned again from the profile this "
+        "run measured on simulated GPUs with the job's own collective settings: every figure modelled"
+    )
+    printed = demo.lines[start:]
+    comparison = compare_job_folder(demo.job, f"gpt3-1.3b on {PIPELINE_SIZE} simulated h100-sxm")
+    assert printed[1].strip() == modes_table(comparison).title
+    for mode in MODES:
+        result = comparison.row(mode).result
+        line = next(line for line in printed if line.startswith(f"│ {mode} "))  # the modes table comes first
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        assert cells[2:6] == [
+            f"{result.iteration_time_s:.4f}",
+            f"{result.total_energy_j:,.1f}",
+            f"{result.static_j:,.1f}",
+            f"{result.dynamic_j:,.1f}",
+        ]
+    assert all_vs_perseus_line(comparison) in demo.lines
+    assert "static / dynamic energy per stage GPU (modelled, J)" in printed
 
 
 def test_the_report_files_are_written_and_named_on_one_line_each(demo: DemoRun) -> None:

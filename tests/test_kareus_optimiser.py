@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,15 @@ from megatron_energy.config import parse_target
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.cache import SearchCache
-from megatron_energy.kareus.collectives import parse_collective_name
+from megatron_energy.kareus.collectives import build_collectives, parse_collective_name
 from megatron_energy.kareus.optimiser import KareusOptimiser
+from megatron_energy.kareus.schedule import KareusModel
 from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.perseus.optimiser import plan_point
 from megatron_energy.perseus.planner import Planner
+from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
@@ -69,13 +73,12 @@ def test_kareus_alone_plans_every_collective_and_the_plan_round_trips(tmp_path: 
     assert SearchCache(tmp_path).path(job.fingerprint()).is_file()
 
 
-def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
-    job = JobConfig.load(EXAMPLE_7B)
+def perseus_plan(job: JobConfig) -> Plan:
+    """Perseus's iso-time plan of the job (instant clock switches, one point: fast to solve)."""
     spec = job.spec()
-    profile = job.synthetic_profile(spec)
-    planner = Planner(job.build_dag(spec=spec), profile, num_points=2)
+    planner = Planner(job.build_dag(spec=spec), job.synthetic_profile(spec), num_points=2)
     point = planner.solver.solve(planner.solver.baseline.iteration_time_s)
-    base = Plan(
+    return Plan(
         fingerprint=job.fingerprint(),
         gpu_name=spec.name,
         provenance="modelled",
@@ -86,10 +89,53 @@ def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
         points=(plan_point(planner, point, "iso-time"),),
         target_index=0,
     )
-    plan = KareusOptimiser(budget=FAST).plan(profile, planning_job(job), base)
+
+
+@dataclass
+class Planned:
+    """A first optimiser that hands out a plan made beforehand (Perseus's, in the composition's place)."""
+
+    given: Plan
+    name = "perseus"
+    request = ProfileRequest()
+
+    def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
+        return self.given
+
+
+def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
+    job = JobConfig.load(EXAMPLE_7B)
+    base = perseus_plan(job)
+    plan = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning_job(job), base)
     assert plan.optimisers == ("perseus", "kareus")
     assert plan.target_point.iteration_time_s <= plan.target_point.deadline_s * (1 + 1e-9)
     assert plan.target_point.deadline_s >= base.target_point.deadline_s
+
+
+@pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
+def test_all_composed_predicts_less_energy_than_perseus_alone_on_the_example_jobs(example: Path) -> None:
+    """``all`` = Perseus, then Kareus given Perseus's clocks (and moving them jointly), then phase clocks."""
+    job = JobConfig.load(example)
+    base = perseus_plan(job)
+    composed = ComposedOptimiser(
+        [Planned(base), KareusOptimiser(budget=SearchBudget(trials=2)), PhaseOptimiser()]
+    )
+    profile, planning = job.synthetic_profile(), planning_job(job)
+    plan = composed.plan(profile, planning)
+    assert plan.optimisers == ("perseus", "kareus", "kernel")
+    point = plan.target_point
+    assert point.iteration_time_s <= point.deadline_s * (1 + 1e-9)
+    assert any(isinstance(a, CollectiveAction) and a.max_ctas for rank in point.ranks for a in rank.actions)
+    # priced alike (the overlap model), every Perseus point with megatron-core's collectives costs more
+    workload = job.collective_workload()
+    model = KareusModel(
+        planning.dag(), profile, job.spec(), build_collectives(workload), workload.layers_per_chunk
+    )
+    for mine, perseus in zip(plan.points, base.points, strict=True):
+        clocks = {i: c for stage in range(len(perseus.ranks)) for i, c in perseus.clock_table(stage).items()}
+        alone = model.evaluate(clocks, model.choices_default())
+        assert mine.energy_j <= alone.total_energy_j
+    assert point.energy_j < alone.total_energy_j  # the one point: strictly, where the model finds a saving
 
 
 def test_a_job_without_its_collectives_is_refused_with_what_to_do() -> None:

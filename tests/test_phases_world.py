@@ -1,4 +1,4 @@
-"""``--energy-mode all`` (Perseus, then phases) under a power budget, end to end on a gloo world."""
+"""``--energy-mode all`` (Perseus, Kareus, then phases) under a power budget, end to end on a gloo world."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_all_modes_plan_with_phases_and_log_power_against_the_budget(tmp_path) -
     reports = run_world(demo, tmp_path / "results")
     fingerprint = json.loads((demo.energy_dir / "last_job.json").read_text())["fingerprint"]
     plan = Plan.load(demo.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
-    assert plan.optimisers == ("perseus", "kernel") and plan.target == "power:2000"
+    # the session describes the job's collectives, so Kareus plans its part too
+    assert plan.optimisers == ("perseus", "kareus", "kernel") and plan.target == "power:2000"
     phase_actions = [
         a
         for rank in plan.target_point.ranks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.optimiser_comparison import MODES, Comparison
@@ -21,7 +22,7 @@ def comparison_label(comparison: Comparison) -> str:
 def modes_table(comparison: Comparison) -> Table:
     """One row per mode: iteration time, energy, static/dynamic split, changes against stock and Perseus."""
     job = comparison.job
-    per_pipeline = job.tensor_parallel * job.data_parallel
+    per_pipeline = job.pipelines
     table = Table(
         title=f"{job.name}: one iteration per mode (modelled; one pipeline = {job.pipeline_stages} GPUs)"
     )
@@ -106,3 +107,26 @@ def choices_lines(comparison: Comparison, mode: str = "all") -> list[str]:
             f"{choice.clock_steps:+d} step(s)"
         )
     return lines or ["  (megatron-core's defaults everywhere)"]
+
+
+def all_vs_perseus_line(comparison: Comparison) -> str:
+    """``all`` against Perseus alone at iso-time: energy change and where it comes from (static, dynamic)."""
+    perseus, both = comparison.row("perseus").result, comparison.row("all").result
+    return (
+        f"all vs perseus at iso-time: energy {both.total_energy_j / perseus.total_energy_j - 1:+.2%} "
+        f"(static {both.static_j - perseus.static_j:+,.1f} J, "
+        f"dynamic {both.dynamic_j - perseus.dynamic_j:+,.1f} J per pipeline), "
+        f"time {both.iteration_time_s:.4f} s vs {perseus.iteration_time_s:.4f} s "
+        f"({comparison_label(comparison)})"
+    )
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    """Every table and line of a comparison: modes, static/dynamic split per stage and phase, choices."""
+    console.print(modes_table(comparison))
+    console.print(stage_split_table(comparison))
+    console.print(phase_table(comparison))
+    console.print("collective choices of all (differences from megatron-core's defaults):")
+    for line in choices_lines(comparison):
+        console.print(line)
+    console.print(all_vs_perseus_line(comparison))

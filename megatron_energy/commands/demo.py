@@ -6,7 +6,9 @@ megatron_energy.launch``) on the demo's training script (``megatron_energy.demo_
 schedules over gloo, a tiny GPT on CPU, and the launcher's energy session on simulated GPUs that time every
 instruction as a real model's stage would take on the chosen GPU. Every energy and time figure is therefore
 modelled, and says so. The ranks' output streams as it comes; at the end one table compares stock clocks
-with the plan, and the frontier plot and the plan's Perfetto timeline are written.
+with the plan, and the frontier plot and the plan's Perfetto timeline are written. With ``--energy-mode all``
+the demo then compares Perseus only, Kareus only and both, planned again from the profile the run measured
+(``commands.optimiser_comparison.compare_job_folder``; the tables of ``simulate --compare``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from pathlib import Path
 
 import megatron_energy
 from megatron_energy.commands.arguments import fail
+from megatron_energy.commands.comparison_output import print_comparison
 from megatron_energy.commands.demo_job import DemoJob
+from megatron_energy.commands.optimiser_comparison import compare_job_folder
 from megatron_energy.commands.rank_processes import free_port, run_ranks
 from megatron_energy.config import EnergyConfig, add_energy_args, positive_int
 from megatron_energy.demo_model import python_warnings_filter
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.workload import KNOWN_SHAPES
 from megatron_energy.report.console import output_console
 from megatron_energy.report.demo_summary import SummaryError, load_summary, settling_note, summary_table
@@ -153,6 +158,17 @@ def run(args: argparse.Namespace) -> int:
     )
     console.print(summary_table(summary, title, num_gpus=job.pipeline_size))
     console.print(settling_note(summary))
+    if job.energy.mode == "all":
+        try:
+            comparison = compare_job_folder(folder, f"{job.model} on {job.pipeline_size} simulated {gpu}")
+        except EnergyValueError as problem:
+            return fail("demo", problem)
+        console.print(
+            "Perseus only vs Kareus only vs both (--energy-mode all), each planned again from the profile "
+            "this run measured on simulated GPUs with the job's own collective settings: every figure "
+            "modelled"
+        )
+        print_comparison(console, comparison)
     console.print(f"frontier plot (modelled): {report.frontier_png}")
     console.print(
         f"Perfetto timeline of the plan (modelled; open in ui.perfetto.dev): {report.timeline_json}"

@@ -21,13 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.arguments import fail, output_file, plain_text, readable_file
-from megatron_energy.commands.comparison_output import (
-    choices_lines,
-    comparison_label,
-    modes_table,
-    phase_table,
-    stage_split_table,
-)
+from megatron_energy.commands.comparison_output import comparison_label, print_comparison
 from megatron_energy.commands.latency_sweep import HEADER, example_jobs, latencies_argument, sweep_job
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.job import JobConfig, JobConfigError
@@ -156,21 +150,10 @@ def _run_comparison(args: argparse.Namespace, console: Console) -> int:
         comparison = compare_optimisers(job, SearchBudget(trials=args.trials))
     except (JobConfigError, PlanError, ValueError, OSError) as error:
         return fail("simulate", error)
-    label = comparison_label(comparison)
-    console.print(modes_table(comparison))
-    console.print(stage_split_table(comparison))
-    console.print(phase_table(comparison))
-    console.print("collective choices of all (differences from megatron-core's defaults):")
-    for line in choices_lines(comparison):
-        console.print(line)
-    perseus, both = comparison.row("perseus").result, comparison.row("all").result
-    console.print(
-        f"all vs perseus at iso-time: energy {both.total_energy_j / perseus.total_energy_j - 1:+.2%} "
-        f"(static {both.static_j - perseus.static_j:+,.1f} J, "
-        f"dynamic {both.dynamic_j - perseus.dynamic_j:+,.1f} J per pipeline), "
-        f"time {both.iteration_time_s:.4f} s vs {perseus.iteration_time_s:.4f} s ({label})"
-    )
+    print_comparison(console, comparison)
     if args.trace:
+        label = comparison_label(comparison)
+        both = comparison.row("all").result
         result = both.as_sim_result()
         powers = StagePowers(comparison.spec.blocked_power_w, comparison.spec.idle_power_w)
         path = write_trace(result, powers, args.trace, comm=both.comm)

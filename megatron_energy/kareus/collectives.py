@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
@@ -296,6 +297,23 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class MeasuredBucket:
+    """One DDP bucket group as megatron-core laid it out on a running job (``megatron.bucket_layout``)."""
+
+    stage: int
+    """Pipeline rank."""
+    chunk: int
+    """Model chunk."""
+    index: int
+    """megatron-core's bucket index inside the chunk (the ``bucket<b>`` of its name)."""
+    layers: tuple[int, int]
+    """Model layers of the chunk its parameters sit in, ``[first, last)``; the embedding is layer -1, the
+    output layer ``L`` (as :attr:`Collective.layers`)."""
+    elements: int
+    """Gradient elements it reduces."""
+
+
+@dataclass(frozen=True)
 class CollectiveWorkload:
     """What the collectives of a job are built from (job shape, parallelism, links).
 
@@ -313,6 +331,10 @@ class CollectiveWorkload:
         pp_link: Link pipeline transfers cross.
         pp_bandwidth_gbps: Its bandwidth.
         tp_bandwidth_gbps: Bandwidth of the tensor-parallel group (NVLink inside a node).
+        levers: What the running job lets a plan change (``kareus.levers``); ``None`` when planning offline,
+            every lever free.
+        measured_buckets: The running job's DDP bucket layout (every pipeline rank's); ``None``: modelled
+            from the bucket size.
     """
 
     shape: TransformerShape
@@ -326,6 +348,8 @@ class CollectiveWorkload:
     pp_bandwidth_gbps: float
     tp_bandwidth_gbps: float
     bucket_elements: int | None = None
+    levers: RuntimeLevers | None = None
+    measured_buckets: tuple[MeasuredBucket, ...] | None = None
 
     @property
     def layers_per_chunk(self) -> int:
@@ -421,8 +445,7 @@ def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
         offset = 1 if stage == 0 and chunk == 0 else 0  # the embedding is layer -1 of chunk 0
         last_backward = [i for i in order if i.chunk == chunk and i.kind == "backward"][-1]
         first_forward = next(i for i in order if i.chunk == chunk and i.kind == "forward")
-        for index, (first, last, elements) in enumerate(_buckets(layers, workload.bucket_size)):
-            model_layers = (first - offset, last - offset)
+        for index, model_layers, elements in _chunk_buckets(workload, stage, chunk, layers, offset):
             for op in ops:
                 cls = _collective_class("dp", op, per_bucket=True)
                 points: tuple[Boundary, ...]
@@ -450,6 +473,21 @@ def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                     )
                 )
     return result
+
+
+def _chunk_buckets(
+    workload: CollectiveWorkload, stage: int, chunk: int, layers: Sequence[float], offset: int
+) -> list[tuple[int, tuple[int, int], float]]:
+    """``(bucket index, model layers, elements)`` of one chunk's buckets.
+
+    Measured where the workload has the job's layout (:class:`MeasuredBucket`), else modelled from the bucket
+    size.
+    """
+    if workload.measured_buckets is not None:
+        measured = [b for b in workload.measured_buckets if (b.stage, b.chunk) == (stage, chunk)]
+        return [(b.index, b.layers, float(b.elements)) for b in sorted(measured, key=lambda b: b.index)]
+    modelled = _buckets(layers, workload.bucket_size)
+    return [(i, (first - offset, last - offset), n) for i, (first, last, n) in enumerate(modelled)]
 
 
 def ready_layer(model_layers: tuple[int, int], num_layers: int) -> int:

@@ -11,7 +11,17 @@ default collective schedule for ``iso-time`` and its slowdown for ``slowdown:X``
 choices (megatron-core's defaults) already miss its deadline under the overlap model (a model that prices
 collectives the clock planner's DAG does not), the deadline is that default iteration's time, so a Kareus
 point is never slower than its base point as this model prices both. The other points get the target's
-choices where these keep them within their deadlines, megatron-core's defaults otherwise.
+choices where these keep them within their deadlines, megatron-core's defaults otherwise. (With a live job's
+levers, "megatron-core's defaults" means the job's own flags and communicator budgets: ``kareus.levers``.)
+
+Composed (``all``), Kareus is given the Perseus clocks and moves them jointly with the collectives (the clock
+offsets of the instructions a class overlaps), and, as a joint pass, also searches from stock clocks, where
+its own joint move of every rank's clocks applies (overlap on every rank shortens the pipeline, then every
+rank's clock comes down: :meth:`KareusOptimiser._global_start`); the target point takes whichever the
+overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`). A point whose choices the
+model prices no lower than megatron-core's defaults on its clocks keeps the defaults, so every point of
+``all`` costs no more than its Perseus point with megatron-core's collective schedule, as this model prices
+both.
 
 Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
 relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
@@ -29,7 +39,7 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.cache import SearchCache
 from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
-from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel
+from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.instruction import Instruction
@@ -47,19 +57,32 @@ from megatron_energy.plan import (
 from megatron_energy.sim.overlap import OverlapResult
 
 
-def class_space(key: str, sequence_parallel: bool) -> ClassSpace:
-    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning)."""
+def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
+    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning).
+
+    A live job's levers (``workload.levers``, ``kareus.levers``) narrow it to what the running job can honour.
+    """
+    levers = workload.levers
+    group = key.split(".", 1)[0]
     if key in ("dp.reduce_scatter", "dp.all_reduce"):
-        return ClassSpace(
-            ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=(-1, 0, 1, 2), clock_steps=(-2, -1, 0, 1)
-        )
+        launches = (-1, 0, 1, 2) if levers is None or levers.overlap_grad_reduce else (-1,)
+        return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=launches, clock_steps=(-2, -1, 0, 1))
+    if levers is not None and (key == "dp.all_gather" or group in ("pp", "tp")):
+        fixed = default_choice(key, levers)
+        clocks = _tp_clock_steps(key) if group == "tp" else (0,)
+        ctas = CTA_DEFAULT if fixed.max_ctas is None else fixed.max_ctas
+        return ClassSpace(ctas=(ctas,), launches=(fixed.launch,), clock_steps=clocks)
     if key == "dp.all_gather":
         return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16), launches=(0, 1))
     if key == "pp.send_recv":
         return ClassSpace(ctas=(CTA_DEFAULT, 1, 2, 4, 8))
-    launches = (0, 1) if sequence_parallel else (0,)
-    clocks = (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
-    return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=launches, clock_steps=clocks)
+    overlaps = (0, 1) if workload.sequence_parallel else (0,)
+    return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=overlaps, clock_steps=_tp_clock_steps(key))
+
+
+def _tp_clock_steps(key: str) -> tuple[int, ...]:
+    """Clock offsets of a tensor-parallel class (every instruction of the rank runs its collectives)."""
+    return (-4, -3, -2, -1, 0, 1) if key in ("tp.all_gather", "tp.all_reduce") else (0,)
 
 
 @dataclass
@@ -91,11 +114,13 @@ class KareusOptimiser:
         workload = _workload(job)
         spec = _spec(job, profile)
         dag = job.dag()
-        model = KareusModel(dag, profile, spec, build_collectives(workload), workload.layers_per_chunk)
+        model = KareusModel(
+            dag, profile, spec, build_collectives(workload), workload.layers_per_chunk, workload.levers
+        )
         defaults = model.choices_default()
         stock = model.evaluate(None, defaults)
         if base is None:
-            base_clocks: list[dict[Instruction, int] | None] = [None]
+            base_clocks: list[Mapping[Instruction, int] | None] = [None]
             deadlines = [_deadline(job, stock.iteration_time_s)]
             lower_bounds = [math.inf]
             labels = [str(job.target)]
@@ -108,14 +133,16 @@ class KareusOptimiser:
             target_index = base.target_index
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
-        best = self.choose(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
+        base_clocks[target_index] = start
         points = []
         for index, clocks in enumerate(base_clocks):
             choices = best
             result = model.evaluate(clocks, choices)
             default_result = model.evaluate(clocks, defaults)
             limit = max(deadlines[index], default_result.iteration_time_s)
-            if index != target_index and result.iteration_time_s > limit * (1 + 1e-9):
+            slower = index != target_index and result.iteration_time_s > limit * (1 + 1e-9)
+            if slower or result.total_energy_j > default_result.total_energy_j:
                 choices, result = defaults, default_result
             points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
         baseline = base.baseline if base is not None else _baseline(stock)
@@ -132,6 +159,34 @@ class KareusOptimiser:
             frontier=base.frontier if base is not None else (),
             measured_tail=base.measured_tail if base is not None else None,
         )
+
+    def joint(
+        self,
+        model: KareusModel,
+        workload: CollectiveWorkload,
+        clocks: Mapping[Instruction, int] | None,
+        deadline_s: float,
+        fingerprint: str,
+    ) -> tuple[Mapping[Instruction, int] | None, dict[ChoiceKey, ClassChoice]]:
+        """The clocks to start from and the collective choices, jointly, within the deadline.
+
+        Given a base plan's clocks (``all``: Perseus's), the choices on them (:meth:`choose`) and, as a joint
+        pass, the choices on stock clocks, which move every rank's clocks with the collectives themselves
+        (the clock offsets and :meth:`_global_start`'s joint move): whichever the model prices lower within
+        the deadline. Alone (``clocks`` is ``None``), the choices on stock clocks.
+
+        Returns:
+            ``(clocks, choices)``: the base clocks or ``None`` (stock), and the choices on them.
+        """
+        best = self.choose(model, workload, clocks, deadline_s, fingerprint)
+        if clocks is None:
+            return None, best
+        own = self.choose(model, workload, None, deadline_s, fingerprint)
+        refined, joint = model.evaluate(clocks, best), model.evaluate(None, own)
+        fits = joint.iteration_time_s <= deadline_s * (1 + 1e-9)
+        if fits and joint.total_energy_j < refined.total_energy_j:
+            return None, own
+        return clocks, best
 
     def choose(
         self,
@@ -171,7 +226,9 @@ class KareusOptimiser:
 
         best = self._global_start(model, workload, measure, deadline_s)
         for stage in sorted(model.class_keys):
-            space = {(stage, k): class_space(k, workload.sequence_parallel) for k in model.class_keys[stage]}
+            space = {(stage, k): class_space(k, workload) for k in model.class_keys[stage]}
+            if all(values.size == 1 for values in space.values()):
+                continue  # the job leaves this stage nothing to choose (a live job's levers)
             seeds = [best, *(_overlap_seed(best, space, ctas) for ctas in (4, 8, 16))]
             found = search(space, measure, deadline_s, self.budget, fixed=best, seeds=seeds)
             if found.feasible:
@@ -211,10 +268,14 @@ def _joint(
     choices = model.choices_default()
     for stage, keys in model.class_keys.items():
         for key in keys:
-            space = class_space(key, workload.sequence_parallel)
+            space = class_space(key, workload)
             launch = max(space.launches) if key == "dp.all_gather" or key.startswith("tp.") else 0
             steps = clock_steps if clock_steps in space.clock_steps else 0
-            choices[(stage, key)] = ClassChoice(ctas, launch, steps)
+            allowed = ctas if ctas in space.ctas else space.ctas[0]
+            budget = None if allowed == CTA_DEFAULT else allowed
+            choices[(stage, key)] = ClassChoice(
+                budget, launch if launch in space.launches else space.launches[0], steps
+            )
     return choices
 
 
@@ -233,8 +294,9 @@ def _workload(job: PlanningJob) -> CollectiveWorkload:
     if job.collectives is None:
         raise EnergyValueError(
             "--energy-mode kareus/all needs the job's collective workload (model shape, parallelism, links): "
-            "this planning job carries none; plan from a job description (megatron-energy simulate/plan "
-            "--config) or use --energy-mode perseus"
+            "this planning job carries none. The launcher's session reads it from Megatron's arguments (a "
+            "job context built without them has none); offline, megatron-energy simulate --config JOB "
+            "--compare plans it from a job description; or use --energy-mode perseus"
         )
     return job.collectives
 

@@ -36,6 +36,7 @@ from megatron_energy.kareus.collectives import (
     Collective,
     phase_layer,
 )
+from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.plan import Boundary, CollectiveAction
@@ -72,9 +73,23 @@ class ClassChoice:
     clock_steps: int = 0
 
 
-def default_choice(class_key: str) -> ClassChoice:
-    """megatron-core's defaults: NCCL's budget, no overlap, the base clock."""
-    return ClassChoice(launch=-1 if class_key in ("dp.reduce_scatter", "dp.all_reduce") else 0)
+def default_choice(class_key: str, levers: RuntimeLevers | None = None) -> ClassChoice:
+    """What the job does without a plan: the base clock and megatron-core's schedule.
+
+    Without ``levers`` (planning offline) that is megatron-core's defaults: NCCL's budget, no overlap. With
+    them, the running job's flags and communicator budgets (``kareus.levers``).
+    """
+    reduce = class_key in ("dp.reduce_scatter", "dp.all_reduce")
+    if levers is None:
+        return ClassChoice(launch=-1 if reduce else 0)
+    group = class_key.split(".", 1)[0]
+    if reduce:
+        return ClassChoice(launch=0 if levers.overlap_grad_reduce else -1)
+    if class_key == "dp.all_gather":
+        return ClassChoice(launch=1 if levers.overlap_param_gather else 0)
+    if group == "tp" and levers.tp_comm_overlap:
+        return ClassChoice(launch=1)
+    return ClassChoice(levers.fixed_budget(group))
 
 
 class KareusModel:
@@ -87,6 +102,7 @@ class KareusModel:
         spec: GpuSpec,
         collectives: list[Collective],
         layers: int,
+        levers: RuntimeLevers | None = None,
     ):
         """Model ``dag`` priced by ``profile`` on ``spec`` with the job's ``collectives``.
 
@@ -96,8 +112,10 @@ class KareusModel:
             spec: The GPU spec (powers, SMs, per-CTA bandwidth).
             collectives: Every collective of every rank (``kareus.collectives.build_collectives``).
             layers: Transformer layers per model chunk (to place layer-boundary launches).
+            levers: The running job's collective settings (:func:`default_choice`); ``None`` offline.
         """
         self.dag = dag
+        self.levers = levers
         self.profile = profile
         self.spec = spec
         self.collectives = collectives
@@ -114,8 +132,16 @@ class KareusModel:
         }
 
     def choices_default(self) -> dict[ChoiceKey, ClassChoice]:
-        """megatron-core's defaults for every class of every rank."""
-        return {(stage, key): default_choice(key) for stage, keys in self.class_keys.items() for key in keys}
+        """What the job does without a plan (:func:`default_choice`), for every class of every rank."""
+        return {
+            (stage, key): default_choice(key, self.levers)
+            for stage, keys in self.class_keys.items()
+            for key in keys
+        }
+
+    def choice(self, choices: Mapping[ChoiceKey, ClassChoice], stage: int, key: str) -> ClassChoice:
+        """The choice of ``key`` on ``stage``: the given one, else what the job does without a plan."""
+        return choices.get((stage, key)) or default_choice(key, self.levers)
 
     def load(self, collective: Collective, max_ctas: int | None) -> CommLoad:
         """The collective's CTA budget and link as a contention load."""
@@ -141,7 +167,7 @@ class KareusModel:
         transfer_s: dict[int, float] = {}
         inline: dict[Work, InlineComm] = {}
         for collective in self.collectives:
-            choice = choices.get((collective.stage, collective.cls.key)) or default_choice(collective.cls.key)
+            choice = self.choice(choices, collective.stage, collective.cls.key)
             load = self.load(collective, choice.max_ctas)
             if collective.cls.per_bucket:
                 launches.append(self._launch(collective, self.boundary(collective, choice), load))
@@ -235,7 +261,7 @@ class KareusModel:
         for collective in self.collectives:
             if collective.stage != stage:
                 continue
-            choice = choices.get((stage, collective.cls.key)) or default_choice(collective.cls.key)
+            choice = self.choice(choices, stage, collective.cls.key)
             actions.append(
                 CollectiveAction(self.boundary(collective, choice), collective.name, choice.max_ctas)
             )

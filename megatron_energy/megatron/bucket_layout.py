@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_energy.kareus.collectives import collective_name
+from megatron_energy.kareus.collectives import MeasuredBucket, collective_name
 from megatron_energy.runtime.collective_points import EMBEDDING, HEAD, CollectivePlanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -97,3 +97,22 @@ def bucket_layout(model_chunks: Sequence[Any]) -> list[tuple[str, int, int, tupl
         (b.name(gradient_op(b.group), virtual), b.chunk, b.elements, b.places)
         for b in bucket_groups(model_chunks)
     ]
+
+
+def bucket_span(places: Sequence[int | str], num_layers: int) -> tuple[int, int]:
+    """The model layers ``[first, last)`` a bucket's parameters sit in (embedding -1, head ``num_layers``)."""
+    indices = [-1 if p == EMBEDDING else num_layers if p == HEAD else int(p) for p in places]
+    return min(indices), max(indices) + 1
+
+
+def measured_buckets(model_chunks: Sequence[Any], stage: int) -> tuple[MeasuredBucket, ...]:
+    """This rank's DDP bucket groups as the planner takes them (``kareus.collectives.MeasuredBucket``).
+
+    Raises:
+        CollectivePlanError: A chunk is not wrapped in megatron-core's ``DistributedDataParallel``.
+    """
+    layers = [chunk_layers(ddp) for ddp in model_chunks]
+    return tuple(
+        MeasuredBucket(stage, b.chunk, b.index, bucket_span(b.places, layers[b.chunk]), b.elements)
+        for b in bucket_groups(model_chunks)
+    )

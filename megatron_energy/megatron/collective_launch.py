@@ -28,7 +28,11 @@ Megatron's own: ``after_optimizer`` without and ``layer0`` of the chunk's first 
 (``pp.send_recv``, ``tp.*``) are launched by Megatron itself; a plan gives them only a budget, which the
 communicator Megatron created must already carry (``communicator_budgets.check_fixed_budget``); a TP class
 at phase ``gemm_overlap`` needs ``--tp-comm-overlap`` (Transformer Engine userbuffers), whose SMs come from
-``--tp-comm-overlap-cfg`` at start-up, so a budget there is refused.
+``--tp-comm-overlap-cfg`` at start-up, so a budget there is refused; under ``--tp-comm-overlap`` a TP
+class left on NCCL (phase ``None``) is refused too (userbuffers run it). Not covered, and why: without
+Transformer Engine, TP/SP collectives run synchronously inside each layer's autograd functions, so their
+launch is no choice and the runtime does not time them one by one (its hooks see instructions and DDP
+buckets, not the collectives inside a layer); their timing in a plan is the model's.
 
 A plan the job cannot honour is refused when the launcher is built (``CollectivePlanError`` /
 ``BudgetError``, each naming what and how to fix). With no collective actions nothing is replaced, so Megatron
@@ -278,6 +282,14 @@ class CollectiveLauncher:
                 "instructions, so their launch is no choice: a plan gives them only a budget, at the "
                 "rank's first instruction. Rerun planning"
             )
+        if action.collective.startswith("tp.") and self._tp_comm_overlap:
+            raise CollectivePlanError(
+                f"the plan runs {action.collective} on NCCL where megatron-core launches it, but "
+                "--tp-comm-overlap is on: Transformer Engine's userbuffers run the TP/SP collectives, split "
+                "and overlapped with their GEMMs on the SMs --tp-comm-overlap-cfg gives them, so the plan's "
+                f"timing of them is not what runs. Rerun planning for this job (its plan puts them at "
+                f"{GEMM_OVERLAP_PHASE!r}, without a budget)"
+            )
         check_fixed_budget(action.collective, action.max_ctas, communicator_config)
 
     def _check_gemm_overlap(self, action: CollectiveAction) -> None:
@@ -289,8 +301,13 @@ class CollectiveLauncher:
         if not self._tp_comm_overlap:
             raise CollectivePlanError(
                 f"the plan overlaps {action.collective} with its GEMMs ({GEMM_OVERLAP_PHASE!r}), which "
-                "megatron-core does only through Transformer Engine's userbuffers: add --tp-comm-overlap "
-                "(with --sequence-parallel and Transformer Engine), or rerun planning for this job"
+                "megatron-core does only through Transformer Engine's userbuffers (--tp-comm-overlap, with "
+                "--sequence-parallel). Without them megatron-core runs TP/SP collectives synchronously "
+                "inside each layer's forward and backward (tensor_parallel/mappings.py, NCCL on the compute "
+                "stream): their launch cannot be moved and this runtime does not time them one by one (no "
+                "hook inside a layer), so a plan may give them only a communicator budget, fixed at "
+                "start-up: add --tp-comm-overlap (Transformer Engine required), or rerun planning for this "
+                "job"
             )
         if action.max_ctas is not None:
             raise CollectivePlanError(

@@ -3,7 +3,8 @@
 :class:`CollectiveRunner` is a ``ScheduleListener`` placed after the session. At each step's start it looks
 at the session's plan runner (``session.runner``, a ``runtime.plan_runner.PlanRunner``): when a plan starts,
 switches point (a straggler's pace) or stops (fallback, safety net), it builds, swaps or removes this rank's
-:class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher`; communicators for the budgets of
+:class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher` (none for a plan whose collective
+actions change nothing Megatron does: :func:`changes_megatron`); communicators for the budgets of
 *every* point of the plan are created with the first launcher, so switching points creates none. A plan the
 job cannot honour is reported once and its collective actions are skipped (its clocks still run): every
 member of a data-parallel group runs the same pipeline rank's actions on the same job, so the members agree.
@@ -69,7 +70,7 @@ class CollectiveRunner:
             return
         stage = session.context.pipeline_rank
         every_point: list[Action] = [a for point in runner.plan.points for a in point.ranks[stage].actions]
-        if not any(isinstance(action, CollectiveAction) for action in every_point):
+        if not any(changes_megatron(action) for action in every_point):
             return
         chunks = self._model_chunks()
         if not chunks:
@@ -137,6 +138,18 @@ class CollectiveRunner:
         if self.launcher is not None:
             self.launcher.uninstall()
             self.launcher = None
+
+
+def changes_megatron(action: Action) -> bool:
+    """Whether applying ``action`` changes what Megatron does with its collectives.
+
+    A gradient reduction or parameter gather is always applied (its bucket group is checked against the
+    plan); a collective Megatron launches itself (pipeline p2p, TP) only when the plan gives it a budget or
+    overlaps it with GEMMs: at NCCL's budget and Megatron's own launch, its action only writes out what runs.
+    """
+    if not isinstance(action, CollectiveAction):
+        return False
+    return action.collective.startswith("dp.") or action.max_ctas is not None or action.at.phase is not None
 
 
 class CapturedModel:
@@ -221,5 +234,6 @@ def add_collective_runner(
     if model_chunks is None:
         model_chunks, restore = capture_model()
     deferred = sessions[0]
+    deferred.model_chunks = model_chunks  # the session reads the measured bucket layout from them
     listeners.append(CollectiveRunner(lambda: deferred.session, model_chunks, megatron_communicator_config))
     return restore

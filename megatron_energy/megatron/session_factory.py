@@ -10,12 +10,18 @@ do, and training goes on at stock clocks.
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.megatron.bucket_layout import measured_buckets
+from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
+from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.comms import TorchComms, control_plane_comms
 from megatron_energy.runtime.context import JobContext
 
@@ -53,6 +59,7 @@ def parallel_job_context(
     microbatch_group_size: int | None = None,
     log_interval: int = 10,
     log_sinks: tuple[Any, ...] = (),
+    collectives: CollectiveSetup | None = None,
 ) -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
 
@@ -65,6 +72,7 @@ def parallel_job_context(
         microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None``: the pipeline size.
         log_interval: Steps between energy log lines.
         log_sinks: Scalar writers ``(name, value, step)``.
+        collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
 
     Returns:
         The context and the collectives: over gloo (CPU) groups of the job's world and pipelines, created
@@ -88,6 +96,7 @@ def parallel_job_context(
         data_parallel_size=ps.get_data_parallel_world_size(),
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
         shape=shape,
+        collectives=collectives,
         global_rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
@@ -98,18 +107,37 @@ def parallel_job_context(
     return context, control_plane_comms(ps.get_pipeline_model_parallel_group(), device, warn)
 
 
-def megatron_job_context() -> tuple[JobContext, TorchComms]:
-    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments."""
+def megatron_job_context(
+    model_chunks: Callable[[], Sequence[Any] | None] | None = None,
+) -> tuple[JobContext, TorchComms]:
+    """This rank's ``JobContext`` and collectives, read from Megatron's initialised state and arguments.
+
+    Args:
+        model_chunks: Returns this rank's DDP model chunks (``None`` until built), for the measured bucket
+            layout; without them (or with another wrapper than megatron-core's DDP) the planner models it.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
     from megatron.core.num_microbatches_calculator import get_num_microbatches
     from megatron.training.global_vars import get_args, get_tensorboard_writer, get_wandb_writer
 
     args = get_args()
+    ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size()
+    data_parallel = ps.get_data_parallel_world_size(with_context_parallel=True)
+    chunks = model_chunks() if model_chunks is not None else None
+    buckets = None
+    if chunks and data_parallel > 1:
+        try:
+            buckets = measured_buckets(chunks, ps.get_pipeline_model_parallel_rank())
+        except CollectivePlanError:  # not megatron-core's DDP: the planner models the buckets
+            buckets = None
     return parallel_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
         microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
+        collectives=collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
     )
 
 
@@ -124,12 +152,14 @@ class DeferredSession:
         self.config = config
         self.session: Any = None
         self.failed = False
+        self.model_chunks: Callable[[], Sequence[Any] | None] | None = None
+        """Returns this rank's DDP model chunks (set by ``collective_runner.add_collective_runner``)."""
 
     def _start(self) -> None:
         from megatron_energy.runtime.assembly import build_session
 
         try:
-            context, comms = megatron_job_context()
+            context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True

@@ -16,21 +16,14 @@ from pathlib import Path
 
 from rich.table import Table
 
-from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.errors import EnergyValueError
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import PipelineDag
-from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.report.frontier_plot import plot_frontier
+from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.report.model_vs_measured import model_vs_measured_lines
 from megatron_energy.report.tables import stock_vs_plan_table
 from megatron_energy.sim.simulator import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
-
-
-class ReportError(EnergyValueError):
-    """The energy folder holds no usable job; the message says what is missing."""
 
 
 @dataclass(frozen=True)
@@ -85,28 +78,15 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
         ReportError: The folder misses the job facts, the profile or the plan, or the plan is another job's.
     """
     out_dir = out_dir or folder
-    try:
-        parts = json.loads((folder / "job.json").read_text(encoding="utf-8"))["parts"]
-    except (OSError, ValueError, KeyError):
-        raise ReportError(f"{folder} has no readable job.json; is it a megatron_energy job folder?") from None
-    if not (folder / "profile.csv").exists() or not (folder / "plan.json").exists():
-        raise ReportError(f"{folder} has no profile.csv/plan.json yet: the job has not finished profiling")
-    spec = load_gpu_spec(parts["gpu"])
-    plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
-    profile = Profile.from_csv(folder / "profile.csv", gpu_name=spec.name, source=plan.provenance)
-    orders = pipeline_orders(
-        parts["pipeline_size"],
-        parts["num_microbatches"],
-        parts.get("num_chunks", 1),
-        microbatch_group_size=parts.get("microbatch_group_size"),
-    )
+    job = read_job_folder(folder)
+    plan, profile = job.plan, job.profile
     frontier_png = plot_frontier(plan, out_dir / "frontier.png")
     clocks = {
         instruction: clock
         for stage in range(plan.num_stages)
         for instruction, clock in plan.target_point.clock_table(stage).items()
     }
-    dag = PipelineDag.build(orders)
+    dag = PipelineDag.build(job.orders)
     result = Simulator(dag, profile, switch_latency_s=plan.switch_latency_s).run(clocks)
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
     timeline_json = write_trace(result, powers, out_dir / "timeline.json")

@@ -147,7 +147,7 @@ def _open_parts(
         if guard is not None:
             guard.close()
         raise
-    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid}
+    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid, "mode": config.mode}
     return _RankParts(handle, handle.spec, guard, controller, grid, timer, meter, optimiser, parts)
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
 
@@ -36,6 +37,11 @@ class JobContext:
 
     shape: TransformerShape | None = None
     """The model's transformer shape; used for fingerprints and for simulated instruction times."""
+
+    collectives: CollectiveSetup | None = None
+    """The job's collectives as Megatron configured them (parallel sizes, DDP and overlap flags,
+    communicator budgets); with ``shape`` and the GPU spec they become the workload the collective scheduler
+    plans (``PlanningJob.collectives``). ``None``: not known (the collective scheduler cannot plan)."""
 
     global_rank: int = 0
     """This rank in the default process group."""
@@ -90,4 +96,6 @@ class JobContext:
             "num_microbatches": self.num_microbatches,
             "microbatch_group_size": self.orders.microbatch_group_size,
             "gpu": gpu_name,
+            # every rank computes the same fingerprint: the setup without this rank's own bucket layout
+            "collectives": None if self.collectives is None else asdict(self.collectives) | {"buckets": None},
         }

@@ -37,6 +37,7 @@ cache write error) all run the uncached plan. Each rank logs why; no exception r
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.kareus.collectives import CollectiveWorkload, MeasuredBucket
 from megatron_energy.optimiser import Optimiser, PlanningJob
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
@@ -151,6 +153,7 @@ class EnergySession:
         self._step_lagged = False  # whether the step running now is timed without a device sync
         self.phase = "profiling"
         self.plan: Plan | None = None
+        self._buckets: tuple[MeasuredBucket, ...] | None = None  # every pipeline rank's, gathered to plan
         self.baseline = StockBaseline()
         self.runner: PlanRunner | None = None
         self.straggler: StragglerPolicy | None = None
@@ -413,6 +416,7 @@ class EnergySession:
         Rank 0 caches the plan only once every rank has adopted it: a plan some rank cannot run is never
         cached.
         """
+        self._buckets = self._gather_buckets()
         gathered = self.comms.gather_to_root(self._profile_contribution())
         timelines = (
             self.comms.gather_to_root(self._timeline_contribution())
@@ -488,11 +492,35 @@ class EnergySession:
             target=self.config.target,
             switch_latency_s=self.spec.switch_latency_s,
             tail=tail_from_profiling(gathered),
+            collectives=self._collective_workload(),
+            gpu=self.spec,
             tail_phases=tail_phases_from_profiling(gathered),
             phase_timelines=timelines or None,
         )
         baseline = baseline_from_profiling(gathered, source=self.timer.source)
         return plan_on_root(self.optimiser, profile, job, baseline)
+
+    def _gather_buckets(self) -> tuple[MeasuredBucket, ...] | None:
+        """Every pipeline rank's measured DDP bucket layout (one all-gather over the pipeline), or ``None``.
+
+        Every rank joins when the optimiser plans collectives and the job describes them (the same on every
+        rank); ``None`` when any rank has no measured layout (the planner then models the buckets).
+        """
+        setup = self.context.collectives
+        if not self.optimiser.request.collectives or setup is None:
+            return None
+        layouts = self.comms.all_gather_pipeline(setup.buckets)
+        if any(layout is None for layout in layouts):
+            return None
+        return tuple(bucket for layout in layouts for bucket in layout)
+
+    def _collective_workload(self) -> CollectiveWorkload | None:
+        """The job's collectives on this GPU, when the optimiser asks for them and the context knows them."""
+        setup, shape = self.context.collectives, self.context.shape
+        if not self.optimiser.request.collectives or setup is None or shape is None:
+            return None
+        setup = dataclasses.replace(setup, buckets=self._buckets)
+        return setup.workload(shape, self.context.orders, self.spec)
 
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
         """Every rank parses the same plan text; all run it only if every rank could (one all-reduce)."""

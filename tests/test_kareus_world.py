@@ -1,0 +1,149 @@
+"""``--energy-mode kareus`` and ``all`` planned live: the session gives the planner the job's collectives.
+
+Two gloo worlds of megatron-core ranks (pipeline 2 x data parallel 2, GPT-3 1.3B stage work on simulated
+H100s, the distributed optimizer with ``--overlap-grad-reduce``), each through the launcher's session
+(``session_world``). The job's collectives come from Megatron's arguments (``megatron.collective_setup``) and
+reach the optimiser as ``PlanningJob.collectives``; every figure is modelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from session_world import RankReport, SessionSettings, run_world
+
+from megatron_energy.config import EnergyTarget
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.kareus.collectives import build_collectives, parse_collective_name
+from megatron_energy.kareus.levers import RuntimeLevers
+from megatron_energy.kareus.schedule import KareusModel
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.optimiser import PlanningJob
+from megatron_energy.perseus.optimiser import PerseusOptimiser
+from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.workload import TransformerShape
+from megatron_energy.plan import ClockAction, CollectiveAction, Plan, PlanPoint
+
+pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
+
+FLAGS = (("use_distributed_optimizer", True), ("overlap_grad_reduce", True))
+SETUP = CollectiveSetup(
+    data_parallel=2,
+    distributed_optimizer=True,
+    levers=RuntimeLevers(overlap_grad_reduce=True),
+)
+
+
+def _settings(mode: str, energy_dir: Path) -> SessionSettings:
+    return SessionSettings(
+        pipeline_size=2,
+        data_parallel_size=2,
+        num_microbatches=4,
+        freq_grid=(1980, 1530),
+        profile_iters=1,
+        run_steps=2,
+        log_interval=2,
+        energy_dir=energy_dir,
+        mode=mode,
+        megatron_args=FLAGS,
+    )
+
+
+def _run(mode: str, tmp_path: Path) -> tuple[Plan, list[RankReport], Path]:
+    settings = _settings(mode, tmp_path / "energy")
+    reports = run_world(settings, tmp_path / "results")
+    fingerprint = json.loads((settings.energy_dir / "last_job.json").read_text())["fingerprint"]
+    folder = settings.energy_dir / fingerprint
+    return Plan.load(folder / "plan.json", expected_fingerprint=fingerprint), reports, folder
+
+
+@pytest.fixture(scope="module")
+def kareus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, list[RankReport], Path]:
+    return _run("kareus", tmp_path_factory.mktemp("kareus-world"))
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Plan, list[RankReport], Path]:
+    return _run("all", tmp_path_factory.mktemp("all-world"))
+
+
+def _collective_actions(point: PlanPoint, stage: int) -> list[CollectiveAction]:
+    return [a for a in point.ranks[stage].actions if isinstance(a, CollectiveAction)]
+
+
+def _planning_job(plan: Plan) -> PlanningJob:
+    """The world's job as its session described it to the clock planner."""
+    tail = plan.measured_tail
+    return PlanningJob(
+        orders=pipeline_orders(2, 4),
+        fingerprint=plan.fingerprint,
+        target=EnergyTarget("iso-time"),
+        switch_latency_s=plan.switch_latency_s,
+        tail=None if tail is None else IterationTail.measured(tail.time_s, tail.stage_energy_j),
+    )
+
+
+def _model(job: PlanningJob, profile: Profile) -> KareusModel:
+    """The Kareus model of the world's job (the live levers), priced by the profile the session measured."""
+    spec = load_gpu_spec("h100-sxm")
+    workload = SETUP.workload(TransformerShape.from_name("gpt3-1.3b"), job.orders, spec)
+    collectives = build_collectives(workload)
+    return KareusModel(job.dag(), profile, spec, collectives, workload.layers_per_chunk, SETUP.levers)
+
+
+def test_kareus_plans_live_with_every_collective_class_and_runs_the_plan(
+    kareus: tuple[Plan, list[RankReport], Path],
+) -> None:
+    plan, reports, _ = kareus
+    assert plan.optimisers == ("kareus",)
+    point = plan.target_point
+    assert point.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)
+    for stage in range(2):
+        actions = _collective_actions(point, stage)
+        classes = {parse_collective_name(a.collective).class_key for a in actions}
+        assert classes == {"dp.reduce_scatter", "dp.all_gather", "pp.send_recv"}
+        assert all(a.at.instruction.stage == stage for a in actions)
+        # what the running job cannot change stays as Megatron started it
+        assert all(
+            a.at.phase == "after_optimizer" and a.max_ctas is None
+            for a in actions
+            if "all_gather" in a.collective
+        )
+        assert all(a.max_ctas is None for a in actions if a.collective == "pp.send_recv")
+    budgets = {
+        a.max_ctas
+        for s in range(2)
+        for a in _collective_actions(point, s)
+        if "reduce_scatter" in a.collective
+    }
+    assert budgets - {None}, "the search gave the gradient reduce-scatters no CTA budget"
+    for report in reports:
+        assert report.steps[-1].phase == "planned"
+
+
+def test_all_plans_collectives_on_the_perseus_clocks_and_saves_where_the_model_says(
+    both: tuple[Plan, list[RankReport], Path],
+) -> None:
+    plan, reports, folder = both
+    assert plan.optimisers == ("perseus", "kareus", "kernel")
+    job = _planning_job(plan)
+    profile = Profile.from_csv(folder / "profile.csv", gpu_name="h100-sxm")
+    model = _model(job, profile)
+    perseus = PerseusOptimiser().plan(profile, job)
+    point = plan.target_point
+    for stage in range(2):
+        assert _collective_actions(point, stage)
+    # priced alike (the overlap model), the Perseus point with Megatron's collectives costs more
+    perseus_clocks = {i: c for stage in range(2) for i, c in perseus.target_point.clock_table(stage).items()}
+    stock = model.evaluate(perseus_clocks, model.choices_default())
+    assert point.energy_j < stock.total_energy_j
+    assert point.iteration_time_s <= max(perseus.target_point.deadline_s, stock.iteration_time_s) * (1 + 1e-9)
+    moved = [a for stage in range(2) for a in _collective_actions(point, stage) if a.max_ctas is not None]
+    assert moved, "all's plan carries no collective choice beyond Megatron's"
+    for report in reports:
+        assert report.steps[-1].phase == "planned"
+    assert any(isinstance(a, ClockAction) for a in point.ranks[0].actions)
