@@ -34,7 +34,7 @@ from megatron_energy.demo_model.cpu_shims import install_cpu_shims, warnings_sil
 from megatron_energy.demo_model.tiny_gpt import PipelineWorld, TinyGpt, gpt_forward_step
 
 TINY_GPT_SCRIPT = TRAINING_SCRIPT
-"""The CPU pretrain script the launcher tests run under ``torchrun``."""
+"""The CPU pretrain script the demo runs under ``torchrun`` and the launcher tests on forked ranks."""
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S",
