@@ -46,6 +46,7 @@ def install_plugin(site: Path) -> None:
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory: pytest.TempPathFactory) -> LauncherRun:
+    """The launcher with ``--energy-mode toy`` on 2 ranks, the plugin installed on their path."""
     root = tmp_path_factory.mktemp("toy_plugin")
     install_plugin(root / "site")
     argv = [
