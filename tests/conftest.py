@@ -9,12 +9,15 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from demo_run import DemoRun, run_demo
 
 from megatron_energy.dvfs.lease import RUN_DIR_ENV
 from megatron_energy.megatron import patching
+
+if TYPE_CHECKING:  # imported where used: pytest-xdist's controller loads this file and runs no test
+    from demo_run import DemoRun
 
 PATCHED_FILES = (
     "megatron/core/pipeline_parallel/schedules.py",
@@ -65,6 +68,8 @@ def megatron_files_copy(tmp_path: Path) -> Callable[[], Path]:
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     """The session's one ``megatron-energy demo`` run (``demo_run``), for the tests reading its output."""
+    from demo_run import run_demo
+
     return run_demo(tmp_path_factory.mktemp("demo") / "energy")
 
 

@@ -1,17 +1,18 @@
 """Run megatron-core's real pipeline schedules on CPU in the tests: gloo worlds of forked ranks.
 
 ``spawn_world`` starts one process, the world's zygote (``zygote.start_zygote``: forked from the session's
-forkserver, which imported torch and megatron-core once, or a fresh interpreter for another megatron tree),
-that installs the CPU shims and forks N ranks (a free ``MASTER_PORT`` per world); each rank runs a worker
-function and its (picklable) result comes back to the parent. Inside a worker, ``PipelineWorld`` builds
+forkserver, which imported torch and megatron-core once; against another megatron tree it imports that
+tree's megatron instead), that installs the CPU shims and forks N ranks (a free ``MASTER_PORT`` per world);
+each rank joins the gloo world (or leaves that to its worker, as a training script does), runs a worker
+function, and its (picklable) result comes back to the parent. Inside a worker, ``PipelineWorld`` builds
 megatron-core's parallel state and a tiny ``GPTModel`` split into pipeline stages and virtual-pipeline chunks.
 
 The tiny GPT, its CPU shims and its pretrain script live in ``megatron_energy.demo_model`` (the demo's
-training job); this module re-exports them for the tests, and the launcher tests run that script under
-``torchrun``.
+training job); this module re-exports them for the tests, and the launcher tests run that script
+(``launcher_world``).
 
 Workers must live in modules that do not import ``megatron`` at import time: a worker may run against a
-patched copy of megatron-core that ``spawn_world`` puts first on ``sys.path`` before anything imports it.
+patched copy of megatron-core that the zygote imports in place of the installed one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import datetime
 import os
 import pickle
 import socket
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from megatron_energy.demo_model.cpu_shims import install_cpu_shims, warnings_sil
 from megatron_energy.demo_model.tiny_gpt import PipelineWorld, TinyGpt, gpt_forward_step
 
 TINY_GPT_SCRIPT = TRAINING_SCRIPT
-"""The CPU pretrain script the launcher tests run under ``torchrun``."""
+"""The CPU pretrain script the demo runs under ``torchrun`` and the launcher tests on forked ranks."""
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S",
@@ -62,31 +62,34 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, worker: Worker, payload: Any, result_dir: str) -> None:
-    os.environ.update(
+def _rank_main(
+    rank: int, world_size: int, port: int, worker: Worker, payload: Any, result_dir: str, join_group: bool
+) -> None:
+    os.environ.update(  # the rendezvous torch.distributed.run gives each rank
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
     )
-    # a short collective timeout turns a rank that stopped joining a collective into a failure, not a hang
-    torch.distributed.init_process_group(
-        "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    )
+    if join_group:
+        # a short collective timeout turns a rank that stopped joining a collective into a failure, not a hang
+        torch.distributed.init_process_group(
+            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        )
     try:
         result = worker(rank, world_size, payload)
         (Path(result_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     finally:
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def _zygote(
-    _index: int, world_size: int, worker: str, payload: Any, result_dir: str, megatron_root: str | None
+    _index: int, world_size: int, worker: str, payload: Any, result_dir: str, join_group: bool
 ) -> None:
-    """Import megatron-core (if the forkserver has not), then fork the ranks: N processes share one import."""
-    if megatron_root is not None:
-        sys.path.insert(0, megatron_root)
+    """Import megatron-core (a patched tree's; else the forkserver's import), then fork the ranks."""
     install_cpu_shims()
     with warnings_silenced():  # warm the imports the forked ranks inherit
         import megatron.core.models.gpt
@@ -96,7 +99,7 @@ def _zygote(
     function = getattr(__import__(module_name, fromlist=[function_name]), function_name)
     mp.start_processes(
         _rank_main,
-        args=(world_size, free_port(), function, payload, result_dir),
+        args=(world_size, free_port(), function, payload, result_dir, join_group),
         nprocs=world_size,
         join=True,
         start_method="fork",
@@ -109,14 +112,15 @@ def spawn_world(
     result_dir: Path,
     payload: Any = None,
     megatron_root: Path | None = None,
+    join_group: bool = True,
 ) -> list[Any]:
     """Run ``worker(rank, world_size, payload)`` on ``world_size`` gloo processes; return every rank's result.
 
-    One zygote process is started (``zygote.start_zygote``); it puts ``megatron_root`` first on ``sys.path``,
-    installs the CPU shims, imports megatron-core and forks the ranks. Against the installed megatron-core
-    the zygote is forked from the session's forkserver, which imported it already, so a world pays no
-    import; against ``megatron_root`` it is a fresh interpreter that pays it once. An exception on any rank
-    is re-raised here with its traceback.
+    One zygote process is started (``zygote.start_zygote``), forked from the session's forkserver, which
+    imported torch and megatron-core already; it installs the CPU shims and forks the ranks. Against
+    ``megatron_root`` the zygote imports that tree's megatron in place of the installed one (only
+    megatron's own modules: torch stays imported). An exception on any rank is re-raised here with its
+    traceback.
 
     Args:
         worker: A module-level function; its module must not import megatron at import time.
@@ -124,14 +128,15 @@ def spawn_world(
         result_dir: An empty folder where each rank leaves its pickled result.
         payload: A picklable argument passed to every rank.
         megatron_root: A folder containing ``megatron/`` to import instead of the installed megatron-core.
+        join_group: Join the gloo world before the worker runs (and leave it after); ``False`` leaves that
+            to the worker, as a training script started by ``torch.distributed.run`` does.
 
     Returns:
         The workers' return values, by rank.
     """
     result_dir.mkdir(parents=True, exist_ok=True)
     reference = f"{worker.__module__}:{worker.__qualname__}"
-    root = None if megatron_root is None else str(megatron_root)
-    start_zygote(_zygote, (world_size, reference, payload, str(result_dir), root), warm=root is None)
+    start_zygote(_zygote, (world_size, reference, payload, str(result_dir), join_group), megatron_root)
     return [pickle.loads((result_dir / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)]
 
 

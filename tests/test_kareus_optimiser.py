@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from megatron_energy import registry
+from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.config import parse_target
@@ -28,7 +27,6 @@ from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
-ROOT = Path(__file__).resolve().parents[1]
 FAST = SearchBudget(trials=3)
 
 
@@ -164,30 +162,13 @@ def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: P
     assert kareus.result.total_energy_j < stock.result.total_energy_j
 
 
-def test_simulate_compare_prints_every_mode_as_modelled(tmp_path: Path) -> None:
+def test_simulate_compare_prints_every_mode_as_modelled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "all.json"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "megatron_energy.cli",
-            "simulate",
-            "--config",
-            str(EXAMPLE_7B),
-            "--compare",
-            "--trials",
-            "1",
-            "--trace",
-            str(trace),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
-    out = completed.stdout
+    argv = ["simulate", "--config", str(EXAMPLE_7B), "--compare", "--trials", "1", "--trace", str(trace)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
     for mode in ("stock", "perseus", "kareus", "all"):
         assert f"│ {mode}" in out
     assert "modelled" in out and "static" in out and "dynamic" in out

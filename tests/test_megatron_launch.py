@@ -1,14 +1,14 @@
-"""``python -m megatron_energy.launch``: flags stripped, modes refused, one trace per rank under torchrun."""
+"""``python -m megatron_energy.launch``: flags stripped, modes refused, one trace per rank of a gloo world."""
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from megatron_harness import TINY_GPT_SCRIPT, free_port
+from launcher_world import run_launcher
+from megatron_harness import TINY_GPT_SCRIPT
 
 from megatron_energy import launch
 from megatron_energy.events import read_trace
@@ -123,23 +123,21 @@ def _check_rank_trace(events: list[dict], rank: int, expected: list[tuple]) -> N
 
 
 @pytest.mark.world
-def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
+def test_the_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_path: Path) -> None:
     """The executed order (non-default group size) is the order the hooks see AND the order the plan has.
 
     Regression: the plan used to be solved on orders rebuilt with the default group size, so its DAG was not
     the executed one; now the adapter computes the orders once and every DAG is built from them.
     """
     trace = tmp_path / "trace.jsonl"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "megatron_energy.launch", str(TINY_GPT_SCRIPT), *MEGATRON_ARGS, "--energy-trace", str(trace),
+    argv = [
+        str(TINY_GPT_SCRIPT), *MEGATRON_ARGS, "--energy-trace", str(trace),
         "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
         "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1",
         "--energy-dir", str(tmp_path / "energy"),
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run = run_launcher(argv, 2, tmp_path)
+    assert run.statuses == (0, 0), run.output[-4000:]
     assert not trace.exists(), "with 2 ranks every rank writes its own FILE.rankN"
     expected = pipeline_orders(2, NUM_MICROBATCHES, 2, microbatch_group_size=GROUP_SIZE)
     assert expected != pipeline_orders(2, NUM_MICROBATCHES, 2), "the group size must matter for this test"
@@ -149,7 +147,7 @@ def test_torchrun_launcher_traces_and_plans_megatrons_interleaved_order_per_rank
             rank,
             [(i.kind, i.microbatch, i.chunk) for i in expected.stage(rank)],
         )
-    assert "not optimising" not in result.stdout + result.stderr
+    assert "not optimising" not in run.output
     (plan_file,) = (tmp_path / "energy").glob("*/plan.json")
     plan = Plan.load(plan_file)
     for rank in (0, 1):

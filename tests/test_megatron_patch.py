@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from megatron_harness import spawn_world
 
 from megatron_energy.commands import patch as patch_command
 from megatron_energy.megatron import patching
@@ -95,18 +96,23 @@ def test_apply_patches_a_tree_that_sits_inside_another_git_repository(
     assert "_call_p2p_hook" in (root / "megatron/core/pipeline_parallel/p2p_communication.py").read_text()
 
 
-def test_patched_megatron_parses_the_energy_flags_as_its_own(patched_megatron_root: Path) -> None:
-    program = (
-        "import sys\n"
-        f"sys.path.insert(0, {str(patched_megatron_root)!r})\n"
-        "sys.argv = ['pretrain_gpt.py', '--energy-optimise', '--energy-trace', 't.jsonl']\n"
-        "from megatron.training.arguments import parse_args\n"
-        "args = parse_args()\n"
-        "print(args.energy_optimise, args.energy_trace)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1] == "True t.jsonl"
+def parse_megatron_args(_rank: int, _world_size: int, argv: list[str]) -> tuple[str, bool, str | None]:
+    """A world's worker: Megatron's own ``parse_args`` on ``argv``; where it comes from and what it parsed."""
+    from megatron.training import arguments
+
+    sys.argv = ["pretrain_gpt.py", *argv]
+    args = arguments.parse_args()
+    return arguments.__file__, args.energy_optimise, args.energy_trace
+
+
+@pytest.mark.world
+def test_patched_megatron_parses_the_energy_flags_as_its_own(
+    patched_megatron_root: Path, tmp_path: Path
+) -> None:
+    argv = ["--energy-optimise", "--energy-trace", "t.jsonl"]
+    ((source, optimise, trace),) = spawn_world(parse_megatron_args, 1, tmp_path, argv, patched_megatron_root)
+    assert Path(source).is_relative_to(patched_megatron_root)
+    assert (optimise, trace) == (True, "t.jsonl")
 
 
 def test_a_conflicting_edit_with_nothing_applied_says_so_names_the_file_and_does_not_suggest_revert(

@@ -1,20 +1,19 @@
 """A second optimiser plugs in as an installed plugin, without touching the session, and runs end to end.
 
 The toy optimiser (``tests/optimiser_plugin/toy_fixed_clocks.py``) is "installed" the way a pip package
-would be: a ``.dist-info`` folder on ``PYTHONPATH`` declares it in the ``megatron_energy.optimisers``
-entry-point group. Megatron then trains a 2-stage pipeline through the launcher with ``--energy-mode toy``.
+would be: a ``.dist-info`` folder on the ranks' path (``sys.path``, where ``PYTHONPATH`` puts it) declares it
+in the ``megatron_energy.optimisers`` entry-point group. Megatron then trains a 2-stage pipeline through the
+launcher with ``--energy-mode toy`` (``launcher_world``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from megatron_harness import TINY_GPT_SCRIPT, free_port
+from launcher_world import LauncherRun, run_launcher
+from megatron_harness import TINY_GPT_SCRIPT
 
 from megatron_energy import registry
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -46,25 +45,17 @@ def install_plugin(site: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def toy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def toy_run(tmp_path_factory: pytest.TempPathFactory) -> LauncherRun:
+    """The launcher with ``--energy-mode toy`` on 2 ranks, the plugin installed on their path."""
     root = tmp_path_factory.mktemp("toy_plugin")
     install_plugin(root / "site")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(root / "site"), str(PLUGIN_SOURCE), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "megatron_energy.launch", str(TINY_GPT_SCRIPT), *MEGATRON_ARGS,
+    argv = [
+        str(TINY_GPT_SCRIPT), *MEGATRON_ARGS,
         "--energy-optimise", "--energy-mode", "toy", "--energy-backend", "simulated",
         "--energy-gpu-spec", "h100-sxm", "--energy-freq-grid", ",".join(map(str, GRID_MHZ)),
         "--energy-profile-iters", "1", "--energy-dir", str(root / "energy"),
     ]  # fmt: skip
-    result = subprocess.run(
-        command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    return result, root
+    return run_launcher(argv, 2, root, sys_path=[root / "site", PLUGIN_SOURCE])
 
 
 def test_an_unknown_plugin_mode_is_refused_with_the_released_ones() -> None:
@@ -72,11 +63,10 @@ def test_an_unknown_plugin_mode_is_refused_with_the_released_ones() -> None:
     assert problem is not None and "unknown --energy-mode 'toy'" in problem and "perseus" in problem
 
 
-def test_the_plugin_plans_and_its_plan_runs(toy_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
-    result, root = toy_run
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    (plan_file,) = (root / "energy").glob("*/plan.json")
+def test_the_plugin_plans_and_its_plan_runs(toy_run: LauncherRun) -> None:
+    output = toy_run.output
+    assert toy_run.statuses == (0, 0), output[-4000:]
+    (plan_file,) = (toy_run.folder / "energy").glob("*/plan.json")
     plan = Plan.load(plan_file)
     assert plan.optimisers == ("toy",)
     orders = pipeline_orders(2, 4, 1)
