@@ -58,7 +58,7 @@ from megatron_energy.perseus.frontier_points import (
     RelaxedSolution,
     interpolated,
 )
-from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
+from megatron_energy.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
@@ -295,8 +295,8 @@ class FrontierSolver:
         target_j = reference_j * (1 + TARGET_GAP)
         tail_j = self.simulator.tail_offset_j  # the search's energy leaves out the tail's constant
         if energy_j + tail_j > target_j:
-            trades = len(self._compute) <= EXACT_LP_INSTRUCTIONS
-            search.improve(deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j, trades)
+            sweeps = TRADE_SWEEPS if len(self._compute) <= EXACT_LP_INSTRUCTIONS else 0
+            search.improve(deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j, sweeps)
         return self._point(deadline_s, relaxed.lower_bound_j, relaxed.exact)
 
     def _point(self, deadline_s: float, lower_bound_j: float, exact_bound: bool) -> FrontierPoint:

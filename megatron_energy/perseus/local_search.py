@@ -21,13 +21,16 @@ Two kinds of step, both exact (the deadline holds and ``E`` is recomputed, never
 
 Trying a trade is cheap where it fails, which is most of the time: its time and cost balance is checked
 first, then the new end of the slowed node against the latest end its successors allow (from the latest
-starts, kept up to date incrementally); only then are the durations changed and the earliest starts after
+starts of the plan the sweep began with); only then are the durations changed and the earliest starts after
 them updated incrementally (node indices are topological), the shift given up at the first node that runs
-past its latest start, or far enough to cost more time than the trade saves.
+past its latest start, or far enough to cost more time than the trade saves. Within a sweep the latest
+starts are not updated after a kept trade (that walk back over the ancestors cost more than the trades):
+they only prune, so a stale one may spare or cost a try, but every kept trade is judged exactly (the
+deadline from the shifted earliest starts, the energy change summed over them).
 
 The search alternates trade sweeps (most promising first, by the change of marginal cost) and fills, and
-stops when a round gains less than the caller's ``min_gain_j`` or the energy reaches ``target_j``: it is
-bounded by what it still gains, not by luck in reaching the lower bound.
+stops after ``sweeps`` of them, when a round gains less than the caller's ``min_gain_j`` or when the energy
+reaches ``target_j``: it is bounded by what it still gains, not by luck in reaching the lower bound.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ REL_TOL = 1e-12
 """Relative tolerance of deadline checks (floating-point noise)."""
 CHAIN_REACH = 3
 """Compound trades also take partners up to this many places before and after a node on its stage."""
+TRADE_SWEEPS = 2
+"""Trade sweeps per search by default. Measured on issue 13's family (S=8 M=64, 5 seeds): the first sweep
+gains most of what trades gain, later ones at most 0.03 % of the energy for more than their cost."""
 
 
 class OptionTable:
@@ -187,7 +193,7 @@ class LocalSearch:
     # ----- search ----------------------------------------------------------------------------------------
 
     def improve(
-        self, deadline_s: float, min_gain_j: float, target_j: float = 0.0, trades: bool = True
+        self, deadline_s: float, min_gain_j: float, target_j: float = 0.0, sweeps: int = TRADE_SWEEPS
     ) -> list[int]:
         """Improve the current plan (see :meth:`load`; it must meet ``deadline_s``) within the deadline.
 
@@ -195,7 +201,7 @@ class LocalSearch:
             deadline_s: The iteration-time budget.
             min_gain_j: A round of trades and fills that gains less than this ends the search.
             target_j: The search also ends once the energy is at most this.
-            trades: Whether to trade at all (otherwise only fill).
+            sweeps: At most this many trade sweeps (0: only fill).
 
         Returns:
             The improved plan (option index per node, -1 for non-compute nodes).
@@ -205,7 +211,9 @@ class LocalSearch:
         if self.makespan_s < deadline_s:
             self.fill(deadline_s)
         compound = False
-        while trades and self.energy_j > target_j:
+        for _ in range(sweeps):
+            if self.energy_j <= target_j:
+                break
             before_j = self.energy_j
             if self.trade(deadline_s, compound):
                 self.fill(self.makespan_s)
@@ -352,7 +360,6 @@ class LocalSearch:
             return False
         if self.start[self.sink] <= deadline_s and undo[-1] < -1e-9:
             self.energy_j += undo[-1]
-            self._update_latest([node for node, _ in moves], deadline_s)
             return True
         self._undo(undo)
         return False
@@ -462,24 +469,6 @@ class LocalSearch:
                     heapq.heappush(heap, w)
         delta_j += self.end_weight_w * last_shift_s + self.time_weight_w * sink_shift_s
         return undone, changed, delta_j
-
-    def _update_latest(self, moved: Sequence[int], deadline_s: float) -> None:
-        """Update the latest starts for ``deadline_s`` after the ``moved`` nodes changed duration."""
-        latest, durations, preds, succs = self._latest, self.durations, self.preds, self.succs
-        heap = [-v for v in moved]
-        heapq.heapify(heap)
-        queued = set(moved)
-        while heap:
-            v = -heapq.heappop(heap)
-            successors = succs[v]
-            late = (min([latest[w] for w in successors]) if successors else deadline_s) - durations[v]
-            if late == latest[v]:
-                continue
-            latest[v] = late
-            for u in preds[v]:
-                if u not in queued:
-                    queued.add(u)
-                    heapq.heappush(heap, -u)
 
     def _undo(self, record: tuple[list[tuple[int, int, float]], list[tuple[int, float]], float]) -> None:
         undone, changed, _ = record
