@@ -59,6 +59,7 @@ from megatron_energy.perseus.frontier_points import (
     interpolated,
 )
 from megatron_energy.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
+from megatron_energy.perseus.longest_path import latest_starts, neighbour_pairs
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
@@ -119,6 +120,7 @@ class FrontierSolver:
         for u, v in edges.tolist():
             self._preds[v].append(u)
             self._succs[u].append(v)
+        self._pred_pairs, self._succ_pairs = neighbour_pairs(self._preds), neighbour_pairs(self._succs)
         self._sink = dag.index["sink"]
         self._last = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
         marginal_w = np.full(num_nodes, self._powers[0])
@@ -233,16 +235,22 @@ class FrontierSolver:
         latest end the relaxed schedule allows its successors.
         """
         durations = relaxed.durations_s.tolist()
-        latest = self.dag.latest_start_s(
-            relaxed.durations_s, min(relaxed.deadline_s, relaxed.time_s)
-        ).tolist()
+        latest = latest_starts(
+            self._succs, self._succ_pairs, durations, min(relaxed.deadline_s, relaxed.time_s)
+        )
         choice = [-1] * len(durations)
         end = [0.0] * len(durations)
-        for v, preds in enumerate(self._preds):
-            start = max([end[u] for u in preds]) if preds else 0.0
+        for v, pair in enumerate(self._pred_pairs):
+            if pair is not None:
+                first, second = end[pair[0]], end[pair[1]]
+                start = first if first > second else second
+            else:
+                start = max([end[u] for u in self._preds[v]]) if self._preds[v] else 0.0
             table = self._tables[v]
             if table is not None:
-                choice[v] = table.choose(min([latest[w] for w in self._succs[v]]) - start)
+                choice[v] = table.choose(
+                    latest[v] + durations[v] - start
+                )  # the latest end its successors allow
                 durations[v] = table.times_s[choice[v]]
             end[v] = start + durations[v]
         return choice

@@ -39,6 +39,7 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
+from megatron_energy.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
 from megatron_energy.pipeline.profile import ClockOption
 
 REL_TOL = 1e-12
@@ -118,9 +119,11 @@ class LocalSearch:
         chains: Sequence[Sequence[int]] = (),
     ):
         self.preds, self.succs, self.sink = preds, succs, sink
+        self._pred_pairs, self._succ_pairs = neighbour_pairs(preds), neighbour_pairs(succs)
         self.tables = list(tables)
         self.compute = [i for i, table in enumerate(self.tables) if table is not None]
         self.fixed_s = list(fixed_s)
+        self.last_nodes = list(last_nodes)
         self.is_last = [False] * len(preds)
         for i in last_nodes:
             self.is_last[i] = True
@@ -168,26 +171,18 @@ class LocalSearch:
 
     def _earliest_starts(self, durations: list[float]) -> list[float]:
         """ASAP start of every node."""
-        start = [0.0] * len(durations)
-        for v, preds in enumerate(self.preds):
-            if preds:
-                start[v] = max([start[u] + durations[u] for u in preds])
-        return start
+        return earliest_starts(self.preds, self._pred_pairs, durations)
 
     def _latest_starts(self, durations: list[float], makespan_s: float) -> list[float]:
         """Latest start of every node that lets the sink start by ``makespan_s``."""
-        latest = [0.0] * len(durations)
-        for v in range(len(durations) - 1, -1, -1):
-            succs = self.succs[v]
-            latest[v] = (min([latest[w] for w in succs]) if succs else makespan_s) - durations[v]
-        return latest
+        return latest_starts(self.succs, self._succ_pairs, durations, makespan_s)
 
     def _energy(self) -> float:
         """Energy of the current plan (see the module docstring)."""
         costs = 0.0
         for i in self.compute:
             costs += self.tables[i].costs[self.choice[i]]  # type: ignore[union-attr]
-        last_starts = sum(self.start[i] for i, last in enumerate(self.is_last) if last)
+        last_starts = sum([self.start[i] for i in self.last_nodes])
         return costs + self.end_weight_w * last_starts + self.time_weight_w * self.start[self.sink]
 
     # ----- search ----------------------------------------------------------------------------------------
@@ -232,19 +227,24 @@ class LocalSearch:
             Whether the plan changed (it is kept only if its energy drops).
         """
         choice, durations, start, succs = list(self.choice), list(self.durations), self.start, self.succs
+        pairs, tables, is_last = self._succ_pairs, self.tables, self.is_last
         latest = [0.0] * len(durations)
         end_weight = self.end_weight_w
         changed = False
         for v in range(len(durations) - 1, -1, -1):
-            successors = succs[v]
-            latest_end = min([latest[w] for w in successors]) if successors else cap_s
-            table = self.tables[v]
+            pair = pairs[v]
+            if pair is not None:
+                first, second = latest[pair[0]], latest[pair[1]]
+                latest_end = first if first < second else second
+            else:
+                latest_end = min([latest[w] for w in succs[v]]) if succs[v] else cap_s
+            table = tables[v]
             if table is not None:
                 k = table.choose(latest_end - start[v])
                 if table.costs[k] < table.costs[choice[v]]:
                     choice[v], durations[v], changed = k, table.times_s[k], True
             latest[v] = latest_end - durations[v]
-            if self.is_last[v] and end_weight > 0 and latest[v] > start[v]:
+            if is_last[v] and end_weight > 0 and latest[v] > start[v]:
                 latest[v] = start[v]  # a later stage end costs blocked over idle power
         if not changed:
             return False
@@ -426,7 +426,7 @@ class LocalSearch:
         moves save: neither can be undone further down, since nothing after that node changed.
         """
         choice, durations, start = self.choice, self.durations, self.start
-        preds, succs, latest = self.preds, self.succs, self._latest
+        preds, succs, latest, pairs = self.preds, self.succs, self._latest, self._pred_pairs
         undone: list[tuple[int, int, float]] = []
         delta_j = 0.0
         heap: list[int] = []
@@ -448,7 +448,12 @@ class LocalSearch:
         last_shift_s = sink_shift_s = 0.0
         while heap:
             v = heapq.heappop(heap)
-            begin = max([start[u] + durations[u] for u in preds[v]])
+            pair = pairs[v]
+            if pair is not None:
+                first, second = start[pair[0]] + durations[pair[0]], start[pair[1]] + durations[pair[1]]
+                begin = first if first > second else second
+            else:
+                begin = max([start[u] + durations[u] for u in preds[v]])
             if begin == start[v]:
                 continue
             if v > after and (
