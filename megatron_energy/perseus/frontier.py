@@ -33,8 +33,9 @@ is convex in the deadline and the dual of the deadline gives its slope, so every
 bound is valid but looser; ``FrontierPoint.exact_bound`` says which kind a point has.
 
 **Local search** (:mod:`megatron_energy.perseus.local_search`): fills of floats and trades between
-neighbouring critical instructions, each judged exactly as above; it stops when a round gains less than
-``MIN_GAIN`` of the plan's energy or the plan is within ``TARGET_GAP`` of the lower bound. The remaining gap
+neighbouring critical instructions, each judged exactly as above; it stops after ``TRADE_SWEEPS`` sweeps of
+trades, when a round gains less than ``MIN_GAIN`` of the plan's energy or when the plan is within
+``TARGET_GAP`` of the lower bound. The remaining gap
 to the bound is reported with every point, as computed: never rounded down.
 
 **Baseline.** Every instruction at its maximum clock (:func:`all_max_clocks`), as the GPU runs unplanned. On a
