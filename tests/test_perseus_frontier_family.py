@@ -6,6 +6,7 @@ import pytest
 
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import FrontierSolver, PlanClocks, all_max_clocks
+from megatron_energy.perseus.local_search import LocalSearch
 from megatron_energy.perseus.planner import Planner
 from megatron_energy.perseus.profile_family import A100_CLOCKS_MHZ, ProfileFamily, family_profile
 from megatron_energy.pipeline.dag import PipelineDag
@@ -264,3 +265,28 @@ def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(t
         assert handed.lower_bound_j >= point.lower_bound_j * (1 - 1e-9)  # the tangent was the looser one
         assert handed.gap <= point.gap + 1e-12
         assert handed.energy_j == point.energy_j
+
+
+@pytest.mark.parametrize("sweeps", [0, 1, 2])
+def test_the_search_makes_at_most_its_sweeps_of_trades(sweeps, monkeypatch):
+    dag = PipelineDag.build(pipeline_orders(4, 8))
+    profile = family_profile(ProfileFamily(4), 2)
+    solver = FrontierSolver(dag, profile)
+    relaxed = solver.relaxed(solver.min_time_s * 1.05)
+    calls: list[bool] = []
+    trade = LocalSearch.trade
+
+    def counted(self: LocalSearch, deadline_s: float, compound: bool = False) -> bool:
+        calls.append(compound)
+        return trade(self, deadline_s, compound)
+
+    monkeypatch.setattr(LocalSearch, "trade", counted)
+    search = solver._search
+    energy_j = search.load(solver._rounded(relaxed))
+    search.improve(relaxed.deadline_s, 0.0, 0.0, sweeps)
+    assert len(calls) == sweeps  # no gain threshold, no target: every allowed sweep runs
+    assert search.makespan_s <= relaxed.deadline_s * (1 + 1e-12)
+    assert search.energy_j <= energy_j
+    assert Simulator(dag, profile).evaluate(
+        {dag.nodes[i]: search.tables[i].options[k].clock_mhz for i, k in enumerate(search.choice) if k >= 0}
+    )[1] == pytest.approx(search.energy_j + solver.simulator.tail_offset_j, rel=1e-12)
