@@ -137,7 +137,9 @@ class FrontierSolver:
                 shared[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
             self._tables[i] = shared[table_key]
         hulls = {key: lower_convex_hull(profile.options(key)) for key in set(keys.values())}
-        self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, self._last)
+        self._build_program(
+            {i: hulls[key] for i, key in keys.items()}, marginal_w, self._bypassed(), self._last
+        )
         fixed_s = dag.fixed_durations_s().tolist()
         chains = [[dag.index[node] for node in dag.stage_order(stage)] for stage in range(dag.num_stages)]
         self._search = LocalSearch(
@@ -149,11 +151,36 @@ class FrontierSolver:
         self._search.load([0 if table else -1 for table in self._tables])
         self.min_time_s = self._search.makespan_s
 
+    def _bypassed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The DAG's edges with chains of transfers bypassed, and the fixed time each edge carries.
+
+        A transfer (a fixed node of one predecessor and one successor, of no cost) only relays
+        ``τ_v ≥ τ_u + d_u + d_transfer``: the relaxed program keeps its optimum with one row per bypassed edge
+        instead of two.
+        """
+        fixed_s = self.dag.fixed_durations_s().tolist()
+        passing = [
+            self._tables[v] is None and len(self._preds[v]) == 1 and len(self._succs[v]) == 1
+            for v in range(len(self.dag.nodes))
+        ]
+        edges, carried = [], []
+        for u, successors in enumerate(self._succs):
+            if passing[u]:
+                continue
+            for v in successors:
+                extra_s = 0.0
+                while passing[v]:
+                    extra_s += fixed_s[v]
+                    v = self._succs[v][0]
+                edges.append((u, v))
+                carried.append(extra_s)
+        return np.array(edges, dtype=np.int64).reshape(-1, 2), np.array(carried)
+
     def _build_program(
         self,
         hulls: Mapping[int, tuple[np.ndarray, np.ndarray]],
         marginal_w: np.ndarray,
-        edges: np.ndarray,
+        bypassed: tuple[np.ndarray, np.ndarray],
         last: list[int],
     ) -> None:
         """Assemble the relaxed program once (columns: ``τ`` per node, then ``δ`` per useful hull segment).
@@ -181,6 +208,7 @@ class FrontierSolver:
             segment_len.extend(np.diff(times)[useful])
             segment_cost.extend(costs[useful])
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
+        edges, carried_s = bypassed
         sources, targets = edges[:, 0], edges[:, 1]
         counts = segment_count[sources]
         rows = np.repeat(np.arange(len(edges)), counts)
@@ -201,7 +229,8 @@ class FrontierSolver:
         upper = np.concatenate([np.full(num_nodes, np.inf), np.array(segment_len, dtype=np.float64)])
         upper[self.dag.index["source"]] = 0.0
         cost = np.concatenate([node_cost, np.array(segment_cost, dtype=np.float64)])
-        self._program = HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
+        rhs = -(self._base_s[sources] + carried_s)
+        self._program = HotStartProgram(cost, matrix, rhs, np.zeros(num_columns), upper)
 
     def relaxed(self, deadline_s: float) -> RelaxedSolution:
         """Solve the relaxed problem for one deadline (``math.inf`` for the minimum-energy point).
