@@ -15,8 +15,10 @@ per hull segment (``0 ≤ δ_ik ≤`` its length, cost = its slope). Convexity m
 order, so this incremental form equals the epigraph form without its extra rows. With an event time ``τ_v``
 per node and ``τ_v ≥ τ_u + d_u`` per edge, minimising ``E`` subject to ``T ≤ deadline`` is a linear program.
 Its optimum is a lower bound on the energy of every plan that meets the deadline, since every real plan is a
-feasible point whose energy lies on or above the hulls. The program is built once; between deadlines only
-the bound on ``T`` changes, and HiGHS' dual simplex restarts from the previous basis.
+feasible point whose energy lies on or above the hulls. A transfer (a fixed node between one predecessor
+and one successor) only relays its edges, so it is bypassed: one row ``τ_v ≥ τ_u + d_u + d_transfer``
+instead of two, the same optimum. The program is built once; between deadlines only the bound on ``T``
+changes, and HiGHS' dual simplex restarts from the previous basis.
 
 **Rounding.** A pass in topological order gives every instruction the option of least marginal cost
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
