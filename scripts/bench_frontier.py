@@ -37,7 +37,9 @@ Run it pinned to one core, e.g.::
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
 import logging
 import math
@@ -62,7 +64,7 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
 from megatron_energy.perseus.profile_family import ProfileFamily, family_profile
 from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
-from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.profile import CSV_COLUMNS, Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator
 
 GPU = "a100-sxm-80gb"
@@ -187,10 +189,24 @@ def run_lowtime(case: Case) -> tuple[np.ndarray, Timing]:
     return np.asarray(plans, dtype=np.int32), watch.read()
 
 
+def profile_rows_text(profile: Profile) -> str:
+    """The profile's rows as CSV text without its provenance column: what lowtime's result depends on."""
+    with_chunk = profile.num_chunks > 1
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
+    for key in profile:
+        stage, chunk, kind = key
+        for option in sorted(profile.options(key), key=lambda o: -o.clock_mhz):
+            row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
+            writer.writerow(row + ([chunk] if with_chunk else []))
+    return buffer.getvalue()
+
+
 def cache_key(case: Case) -> str:
-    """What lowtime's result depends on: the profile, the DAG, lowtime's version and this adapter."""
+    """What lowtime's result depends on: the profile's rows, the DAG, lowtime's version and this adapter."""
     digest = hashlib.sha256()
-    digest.update(case.profile.to_csv_text().encode())
+    digest.update(profile_rows_text(case.profile).encode())
     edges = case.dag.edges_array()
     digest.update(edges.tobytes())
     digest.update(case.dag.fixed_durations_s().tobytes())

@@ -1,16 +1,20 @@
 import itertools
+import math
 import statistics
 
 import numpy as np
 import pytest
 
+from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import FrontierSolver, PlanClocks, all_max_clocks
+from megatron_energy.perseus.local_search import LocalSearch
 from megatron_energy.perseus.planner import Planner
 from megatron_energy.perseus.profile_family import A100_CLOCKS_MHZ, ProfileFamily, family_profile
-from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.perseus.relaxation import lower_convex_hull
+from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
-from megatron_energy.pipeline.profile import ClockOption, Profile
+from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.sim import Simulator
 
 # ----- the family generator ---------------------------------------------------------------------------------
@@ -264,3 +268,48 @@ def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(t
         assert handed.lower_bound_j >= point.lower_bound_j * (1 - 1e-9)  # the tangent was the looser one
         assert handed.gap <= point.gap + 1e-12
         assert handed.energy_j == point.energy_j
+
+
+@pytest.mark.parametrize("sweeps", [0, 1, 2])
+def test_the_search_makes_at_most_its_sweeps_of_trades(sweeps, monkeypatch):
+    dag = PipelineDag.build(pipeline_orders(4, 8))
+    profile = family_profile(ProfileFamily(4), 2)
+    solver = FrontierSolver(dag, profile)
+    relaxed = solver.relaxed(solver.min_time_s * 1.05)
+    calls: list[bool] = []
+    trade = LocalSearch.trade
+
+    def counted(self: LocalSearch, deadline_s: float, compound: bool = False) -> bool:
+        calls.append(compound)
+        return trade(self, deadline_s, compound)
+
+    monkeypatch.setattr(LocalSearch, "trade", counted)
+    search = solver._search
+    energy_j = search.load(solver._rounded(relaxed))
+    search.improve(relaxed.deadline_s, 0.0, 0.0, sweeps)
+    assert len(calls) == sweeps  # no gain threshold, no target: every allowed sweep runs
+    assert search.makespan_s <= relaxed.deadline_s * (1 + 1e-12)
+    assert search.energy_j <= energy_j
+    assert Simulator(dag, profile).evaluate(
+        {dag.nodes[i]: search.tables[i].options[k].clock_mhz for i, k in enumerate(search.choice) if k >= 0}
+    )[1] == pytest.approx(search.energy_j + solver.simulator.tail_offset_j, rel=1e-12)
+
+
+def test_bypassing_transfers_keeps_the_relaxed_optimum():
+    spec = load_gpu_spec("a100-sxm-80gb")
+    shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=4)
+    comm = CommSpec(spec.p2p_latency_s, spec.p2p_bandwidth_gbps, shape.activation_bytes())
+    dag = PipelineDag.build(pipeline_orders(4, 8, 2), comm=comm)
+    profile = family_profile(ProfileFamily(4, 2), 3)
+    bypassed = FrontierSolver(dag, profile)
+    full = FrontierSolver(dag, profile)
+    edges = dag.edges_array()
+    hulls = {i: lower_convex_hull(profile.options(dag.nodes[i].work)) for i in dag.compute_indices().tolist()}
+    marginal_w = np.full(len(dag.nodes), profile.blocked_power_w)
+    marginal_w[full._last] = profile.idle_power_w
+    full._build_program(hulls, marginal_w, (edges, np.zeros(len(edges))), full._last)
+    assert len(bypassed._bypassed()[0]) < len(edges)  # transfers were bypassed
+    for deadline_s in (math.inf, bypassed.min_time_s * 1.02, bypassed.min_time_s):
+        assert bypassed.relaxed(deadline_s).lower_bound_j == pytest.approx(
+            full.relaxed(deadline_s).lower_bound_j, rel=1e-9
+        )

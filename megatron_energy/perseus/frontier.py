@@ -15,8 +15,10 @@ per hull segment (``0 ≤ δ_ik ≤`` its length, cost = its slope). Convexity m
 order, so this incremental form equals the epigraph form without its extra rows. With an event time ``τ_v``
 per node and ``τ_v ≥ τ_u + d_u`` per edge, minimising ``E`` subject to ``T ≤ deadline`` is a linear program.
 Its optimum is a lower bound on the energy of every plan that meets the deadline, since every real plan is a
-feasible point whose energy lies on or above the hulls. The program is built once; between deadlines only
-the bound on ``T`` changes, and HiGHS' dual simplex restarts from the previous basis.
+feasible point whose energy lies on or above the hulls. A transfer (a fixed node between one predecessor
+and one successor) only relays its edges, so it is bypassed: one row ``τ_v ≥ τ_u + d_u + d_transfer``
+instead of two, the same optimum. The program is built once; between deadlines only the bound on ``T``
+changes, and HiGHS' dual simplex restarts from the previous basis.
 
 **Rounding.** A pass in topological order gives every instruction the option of least marginal cost
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
@@ -33,8 +35,9 @@ is convex in the deadline and the dual of the deadline gives its slope, so every
 bound is valid but looser; ``FrontierPoint.exact_bound`` says which kind a point has.
 
 **Local search** (:mod:`megatron_energy.perseus.local_search`): fills of floats and trades between
-neighbouring critical instructions, each judged exactly as above; it stops when a round gains less than
-``MIN_GAIN`` of the plan's energy or the plan is within ``TARGET_GAP`` of the lower bound. The remaining gap
+neighbouring critical instructions, each judged exactly as above; it stops after ``TRADE_SWEEPS`` sweeps of
+trades, when a round gains less than ``MIN_GAIN`` of the plan's energy or when the plan is within
+``TARGET_GAP`` of the lower bound. The remaining gap
 to the bound is reported with every point, as computed: never rounded down.
 
 **Baseline.** Every instruction at its maximum clock (:func:`all_max_clocks`), as the GPU runs unplanned. On a
@@ -58,7 +61,8 @@ from megatron_energy.perseus.frontier_points import (
     RelaxedSolution,
     interpolated,
 )
-from megatron_energy.perseus.local_search import REL_TOL, LocalSearch, OptionTable
+from megatron_energy.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
+from megatron_energy.perseus.longest_path import latest_starts, neighbour_pairs
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
@@ -119,6 +123,7 @@ class FrontierSolver:
         for u, v in edges.tolist():
             self._preds[v].append(u)
             self._succs[u].append(v)
+        self._pred_pairs, self._succ_pairs = neighbour_pairs(self._preds), neighbour_pairs(self._succs)
         self._sink = dag.index["sink"]
         self._last = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
         marginal_w = np.full(num_nodes, self._powers[0])
@@ -134,7 +139,9 @@ class FrontierSolver:
                 shared[table_key] = OptionTable(profile.options(keys[i]), marginal_w[i])
             self._tables[i] = shared[table_key]
         hulls = {key: lower_convex_hull(profile.options(key)) for key in set(keys.values())}
-        self._build_program({i: hulls[key] for i, key in keys.items()}, marginal_w, edges, self._last)
+        self._build_program(
+            {i: hulls[key] for i, key in keys.items()}, marginal_w, self._bypassed(), self._last
+        )
         fixed_s = dag.fixed_durations_s().tolist()
         chains = [[dag.index[node] for node in dag.stage_order(stage)] for stage in range(dag.num_stages)]
         self._search = LocalSearch(
@@ -146,11 +153,36 @@ class FrontierSolver:
         self._search.load([0 if table else -1 for table in self._tables])
         self.min_time_s = self._search.makespan_s
 
+    def _bypassed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The DAG's edges with chains of transfers bypassed, and the fixed time each edge carries.
+
+        A transfer (a fixed node of one predecessor and one successor, of no cost) only relays
+        ``τ_v ≥ τ_u + d_u + d_transfer``: the relaxed program keeps its optimum with one row per bypassed edge
+        instead of two.
+        """
+        fixed_s = self.dag.fixed_durations_s().tolist()
+        passing = [
+            self._tables[v] is None and len(self._preds[v]) == 1 and len(self._succs[v]) == 1
+            for v in range(len(self.dag.nodes))
+        ]
+        edges, carried = [], []
+        for u, successors in enumerate(self._succs):
+            if passing[u]:
+                continue
+            for v in successors:
+                extra_s = 0.0
+                while passing[v]:
+                    extra_s += fixed_s[v]
+                    v = self._succs[v][0]
+                edges.append((u, v))
+                carried.append(extra_s)
+        return np.array(edges, dtype=np.int64).reshape(-1, 2), np.array(carried)
+
     def _build_program(
         self,
         hulls: Mapping[int, tuple[np.ndarray, np.ndarray]],
         marginal_w: np.ndarray,
-        edges: np.ndarray,
+        bypassed: tuple[np.ndarray, np.ndarray],
         last: list[int],
     ) -> None:
         """Assemble the relaxed program once (columns: ``τ`` per node, then ``δ`` per useful hull segment).
@@ -178,6 +210,7 @@ class FrontierSolver:
             segment_len.extend(np.diff(times)[useful])
             segment_cost.extend(costs[useful])
         self._segment_node = np.asarray(segment_node, dtype=np.int64)
+        edges, carried_s = bypassed
         sources, targets = edges[:, 0], edges[:, 1]
         counts = segment_count[sources]
         rows = np.repeat(np.arange(len(edges)), counts)
@@ -198,7 +231,8 @@ class FrontierSolver:
         upper = np.concatenate([np.full(num_nodes, np.inf), np.array(segment_len, dtype=np.float64)])
         upper[self.dag.index["source"]] = 0.0
         cost = np.concatenate([node_cost, np.array(segment_cost, dtype=np.float64)])
-        self._program = HotStartProgram(cost, matrix, -self._base_s[sources], np.zeros(num_columns), upper)
+        rhs = -(self._base_s[sources] + carried_s)
+        self._program = HotStartProgram(cost, matrix, rhs, np.zeros(num_columns), upper)
 
     def relaxed(self, deadline_s: float) -> RelaxedSolution:
         """Solve the relaxed problem for one deadline (``math.inf`` for the minimum-energy point).
@@ -233,16 +267,22 @@ class FrontierSolver:
         latest end the relaxed schedule allows its successors.
         """
         durations = relaxed.durations_s.tolist()
-        latest = self.dag.latest_start_s(
-            relaxed.durations_s, min(relaxed.deadline_s, relaxed.time_s)
-        ).tolist()
+        latest = latest_starts(
+            self._succs, self._succ_pairs, durations, min(relaxed.deadline_s, relaxed.time_s)
+        )
         choice = [-1] * len(durations)
         end = [0.0] * len(durations)
-        for v, preds in enumerate(self._preds):
-            start = max([end[u] for u in preds]) if preds else 0.0
+        for v, pair in enumerate(self._pred_pairs):
+            if pair is not None:
+                first, second = end[pair[0]], end[pair[1]]
+                start = first if first > second else second
+            else:
+                start = max([end[u] for u in self._preds[v]]) if self._preds[v] else 0.0
             table = self._tables[v]
             if table is not None:
-                choice[v] = table.choose(min([latest[w] for w in self._succs[v]]) - start)
+                choice[v] = table.choose(
+                    latest[v] + durations[v] - start
+                )  # the latest end its successors allow
                 durations[v] = table.times_s[choice[v]]
             end[v] = start + durations[v]
         return choice
@@ -295,8 +335,8 @@ class FrontierSolver:
         target_j = reference_j * (1 + TARGET_GAP)
         tail_j = self.simulator.tail_offset_j  # the search's energy leaves out the tail's constant
         if energy_j + tail_j > target_j:
-            trades = len(self._compute) <= EXACT_LP_INSTRUCTIONS
-            search.improve(deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j, trades)
+            sweeps = TRADE_SWEEPS if len(self._compute) <= EXACT_LP_INSTRUCTIONS else 0
+            search.improve(deadline_s, MIN_GAIN * (energy_j + tail_j), target_j - tail_j, sweeps)
         return self._point(deadline_s, relaxed.lower_bound_j, relaxed.exact)
 
     def _point(self, deadline_s: float, lower_bound_j: float, exact_bound: bool) -> FrontierPoint:
