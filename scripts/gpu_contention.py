@@ -13,11 +13,13 @@ every configuration runs ``--rounds`` times (>= 3), alternating:
 Time per group comes from CUDA events over the window; energy from NVML's total-energy counter (read only:
 ``nvmlDeviceGetTotalEnergyConsumption`` through pynvml, or ``nvidia-smi --query-gpu=total_energy_consumption``
 when pynvml is missing), as the slope of the counter over its updates inside the window times the time per
-group. The modelled figures come from ``megatron_energy.sim.contention_check`` (the planner's overlap
-simulator, calibrated on the isolated windows and on the overlap window with the fewest CTAs, which is
-marked as calibration and left out of the verdict). Prints per configuration measured vs modelled time and
-energy and their relative errors; ``--json OUT`` writes everything. ``--replay OUT`` recomputes the
-modelled side from the windows of an earlier run (no GPU needed).
+group; the SM clock NVML reports is read beside the counter (median per window). After the windows, one group
+per overlap configuration is timed kernel by kernel (CUDA events: each GEMM's end, the copy's start and end;
+the second of two groups is kept) and written to the JSON as ``timelines``. The modelled figures come from
+``megatron_energy.sim.contention_check`` (the planner's overlap simulator, calibrated on the isolated windows
+and on the overlap window with the fewest CTAs, which is marked as calibration and left out of the verdict).
+Prints per configuration measured vs modelled time and energy and their relative errors; ``--json OUT`` writes
+everything. ``--replay OUT`` recomputes the modelled side from the windows of an earlier run (no GPU needed).
 
     PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
     PYTHONPATH=. python3 scripts/gpu_contention.py --replay contention.json --ctas-per-sm 8
@@ -76,6 +78,7 @@ class EnergyCounter:
 
     def __init__(self, index: int, poll_s: float):
         self.samples: list[tuple[float, float]] = []
+        self.clocks: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._poll_s = poll_s
         try:
@@ -85,6 +88,7 @@ class EnergyCounter:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             self.source = "pynvml nvmlDeviceGetTotalEnergyConsumption"
             self._read = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1e3
+            self._read_clock = lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
             self._thread = threading.Thread(target=self._poll, daemon=True)
         except Exception:  # no pynvml, or NVML will not start: read the counter through nvidia-smi
             if shutil.which("nvidia-smi") is None:
@@ -107,7 +111,9 @@ class EnergyCounter:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter(), self._read()))
+            now = time.perf_counter()
+            self.samples.append((now, self._read()))
+            self.clocks.append((now, float(self._read_clock())))
             time.sleep(self._poll_s)
 
     def _stream(self) -> None:
@@ -124,6 +130,11 @@ class EnergyCounter:
         """Slope of the counter over its updates in ``[start_s + RAMP_S, end_s]``."""
         inside = [(t, e) for t, e in list(self.samples) if start_s + RAMP_S <= t <= end_s]
         return power_from_counter([t for t, _ in inside], [e for _, e in inside])[0]
+
+    def clock_mhz(self, start_s: float, end_s: float) -> float | None:
+        """Median SM clock read in ``[start_s + RAMP_S, end_s]`` (``None`` on the nvidia-smi path)."""
+        inside = sorted(c for t, c in list(self.clocks) if start_s + RAMP_S <= t <= end_s)
+        return inside[len(inside) // 2] if inside else None
 
     def close(self) -> None:
         """Stop polling."""
@@ -195,7 +206,37 @@ def run_window(
     end.synchronize()
     host_end = time.perf_counter()
     time_s = start.elapsed_time(end) / 1e3 / groups
-    return Window(config, ctas, time_s, counter.power_w(host_start, host_end))
+    return Window(
+        config, ctas, time_s, counter.power_w(host_start, host_end), counter.clock_mhz(host_start, host_end)
+    )
+
+
+def kernel_timeline(workload: Workload, ctas: int) -> dict[str, object]:
+    """One overlap group's kernels in ms from its start (CUDA events): each GEMM's end, the copy's span."""
+    args, main = workload.args, torch.cuda.current_stream()
+    torch.cuda.synchronize()
+
+    def event() -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
+    start, copy_start, copy_end = event(), event(), event()
+    gemm_ends = [event() for _ in range(args.gemms)]
+    start.record(main)
+    for i in range(args.gemms):
+        if i == args.launch_after:
+            workload.side.wait_event(gemm_ends[i - 1] if i else start)
+            with torch.cuda.stream(workload.side):
+                copy_start.record(workload.side)
+                workload.copy(ctas)
+                copy_end.record(workload.side)
+        torch.matmul(workload.a, workload.b, out=workload.c)
+        gemm_ends[i].record(main)
+    torch.cuda.synchronize()
+    return {
+        "gemm_end_ms": [start.elapsed_time(e) for e in gemm_ends],
+        "copy_start_ms": start.elapsed_time(copy_start),
+        "copy_end_ms": start.elapsed_time(copy_end),
+    }
 
 
 def copy_ctas_per_sm(workload: Workload) -> int:
@@ -266,7 +307,8 @@ def replay(args: argparse.Namespace) -> int:
     rounds = max(sum(1 for w in windows if w.key == key) for key in {w.key for w in windows})
     args.rounds = rounds
     print(f"replaying {len(windows)} windows measured on {recorded.get('gpu')} (model recomputed on CPU)")
-    report(setup, windows, args, {"gpu": recorded.get("gpu"), "counter": recorded.get("counter")})
+    kept = {key: recorded[key] for key in ("gpu", "counter", "timelines") if key in recorded}
+    report(setup, windows, args, kept)
     return 0
 
 
@@ -320,13 +362,20 @@ def main() -> int:
             windows.append(window)
             print(
                 f"round {round_index} {window.key:12s} {1e3 * window.time_s:9.3f} ms/group "
-                f"{window.power_w:7.1f} W (measured)",
+                f"{window.power_w:7.1f} W {window.clock_mhz or 0:6.0f} MHz (measured)",
                 flush=True,
             )
             time.sleep(GAP_S)
     counter.close()
     print(f"measuring took {time.perf_counter() - started:.0f} s")
-    report(setup, windows, args, {"gpu": torch.cuda.get_device_name(), "counter": counter.source})
+    timelines = {f"overlap:{c}": [kernel_timeline(workload, c) for _ in range(2)][-1] for c in ctas_list}
+    for key, timeline in timelines.items():
+        print(
+            f"{key}: copy {timeline['copy_start_ms']:.2f}-{timeline['copy_end_ms']:.2f} ms, GEMMs end "
+            f"{timeline['gemm_end_ms'][-1]:.2f} ms (measured, CUDA events, one group)"
+        )
+    extra = {"gpu": torch.cuda.get_device_name(), "counter": counter.source, "timelines": timelines}
+    report(setup, windows, args, extra)
     return 0
 
 

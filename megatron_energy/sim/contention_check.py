@@ -82,12 +82,14 @@ class Window:
         ctas: The copy's CTAs (``None`` for ``"gemm"``).
         time_s: Time per group (CUDA events over the window / groups).
         power_w: Mean power over the window (slope of the total-energy counter).
+        clock_mhz: Median SM clock NVML read over the window (``None`` where not read).
     """
 
     config: str
     ctas: int | None
     time_s: float
     power_w: float
+    clock_mhz: float | None = None
 
     @property
     def energy_j(self) -> float:
@@ -259,11 +261,13 @@ class Comparison:
 
 def _mean(windows: Sequence[Window]) -> Window:
     first = windows[0]
+    clocks = [w.clock_mhz for w in windows if w.clock_mhz is not None]
     return Window(
         first.config,
         first.ctas,
         statistics.fmean(w.time_s for w in windows),
         statistics.fmean(w.energy_j for w in windows) / statistics.fmean(w.time_s for w in windows),
+        statistics.median(clocks) if clocks else None,
     )
 
 
