@@ -168,6 +168,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _block_steps(text: str) -> int:
+    """Parse ``--energy-overhead-check``: 0 (off) or a block of at least 2 iterations."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value != 0 and value < 2:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' must be 0 (off) or a block of at least 2 iterations (the first of a block is left out)"
+        )
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -267,6 +280,11 @@ class EnergyConfig:
 
     safety_steps: int = 3
     """``--energy-safety-steps``: consecutive violating steps after which clocks revert to stock."""
+
+    overhead_check: int = 0
+    """``--energy-overhead-check``: once the plan runs, alternate blocks of this many iterations with the
+    session suspended and active, and log the measured difference with its interval
+    (``runtime.overhead_check``); 0: off."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EnergyConfig:
@@ -388,6 +406,14 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         "Consecutive violating steps after which clocks revert to stock.",
         {"type": positive_int, "metavar": "N"},
     ),
+    EnergyFlag(
+        "overhead_check",
+        ("--energy-overhead-check",),
+        "Once the plan runs, alternate blocks of N iterations with the plugin suspended (stock clocks, its "
+        "hooks idle) and active, and log the measured change in iteration time and energy with its 95 %% "
+        "interval at the end (0: off; with --energy-dry-run the change is the plugin's own overhead).",
+        {"type": _block_steps, "metavar": "N"},
+    ),
 )
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
 (patched path) and ``megatron-energy demo`` share."""
@@ -484,6 +510,7 @@ OPTIMISATION_FLAGS = {
     "energy_safety_tolerance": "--energy-safety-tolerance",
     "energy_safety_steps": "--energy-safety-steps",
     "energy_log_file": "--energy-log-file",
+    "energy_overhead_check": "--energy-overhead-check",
 }
 
 

@@ -25,6 +25,12 @@ run so far); ``--resume summary.json`` goes on from the pairs such a session com
 writes every iteration's figures (kept or not, with the plugin's phase) and the summary to one file.
 
     python scripts/gpu_overhead.py --pairs 6 --iters 20 --deadline-s 540 --json overhead.json
+
+``--in-process N`` runs the plugin once with ``--energy-overhead-check N`` instead (the session suspended
+and active in alternate blocks of N iterations of one process, ``runtime.overhead_check``), which removes the
+run-to-run differences from the comparison, and prints the check's line:
+
+    python scripts/gpu_overhead.py --in-process 6 --microbatches 16 --iters 110
 """
 
 from __future__ import annotations
@@ -162,9 +168,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=28,
         help="iterations of one unmeasured plugin run first, which profiles and caches the plan (0: none)",
     )
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of pairs of runs, one plugin run with --energy-overhead-check N: blocks of N iterations"
+        " with the session suspended and active in one process (--iters must cover profiling and the pairs)",
+    )
     parser.add_argument("energy_args", nargs="*", help="extra --energy-* flags for the plugin runs")
     args = parser.parse_args(argv)
-    if args.pairs < 4:
+    if args.pairs < 4 and not args.in_process:
         parser.error("--pairs must be at least 4: fewer cannot resolve a 0.5 % overhead")
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must exceed --warmup ({args.warmup}): nothing would be kept")
@@ -188,9 +202,23 @@ def report_lines(summary: dict) -> list[str]:
     return lines
 
 
+def in_process(args: argparse.Namespace) -> int:
+    """One plugin run with the in-process check (``runtime.overhead_check``); print the check's lines."""
+    args.energy_args = [*args.energy_args, "--energy-overhead-check", str(args.in_process)]
+    run = run_once(True, args, args.out, "in-process")
+    log = (args.out / "log-in-process.txt").read_text()
+    lines = [line for line in log.splitlines() if "overhead check" in line or "plugin host time" in line]
+    shown = {k: v for k, v in run.items() if k not in ("energy_lines", "iterations")}
+    print(json.dumps(shown), flush=True)
+    print("\n".join(lines) if lines else "no overhead-check line in the log: see " + str(args.out))
+    return 0 if lines else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.in_process:
+        return in_process(args)
     started = time.perf_counter()
     runs: list[dict] = json.loads(args.resume.read_text())["runs"] if args.resume else []
     runs = complete_pairs(runs)

@@ -44,6 +44,7 @@ DEMO_ENERGY_FLAGS = (
     "trace",
     "safety_tolerance",
     "safety_steps",
+    "overhead_check",
 )
 """The launcher's ``--energy-*`` flags the demo takes (it always optimises, on simulated GPUs)."""
 

@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq, least_squares, nnls
 
 from megatron_energy.dvfs.spec import GpuSpec
 
@@ -174,6 +173,8 @@ class GpuPowerModel:
             elif self.kernel_power_w(work, self._f_min) >= limit:
                 cached = self._f_min
             else:
+                from scipy.optimize import brentq  # on first use: ~0.5 s that most processes never need
+
                 cached = brentq(lambda f: self.kernel_power_w(work, f) - limit, self._f_min, self._f_max)
             if len(self._cap_clocks) >= _CAP_CACHE_SIZE:
                 self._cap_clocks.clear()
@@ -267,6 +268,8 @@ def _prior_work(model: GpuPowerModel, clock_mhz: float, time_s: float) -> WorkPr
 
 def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
     """Bounded least squares on relative time and energy errors, started from an NNLS fit of the times."""
+    from scipy.optimize import least_squares, nnls  # on first use, as in effective_clock_mhz
+
     clocks, times, energies = data[:, 0], data[:, 1], data[:, 2]
     f_max, f_sat = float(model.spec.max_sm_clock_mhz), model.saturation_clock_mhz
     design = np.column_stack([f_max / clocks, np.maximum(1.0, f_sat / clocks), np.ones_like(clocks)])

@@ -24,6 +24,7 @@ from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.comms import TorchComms, control_plane_comms
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.overhead_check import OverheadCheck
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -152,6 +153,9 @@ class DeferredSession:
         self.config = config
         self.session: Any = None
         self.failed = False
+        self.overhead_check: OverheadCheck | None = None
+        """``--energy-overhead-check``: suspends the session in every other block of steps."""
+        self._active = True  # whether schedule events reach the session (the overhead check may suspend it)
         self.model_chunks: Callable[[], Sequence[Any] | None] | None = None
         """Returns this rank's DDP model chunks (set by ``collective_runner.add_collective_runner``)."""
 
@@ -161,6 +165,9 @@ class DeferredSession:
         try:
             context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
+            if self.config.overhead_check:
+                measured = self.session.timer.source == "measured"
+                self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
             print(
@@ -172,22 +179,29 @@ class DeferredSession:
         """Build the session on the first step, then forward."""
         if self.session is None and not self.failed:
             self._start()
-        if self.session is not None:
+        if self.session is None:
+            return
+        if self.overhead_check is not None:
+            self._active = self.overhead_check.before_step(step, self.session)
+        if self._active:
             self.session.on_step_begin(step)
+
+    def _taking_part(self) -> bool:
+        return self.session is not None and self._active
 
     def on_step_end(self, step: int) -> None:
         """Forward to the session."""
-        if self.session is not None:
+        if self._taking_part():
             self.session.on_step_end(step)
 
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Forward to the session."""
-        if self.session is not None:
+        if self._taking_part():
             self.session.on_instruction_begin(kind, microbatch, chunk)
 
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Forward to the session."""
-        if self.session is not None:
+        if self._taking_part():
             self.session.on_instruction_end(kind, microbatch, chunk)
 
     def on_p2p_begin(self, op: str) -> None:
@@ -198,18 +212,32 @@ class DeferredSession:
 
     def on_outside_begin(self, name: str) -> None:
         """Forward to the session (outside phases: gradient sync, optimizer step, parameter all-gather)."""
-        if self.session is not None:
+        if self._taking_part():
             self.session.on_outside_begin(name)
 
     def on_outside_end(self, name: str) -> None:
         """Forward to the session."""
-        if self.session is not None:
+        if self._taking_part():
             self.session.on_outside_end(name)
 
     def close(self) -> None:
-        """Close the session (the controller resets the clocks it locked)."""
-        if self.session is not None:
-            self.session.close()
+        """Close the session (the controller resets the clocks it locked); log the overhead check's result."""
+        if self.session is None:
+            return
+        self.session.close()
+        check = self.overhead_check
+        if check is not None:
+            result = check.result()
+            rank = self.session.context.global_rank
+            self.session.printer(
+                f"[energy] rank {rank}: "
+                + (
+                    "overhead check: fewer than two complete pairs of blocks ran; train longer or give a "
+                    "smaller --energy-overhead-check"
+                    if result is None
+                    else result.describe(self.config.dry_run)
+                )
+            )
 
 
 def create_session(config: EnergyConfig) -> DeferredSession:

@@ -57,6 +57,7 @@ from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.host_cost import HostCost, host_timed
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
+from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
@@ -298,8 +299,8 @@ class EnergySession:
             sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
         )
 
-    def _flush(self) -> None:
-        """At close: the step the timer still holds joins the history and this rank's log window.
+    def _flush(self, why: str = "last") -> None:
+        """At close (or suspension): the step the timer still holds joins the history and the log window.
 
         No collective runs at close (a rank that stops on an error would leave the others waiting), so the
         step takes no part in the straggler policy, and a log line it would complete is printed by each rank
@@ -312,7 +313,7 @@ class EnergySession:
             self.energy_logger.window.add(sealed.step, self._label(sealed.phase), figures)
             if (sealed.step + 1) % self.context.log_interval == 0:
                 self.printer(
-                    f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} (last, this rank "
+                    f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} ({why}, this rank "
                     f"only): {figures.energy_j:.1f} J, {1e3 * figures.iteration_s:.1f} ms ({timing.source})"
                 )
 
@@ -346,6 +347,26 @@ class EnergySession:
                 return
             if comparison is not None:
                 self.printer(comparison_line(comparison))
+
+    def suspend(self) -> None:
+        """Stand aside from the next step on (``runtime.overhead_check``): stock clocks, held step read out.
+
+        Call at a step boundary, on every rank at the same step; until :meth:`resume`, no schedule event
+        may reach the session. Nothing here is a collective.
+        """
+        self.controller.request(RESET)
+        self._flush("before the overhead check suspends the session")
+
+    def resume(self) -> None:
+        """Take part again from the next step on.
+
+        The energy lap restarts; the plan's clocks return with the next instruction's request.
+        """
+        self.meter.lap()
+
+    def energy_window(self) -> EnergyWindow | None:
+        """This rank's energy since the previous call, in a meter window of its own (the overhead check's)."""
+        return self.meter.lap(OVERHEAD_WINDOW)
 
     # ------------------------------------------------------------------------------------------- phases
 

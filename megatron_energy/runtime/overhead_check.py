@@ -1,0 +1,186 @@
+"""The in-process overhead check (``--energy-overhead-check N``): the session suspended vs active, paired.
+
+Comparing a run with the plugin against a separate run without it mixes the plugin's cost with what differs
+from one process to the next (allocator state, cuBLAS choices, GPU temperature): on one H200 those moved an
+iteration by several per cent, more than the overhead to resolve. The check compares inside one process.
+Once the plan runs (the session's phase is no longer ``profiling``) and one more block of ``N`` active
+iterations has settled it, iterations go in blocks of ``N``, in pairs whose order alternates (suspended then
+active, active then suspended, ...), so that a drift over the run weighs on both sides alike:
+
+- **suspended**: the session is told to stand aside (:meth:`EnergySession.suspend`: clocks back to stock,
+  the step its timer holds read out) and no schedule event reaches it; the hooks themselves still fire and
+  return at once (a Python call and a branch each, about 70 per step of a 16-microbatch job: well under
+  0.01 % of an iteration);
+- **active**: the session runs as always (:meth:`EnergySession.resume` first: its energy lap restarts, so
+  the suspended iterations are not counted as its own).
+
+The first iteration of every block is left out (it pays the switch: the held step's read-out, the clock
+request); a block's figure is the mean over its other ``N - 1`` iterations of the wall time (``perf_counter``
+from one step's start to the next's) and, on GPUs with a measured energy counter, of the energy (the
+session's meter, in a window of its own). The change is :func:`megatron_energy.stats.paired_relative_change`
+over the pairs: the mean of ``active / suspended - 1`` with its 95 % Student-t interval, *measured*. In a dry
+run the clocks are the same in both blocks, so the change is the plugin's own overhead; with clocks applied
+it is the plan's effect, overhead included. On simulated GPUs only the session drives the simulated device,
+so only the time is compared (the host's own cost of the plugin on that machine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.stats import RelativeChange, paired_relative_change
+
+WINDOW = "overhead-check"
+"""The name of the check's energy window on the session's meter (apart from the session's own laps)."""
+
+
+class Suspendable(Protocol):
+    """What the check needs of the session (``runtime.session.EnergySession``)."""
+
+    phase: str
+
+    def suspend(self) -> None:
+        """Stand aside from the next step on."""
+        ...
+
+    def resume(self) -> None:
+        """Take part again from the next step on."""
+        ...
+
+    def energy_window(self) -> EnergyWindow | None:
+        """The energy since the previous call (its own window on the meter); ``None`` without a counter."""
+        ...
+
+
+@dataclass
+class _Block:
+    suspended: bool
+    times_s: list[float] = field(default_factory=list)
+    energies_j: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class OverheadResult:
+    """The check's figures (*measured*)."""
+
+    pairs: int
+    """Complete (suspended, active) block pairs."""
+    block_steps: int
+    """Iterations per block (the first of each left out)."""
+    time: RelativeChange
+    """Change of the iteration time, active over suspended."""
+    energy: RelativeChange | None
+    """Change of the energy per iteration; ``None`` where the counter is not measured."""
+
+    def describe(self, dry_run: bool) -> str:
+        """One log line."""
+        what = "the plugin's own overhead (dry run: same clocks)" if dry_run else "plan vs stock clocks"
+        energy = "" if self.energy is None else f"; energy per iteration {_change(self.energy)}"
+        return (
+            f"overhead check, {what}: {self.pairs} pairs of {self.block_steps}-iteration blocks, session "
+            f"active vs suspended in one process: iteration time {_change(self.time)}{energy} (measured: "
+            f"wall clock{'' if self.energy is None else ', energy counter'})"
+        )
+
+
+def _change(change: RelativeChange) -> str:
+    """The point estimate, its interval, and the verdict of ``RelativeChange.format``."""
+    return (
+        f"{100 * change.change:+.2f} % (95 % CI {100 * change.low:+.2f} to {100 * change.high:+.2f} %): "
+        f"{change.format()}"
+    )
+
+
+class OverheadCheck:
+    """Decides, step by step, whether the session takes part, and keeps the blocks' figures.
+
+    Args:
+        block_steps: Iterations per block (>= 2).
+        measured_energy: Whether the meter reads a real counter (else only time is compared).
+        clock: Wall clock (seconds).
+    """
+
+    def __init__(
+        self, block_steps: int, measured_energy: bool, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        if block_steps < 2:
+            raise ValueError(f"a block needs at least 2 iterations, got {block_steps}")
+        self.block_steps = block_steps
+        self.measured_energy = measured_energy
+        self._clock = clock
+        self._first_step: int | None = None  # the first step of the first block
+        self._blocks: list[_Block] = []
+        self._last: tuple[int, float] | None = None  # the previous step and its start
+        self.suspended = False
+
+    def _block_of(self, step: int) -> tuple[int, bool] | None:
+        """The block index of ``step`` and whether it is suspended (``None`` before the first block)."""
+        if self._first_step is None or step < self._first_step:
+            return None
+        index = (step - self._first_step) // self.block_steps
+        pair, position = divmod(index, 2)
+        return index, (position == 0) == (pair % 2 == 0)
+
+    def before_step(self, step: int, session: Suspendable) -> bool:
+        """At a step's start, before the session sees it: suspend or resume it; return whether it takes part.
+
+        The same on every rank (it depends on the step number and the phase, which every rank shares).
+        """
+        now = self._clock()
+        if self._first_step is None and session.phase != "profiling":
+            self._first_step = step + self.block_steps  # one active block lets the plan settle
+        self._record(step, now, session)
+        placed = self._block_of(step)
+        suspend = placed is not None and placed[1]
+        if suspend != self.suspended:
+            if suspend:
+                session.suspend()
+            else:
+                session.resume()
+            self.suspended = suspend
+        return not suspend
+
+    def _record(self, step: int, now: float, session: Suspendable) -> None:
+        """Close the previous step: its wall time (and energy) joins its block unless it opened the block."""
+        previous = self._last
+        self._last = (step, now)
+        window = session.energy_window() if self.measured_energy and self._first_step is not None else None
+        if previous is None:
+            return
+        placed = self._block_of(previous[0])
+        if placed is None:
+            return
+        index, suspended = placed
+        if index == len(self._blocks):
+            self._blocks.append(_Block(suspended))
+            return  # a block's first step pays the switch: left out
+        block = self._blocks[index]
+        block.times_s.append(now - previous[1])
+        if window is not None:
+            block.energies_j.append(window.energy_j)
+
+    def result(self) -> OverheadResult | None:
+        """The paired change over the complete pairs; ``None`` before two pairs."""
+        complete = [b for b in self._blocks if len(b.times_s) == self.block_steps - 1]
+        pairs = [complete[i : i + 2] for i in range(0, len(complete) - 1, 2)]
+        pairs = [p for p in pairs if p[0].suspended != p[1].suspended]
+        if len(pairs) < 2:
+            return None
+
+        def mean(values: list[float]) -> float:
+            return sum(values) / len(values)
+
+        def sides(pick: Callable[[_Block], list[float]]) -> tuple[list[float], list[float]]:
+            off = [mean(pick(b)) for pair in pairs for b in pair if b.suspended]
+            on = [mean(pick(b)) for pair in pairs for b in pair if not b.suspended]
+            return off, on
+
+        time_change = paired_relative_change(*sides(lambda b: b.times_s))
+        energy_change = None
+        if self.measured_energy and all(len(b.energies_j) == len(b.times_s) for p in pairs for b in p):
+            energy_change = paired_relative_change(*sides(lambda b: b.energies_j))
+        return OverheadResult(len(pairs), self.block_steps, time_change, energy_change)

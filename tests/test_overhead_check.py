@@ -1,0 +1,157 @@
+"""The in-process overhead check: which steps reach the session, and the paired change it reports."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from megatron_energy.config import EnergyConfig, add_energy_args
+from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.megatron.session_factory import DeferredSession
+from megatron_energy.runtime.overhead_check import OverheadCheck
+
+PLANNED_AT = 3
+"""The first step the fake session runs its plan."""
+
+
+@dataclass
+class FakeSession:
+    """Records what reaches it; its steps take 1.0 s suspended and ``active_s`` active (a fake clock)."""
+
+    active_s: float
+    noise: float = 0.0
+    phase: str = "profiling"
+    calls: list[str] = field(default_factory=list)
+    seen_steps: list[int] = field(default_factory=list)
+    suspended: bool = False
+    now_s: float = 0.0
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    printed: list[str] = field(default_factory=list)
+
+    def suspend(self) -> None:
+        self.calls.append("suspend")
+        self.suspended = True
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+        self.suspended = False
+
+    def energy_window(self) -> EnergyWindow | None:
+        return None
+
+    def run_step(self, step: int) -> None:
+        if not self.suspended:
+            self.seen_steps.append(step)
+        self.phase = "planned" if step >= PLANNED_AT else "profiling"
+        seconds = 1.0 if self.suspended else self.active_s
+        self.now_s += seconds * (1 + self.noise * self.rng.standard_normal())
+
+
+def drive(check: OverheadCheck, session: FakeSession, steps: int) -> list[bool]:
+    taking_part = []
+    for step in range(steps):
+        taking_part.append(check.before_step(step, session))
+        session.run_step(step)
+    check.before_step(steps, session)  # the next step's start closes the last one
+    return taking_part
+
+
+def test_blocks_alternate_in_pairs_of_swapped_order_after_one_settling_block() -> None:
+    session = FakeSession(active_s=1.0)
+    check = OverheadCheck(4, measured_energy=False, clock=lambda: session.now_s)
+    taking_part = drive(check, session, PLANNED_AT + 4 + 16)
+    first = PLANNED_AT + 1 + 4  # planned from step 3 (seen at step 4's start), then one active block
+    assert all(taking_part[:first])
+    blocks = [taking_part[first + 4 * b : first + 4 * b + 4] for b in range(4)]
+    assert [set(b) for b in blocks] == [{False}, {True}, {True}, {False}]  # off on | on off
+    assert session.calls == ["suspend", "resume", "suspend"]
+    assert set(session.seen_steps).isdisjoint(range(first, first + 4))
+
+
+def test_a_known_slowdown_is_recovered_with_an_interval_that_holds_it() -> None:
+    session = FakeSession(active_s=1.02, noise=0.002)
+    check = OverheadCheck(5, measured_energy=False, clock=lambda: session.now_s)
+    drive(check, session, 4 + 5 + 2 * 2 * 5 * 4)  # settle, then 8 pairs
+    result = check.result()
+    assert result is not None and result.pairs == 8
+    assert result.time.low < 0.02 < result.time.high
+    assert result.time.excludes_zero and result.time.halfwidth < 0.005
+    assert result.energy is None
+    line = result.describe(dry_run=True)
+    assert "own overhead" in line and "8 pairs of 5-iteration blocks" in line and "iteration time +" in line
+
+
+def test_no_change_reads_within_noise_and_too_short_a_run_gives_no_result() -> None:
+    session = FakeSession(active_s=1.0, noise=0.01)
+    check = OverheadCheck(3, measured_energy=False, clock=lambda: session.now_s)
+    drive(check, session, 4 + 3 + 2 * 2 * 3 * 5)
+    result = check.result()
+    assert result is not None and not result.time.excludes_zero
+    assert "within noise" in result.describe(dry_run=True)
+    short = OverheadCheck(3, measured_energy=False, clock=lambda: session.now_s)
+    drive(short, FakeSession(active_s=1.0), 4 + 3 + 6)
+    assert short.result() is None
+
+
+@pytest.mark.parametrize("value", ["1", "-2", "x"])
+def test_the_flag_takes_zero_or_a_block_of_two_or_more(value: str) -> None:
+    parser = add_energy_args(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--energy-optimise", "--energy-overhead-check", value])
+    args = parser.parse_args(["--energy-optimise", "--energy-overhead-check", "6"])
+    assert EnergyConfig.from_args(args).overhead_check == 6
+
+
+def test_the_launcher_listener_keeps_suspended_steps_from_the_session() -> None:
+    listener = DeferredSession(EnergyConfig(optimise=True, overhead_check=2))
+    session = RecordingSession()
+    listener.session = session
+    listener.overhead_check = OverheadCheck(2, measured_energy=False)
+    for step in range(12):
+        listener.on_step_begin(step)
+        listener.on_instruction_begin("forward", 0, 0)
+        listener.on_step_end(step)
+    listener.close()
+    # planned from the start: 0-1 settle, then blocks of 2: 2-3 off, 4-5 on | 6-7 on, 8-9 off | 10-11 off
+    assert session.begun == [0, 1, 4, 5, 6, 7]
+    assert session.instructions == len(session.begun)
+    assert session.closed and "overhead check" in session.lines[-1]
+
+
+@dataclass
+class RecordingSession:
+    phase: str = "planned"
+    begun: list[int] = field(default_factory=list)
+    instructions: int = 0
+    closed: bool = False
+    lines: list[str] = field(default_factory=list)
+
+    class context:  # noqa: N801 - what the listener reads of a JobContext
+        global_rank = 0
+
+    def printer(self, line: str) -> None:
+        self.lines.append(line)
+
+    def on_step_begin(self, step: int) -> None:
+        self.begun.append(step)
+
+    def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
+        self.instructions += 1
+
+    def on_step_end(self, step: int) -> None:
+        """Nothing to record."""
+
+    def suspend(self) -> None:
+        """The listener's call; the steps it then keeps away are what the test checks."""
+
+    def resume(self) -> None:
+        """See ``suspend``."""
+
+    def energy_window(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
