@@ -52,7 +52,13 @@ def start_parent(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
         """
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as from a terminal: a shell's background job (pytest started with &) ignores SIGINT, and Python
+        # installs no KeyboardInterrupt handler for a signal ignored at its start
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert parent.stdout is not None
     line = parent.stdout.readline()
