@@ -24,6 +24,7 @@ from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
+from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.session import EnergySession
 
 
@@ -109,7 +110,7 @@ class _Meter:
     def __init__(self, device: FakeDevice) -> None:
         self.device = device
 
-    def lap(self) -> EnergyWindow:
+    def lap(self, name: str = "iteration") -> EnergyWindow:
         energy_j = 1000.0 * self.device.host_step + 7.0
         return EnergyWindow("iteration", 0.0, 1.0, {0: energy_j}, energy_j, None, True, False, "measured")
 
@@ -154,6 +155,9 @@ def _session(tmp_path, device: FakeDevice, log_interval: int = 1000) -> tuple[En
         spec=spec,
         printer=lines.append,
     )
+    # the fake counter names the host step it is read in: read it where the lap is asked for, exactly, so the
+    # attribution below is deterministic (a real run reads it on a worker thread, a few µs later)
+    session.laps = MeterThread(session.meter, synchronous=True)
     return session, lines
 
 

@@ -573,7 +573,7 @@ class _Controller:
 
 
 class _Meter:
-    def lap(self) -> None:
+    def lap(self, name: str = "iteration") -> None:
         return None
 
 

@@ -32,16 +32,24 @@ class HostCost:
     """Seconds spent so far in the step running now."""
     run_steps_s: list[float] = field(default_factory=list)
     """Each finished run-phase step's host seconds."""
+    step_by_hook_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per hook in the step running now."""
+    run_by_hook_s: dict[str, float] = field(default_factory=dict)
+    """Seconds per hook over the finished run-phase steps."""
 
-    def add(self, seconds: float) -> None:
-        """Count ``seconds`` of hook time to the step running now."""
+    def add(self, seconds: float, hook: str = "") -> None:
+        """Count ``seconds`` of hook time (spent in ``hook``) to the step running now."""
         self.step_s += seconds
+        self.step_by_hook_s[hook] = self.step_by_hook_s.get(hook, 0.0) + seconds
 
     def end_step(self, run_phase: bool) -> None:
         """Close the step: keep its host time when it ran in the run phase."""
         if run_phase:
             self.run_steps_s.append(self.step_s)
+            for hook, seconds in self.step_by_hook_s.items():
+                self.run_by_hook_s[hook] = self.run_by_hook_s.get(hook, 0.0) + seconds
         self.step_s = 0.0
+        self.step_by_hook_s.clear()
 
     def interval(self) -> MeanInterval | None:
         """Mean host seconds per run-phase step with its 95 % interval (None before two steps)."""
@@ -58,8 +66,15 @@ class HostCost:
             f"{1e3 * interval.mean:.3f} ms per step "
             f"(95 % CI {1e3 * interval.low:.3f} to {1e3 * interval.high:.3f} ms, {len(self.run_steps_s)} "
             f"run-phase steps{share}; measured, perf_counter; the run phase never waits for the GPU, so this "
-            "bounds the slowdown only when the host, not the GPU, limits the step)"
+            f"bounds the slowdown only when the host, not the GPU, limits the step; by hook: "
+            f"{self._by_hook()})"
         )
+
+    def _by_hook(self) -> str:
+        """Mean ms per run-phase step in each hook, costliest first."""
+        steps = len(self.run_steps_s)
+        ranked = sorted(self.run_by_hook_s.items(), key=lambda item: -item[1])
+        return ", ".join(f"{hook} {1e3 * seconds / steps:.3f} ms" for hook, seconds in ranked)
 
 
 class HasHostCost(Protocol):
@@ -79,6 +94,6 @@ def host_timed[S: HasHostCost, **P, R](
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.host_cost.add(time.perf_counter() - began)
+            self.host_cost.add(time.perf_counter() - began, method.__name__)
 
     return timed

@@ -57,6 +57,7 @@ from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.host_cost import HostCost, host_timed
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
+from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.parts import Controller, Guard, Meter
 from megatron_energy.runtime.plan_runner import PlanRunner
@@ -132,6 +133,8 @@ class EnergySession:
         self.optimiser = optimiser
         self.controller = controller
         self.meter = meter
+        self.laps = MeterThread(meter, synchronous=timer.source != "measured")
+        """Every lap of ``meter`` goes through it (the run phase's off the training thread)."""
         self.timer = timer
         self.comms = comms
         self.cache = cache
@@ -196,7 +199,7 @@ class EnergySession:
         self._lapped_at_start = not self._step_lagged
         if self._lapped_at_start:
             self.timer.wait_for_device()
-            self._outside = self.meter.lap()
+            self._outside = self.laps.lap()
             self.collector.add_outside_phases(self.timer.outside_durations())
             if self.kernel_timeline is not None and self._records_kernels():
                 self.kernel_timeline.start()
@@ -273,7 +276,7 @@ class EnergySession:
                 predicted_j=None if self.runner is None else self.runner.predicted_energy_j,
                 baseline=StockBaseline() if self.phase == "profiling" else self.baseline,
                 outside=self._outside,
-                rest=self.meter.lap(),
+                rest=self.laps.lap_later(),  # read off the training thread (runtime.meter_thread)
                 lapped_at_start=self._lapped_at_start,
             )
         )
@@ -336,6 +339,7 @@ class EnergySession:
             self._flush()
         except Exception as problem:  # a failing flush must not mask how the run ended
             self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
+        self.laps.close()
         host_line = self.host_cost.summary(self.context.global_rank, self.baseline.iteration_s)
         if host_line is not None:
             self.printer(host_line)
@@ -362,11 +366,11 @@ class EnergySession:
 
         The energy lap restarts; the plan's clocks return with the next instruction's request.
         """
-        self.meter.lap()
+        self.laps.lap()
 
     def energy_window(self) -> EnergyWindow | None:
         """This rank's energy since the previous call, in a meter window of its own (the overhead check's)."""
-        return self.meter.lap(OVERHEAD_WINDOW)
+        return self.laps.lap(OVERHEAD_WINDOW)
 
     # ------------------------------------------------------------------------------------------- phases
 
@@ -416,7 +420,7 @@ class EnergySession:
             self.printer(
                 f"[energy] rank {self.context.global_rank}: not using the cached plan; profiling again"
             )
-        self.meter.lap()
+        self.laps.lap()
 
     def _set_cache_aside(self, why: str) -> str:
         """Move the job's cached files aside (rank 0); the log line that says why and where."""

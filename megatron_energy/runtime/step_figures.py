@@ -19,6 +19,7 @@ prediction) and puts the figures together when the timing comes.
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,12 +105,12 @@ class SealedStep:
     outside: EnergyWindow | None
     """The meter's lap at the step's start, if one was taken (profiling)."""
 
-    rest: EnergyWindow | None
-    """The meter's lap at the step's end."""
+    rest: Future[EnergyWindow | None]
+    """The meter's lap at the step's end (read off the training thread: ``runtime.meter_thread``)."""
 
     lapped_at_start: bool
     """Whether the session lapped at the step's start."""
 
     def figures(self, timing: StepTiming) -> StepFigures:
-        """The step's figures, once its timing is known."""
-        return step_figures(timing, self.outside, self.rest, self.lapped_at_start)
+        """The step's figures, once its timing is known (waits for the lap's read if it is still running)."""
+        return step_figures(timing, self.outside, self.rest.result(), self.lapped_at_start)
