@@ -25,6 +25,7 @@ from megatron_energy.registry import mode_problem
 Backend = Literal["auto", "zeus", "simulated"]
 
 BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
+PhaseSwitching = Literal["auto", "off"]
 PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
 """Choices of ``--energy-phase-switching``."""
 MIN_GRID_MHZ = 100
@@ -270,7 +271,7 @@ class EnergyConfig:
     safety_steps: int = 3
     """``--energy-safety-steps``: consecutive violating steps after which clocks revert to stock."""
 
-    phase_switching: str = "auto"
+    phase_switching: PhaseSwitching = "auto"
     """``--energy-phase-switching``: ``auto`` applies a plan's clocks of phases inside instructions
     (time-anchored to each instruction's start on the GPU, ``runtime.phase_switcher``); ``off`` keeps each
     instruction at its own clock (the plan's phase saving there is then not realised)."""

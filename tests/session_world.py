@@ -25,7 +25,7 @@ from typing import Any
 
 from megatron_harness import PipelineWorld, spawn_world
 
-from megatron_energy.config import EnergyConfig, EnergyTarget
+from megatron_energy.config import EnergyConfig, EnergyTarget, PhaseSwitching
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.events import ListenerFanout
 
@@ -94,7 +94,7 @@ class SessionSettings:
     optimizer_step: bool = False
     """Run an optimizer step inside Megatron's ``optimizer`` timer after each schedule."""
 
-    phase_switching: str = "auto"
+    phase_switching: PhaseSwitching = "auto"
     """``--energy-phase-switching``."""
 
     def energy_config(self) -> EnergyConfig:

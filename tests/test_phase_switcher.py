@@ -9,6 +9,7 @@ real controller and simulated GPU (modelled).
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from collections.abc import Callable
@@ -16,11 +17,13 @@ from collections.abc import Callable
 import pytest
 from zeus.device.gpu.common import ZeusGPUNotSupportedError
 
+from megatron_energy.config import EnergyConfig, add_energy_args
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.runtime.assembly import build_phase_switcher
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.parts import SwitchCounts
 from megatron_energy.runtime.phase_switcher import PhaseSwitcher
@@ -243,3 +246,14 @@ def test_a_controller_that_stops_ends_simulated_phase_switching_with_an_error(si
     error = switcher.take_error()
     assert error is not None and "no permission" in str(error)
     assert switcher.counts.applied == 0 and switcher.counts.dropped == 1
+
+
+def test_the_flag_chooses_the_switcher_or_none(simulated) -> None:
+    _, _, controller, timer = simulated
+    parser = add_energy_args(argparse.ArgumentParser())
+    auto = EnergyConfig.from_args(parser.parse_args(["--energy-optimise"]))
+    off = EnergyConfig.from_args(parser.parse_args(["--energy-optimise", "--energy-phase-switching", "off"]))
+    assert isinstance(build_phase_switcher(auto, controller, timer), SimulatedPhaseSwitcher)
+    assert build_phase_switcher(off, controller, timer) is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--energy-optimise", "--energy-phase-switching", "on"])
