@@ -79,6 +79,14 @@ class SwitchCounts:
     dropped: int = 0
     """Requests dropped unmade: queue full, cancelled (a revert to stock clocks) or at close."""
 
+    def summary(self) -> str:
+        """What became of the requests, for the log (counted on this rank's host)."""
+        return (
+            f"phase clocks inside instructions: {self.applied} of {self.scheduled} requested at their "
+            f"offsets, {self.stale} stale (instruction ended first), {self.dropped} dropped (queue full, "
+            "revert or exit)"
+        )
+
 
 class PhaseSwitching(Protocol):
     """Requests clocks inside instructions (``runtime.phase_switcher``, ``runtime.simulated_phases``)."""

@@ -14,14 +14,16 @@ Phase actions (``Boundary(instruction, phase)``, named by ``phases.labels``) run
   (``phases.switching.snap_to_phase_starts``). The restoring request (``@optimizer.end``) goes out when the
   optimizer step ends: no hook lies inside it, so the restored clock lands up to one switch latency into the
   next iteration (its first instruction may start at the tail's clock for that long);
-- **inside instructions** (``p3:memory:modelled:at=1.234ms:lead=10.000ms``): no host hook marks a phase (a
-  module pre-hook fires when kernels are *launched*, backward phases run under autograd), so they are
-  *time-anchored*: :meth:`PlanRunner.inside_requests` gives each instruction's requests as offsets
-  ``at - lead`` from the instruction's start on the GPU, in plan order, and the session hands them with the
-  instruction's start marker to a phase switcher (``runtime.phase_switcher``: a host thread that waits for
-  the instruction's start event, then sleeps to each offset; ``runtime.simulated_phases``: the simulated
-  GPU's virtual clock). The offsets are as the plan has them: phase starts planned from a *modelled*
-  per-class split or a *measured* kernel timeline (the label says which), not observed at run time.
+- **inside instructions** (``p3:memory:modelled:at=1.234ms:lead=10.000ms``, and ``p-restore`` back to the
+  instruction's clock before its end): no host hook marks a phase (a module pre-hook fires when kernels are
+  *launched*, backward phases run under autograd), so they are *time-anchored*:
+  :meth:`PlanRunner.inside_requests` gives each instruction's requests as offsets ``at - lead`` from the
+  instruction's start on the GPU, in plan order, and the session hands them with the instruction's start
+  marker to a phase switcher (``runtime.phase_switcher``: a host thread that waits for the instruction's
+  start event, then sleeps to each offset, so a request goes out up to a few ms late (polling, sleep, GIL)
+  and then takes the NVML call's time; ``runtime.simulated_phases``: the simulated GPU's virtual clock). The
+  offsets are as the plan has them: phase starts planned from a *modelled* per-class split or a *measured*
+  kernel timeline (the label says which), at the planned clocks, not observed at run time.
 
 :meth:`PlanRunner.hook_report` says where the running point's phase actions go (the session logs it).
 """

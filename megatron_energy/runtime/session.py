@@ -366,11 +366,7 @@ class EnergySession:
             self.phase_switcher.close()
             counts = self.phase_switcher.counts
             if counts.scheduled:
-                self.printer(
-                    f"[energy] rank {self.context.global_rank}: phase clocks inside instructions: "
-                    f"{counts.applied} of {counts.scheduled} requested at their offsets, {counts.stale} "
-                    f"stale (instruction ended first), {counts.dropped} dropped (queue full, revert or exit)"
-                )
+                self.printer(f"[energy] rank {self.context.global_rank}: {counts.summary()}")
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
