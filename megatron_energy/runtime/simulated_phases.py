@@ -8,6 +8,12 @@ the clock (``FrequencyController.request_inside``, as the thread of ``runtime.ph
 simulated GPU switches one switch latency later, mid-instruction, so the instruction's time and energy take
 the change in piecewise. A request whose offset lies beyond the instruction's end is stale and not made.
 Every figure this produces is modelled.
+
+The offsets are the plan's, as on real GPUs: where the plan's phases take longer or shorter than the
+simulated GPU runs them, a clock lands off its phase's start by the difference. One known source: the phase
+planner caps each phase's power on its own, the simulated GPU the whole instruction's (as it does for an
+instruction run in one piece), so where the power cap binds (compute-bound phases near the top clocks) the
+simulated phases run ahead of the plan.
 """
 
 from __future__ import annotations

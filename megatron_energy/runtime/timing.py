@@ -158,8 +158,8 @@ class SimulatedTimer:
     at their offsets from the instruction's start in virtual time, while the instruction runs as its
     ``phases`` one after another (``SimulatedGPUs.execute_sequence``), so each phase runs at the clock in
     force during it and the instruction's time and energy take in every change. An instruction without
-    such clocks runs as one piece of work, which takes the same time and energy at one clock (the model
-    is linear in the work's parts) unless a phase alone would exceed the power cap.
+    such clocks runs as one piece of work, which takes the same time and energy at one clock (the model is
+    linear in the work's parts, and the phases run under the whole instruction's power cap).
 
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
