@@ -25,6 +25,9 @@ from megatron_energy.registry import mode_problem
 Backend = Literal["auto", "zeus", "simulated"]
 
 BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
+PhaseSwitching = Literal["auto", "off"]
+PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
+"""Choices of ``--energy-phase-switching``."""
 MIN_GRID_MHZ = 100
 MAX_GRID_MHZ = 4000
 
@@ -286,6 +289,11 @@ class EnergyConfig:
     session suspended and active, and log the measured difference with its interval
     (``runtime.overhead_check``); 0: off."""
 
+    phase_switching: PhaseSwitching = "auto"
+    """``--energy-phase-switching``: ``auto`` applies a plan's clocks of phases inside instructions
+    (time-anchored to each instruction's start on the GPU, ``runtime.phase_switcher``); ``off`` keeps each
+    instruction at its own clock (the plan's phase saving there is then not realised)."""
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EnergyConfig:
         """Build the config from a namespace parsed by a parser that ``add_energy_args`` extended.
@@ -414,6 +422,14 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         "interval at the end (0: off; with --energy-dry-run the change is the plugin's own overhead).",
         {"type": _block_steps, "metavar": "N"},
     ),
+    EnergyFlag(
+        "phase_switching",
+        ("--energy-phase-switching",),
+        "Clocks of phases inside instructions (--energy-mode kernel/all): auto requests each at its planned "
+        "offset from the instruction's start on the GPU, from a background thread; off keeps every "
+        "instruction at its own clock.",
+        {"choices": PHASE_SWITCHING},
+    ),
 )
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
 (patched path) and ``megatron-energy demo`` share."""
@@ -509,6 +525,7 @@ OPTIMISATION_FLAGS = {
     "energy_freq_grid": "--energy-freq-grid",
     "energy_safety_tolerance": "--energy-safety-tolerance",
     "energy_safety_steps": "--energy-safety-steps",
+    "energy_phase_switching": "--energy-phase-switching",
     "energy_log_file": "--energy-log-file",
     "energy_overhead_check": "--energy-overhead-check",
 }

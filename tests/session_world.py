@@ -25,7 +25,7 @@ from typing import Any
 
 from megatron_harness import PipelineWorld, spawn_world
 
-from megatron_energy.config import EnergyConfig, EnergyTarget
+from megatron_energy.config import EnergyConfig, EnergyTarget, PhaseSwitching
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.events import ListenerFanout
 
@@ -94,6 +94,9 @@ class SessionSettings:
     optimizer_step: bool = False
     """Run an optimizer step inside Megatron's ``optimizer`` timer after each schedule."""
 
+    phase_switching: PhaseSwitching = "auto"
+    """``--energy-phase-switching``."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -107,6 +110,7 @@ class SessionSettings:
             freq_grid=self.freq_grid,
             safety_tolerance=self.safety_tolerance,
             dry_run=self.dry_run,
+            phase_switching=self.phase_switching,
         )
 
 
@@ -144,6 +148,9 @@ class RankReport:
     writers live on the last rank only; here every rank has one)."""
     outside_clocks: tuple[tuple[int, str, str, int], ...] = ()
     """``(step, session phase, outside phase, SM clock in effect when its emulated work finished)``."""
+    instructions: tuple[tuple[int, str, str, int, float, float | None], ...] = ()
+    """``(step, session phase, kind, microbatch, duration_s, energy_j)`` of every instruction this rank ran
+    (the simulated timer's samples; the energy ``None`` when the emulation hides it)."""
 
 
 def session_worker(rank: int, world_size: int, settings: SessionSettings) -> RankReport:
@@ -202,6 +209,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     world.config.timers = global_vars.Timers(0, "minmax")
     gpu = session.meter.gpus.state(context.local_device_index)
     steps: list[StepReport] = []
+    instructions: list[tuple[int, str, str, int, float, float | None]] = []
     losses: list[float] = []
     step = 0
     try:
@@ -215,6 +223,10 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
             figures = session.history[-1]
             exact_j = (gpu.energy_mj - exact_before_mj) / 1000
             steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j, exact_j))
+            instructions += [
+                (step, phase, s.instruction.kind, s.instruction.microbatch, s.duration_s, s.energy_j)
+                for s in figures.timing.samples
+            ]
             step += 1
     finally:
         installation.uninstall()
@@ -231,6 +243,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         stock_steps=session.baseline.steps,
         scalars=tuple(scalars),
         outside_clocks=tuple(probe.clocks),
+        instructions=tuple(instructions),
     )
 
 

@@ -226,3 +226,60 @@ def test_simulated_handle_gets_a_synchronous_deterministic_controller(tmp_path, 
     assert state.pending_at_s == pytest.approx(requested_at_virtual_s + spec.switch_latency_s)
     controller.close()
     assert state.locked_sm_clock_mhz is None
+
+
+def test_an_inside_request_lands_between_two_boundaries_and_a_stale_one_is_dropped(make_controller, gpus):
+    controller = make_controller()
+    start = FakeBoundaryEvent()
+    controller.request(1500, start)
+    start.reach()
+    wait_until(lambda: gpus.state(0).locked_sm_clock_mhz == 1500)
+    assert controller.request_inside(1200, lambda: False)
+    assert gpus.state(0).locked_sm_clock_mhz == 1200
+    assert not controller.request_inside(1000, lambda: True)  # its instruction ended: never applied
+    assert gpus.state(0).locked_sm_clock_mhz == 1200
+    assert controller.stats()["inside"] == 1
+
+
+def test_the_next_boundary_repeats_its_clock_after_an_inside_request(make_controller, gpus):
+    controller = make_controller()
+    controller.request(1500)
+    controller.allow_repeat()
+    controller.flush(5.0)
+    controller.request_inside(1200, lambda: False)
+    assert controller.request(1500)  # not deduplicated: a phase clock is in force
+    controller.flush(5.0)
+    assert gpus.state(0).locked_sm_clock_mhz == 1500
+    assert not controller.request(1500)  # without a phase clock in between, deduplicated as before
+
+
+def test_a_stale_check_runs_under_the_lock_the_boundary_clock_takes(make_controller, gpus):
+    """The staleness check and the boundary's application never interleave: the phase clock is either
+    applied before the next boundary's clock or dropped."""
+    controller = make_controller()
+    boundary = FakeBoundaryEvent()
+    controller.request(1500, boundary)
+    checking = threading.Event()
+    release = threading.Event()
+
+    def stale() -> bool:
+        checking.set()
+        release.wait(5.0)
+        return False
+
+    phase = threading.Thread(target=controller.request_inside, args=(1200, stale))
+    phase.start()
+    checking.wait(5.0)
+    boundary.reach()  # the controller thread now wants the lock the phase request holds
+    time.sleep(0.05)
+    assert gpus.state(0).locked_sm_clock_mhz is None  # the boundary clock waits for the phase request
+    release.set()
+    phase.join(5.0)
+    controller.flush(5.0)
+    assert [r.clock_mhz for r in controller.switch_records()] == [1200, 1500]
+
+
+def test_an_inactive_controller_takes_no_inside_request(make_controller, gpus):
+    controller = make_controller(monitor_only=True)
+    assert not controller.request_inside(1200, lambda: False)
+    assert gpus.state(0).set_calls == 0

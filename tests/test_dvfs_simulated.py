@@ -66,6 +66,39 @@ def test_locked_clock_takes_effect_after_the_switch_latency(gpus, spec):
     assert gpus.current_clock_mhz(0) == f_new
 
 
+def test_phases_run_in_one_piece_take_its_time_and_energy_at_one_clock(gpus, spec):
+    """Even where a phase alone would exceed the power cap: the cap is the instruction's, as in one piece."""
+    compute, memory = WorkProfile(0.3, 0.0), WorkProfile(0.0, 0.2, 0.01)
+    whole = gpus.execute(0, compute + memory)
+    pieces = gpus.execute_sequence(1, (compute, memory))
+    assert pieces == pytest.approx(whole, rel=1e-12)
+
+
+def test_a_clock_requested_inside_a_sequence_changes_the_rest_of_it(gpus, spec):
+    model = GpuPowerModel(spec)
+    compute, memory = WorkProfile(0.03, 0.0), WorkProfile(0.0, 0.05)
+    whole = compute + memory
+    f_max, f_low, latency_s = spec.default_sm_clock_mhz, 1200, spec.switch_latency_s
+    high, low = model.effective_clock_mhz(whole, f_max), model.effective_clock_mhz(whole, f_low)
+    compute_s = model.uncapped_time_s(compute, high)
+    called = []
+    timed = [
+        (compute_s, lambda: gpus.set_gpu_locked_clocks(0, f_low, f_low)),  # at the memory phase's start
+        (1.0, lambda: called.append("never")),  # beyond the end: its moment never comes
+    ]
+    time_s, energy_j = gpus.execute_sequence(0, (compute, memory), timed)
+    # the memory phase runs its first switch latency at the old clock, the rest at the new one
+    memory_high_s, memory_low_s = model.uncapped_time_s(memory, high), model.uncapped_time_s(memory, low)
+    rest_s = (1 - latency_s / memory_high_s) * memory_low_s
+    assert time_s == pytest.approx(compute_s + latency_s + rest_s)
+    expected_j = model.uncapped_energy_j(compute, high) + latency_s * model.uncapped_power_w(memory, high)
+    expected_j += rest_s * model.uncapped_power_w(memory, low)
+    assert energy_j == pytest.approx(expected_j)
+    assert energy_j < model.energy_j(whole, f_max)  # a memory-bound phase is cheaper at a lower clock
+    assert called == []
+    assert gpus.current_clock_mhz(0) == f_low
+
+
 def test_lock_snaps_to_supported_clock_and_rejects_out_of_range(gpus, spec):
     gpus.set_gpu_locked_clocks(0, 1000, 1001)
     gpus.wait(0, spec.switch_latency_s, blocked=False)

@@ -25,6 +25,7 @@ from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.meter_thread import MeterThread
+from megatron_energy.runtime.parts import SwitchCounts
 from megatron_energy.runtime.session import EnergySession
 
 
@@ -273,3 +274,42 @@ def test_the_stock_baseline_is_made_of_steps_timed_as_the_run_phase_times_its_ow
     for step in range(first_run_step, first_run_step + 3):
         _run_step(session, device, step)
     assert device.device_syncs[syncs:] == [] and device.waits[waits:] == []
+
+
+class _FailedSwitcher:
+    """A phase switcher whose thread failed (``runtime.phase_switcher`` keeps the error for the session)."""
+
+    def __init__(self) -> None:
+        self.counts = SwitchCounts(scheduled=4, applied=1)
+        self.error: BaseException | None = OSError("NVML: insufficient permissions")
+        self.closed = False
+
+    def begin(self, instruction: Instruction, anchor: Any, requests: Any) -> None:
+        raise AssertionError("phase switching is off")
+
+    def end(self, instruction: Instruction, marker: Any) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+    def take_error(self) -> BaseException | None:
+        error, self.error = self.error, None
+        return error
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_phase_switching_error_turns_it_off_with_a_log_line_and_training_goes_on(tmp_path, device):
+    session, lines = _session(tmp_path, device)
+    switcher = _FailedSwitcher()
+    session.phase_switcher = switcher
+    _run_step(session, device, 0)
+    assert switcher.closed and session.phase_switcher is None
+    assert (
+        "[energy] rank 0: phase switching turned off (OSError: NVML: insufficient permissions); training "
+        "continues at the instruction clocks"
+    ) in lines
+    _run_step(session, device, 1)  # the next steps run without it
+    assert sum("phase switching turned off" in line for line in lines) == 1

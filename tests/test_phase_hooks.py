@@ -14,14 +14,15 @@ from megatron_energy.events import ListenerFanout
 from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
-from megatron_energy.phases.labels import PhaseLabel, parse_phase_label
+from megatron_energy.phases.labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.phases.modelled import tail_phases
 from megatron_energy.phases.planner import plan_sequence
 from megatron_energy.phases.switching import SwitchRequest, snap_to_phase_starts
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.plan import ClockAction
 from megatron_energy.registry import resolve
-from megatron_energy.runtime.plan_runner import PlanRunner
+from megatron_energy.runtime.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.runtime.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
 
@@ -258,4 +259,38 @@ def test_the_runner_requests_tail_clocks_at_their_hooks_and_reports_what_it_cann
         inside = len(phase_actions) - len(tail)
         report = runner.hook_report() or ""
         assert "requested at outside-phase hooks (grad-sync" in report
-        assert (f"{inside} inside instructions have no hook" in report) == (inside > 0)
+        assert (f"{inside} inside instructions applied time-anchored" in report) == (inside > 0)
+
+
+def test_the_runner_gives_every_instruction_its_own_inside_requests_in_plan_order() -> None:
+    """Llama-70B stages run instructions long enough for phases under a 10 ms switch latency."""
+    profile = Profile.synthetic(TransformerShape.from_name("llama-70b"), SPEC, 2, clocks_mhz=GRID)
+    orders = pipeline_orders(2, 4)
+    job = PlanningJob(orders, "0123456789abcdef", EnergyTarget("iso-time"), switch_latency_s=LATENCY_S)
+    plan = resolve("kernel").plan(profile, job)
+    total = 0
+    for stage in range(2):
+        runner = PlanRunner(plan, stage, orders.stage(stage))
+        planned: dict[Any, list[InsideRequest]] = {}
+        for action in plan.target_point.ranks[stage].actions:
+            label = parse_phase_label(action.at.phase) if action.at.phase else None
+            if isinstance(action, ClockAction) and label is not None and label.scope in INSIDE_SCOPES:
+                offset_s = max(0.0, label.at_s - label.lead_s)
+                planned.setdefault(action.at.instruction, []).append(
+                    InsideRequest(offset_s, action.clock_mhz)
+                )
+        classes = {instruction.work for instruction in planned}
+        # every instruction of a class with phase clocks has its own (not the first instruction's, repeated)
+        assert set(planned) == {i for i in orders.stage(stage) if i.work in classes}
+        for instruction in orders.stage(stage):
+            requests = runner.inside_requests(instruction)
+            assert list(requests) == planned.get(instruction, [])
+            assert [r.offset_s for r in requests] == sorted(r.offset_s for r in requests)
+        inside = sum(len(requests) for requests in planned.values())
+        total += inside
+        if inside:
+            assert f"{inside} inside instructions applied time-anchored" in (runner.hook_report() or "")
+            assert "not applied (--energy-phase-switching off)" in (
+                runner.hook_report(inside_switched=False) or ""
+            )
+    assert total

@@ -15,6 +15,13 @@ requests are skipped and only the latest reached one is applied. Every switch is
 timestamps; its latency runs from "boundary observed reached" to "setter returned" (the hardware's own
 transition time after the NVML call is not observable here; the spec's ``switch_latency_s`` models it).
 
+A phase switcher (``runtime.phase_switcher``) asks for clocks *inside* an instruction from its own thread with
+:meth:`FrequencyController.request_inside`: applied at once unless the caller's staleness check (run under
+the same lock as every other application) says the instruction has ended, so a phase clock never lands after
+the next boundary's clock. The training thread calls :meth:`FrequencyController.allow_repeat` after the
+boundary request of an instruction with phase clocks, so the next boundary's request goes out even when it
+names the same clock (a phase clock may be in force by then).
+
 In dry-run mode the thread does all of this except calling the setter: it records what it would set. A
 setter error (no permission, unsupported GPU) turns the controller into monitor-only with one warning. On
 simulated GPUs (``synchronous=True``, chosen by :meth:`FrequencyController.from_handle`) requests apply on
@@ -32,7 +39,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -182,7 +189,15 @@ class FrequencyController:
         self._last_requested: object = _UNKNOWN
         self._applied: object = _UNKNOWN
         self._locked_any = False
-        self._counts = {"requested": 0, "deduped": 0, "dropped": 0, "superseded": 0, "applied": 0}
+        self._counts = {
+            "requested": 0,
+            "deduped": 0,
+            "dropped": 0,
+            "superseded": 0,
+            "applied": 0,
+            "inside": 0,
+        }
+        self._apply_lock = threading.Lock()  # one application at a time, whichever thread asks
         self._enqueued = 0
         self._done = 0
         self._done_changed = threading.Condition()
@@ -240,10 +255,45 @@ class FrequencyController:
             if boundary_event is not None:
                 boundary_event.synchronize()
             now_s = time.perf_counter()
-            self._apply(clock, now_s, now_s, superseded=0)
+            with self._apply_lock:
+                self._apply(clock, now_s, now_s, superseded=0)
         else:
             self._enqueue(clock, boundary_event)
         return True
+
+    def request_inside(self, clock_mhz: float, stale: Callable[[], bool]) -> bool:
+        """Apply ``clock_mhz`` now, from any thread, unless ``stale()`` says its moment has passed.
+
+        For clocks of phases inside an instruction (``runtime.phase_switcher``). ``stale`` is called under
+        the lock every application takes, so a request checked as current is applied before any later
+        boundary's clock, and one checked after that boundary's clock was applied is dropped. The previous
+        request is not deduplicated against (call :meth:`allow_repeat` on the training thread).
+
+        Args:
+            clock_mhz: The phase's clock (snapped to a supported clock).
+            stale: Whether the instruction the phase belongs to has ended on the GPU.
+
+        Returns:
+            True if applied (dry run: recorded); False if stale or the controller is inactive.
+        """
+        if not self.active:
+            return False
+        clock = snap_clock(self._clocks, clock_mhz)
+        with self._apply_lock:
+            if stale():
+                return False
+            self._counts["inside"] += 1
+            now_s = time.perf_counter()
+            self._apply(clock, now_s, now_s, superseded=0)
+        return True
+
+    def allow_repeat(self) -> None:
+        """Let the next :meth:`request` out even if it equals the previous one (training thread only).
+
+        Called after the boundary request of an instruction with phase clocks: one of those may be in force
+        when the next boundary comes, so its clock must be requested again.
+        """
+        self._last_requested = _UNKNOWN
 
     def request_at_boundary(self, clock_mhz: float | None) -> bool:
         """Like :meth:`request`, recording the boundary event itself on the current CUDA stream.
@@ -274,7 +324,10 @@ class FrequencyController:
         return list(self._records)
 
     def stats(self) -> dict[str, int]:
-        """Return counters: requested, deduped, dropped (queue full), superseded (stale), applied."""
+        """Return counters: requested, deduped, dropped (queue full), superseded (stale), applied, inside.
+
+        ``inside`` counts the phase clocks :meth:`request_inside` took.
+        """
         return dict(self._counts)
 
     def close(self, reset_clocks: bool = True, timeout_s: float = 5.0) -> None:
@@ -355,7 +408,8 @@ class FrequencyController:
                 superseded += 1
             self._counts["superseded"] += superseded
             if self._active:
-                self._apply(clock_mhz, requested_at_s, reached_at_s, superseded)
+                with self._apply_lock:
+                    self._apply(clock_mhz, requested_at_s, reached_at_s, superseded)
             self._mark_done(1 + superseded)
 
     def _apply(

@@ -7,7 +7,10 @@ supported clocks, cumulative energy in mJ, power in mW), so they cannot tell the
 Time does not pass on its own: the owner advances each GPU's virtual clock with :meth:`SimulatedGPUs.execute`
 (run a :class:`~megatron_energy.dvfs.model.WorkProfile` at the clock in effect) and :meth:`SimulatedGPUs.wait`
 (spend time blocked in a communication wait or idle). A clock change asked for at virtual time ``t`` takes
-effect at ``t + spec.switch_latency_s``; work that straddles that instant runs partly at each clock. The
+effect at ``t + spec.switch_latency_s``; work that straddles that instant runs partly at each clock.
+:meth:`SimulatedGPUs.execute_sequence` runs an instruction as its phases one after another and calls back at
+given offsets from its start (the GPU's own notion of the instruction's start), so clocks requested inside
+an instruction change the rest of it piecewise, in virtual time. The
 cumulative energy counter advances in steps of ``spec.energy_counter_period_s`` like NVML's, with the
 seeded noise of an :class:`~megatron_energy.dvfs.emulation.Emulation` if one is given (which also says
 whether the instruction timer may report exact energies, and what runs between two schedules). All figures
@@ -30,7 +33,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -283,20 +286,55 @@ class SimulatedGPUs(GPUs):
         Returns:
             ``(time_s, energy_j)`` of this execution (modelled).
         """
+        return self.execute_sequence(index, (work,))
+
+    def execute_sequence(
+        self,
+        index: int,
+        works: Sequence[WorkProfile],
+        timed: Sequence[tuple[float, Callable[[], object]]] = (),
+    ) -> tuple[float, float]:
+        """Run ``works`` (one instruction's phases) one after another on GPU ``index``, calling back on time.
+
+        Each work runs like :meth:`execute`'s, at the clock in effect, except for the power cap: it is the
+        whole sequence's (the power controller's average over the instruction, as for an instruction run
+        in one piece), so at one clock the phases take exactly the time and energy of their sum run in one
+        piece. A callback ``(offset_s, call)`` is called (on this thread, under this object's lock, which it
+        may take again: e.g. to lock a clock) when the virtual time reaches the sequence's start plus
+        ``offset_s``; callbacks whose offset lies beyond the sequence's end are not called (their moment
+        never came).
+
+        Returns:
+            ``(time_s, energy_j)`` of the whole sequence (modelled).
+        """
+        whole = works[0] if len(works) == 1 else sum(works[1:], works[0])
         with self._lock:
             state = self._states[index]
             start_s, start_mj = state.virtual_time_s, state.energy_mj
-            remaining = 1.0  # fraction of the work still to do
-            while remaining > 0.0:
-                clock = min(state.sm_clock_mhz, state.throttle_sm_clock_mhz or state.sm_clock_mhz)
-                full_time_s = self.model.time_s(work, clock)
-                needed_s = remaining * full_time_s
-                until_switch_s = self._time_to_switch(state)
-                step_s = min(needed_s, until_switch_s)
-                self._advance(state, step_s, self.model.power_w(work, clock))
-                remaining = 0.0 if step_s >= needed_s else remaining - step_s / full_time_s
+            pending = deque(sorted(timed, key=lambda entry: entry[0]))
+            for work in works:
+                remaining = 1.0  # fraction of the work still to do
+                while remaining > 0.0:
+                    while pending and start_s + pending[0][0] <= state.virtual_time_s + _TIME_TOLERANCE_S:
+                        pending.popleft()[1]()
+                    clock = min(state.sm_clock_mhz, state.throttle_sm_clock_mhz or state.sm_clock_mhz)
+                    full_time_s, power_w = self._rate(work, whole, clock)
+                    needed_s = remaining * full_time_s
+                    until_call_s = start_s + pending[0][0] - state.virtual_time_s if pending else math.inf
+                    step_s = min(needed_s, self._time_to_switch(state), until_call_s)
+                    self._advance(state, step_s, power_w)
+                    remaining = 0.0 if step_s >= needed_s else remaining - step_s / full_time_s
             self._persist(force=False)
             return state.virtual_time_s - start_s, (state.energy_mj - start_mj) / 1000.0
+
+    def _rate(self, work: WorkProfile, whole: WorkProfile, clock_mhz: float) -> tuple[float, float]:
+        """Time and power of ``work`` at ``clock_mhz`` under the power cap of ``whole`` (a part of it)."""
+        if work is whole:
+            return self.model.time_s(work, clock_mhz), self.model.power_w(work, clock_mhz)
+        effective_mhz = self.model.effective_clock_mhz(whole, clock_mhz)
+        return self.model.uncapped_time_s(work, effective_mhz), self.model.uncapped_power_w(
+            work, effective_mhz
+        )
 
     def wait(self, index: int, duration_s: float, blocked: bool) -> float:
         """Spend ``duration_s`` of virtual time on GPU ``index`` without work.

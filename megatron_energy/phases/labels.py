@@ -4,16 +4,21 @@ A phase boundary is ``Boundary(instruction, phase)`` with ``phase`` written by :
 ``p3:memory:modelled:at=1.234ms:lead=10.000ms``: the phase's index, class and provenance (``modelled``: from
 the per-class split; ``measured``: from a kernel timeline), its planned start from the instruction's start,
 and how long before that start the clock must be requested (0 for a switch down, the latency for a switch
-up). Tail phases (after the rank's last instruction) start with ``tail``; a tail's restoring request is
-``tail-restore``. A request issued at a runtime hook names it after ``@`` (``events.OUTSIDE_PHASES``), e.g.
+up). An instruction's restoring request (back to its base clock one latency before its planned end, so
+the next instruction starts at the clock the base plan left it) is ``p-restore``. Tail phases (after the
+rank's last instruction) start with ``tail``; a tail's restoring request is ``tail-restore``. A request
+issued at a runtime hook names it after ``@`` (``events.OUTSIDE_PHASES``), e.g.
 ``tail1@optimizer:memory:measured:at=30.000ms:lead=0.000ms`` goes out when the optimizer step begins; a
-label without one (phases inside an instruction) has no hook of its own. :func:`parse_phase_label` reads it
-back.
+label without one (phases inside an instruction) has no hook of its own: the runtime requests it at its
+time from the instruction's start (``runtime.phase_switcher``). :func:`parse_phase_label` reads it back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+INSIDE_SCOPES = ("p", "p-restore")
+"""Scopes of requests inside an instruction (their ``at`` is from the instruction's start)."""
 
 
 @dataclass(frozen=True)
@@ -21,7 +26,7 @@ class PhaseLabel:
     """A phase boundary's name, parsed."""
 
     scope: str
-    """``p`` (inside the instruction) or ``tail`` (after it) or ``tail-restore``."""
+    """``p`` or ``p-restore`` (inside the instruction), ``tail`` or ``tail-restore`` (after it)."""
     index: int
     """The phase's index in its sequence."""
     kind: str

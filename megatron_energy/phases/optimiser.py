@@ -72,7 +72,7 @@ class _Context:
         self.clocks = sorted({option.clock_mhz for key in profile for option in profile.options(key)})
         self.measured_inside = bool(job.phase_timelines)
         self._works = {key: self._fit(key) for key in profile}
-        self._plans: dict[tuple[Work, int], _Refined] = {}
+        self._plans: dict[tuple[Work, int], tuple[SequencePlan, float]] = {}
 
     def _fit(self, key: Work) -> WorkProfile:
         points = [(o.clock_mhz, o.time_s, o.energy_j) for o in self.profile.options(key)]
@@ -114,10 +114,10 @@ class _Context:
         return dataclasses.replace(point, ranks=tuple(ranks))
 
     def instruction(self, instruction: Instruction, base_mhz: int) -> _Refined:
-        """The phase actions of one instruction at its base clock (shared by equal instructions)."""
+        """The phase actions of one instruction at its base clock (the plan shared by equal instructions)."""
         key = (instruction.work, base_mhz)
-        refined = self._plans.get(key)
-        if refined is None:
+        planned = self._plans.get(key)
+        if planned is None:
             work = self._works[instruction.work]
             budget_s, base_j = single_clock(self.model, work, base_mhz)
             plan = plan_sequence(
@@ -128,13 +128,14 @@ class _Context:
                 base_mhz,
                 self.job.switch_latency_s,
                 base_mhz=base_mhz,
+                outgoing_mhz=base_mhz,
             )
             delta_j = (
                 plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - base_j
             )
-            refined = _kept_if_better(self._actions(instruction, plan, "p"), delta_j)
-            self._plans[key] = refined
-        return refined
+            planned = self._plans[key] = (plan, delta_j)
+        plan, delta_j = planned
+        return _kept_if_better(self._actions(instruction, plan, "p"), delta_j)
 
     def tail(self, clocks: Sequence[ClockAction]) -> _Refined:
         """The tail's phase actions after the rank's last instruction (none without tail phases).

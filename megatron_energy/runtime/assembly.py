@@ -14,6 +14,7 @@ from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.optimiser import Optimiser
+from megatron_energy.phases.modelled import modelled_phases
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.registry import resolve
@@ -22,8 +23,10 @@ from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, TorchKernelTimeline
-from megatron_energy.runtime.parts import Guard
+from megatron_energy.runtime.parts import Guard, PhaseSwitching
+from megatron_energy.runtime.phase_switcher import PhaseSwitcher
 from megatron_energy.runtime.session import EnergySession
+from megatron_energy.runtime.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
 
 AUTO_GRID_POINTS = 6
@@ -71,7 +74,12 @@ def profiling_grid(requested: Sequence[int] | None, supported: Sequence[int]) ->
 def build_timer(
     handle: GpuHandle, context: JobContext, comms: RankComms, index: int, spec: GpuSpec
 ) -> InstructionTimer:
-    """CUDA events on real GPUs; the virtual clock of the modelled transformer on simulated ones."""
+    """CUDA events on real GPUs; the virtual clock of the modelled transformer on simulated ones.
+
+    A simulated GPU runs an instruction with clocks inside it as the modelled per-class split the session's
+    phase planner uses (``phases.modelled``, one layer: the session plans without a layer count), so the
+    plan's phase offsets fall on the phases they were planned for.
+    """
     if handle.backend != "simulated":
         return CudaEventTimer(comms)
     if context.shape is None:
@@ -79,7 +87,22 @@ def build_timer(
             "simulated GPUs time instructions from a transformer shape; the job context has none"
         )
     work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks)
-    return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders))
+    phases = {key: [phase.work for phase in modelled_phases(piece, 1)] for key, piece in work.items()}
+    return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders), phases)
+
+
+def build_phase_switcher(
+    config: EnergyConfig, controller: FrequencyController, timer: InstructionTimer
+) -> PhaseSwitching | None:
+    """The phase switcher ``--energy-phase-switching`` asks for: virtual time when simulated, else a thread.
+
+    Nothing starts here: the thread starts at the first instruction with phase clocks.
+    """
+    if config.phase_switching == "off":
+        return None
+    if isinstance(timer, SimulatedTimer):
+        return SimulatedPhaseSwitcher(controller, timer)
+    return PhaseSwitcher(controller)
 
 
 class SessionStartError(EnergyRuntimeError):
@@ -221,6 +244,7 @@ def build_session(
         guard=parts.guard,
         printer=printer,
         kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser),
+        phase_switcher=build_phase_switcher(config, parts.controller, parts.timer),
     )
 
 

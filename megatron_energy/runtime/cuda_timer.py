@@ -116,11 +116,14 @@ class CudaEventTimer:
         self._open[instruction] = event
         return event
 
-    def end(self, instruction: Instruction) -> None:
-        """Record the instruction's end event."""
+    def end(self, instruction: Instruction) -> Any:
+        """Record the instruction's end event and return it (``None`` for an instruction never begun)."""
         start = self._open.pop(instruction, None)
-        if start is not None:
-            self._step.marks.append((instruction, start, self._event()))
+        if start is None:
+            return None
+        event = self._event()
+        self._step.marks.append((instruction, start, event))
+        return event
 
     def phase_begin(self, name: str) -> Any:
         """Record an outside phase's start event and return it as the boundary marker."""

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron_energy.dvfs.controller import BoundaryEvent
 from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.pipeline.instruction import Instruction
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from megatron_energy.runtime.plan_runner import InsideRequest
 
 
 class Controller(Protocol):
@@ -33,4 +41,74 @@ class Guard(Protocol):
 
     def close(self) -> None:
         """Release the guard after a clean reset."""
+        ...
+
+
+class InsideController(Protocol):
+    """What a phase switcher needs of the controller (``dvfs.controller.FrequencyController``)."""
+
+    @property
+    def active(self) -> bool:
+        """False once the controller is closed or monitor-only."""
+        ...
+
+    def request_inside(self, clock_mhz: float, stale: Callable[[], bool]) -> bool:
+        """Apply ``clock_mhz`` now unless ``stale()`` (checked under the controller's lock)."""
+        ...
+
+    def allow_repeat(self) -> None:
+        """Let the next request out even if it equals the previous one."""
+        ...
+
+
+def inactive_reason(controller: InsideController) -> str:
+    """Why a controller stopped taking requests, as far as it says."""
+    return getattr(controller, "monitor_only_reason", None) or "closed"
+
+
+@dataclass
+class SwitchCounts:
+    """What a phase switcher did with the requests inside instructions."""
+
+    scheduled: int = 0
+    """Requests handed to it."""
+    applied: int = 0
+    """Requests the controller took (a dry run records them)."""
+    stale: int = 0
+    """Requests dropped at their time: their instruction had ended on the GPU (or switching was cancelled)."""
+    dropped: int = 0
+    """Requests dropped unmade: queue full, cancelled (a revert to stock clocks) or at close."""
+
+    def summary(self) -> str:
+        """What became of the requests, for the log (counted on this rank's host)."""
+        return (
+            f"phase clocks inside instructions: {self.applied} of {self.scheduled} requested at their "
+            f"offsets, {self.stale} stale (instruction ended first), {self.dropped} dropped (queue full, "
+            "revert or exit)"
+        )
+
+
+class PhaseSwitching(Protocol):
+    """Requests clocks inside instructions (``runtime.phase_switcher``, ``runtime.simulated_phases``)."""
+
+    counts: SwitchCounts
+
+    def begin(self, instruction: Instruction, anchor: Any, requests: Sequence[InsideRequest]) -> None:
+        """An instruction starts: request each of ``requests`` at its offset from ``anchor`` (its start)."""
+        ...
+
+    def end(self, instruction: Instruction, marker: Any) -> None:
+        """An instruction ends (``marker``: its end event, or ``None``)."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop every request not made yet."""
+        ...
+
+    def take_error(self) -> BaseException | None:
+        """The error that stopped phase switching, once; ``None`` if none."""
+        ...
+
+    def close(self) -> None:
+        """Stop; drop what is pending."""
         ...

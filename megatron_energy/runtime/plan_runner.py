@@ -5,7 +5,7 @@ instruction's start (or at a phase inside it) and the launch point and SM budget
 switch to another point of the same plan (a straggler's pace) without re-planning. It knows nothing of
 how a plan was made, so every optimiser's plan runs through it.
 
-Phase actions (``Boundary(instruction, phase)``, named by ``phases.labels``) run where the runtime has a hook:
+Phase actions (``Boundary(instruction, phase)``, named by ``phases.labels``) run in two ways:
 
 - **outside instructions** (the iteration tail): a label naming a hook (``tail1@optimizer:...``) is requested
   when that outside phase begins (``events.OUTSIDE_PHASES``: megatron-core's ``all-grads-sync``,
@@ -14,19 +14,36 @@ Phase actions (``Boundary(instruction, phase)``, named by ``phases.labels``) run
   (``phases.switching.snap_to_phase_starts``). The restoring request (``@optimizer.end``) goes out when the
   optimizer step ends: no hook lies inside it, so the restored clock lands up to one switch latency into the
   next iteration (its first instruction may start at the tail's clock for that long);
-- **inside instructions**: no hook. Module forward pre-hooks fire on the host when a layer's kernels are
-  *launched*, and the phases of a plan are times within the instruction (from a modelled per-class split or a
-  kernel timeline), not modules, so a phase start has no module to hang on; backward phases have not even
-  that (autograd runs them). Those phases keep the instruction's own clock, and :meth:`PlanRunner.hook_report`
-  says how many there are (the session logs it), so the plan's predicted phase saving there is known not to
-  be realised.
+- **inside instructions** (``p3:memory:modelled:at=1.234ms:lead=10.000ms``, and ``p-restore`` back to the
+  instruction's clock before its end): no host hook marks a phase (a module pre-hook fires when kernels are
+  *launched*, backward phases run under autograd), so they are *time-anchored*:
+  :meth:`PlanRunner.inside_requests` gives each instruction's requests as offsets ``at - lead`` from the
+  instruction's start on the GPU, in plan order, and the session hands them with the instruction's start
+  marker to a phase switcher (``runtime.phase_switcher``: a host thread that waits for the instruction's
+  start event, then sleeps to each offset, so a request goes out up to a few ms late (polling, sleep, GIL)
+  and then takes the NVML call's time; ``runtime.simulated_phases``: the simulated GPU's virtual clock). The
+  offsets are as the plan has them: phase starts planned from a *modelled* per-class split or a *measured*
+  kernel timeline (the label says which), at the planned clocks, not observed at run time.
+
+:meth:`PlanRunner.hook_report` says where the running point's phase actions go (the session logs it).
 """
 
 from __future__ import annotations
 
-from megatron_energy.phases.labels import parse_phase_label
+from typing import NamedTuple
+
+from megatron_energy.phases.labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction, Plan, PlanError, PlanPoint
+
+
+class InsideRequest(NamedTuple):
+    """A clock to request inside an instruction, at an offset from its start on the GPU."""
+
+    offset_s: float
+    """When to request it: the phase's planned start less its lead (never before the instruction starts)."""
+    clock_mhz: int
+    """The phase's clock."""
 
 
 class PlanRunner:
@@ -59,6 +76,8 @@ class PlanRunner:
         self.index = plan.target_index
         self._clocks: dict[Boundary, int] = {}
         self._outside: dict[str, tuple[int, ...]] = {}
+        self._inside: dict[Instruction, tuple[InsideRequest, ...]] = {}
+        self._inside_provenance: set[str] = set()
         self._unhooked = 0
         self._collectives: dict[str, CollectiveAction] = {}
         self.select(plan.target_index)
@@ -70,16 +89,23 @@ class PlanRunner:
         clocks = [action for action in actions if isinstance(action, ClockAction)]
         self._clocks = {action.at: action.clock_mhz for action in clocks}
         outside: dict[str, list[int]] = {}
+        inside: dict[Instruction, list[InsideRequest]] = {}
+        self._inside_provenance = set()
         self._unhooked = 0
         for action in clocks:
             if action.at.phase is None:
                 continue
-            hook = _hook_of(action.at.phase)
-            if hook is None:
-                self._unhooked += 1
+            label = _label_of(action.at.phase)
+            if label is not None and label.hook is not None:
+                outside.setdefault(label.hook, []).append(action.clock_mhz)
+            elif label is not None and label.scope in INSIDE_SCOPES:
+                offset_s = max(0.0, label.at_s - label.lead_s)
+                inside.setdefault(action.at.instruction, []).append(InsideRequest(offset_s, action.clock_mhz))
+                self._inside_provenance.add(label.provenance)
             else:
-                outside.setdefault(hook, []).append(action.clock_mhz)
+                self._unhooked += 1
         self._outside = {hook: tuple(values) for hook, values in outside.items()}
+        self._inside = {instruction: tuple(values) for instruction, values in inside.items()}
         self._collectives = {
             action.collective: action for action in actions if isinstance(action, CollectiveAction)
         }
@@ -112,20 +138,38 @@ class PlanRunner:
         """The clocks to request, in order, when the outside phase ``name`` begins (or ``end`` s)."""
         return self._outside.get(f"{name}.end" if end else name, ())
 
-    def hook_report(self) -> str | None:
-        """Where the running point's phase actions go, for the log; ``None`` when it has none."""
+    def inside_requests(self, instruction: Instruction) -> tuple[InsideRequest, ...]:
+        """The clocks to request inside ``instruction``, in plan order (empty when it has none)."""
+        return self._inside.get(instruction, ())
+
+    def hook_report(self, inside_switched: bool = True) -> str | None:
+        """Where the running point's phase actions go, for the log; ``None`` when it has none.
+
+        Args:
+            inside_switched: Whether a phase switcher applies the phases inside instructions (``False``:
+                ``--energy-phase-switching off``).
+        """
         hooked = sum(len(clocks) for clocks in self._outside.values())
-        if not hooked and not self._unhooked:
+        inside = sum(len(requests) for requests in self._inside.values())
+        if not hooked and not inside and not self._unhooked:
             return None
         parts = []
         if hooked:
             parts.append(f"{hooked} requested at outside-phase hooks ({', '.join(sorted(self._outside))})")
-        if self._unhooked:
+        provenance = "/".join(sorted(self._inside_provenance))
+        if inside and inside_switched:
             parts.append(
-                f"{self._unhooked} inside instructions have no hook (a phase inside an instruction is a "
-                "time, not a module): those instructions keep their own clock, so the plan's phase saving "
-                "there (modelled) is not realised"
+                f"{inside} inside instructions applied time-anchored, at their planned offsets "
+                f"({provenance}) from each instruction's start on the GPU"
             )
+        elif inside:
+            parts.append(
+                f"{inside} inside instructions not applied (--energy-phase-switching off): those "
+                f"instructions keep their own clock, so the plan's phase saving there ({provenance}) is not "
+                "realised"
+            )
+        if self._unhooked:
+            parts.append(f"{self._unhooked} with a phase name the runtime does not know, not applied")
         return f"phase clocks on pipeline rank {self.stage}: " + "; ".join(parts)
 
     def collective(self, name: str) -> CollectiveAction | None:
@@ -133,9 +177,9 @@ class PlanRunner:
         return self._collectives.get(name)
 
 
-def _hook_of(phase: str) -> str | None:
-    """The runtime hook a phase action's label names; ``None`` for a phase without one (or another name)."""
+def _label_of(phase: str) -> PhaseLabel | None:
+    """A phase action's label, parsed; ``None`` for a name ``phases.labels`` did not write."""
     try:
-        return parse_phase_label(phase).hook
+        return parse_phase_label(phase)
     except ValueError:
         return None

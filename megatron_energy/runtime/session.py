@@ -16,7 +16,13 @@ iteration tail, exact, and never enter a comparison.
 Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
 optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
-instruction at its boundary on the GPU timeline); energy keeps being measured and logged next to the
+instruction at its boundary on the GPU timeline, a tail phase's at its outside-phase hook); the clocks of
+phases inside an instruction go, with the instruction's start marker, to a phase switcher that requests
+each at its planned offset from the instruction's start on the GPU (``runtime.phase_switcher``: a host
+thread anchored on the start's CUDA event, its timing as precise as a host thread's sleep and the GIL allow;
+``runtime.simulated_phases``: the simulated GPU's virtual clock). An error there turns phase switching off
+with a log line and the run goes on at the instruction clocks; ``--energy-phase-switching off`` never
+starts it. Energy keeps being measured and logged next to the
 prediction, with its change against the stock baseline over a window of the phase's iterations
 (``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
 plan; a safety net reverts to stock clocks if the plan is slow. Nothing the session does at a run-phase
@@ -59,7 +65,7 @@ from megatron_energy.runtime.host_cost import HostCost, host_timed
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
 from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
-from megatron_energy.runtime.parts import Controller, Guard, Meter
+from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.plan_runner import PlanRunner
 from megatron_energy.runtime.planning import (
     Fallback,
@@ -108,6 +114,8 @@ class EnergySession:
         kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
             only) in the stock clock's last synchronous profile step, when the optimiser asks for phases;
             never in the run phase. ``None``: the phase planner uses the modelled per-class split.
+        phase_switcher: Requests a plan's clocks inside instructions (``runtime.phase_switcher``);
+            ``None``: those phases keep their instruction's clock.
     """
 
     def __init__(
@@ -127,6 +135,7 @@ class EnergySession:
         guard: Guard | None = None,
         printer: Callable[[str], Any] = print,
         kernel_timeline: KernelTimeline | None = None,
+        phase_switcher: PhaseSwitching | None = None,
     ) -> None:
         self.config = config
         self.context = context
@@ -142,6 +151,7 @@ class EnergySession:
         self.guard = guard
         self.printer = printer
         self.kernel_timeline = kernel_timeline if optimiser.request.phases else None
+        self.phase_switcher = phase_switcher
         self.stock_clock_mhz = clocks_mhz[0]
         self.grid_mhz = list(clocks_mhz)
         self.can_set_clocks = can_set_clocks
@@ -209,7 +219,10 @@ class EnergySession:
 
     @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
-        """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary."""
+        """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary.
+
+        The clocks of phases inside it go to the phase switcher, anchored to the same boundary marker.
+        """
         instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
         if self.kernel_timeline is not None and self.kernel_timeline.recording:
             self.kernel_timeline.instruction_begin(instruction)
@@ -218,12 +231,18 @@ class EnergySession:
             clock = self.runner.clock_at(instruction)
             if clock is not None:
                 self.controller.request(clock, boundary)
+            if self.phase_switcher is not None:
+                requests = self.runner.inside_requests(instruction)
+                if requests:
+                    self.phase_switcher.begin(instruction, boundary, requests)
 
     @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
-        """Mark the instruction's end."""
+        """Mark the instruction's end (the phase switcher drops its requests the GPU passes it by)."""
         instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
-        self.timer.end(instruction)
+        marker = self.timer.end(instruction)
+        if self.phase_switcher is not None:
+            self.phase_switcher.end(instruction, marker)
         if self.kernel_timeline is not None and self.kernel_timeline.recording:
             self.kernel_timeline.instruction_end(instruction)
 
@@ -253,7 +272,21 @@ class EnergySession:
         """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
         run_phase = self.phase != "profiling"
         self._seal_step(step)
+        self._check_phase_switcher()
         self.host_cost.end_step(run_phase)
+
+    def _check_phase_switcher(self) -> None:
+        """Turn phase switching off, with a log line, if an error stopped it; the instruction clocks go on."""
+        switcher = self.phase_switcher
+        problem = None if switcher is None else switcher.take_error()
+        if switcher is None or problem is None:
+            return
+        switcher.close()
+        self.phase_switcher = None
+        self.printer(
+            f"[energy] rank {self.context.global_rank}: phase switching turned off "
+            f"({type(problem).__name__}: {problem}); training continues at the instruction clocks"
+        )
 
     @host_timed
     def _seal_step(self, step: int) -> None:
@@ -330,8 +363,14 @@ class EnergySession:
         The flush (the last step of a lagged timer) never raises: the process is ending. Rank 0 of a job that
         ran a plan then logs the stock plan's prediction against the measured stock steps
         (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
-        its own host time in the hooks (``runtime.host_cost``).
+        its own host time in the hooks (``runtime.host_cost``), and what became of the requests inside
+        instructions (``runtime.phase_switcher``).
         """
+        if self.phase_switcher is not None:
+            self.phase_switcher.close()
+            counts = self.phase_switcher.counts
+            if counts.scheduled:
+                self.printer(f"[energy] rank {self.context.global_rank}: {counts.summary()}")
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
@@ -565,7 +604,7 @@ class EnergySession:
             return False
         if self.context.global_rank == 0:
             self.printer(plan_summary(plan, release.plan_text))
-        hooks = runner.hook_report()
+        hooks = runner.hook_report(inside_switched=self.phase_switcher is not None)
         if hooks is not None and self.context.data_parallel_rank == 0:
             self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.plan = plan
@@ -645,6 +684,8 @@ class EnergySession:
         noise_s = self.baseline.iteration_noise_s
         if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w, noise_s):
             self.runner = None
+            if self.phase_switcher is not None:
+                self.phase_switcher.cancel()  # no phase clock lands after the reset
             self.controller.request(RESET)
             self.phase = "stock (safety net)"
             broken = (

@@ -14,7 +14,7 @@ optimizer step, data loading, logging). The part outside the replica's pipeline 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -97,8 +97,8 @@ class InstructionTimer(Protocol):
         """Mark an instruction's start; returns the boundary marker (a CUDA event) or ``None``."""
         ...
 
-    def end(self, instruction: Instruction) -> None:
-        """Mark an instruction's end."""
+    def end(self, instruction: Instruction) -> Any:
+        """Mark an instruction's end; returns the end marker (a CUDA event) or ``None``."""
         ...
 
     def phase_begin(self, name: str) -> Any:
@@ -154,12 +154,21 @@ class SimulatedTimer:
     step when the ``optimizer`` hook ends, or before the next schedule in a job whose optimizer fires no hook.
     Both run at the clock in effect, and their energy counts as outside the next step's pipeline span.
 
+    Clocks inside an instruction (:meth:`schedule_inside`, from ``runtime.simulated_phases``) are requested
+    at their offsets from the instruction's start in virtual time, while the instruction runs as its
+    ``phases`` one after another (``SimulatedGPUs.execute_sequence``), so each phase runs at the clock in
+    force during it and the instruction's time and energy take in every change. An instruction without
+    such clocks runs as one piece of work, which takes the same time and energy at one clock (the model is
+    linear in the work's parts, and the phases run under the whole instruction's power cap).
+
     Args:
         gpus: The simulated GPUs (``SimulatedGPUs``).
         gpu_index: This rank's GPU.
         work: Modelled work per instruction class (``Work``); this stage's classes at least.
         comms: Collectives of the job.
         dag: The replica's pipeline DAG (``PipelineDag``).
+        phases: Each instruction class's work as its phases in order (their sum is ``work``'s); needed for
+            :meth:`schedule_inside` only.
     """
 
     source: Literal["measured", "modelled"] = "modelled"
@@ -171,8 +180,11 @@ class SimulatedTimer:
         work: Mapping[Work, Any],
         comms: RankComms,
         dag: Any,
+        phases: Mapping[Work, Sequence[Any]] | None = None,
     ) -> None:
         self._gpus = gpus
+        self._phases = phases or {}
+        self._inside: dict[Instruction, Sequence[tuple[float, Callable[[], object]]]] = {}
         self._index = gpu_index
         self._work = work
         self._comms = comms
@@ -216,10 +228,28 @@ class SimulatedTimer:
             self._waited_s += gap_s
         return None
 
-    def end(self, instruction: Instruction) -> None:
-        """Execute the instruction's modelled work at the current clock."""
-        time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
+    def schedule_inside(
+        self, instruction: Instruction, timed: Sequence[tuple[float, Callable[[], object]]]
+    ) -> None:
+        """Call each ``(offset_s, call)`` at its offset from the instruction's start while it runs.
+
+        Raises:
+            KeyError: No phases are known for the instruction's class.
+        """
+        if instruction.work not in self._phases:
+            raise KeyError(f"no phases of {instruction.work} to run clocks inside it")
+        self._inside[instruction] = timed
+
+    def end(self, instruction: Instruction) -> Any:
+        """Execute the instruction's modelled work (as its phases, with clocks inside it); no end marker."""
+        timed = self._inside.pop(instruction, ())
+        if timed:
+            works = self._phases[instruction.work]
+            time_s, energy_j = self._gpus.execute_sequence(self._index, works, timed)
+        else:
+            time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
         self._runs.append((instruction, time_s, energy_j))
+        return None
 
     def phase_begin(self, name: str) -> Any:
         """An outside phase starts; there is no boundary marker."""
