@@ -21,6 +21,7 @@ from megatron_energy.plan import (
     RankPlan,
     fingerprint,
 )
+from megatron_energy.runtime.planning import plan_summary
 
 F0 = Instruction(0, 0, 0, "forward")
 B0 = Instruction(0, 0, 0, "backward")
@@ -265,3 +266,12 @@ def test_rejects_a_plan_for_another_job_naming_both_fingerprints(tmp_path):
     other = fingerprint(job="job-b")[:16]
     with pytest.raises(PlanError, match=rf"another job.*{plan.fingerprint}.*{other}"):
         Plan.load(path, expected_fingerprint=other)
+
+
+def test_the_log_summary_names_the_frontier_only_when_one_was_swept():
+    swept = _plan()
+    text = swept.to_json_text()
+    assert "2 frontier points" in plan_summary(swept, text) and "relaxed" in plan_summary(swept, text)
+    alone = dataclasses.replace(swept, frontier=())  # kernel or kareus alone: stock instruction clocks
+    line = plan_summary(alone, alone.to_json_text())
+    assert "no frontier swept" in line and "relaxed" not in line
