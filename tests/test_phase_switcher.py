@@ -133,16 +133,42 @@ def test_requests_of_an_instruction_the_gpu_has_left_are_dropped(switchers) -> N
     assert switcher.counts.stale == 1 and switcher.counts.applied == 2
 
 
+class LateSeenEvent(FakeEvent):
+    """An event whose waiter wakes only once the test opens the gate (a thread descheduled for a while)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def synchronize(self) -> None:
+        self.gate.wait()
+        super().synchronize()
+
+
 def test_an_instruction_ended_before_its_start_was_seen_makes_no_request(switchers) -> None:
     controller = RecordingController()
-    switcher = switchers(controller, poll_s=0.05)
-    start, end = FakeEvent(), FakeEvent()
+    switcher = switchers(controller)
+    start, end = LateSeenEvent(), FakeEvent()
     switcher.begin(_instruction(0), start, [InsideRequest(0.0, 1200)])
     switcher.end(_instruction(0), end)
     start.reach()
-    end.reach()  # both passed within one poll: the request's moment is gone
+    end.reach()  # both passed before the thread woke: the request's moment is gone
+    start.gate.set()
     _wait(lambda: switcher.counts.stale == 1)
     assert controller.applied == []
+
+
+def test_on_a_gpu_the_switcher_waits_on_its_own_anchor_recorded_at_the_instruction_start(switchers) -> None:
+    controller = RecordingController()
+    own: list[FakeEvent] = []
+    switcher = switchers(controller, anchor_event=lambda: own.append(FakeEvent()) or own[-1])
+    timer_marker = FakeEvent(reached=True)  # the timer's event: not waited on
+    switcher.begin(_instruction(0), timer_marker, [InsideRequest(0.0, 1200)])
+    assert len(own) == 1  # recorded on the training thread, at begin
+    time.sleep(0.05)
+    assert controller.applied == []  # the GPU has not reached the switcher's own anchor yet
+    own[0].reach()
+    _wait(lambda: len(controller.applied) == 1)
 
 
 def test_a_controller_error_stops_phase_switching_and_is_kept_for_the_session(switchers) -> None:

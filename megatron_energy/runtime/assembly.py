@@ -9,7 +9,7 @@ from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clocks_mhz
-from megatron_energy.dvfs.controller import FrequencyController
+from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
@@ -102,7 +102,19 @@ def build_phase_switcher(
         return None
     if isinstance(timer, SimulatedTimer):
         return SimulatedPhaseSwitcher(controller, timer)
-    return PhaseSwitcher(controller)
+    return PhaseSwitcher(controller, anchor_event=_blocking_anchor)
+
+
+def _blocking_anchor() -> BoundaryEvent:
+    """A blocking-sync CUDA event recorded on the current stream: a thread waiting on it sleeps in the driver.
+
+    About 10 µs on the training thread, for instructions with phase clocks only.
+    """
+    import torch
+
+    event = torch.cuda.Event(blocking=True)
+    event.record()
+    return event
 
 
 class SessionStartError(EnergyRuntimeError):

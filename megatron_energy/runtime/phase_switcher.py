@@ -5,8 +5,10 @@ At an instruction's start hook the session hands the switcher the instruction's 
 the timer recorded on the current stream: the GPU's arrival at the instruction) and the instruction's
 requests (``PlanRunner.inside_requests``: offsets from that start). One background thread per rank, a
 daemon started at the first instruction with phase clocks, takes the instructions in order: it waits until
-the start event has completed (polling ``event.query()`` every ``poll_s``, so it holds no CPU core and no
-GIL while it waits), takes that moment as the anchor, then for each request sleeps until ``anchor +
+the start event has completed (``event.synchronize()``, which releases the GIL; on a GPU the switcher records
+its own anchor beside the timer's, a blocking-sync CUDA event (``anchor_event``), so the thread sleeps in the
+driver instead of spinning a core or polling for the GIL while the host runs ahead), takes that moment as
+the anchor, then for each request sleeps until ``anchor +
 offset`` and asks the session's ``FrequencyController`` for the clock (``request_inside``: the controller
 applies it, or records it in a dry run, under the same lock as every other clock change).
 
@@ -21,8 +23,8 @@ reverts to stock clocks). An error in the thread (the controller's, or the event
 and is kept for the session (:meth:`PhaseSwitcher.take_error`), which logs it and carries on at the
 instruction clocks; so does a controller that turned monitor-only.
 
-Limits: a request goes out after the anchor by its offset plus the poll interval (the anchor is seen up to
-``poll_s`` late), the host's sleep overshoot (~0.1 ms on Linux) and the wait for the GIL, which the training
+Limits: a request goes out after the anchor by its offset plus the driver's wake-up after the anchor event
+(tens of µs), the host's sleep overshoot (~0.1 ms on Linux) and the wait for the GIL, which the training
 thread hands over every ``sys.getswitchinterval()`` (5 ms by default) at worst; then the NVML call takes its
 own time (~1 ms) before the GPU's switch latency starts. The offsets themselves are the plan's: phase starts
 from a modelled per-class split or a measured kernel timeline at the planned clocks, not observed at run
@@ -66,7 +68,8 @@ class PhaseSwitcher:
     Args:
         controller: The session's frequency controller.
         max_pending: Instructions queued at most; the oldest is dropped beyond.
-        poll_s: How often the thread checks whether the GPU has reached an instruction's start.
+        anchor_event: Records a fresh marker on the current stream at an instruction's start (a blocking-sync
+            CUDA event); ``None``: the marker the session gives is waited on.
         clock: The host clock (seconds).
         sleep: Sleeps the calling thread (seconds).
     """
@@ -76,14 +79,14 @@ class PhaseSwitcher:
         controller: InsideController,
         *,
         max_pending: int = 64,
-        poll_s: float = 2e-4,
+        anchor_event: Callable[[], BoundaryEvent] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.controller = controller
         self.counts = SwitchCounts()
         self._max_pending = max_pending
-        self._poll_s = poll_s
+        self._anchor_event = anchor_event
         self._clock = clock
         self._sleep = sleep
         self._jobs: collections.deque[_Job] = collections.deque()
@@ -97,7 +100,7 @@ class PhaseSwitcher:
     def begin(
         self, instruction: Instruction, anchor: BoundaryEvent, requests: Sequence[InsideRequest]
     ) -> None:
-        """Queue an instruction's requests, anchored to its start marker (a CUDA event).
+        """Queue an instruction's requests, anchored to its start marker (a CUDA event) or the switcher's own.
 
         Called right after the instruction's boundary request, so the next boundary request is never
         deduplicated away (``FrequencyController.allow_repeat``).
@@ -106,7 +109,8 @@ class PhaseSwitcher:
             return
         self.controller.allow_repeat()
         with self._changed:
-            job = _Job(anchor, tuple(requests), self._generation)
+            own = self._anchor_event
+            job = _Job(anchor if own is None else own(), tuple(requests), self._generation)
             if len(self._jobs) >= self._max_pending:
                 self.counts.dropped += len(self._jobs.popleft().requests)
             self._jobs.append(job)
@@ -169,11 +173,7 @@ class PhaseSwitcher:
 
     def _switch(self, job: _Job) -> None:
         """Wait for the instruction's start, then make each of its requests at its offset."""
-        while not job.anchor.query():
-            if self._stale(job):
-                self.counts.stale += len(job.requests)
-                return
-            self._sleep(self._poll_s)
+        job.anchor.synchronize()
         anchor_s = self._clock()
         for done, request in enumerate(job.requests):
             while (left_s := anchor_s + request.offset_s - self._clock()) > 0 and not self._stale(job):
