@@ -338,9 +338,9 @@ class FrontierSolver:
                 choice[i] = 0
 
     def with_exact_bound(self, point: FrontierPoint) -> FrontierPoint:
-        """``point`` with the relaxed optimum at its deadline as its bound (solved here if it had a tangent).
+        """``point`` with the relaxed optimum at its deadline as its bound (solved here if it had a dual one).
 
-        A sweep of a large DAG bounds most points by tangents (see :class:`FrontierPoint`); a point that is
+        A sweep of a large DAG gives most points a dual bound (see :class:`FrontierPoint`); a point that is
         handed out as a plan gets the exact bound, so the gap printed with it is the gap to the optimum.
         """
         if point.exact_bound:
