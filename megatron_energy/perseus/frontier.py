@@ -274,7 +274,8 @@ class FrontierSolver:
         The Lagrangian bound of the relaxed program
         (:meth:`~megatron_energy.perseus.relaxation.HotStartProgram.dual_bound`): valid for every
         ``y ≥ 0``, the relaxed optimum for the optimal ones. No event of a node that precedes the sink is
-        later than the deadline, which bounds those event times.
+        later than the deadline, which bounds those event times. Like :meth:`relaxed`, it sets the
+        program's deadline to ``deadline_s``.
         """
         self._program.set_upper(self._sink, deadline_s)
         implied = np.where(self._reaches_sink, deadline_s, math.inf)
