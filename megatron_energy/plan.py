@@ -139,7 +139,7 @@ class FrontierSample(NamedTuple):
     """Its energy over all ranks."""
     lower_bound_j: float
     """No plan meeting ``deadline_s`` uses less: the convex relaxation's energy there or, for a DAG of more
-    than 8192 instructions where the sweep solves the relaxation at a few deadlines only, a tangent of it
+    than 8192 instructions where the sweep solves the relaxation at a few deadlines only, a dual bound of it
     (lower: the gap to it is overstated, never understated). Plan points always carry the relaxed optimum."""
     deadline_s: float
     """The deadline the plan was solved for."""

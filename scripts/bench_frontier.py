@@ -330,9 +330,9 @@ def bench_seed(case: Case, cache_dir: Path | None) -> SeedResult:
 
 
 def gap_summary(frontier: Frontier) -> str:
-    """The worst gap to the lower bound, separately where it is the relaxed optimum and where a tangent."""
+    """The worst gap to the lower bound, separately where it is the relaxed optimum and where a dual bound."""
     parts = []
-    for exact, name in ((True, "relaxed optimum"), (False, "tangent bound, looser")):
+    for exact, name in ((True, "relaxed optimum"), (False, "dual bound, looser")):
         gaps = [point.gap for point in frontier.points if point.exact_bound == exact]
         if gaps:
             parts.append(f"{100 * max(gaps):.3f} % at {len(gaps)} deadlines ({name})")

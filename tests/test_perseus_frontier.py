@@ -159,6 +159,37 @@ def test_cold_solver_path_gives_the_same_bound(gpt_case, monkeypatch):
     assert cold.time_s == pytest.approx(warm.time_s)
 
 
+@pytest.mark.parametrize("cold", [False, True])
+def test_any_non_negative_multipliers_bound_the_relaxed_optimum(gpt_case, monkeypatch, cold):
+    dag, profile, solver, frontier = gpt_case
+    if cold:
+        monkeypatch.setattr(relaxation, "_highs", None)
+        solver = FrontierSolver(dag, profile)
+    here, there = frontier.points[5].deadline_s, frontier.points[15].deadline_s
+    other = solver.relaxed(there)
+    solution = solver.relaxed(here)
+    assert solution.multipliers is not None and other.multipliers is not None
+    assert np.all(solution.multipliers >= 0)
+    assert solver.dual_bound_j(solution.multipliers, here) == pytest.approx(solution.lower_bound_j, rel=1e-9)
+    # Another deadline's multipliers bound the optimum here too: their bound is that solve's tangent.
+    assert solver.dual_bound_j(other.multipliers, here) <= solution.lower_bound_j * (1 + 1e-9)
+    assert solver.dual_bound_j(other.multipliers, here) == pytest.approx(other.tangent_j(here), rel=1e-9)
+    rng = np.random.default_rng(0)
+    for scale in (0.5, 1.0, 2.0):
+        noisy = solution.multipliers * rng.uniform(0, 2 * scale, solution.multipliers.size)
+        assert solver.dual_bound_j(noisy, here) <= solution.lower_bound_j * (1 + 1e-9)
+
+
+def test_rounding_hands_the_search_the_earliest_starts_of_its_plan(gpt_case):
+    solver, frontier = gpt_case[2], gpt_case[3]
+    for point in frontier.points[::7]:
+        choice, starts = solver._rounded(solver.relaxed(point.deadline_s))
+        search = solver._search
+        loaded_j = search.load(choice)
+        assert search.start == starts  # exactly: the search judges plans by them
+        assert search.load(choice, starts) == loaded_j
+
+
 def test_frontier_csv(gpt_case, tmp_path):
     frontier = gpt_case[3]
     path = tmp_path / "frontier.csv"

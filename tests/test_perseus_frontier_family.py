@@ -229,22 +229,33 @@ def test_every_kind_and_chunk_of_a_family_profile_is_planned():
 def test_deadlines_between_lp_solves_keep_a_valid_bound():
     dag = PipelineDag.build(pipeline_orders(4, 8))
     profile = family_profile(ProfileFamily(4), 0)
-    frontier = FrontierSolver(dag, profile).sweep(20, lp_points=5)
+    solver = FrontierSolver(dag, profile)
+    frontier = solver.sweep(20, lp_points=5)
     exact = [k for k, point in enumerate(frontier.points) if point.exact_bound]
-    assert exact == [0, 5, 10, 14, 19]
+    assert exact == [0, 1, 5, 11, 19]  # spaced quadratically from the fastest deadline
     reference = FrontierSolver(dag, profile)
+    solved = [reference.relaxed(frontier.points[k].deadline_s) for k in exact]
     simulator = Simulator(dag, profile)
+    beats_tangents = 0
     for point in frontier.points:
         optimum_j = reference.relaxed(point.deadline_s).lower_bound_j
         if point.exact_bound:
             assert point.lower_bound_j == pytest.approx(optimum_j, rel=1e-9)
         else:
-            assert point.lower_bound_j <= optimum_j * (1 + 1e-9)  # a tangent lies below the optimum
-            assert point.lower_bound_j >= optimum_j * (1 - 0.01)  # and not far below
+            tangent_j = max(solution.tangent_j(point.deadline_s) for solution in solved)
+            assert point.lower_bound_j <= optimum_j * (1 + 1e-9)  # a dual bound lies below the optimum
+            assert point.lower_bound_j >= tangent_j * (1 - 1e-9)  # and never below the tangents
+            assert point.lower_bound_j >= optimum_j * (1 - 0.002)  # nor far below the optimum
+            beats_tangents += point.lower_bound_j > tangent_j * (1 + 1e-6)
         result = simulator.run(point.clocks)
         assert result.iteration_time_s <= point.deadline_s * (1 + 1e-12)
         assert result.total_energy_j == pytest.approx(point.energy_j, rel=1e-12)
         assert point.gap >= -1e-9
+        # No plan of the sweep that meets the deadline uses less than its bound.
+        for other in frontier.points:
+            if other.time_s <= point.deadline_s:
+                assert other.energy_j >= point.lower_bound_j * (1 - 1e-9)
+    assert beats_tangents > 0  # the interpolated multipliers tighten the bound somewhere
 
 
 def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(tmp_path):
@@ -257,7 +268,7 @@ def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(t
     frontier.to_csv(tmp_path / "frontier.csv")
     rows = (tmp_path / "frontier.csv").read_text().splitlines()[1:]
     assert [row.rsplit(",", 1)[1] for row in rows] == [
-        "relaxed" if point.exact_bound else "tangent" for point in frontier.points
+        "relaxed" if point.exact_bound else "dual" for point in frontier.points
     ]
     reference = FrontierSolver(dag, profile)
     for point in tangent:
@@ -265,7 +276,7 @@ def test_a_point_handed_out_as_a_plan_carries_the_relaxed_optimum_as_its_bound(t
         handed = planner.executable(point)
         assert handed.exact_bound
         assert handed.lower_bound_j == pytest.approx(optimum_j, rel=1e-9)
-        assert handed.lower_bound_j >= point.lower_bound_j * (1 - 1e-9)  # the tangent was the looser one
+        assert handed.lower_bound_j >= point.lower_bound_j * (1 - 1e-9)  # the dual bound was the looser one
         assert handed.gap <= point.gap + 1e-12
         assert handed.energy_j == point.energy_j
 
@@ -285,7 +296,7 @@ def test_the_search_makes_at_most_its_sweeps_of_trades(sweeps, monkeypatch):
 
     monkeypatch.setattr(LocalSearch, "trade", counted)
     search = solver._search
-    energy_j = search.load(solver._rounded(relaxed))
+    energy_j = search.load(*solver._rounded(relaxed))
     search.improve(relaxed.deadline_s, 0.0, 0.0, sweeps)
     assert len(calls) == sweeps  # no gain threshold, no target: every allowed sweep runs
     assert search.makespan_s <= relaxed.deadline_s * (1 + 1e-12)

@@ -46,8 +46,10 @@ class FrontierPoint:
         time_s: Simulated iteration time of the plan (never above ``deadline_s``).
         energy_j: Simulated energy of one iteration under the plan, all stages.
         lower_bound_j: No plan meeting ``deadline_s`` uses less: the optimum of the relaxed problem at the
-            deadline when ``exact_bound``, otherwise the best tangent of the (convex) relaxed optimum as a
-            function of the deadline, taken at the deadlines where it was solved (valid, but looser).
+            deadline when ``exact_bound``, otherwise a dual bound of it: the better of the best tangent of the
+            (convex) relaxed optimum as a function of the deadline, taken at the deadlines where it was
+            solved, and the Lagrangian bound of the relaxed program's multipliers interpolated between the
+            two solves around the deadline (valid, but looser).
         stage_energy_j: Simulated energy per stage.
         stage_busy_s: Simulated busy (computing) time per stage.
         clocks: SM clock of every compute node.
@@ -96,7 +98,7 @@ class Frontier:
         """Write ``deadline_s,time_s,energy_j,lower_bound_j,gap_percent,bound`` per point (all modelled).
 
         ``bound`` says what ``lower_bound_j`` is: ``relaxed`` (the relaxed optimum at the deadline) or
-        ``tangent`` (a tangent of it, lower: the gap is then overstated, never understated).
+        ``dual`` (a dual bound of it, lower: the gap is then overstated, never understated).
         """
         with Path(path).open("w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
@@ -109,7 +111,7 @@ class Frontier:
                         f"{point.energy_j:.9g}",
                         f"{point.lower_bound_j:.9g}",
                         f"{100 * point.gap:.6f}",
-                        "relaxed" if point.exact_bound else "tangent",
+                        "relaxed" if point.exact_bound else "dual",
                     ]
                 )
 
@@ -125,10 +127,13 @@ class RelaxedSolution:
         durations_s: Relaxed duration of every node, indexed like ``PipelineDag.nodes``.
         slope_j_per_s: Rate of change of the relaxed optimum with the deadline (a subgradient, at most 0).
         exact: Whether this is the relaxed optimum itself; otherwise a feasible relaxed solution interpolated
-            between two solved deadlines, with the best tangent of the solved ones as its bound.
+            between two solved deadlines, with a dual bound (see :class:`FrontierPoint`).
         chord_j: For an interpolated solution, the chord between the two solved optima at this deadline: at
-            least the relaxed optimum here, and close to it. The local search aims at it (the tangent bound
-            is looser); ``None`` for an exact one.
+            least the relaxed optimum here, and close to it. The local search aims at it (the bound is
+            looser); ``None`` for an exact one.
+        multipliers: The relaxed program's row multipliers (``y ≥ 0``, one per row) of the solve, or their
+            interpolation; any of them bound the optimum at every deadline
+            (:meth:`~megatron_energy.perseus.relaxation.HotStartProgram.dual_bound`). ``None`` if unknown.
     """
 
     deadline_s: float
@@ -138,6 +143,7 @@ class RelaxedSolution:
     slope_j_per_s: float = 0.0
     exact: bool = True
     chord_j: float | None = None
+    multipliers: np.ndarray | None = None
 
     def tangent_j(self, deadline_s: float) -> float:
         """The relaxed optimum's tangent through this solution, at ``deadline_s``: a lower bound there."""
@@ -149,9 +155,13 @@ def interpolated(low: RelaxedSolution, high: RelaxedSolution, deadline_s: float)
 
     The relaxed problem's constraints are linear, so the convex combination of two feasible solutions is
     feasible for the same combination of deadlines; its bound is the better of the two tangents (the relaxed
-    optimum is convex in the deadline, so each tangent lies below it).
+    optimum is convex in the deadline, so each tangent lies below it). Its multipliers are the same
+    combination of the two solves' multipliers (where both have them), for a dual bound that may beat both.
     """
     weight = (high.deadline_s - deadline_s) / (high.deadline_s - low.deadline_s)
+    multipliers = None
+    if low.multipliers is not None and high.multipliers is not None:
+        multipliers = weight * low.multipliers + (1 - weight) * high.multipliers
     return RelaxedSolution(
         deadline_s=deadline_s,
         time_s=weight * low.time_s + (1 - weight) * high.time_s,
@@ -159,4 +169,5 @@ def interpolated(low: RelaxedSolution, high: RelaxedSolution, deadline_s: float)
         durations_s=weight * low.durations_s + (1 - weight) * high.durations_s,
         exact=False,
         chord_j=weight * low.lower_bound_j + (1 - weight) * high.lower_bound_j,
+        multipliers=multipliers,
     )

@@ -154,13 +154,18 @@ class LocalSearch:
 
     # ----- plan state ------------------------------------------------------------------------------------
 
-    def load(self, choice: Sequence[int]) -> float:
-        """Make ``choice`` (option index per node, -1 for non-compute nodes) the current plan; its energy."""
+    def load(self, choice: Sequence[int], start: list[float] | None = None) -> float:
+        """Make ``choice`` the current plan; its energy.
+
+        Args:
+            choice: Option index per node, -1 for non-compute nodes.
+            start: The plan's earliest starts where the caller has just computed them (else computed here).
+        """
         self.choice = list(choice)
         self.durations = list(self.fixed_s)
         for i in self.compute:
             self.durations[i] = self.tables[i].times_s[self.choice[i]]  # type: ignore[union-attr]
-        self.start = self._earliest_starts(self.durations)
+        self.start = self._earliest_starts(self.durations) if start is None else start
         self.energy_j = self._energy()
         return self.energy_j
 

@@ -65,7 +65,7 @@ class Planner:
         """``point`` with its clocks made executable under the switch latency, and re-simulated with it.
 
         Its bound is the relaxed optimum at its deadline (:meth:`FrontierSolver.with_exact_bound`), never a
-        sweep's tangent, so the gap reported with a plan is the gap to that optimum.
+        sweep's looser dual bound, so the gap reported with a plan is the gap to that optimum.
         """
         point = self.solver.with_exact_bound(point)
         if self.switch_latency_s <= 0:

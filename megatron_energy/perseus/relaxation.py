@@ -3,6 +3,13 @@
 Each instruction's (time, energy) options are replaced by their lower convex hull (:func:`lower_convex_hull`);
 :class:`HotStartProgram` holds the resulting linear program and re-solves it after a bound change from the
 previous basis (HiGHS as bundled with SciPy >= 1.15), or with one ``linprog`` call per solve on older SciPy.
+
+Any non-negative multipliers ``y`` of the rows ``A x ≤ b`` give a lower bound on the optimum without a solve
+(:meth:`HotStartProgram.dual_bound`, Lagrangian relaxation of the rows)::
+
+    min { c·x : A x ≤ b, lo ≤ x ≤ hi }  ≥  −b·y + Σ_j min(r_j·lo_j, r_j·hi_j),   r = c + Aᵀ y
+
+With the optimal multipliers of a solve it is that solve's optimum; for others it is lower, but still valid.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ class HotStartProgram:
         self._problem = (cost, matrix, rhs)
         self._solver = None
         self._upper_marginals = np.zeros(len(cost))
+        self._row_marginals = np.zeros(len(rhs))
         self._last: Any = None  # HiGHS' solution of the last solve (its bindings are untyped)
         if _highs is not None:
             lp = _highs.HighsLp()
@@ -86,6 +94,7 @@ class HotStartProgram:
             if result.status != 0:
                 raise RuntimeError(f"the relaxed frontier program failed: {result.message}")
             self._upper_marginals = np.asarray(result.upper.marginals)
+            self._row_marginals = np.asarray(result.ineqlin.marginals)
             return result.x, float(result.fun)
         self._solver.run()
         status = self._solver.getModelStatus()
@@ -106,3 +115,31 @@ class HotStartProgram:
         if self._last is None:
             raise RuntimeError("upper_bound_dual needs a solve first")
         return min(float(self._last.col_dual[column]), 0.0)
+
+    def row_multipliers(self) -> np.ndarray:
+        """The rows' optimal multipliers ``y ≥ 0`` at the last solve (see :meth:`dual_bound`)."""
+        if self._solver is None:
+            return np.maximum(-self._row_marginals, 0.0)
+        if self._last is None:
+            raise RuntimeError("row_multipliers needs a solve first")
+        return np.maximum(-np.asarray(self._last.row_dual), 0.0)
+
+    def dual_bound(self, multipliers: np.ndarray, implied_upper: np.ndarray) -> float:
+        """A lower bound on the optimum under the current bounds, from any row multipliers (see the module).
+
+        Args:
+            multipliers: ``y ≥ 0``, one per row.
+            implied_upper: Upper bounds every feasible ``x`` meets anyway (``inf`` where none is known); they
+                keep the bound finite where a column's reduced cost is negative and its own bound infinite.
+
+        Returns:
+            ``−b·y + Σ_j min(r_j·lo_j, r_j·hi_j)``; ``-inf`` where a non-zero reduced cost meets an
+            infinite bound.
+        """
+        cost, matrix, rhs = self._problem
+        reduced = cost + matrix.T @ multipliers
+        at_bound = np.where(reduced < 0, np.minimum(self.upper, implied_upper), self.lower)
+        unbounded = np.isinf(at_bound)
+        if np.any(unbounded & (reduced != 0)):
+            return -math.inf
+        return float(-rhs @ multipliers + reduced @ np.where(unbounded, 0.0, at_bound))
