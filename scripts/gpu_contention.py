@@ -22,7 +22,7 @@ Prints per configuration measured vs modelled time and energy and their relative
 everything. ``--replay OUT`` recomputes the modelled side from the windows of an earlier run (no GPU needed).
 
     PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
-    PYTHONPATH=. python3 scripts/gpu_contention.py --replay contention.json --ctas-per-sm 8
+    PYTHONPATH=. python3 scripts/gpu_contention.py --replay tests/data/h200_contention.json
 
 Defaults: 11 configurations x 3 rounds x 5 s windows + 1 s gaps: about 3.5 minutes plus warm-up.
 """
@@ -45,7 +45,7 @@ import triton.language as tl
 
 from megatron_energy.dvfs.calibration import power_from_counter
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.sim.contention_check import CheckSetup, Window, compare
+from megatron_energy.sim.contention_check import CheckSetup, Comparison, Window, compare
 
 RAMP_S = 0.3
 """Counter updates in the first RAMP_S of a window are left out (clock and power settle)."""
@@ -264,15 +264,17 @@ def report(
     )
     print(
         f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "
-        f"{'E err':>7s} {'spread t/E':>11s}"
+        f"{'E err':>7s} {'spread t/E':>11s} {'meas MHz':>8s} {'model MHz':>9s}"
     )
     worst = 0.0
     for row in rows:
         note = "  (calibration)" if row.calibration else ""
+        modelled_mhz = row.prediction.clock_mhz if row.prediction else None
         print(
             f"{row.key:12s} {1e3 * row.measured_time_s:9.3f} {1e3 * row.modelled_time_s:9.3f} "
             f"{row.time_error:+7.2%} {row.measured_energy_j:8.2f} {row.modelled_energy_j:8.2f} "
-            f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%}{note}"
+            f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%} "
+            f"{_mhz(row.measured_clock_mhz):>8s} {_mhz(modelled_mhz):>9s}{note}"
         )
         if row.key.startswith("overlap") and not row.calibration:
             worst = max(worst, abs(row.time_error), abs(row.energy_error))
@@ -280,8 +282,10 @@ def report(
     print(
         f"predicted overlap configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % "
         f"target); measured = CUDA events + energy counter over {args.rounds} x {args.window_s:g} s windows, "
-        f"modelled = sim.overlap with spec {spec.name}"
+        f"meas MHz = median SM clock over the window (NVML); modelled = sim.overlap with spec {spec.name}, "
+        f"model MHz = SM clock in effect beside the GEMMs"
     )
+    print_timelines(rows, extra.get("timelines"))
     if args.json:
         document = {
             **extra,
@@ -296,6 +300,30 @@ def report(
             "worst_overlap_error": worst,
         }
         args.json.write_text(json.dumps(document, indent=1))
+
+
+def _mhz(clock: float | None) -> str:
+    return "-" if clock is None else f"{clock:.0f}"
+
+
+def print_timelines(rows: list[Comparison], timelines: object) -> None:
+    """Per overlap configuration: the copy's span and the GEMMs' end, measured (one group) and modelled."""
+    measured = timelines if isinstance(timelines, dict) else {}
+    for row in rows:
+        if row.prediction is None or row.prediction.copy_span_s is None:
+            continue
+        start_s, end_s = row.prediction.copy_span_s
+        line = (
+            f"{row.key}: modelled copy {1e3 * start_s:.2f}-{1e3 * end_s:.2f} ms, GEMMs end "
+            f"{1e3 * row.prediction.gemms_end_s:.2f} ms"
+        )
+        if row.key in measured:
+            events = measured[row.key]
+            line += (
+                f"; measured (CUDA events, one group) copy {events['copy_start_ms']:.2f}-"
+                f"{events['copy_end_ms']:.2f} ms, GEMMs end {events['gemm_end_ms'][-1]:.2f} ms"
+            )
+        print(line)
 
 
 def replay(args: argparse.Namespace) -> int:
@@ -369,11 +397,6 @@ def main() -> int:
     counter.close()
     print(f"measuring took {time.perf_counter() - started:.0f} s")
     timelines = {f"overlap:{c}": [kernel_timeline(workload, c) for _ in range(2)][-1] for c in ctas_list}
-    for key, timeline in timelines.items():
-        print(
-            f"{key}: copy {timeline['copy_start_ms']:.2f}-{timeline['copy_end_ms']:.2f} ms, GEMMs end "
-            f"{timeline['gemm_end_ms'][-1]:.2f} ms (measured, CUDA events, one group)"
-        )
     extra = {"gpu": torch.cuda.get_device_name(), "counter": counter.source, "timelines": timelines}
     report(setup, windows, args, extra)
     return 0

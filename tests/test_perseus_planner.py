@@ -86,6 +86,13 @@ def _simulated(planner: Planner, point: PlanPoint) -> SimResult:
     return Simulator(planner.dag, planner.profile).run(clocks)
 
 
+def test_a_plan_may_keep_a_single_point_besides_its_target(orders: PipelineOrders) -> None:
+    job = PlanningJob(orders, FINGERPRINT, parse_target("iso-time"), frontier_points=6, kept_points=1)
+    plan = PerseusOptimiser().plan(_profile(), job)  # kept_points=1 divided by zero when spreading the points
+    assert 1 <= len(plan.points) <= 2
+    assert plan.points[plan.target_index].label == "iso-time"
+
+
 def test_iso_time_plan_is_no_slower_than_all_maximum_clocks(planner, iso_plan):
     baseline = planner.solver.baseline
     target = iso_plan.target_point

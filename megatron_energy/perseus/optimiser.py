@@ -117,7 +117,8 @@ def _distinct_points(points: Sequence[FrontierPoint], target: FrontierPoint) -> 
 
 
 def _spread(points: Sequence[FrontierPoint], count: int) -> list[FrontierPoint]:
-    """At most ``count`` points evenly spread over ``points``, the first and the last included."""
+    """At most ``count`` points evenly spread over ``points``: the first and the last, or the first alone."""
     if len(points) <= count:
         return list(points)
-    return [points[round(i * (len(points) - 1) / (count - 1))] for i in range(count)]
+    step = (len(points) - 1) / max(count - 1, 1)
+    return [points[round(i * step)] for i in range(count)]

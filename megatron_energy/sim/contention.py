@@ -11,16 +11,25 @@
 
 Each CTA (one NCCL channel) drives at most ``beta``; the link saturates at ``c_sat = B / beta`` CTAs, beyond
 which more CTAs buy nothing. Assumptions: the link is the bottleneck once saturated (no PCIe or HBM limit
-below B); the per-CTA rate does not depend on the SM clock (copy engines of the SM are bandwidth-bound, far
-above the memory saturation clock); protocol overheads are folded into ``beta`` and ``latency``.
+below B); the per-CTA rate does not depend on the SM clock (CTAs spread one to an SM are bandwidth-bound, far
+above the memory saturation clock); protocol overheads are folded into ``beta`` and ``latency``. That is its
+duration *alone*; beside compute its rate changes over its life (see Placement).
 
 **Placement.** Alone, the block scheduler spreads the ``c`` CTAs over ``c`` idle SMs. Launched while compute
 fills every SM, its CTAs go to the first SMs that free up, as many to one SM as its occupancy allows
 (``ctas_per_sm``: threads, registers, shared memory per CTA), and stay there for the kernel's life: it then
-holds ``ceil(c / ctas_per_sm)`` SMs and, when ``sm_bandwidth_gbps`` is known, drives at most that per SM held.
-Measured on one H200 (``scripts/gpu_contention.py``): a Triton copy of 8 CTAs of 256 threads launched beside
-bf16 GEMMs ran 4.7x longer than alone, all 8 CTAs packed on one SM (about 150 GB/s). NCCL's CTAs (512+
-threads, large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
+holds ``ceil(c / ctas_per_sm)`` SMs and, when ``sm_bandwidth_gbps`` (``s``, per SM at the maximum clock) is
+known, drives at most ``s x f / f_max`` per SM held, ``f`` the SM clock in effect: a packed SM's copy is
+issue-bound, so its rate follows the clock. Its rate at clock ``f`` (:meth:`CommLoad.bandwidth_at_gbps`)::
+
+    r(f) = min(B, c * beta, h * s * f / f_max)        (the last term for packed loads only)
+
+Beside compute ``f`` is the clock in effect under the power cap (:attr:`OverlapState.effective_clock_mhz`);
+alone, ``f_max`` (as its alone power is priced). Measured on one H200 (``scripts/gpu_contention.py``): a
+Triton copy of 8 CTAs of 256 threads launched beside bf16 GEMMs ran 4.7x longer than alone, all 8 CTAs packed
+on one SM, moving ~111 GB/s per SM while the power-capped GEMMs (~1500 MHz) ran beside it and ~155 GB/s per SM
+after they ended (~1980 MHz). NCCL's CTAs (512+ threads, large shared buffers) are assumed to fit one per SM
+(``ctas_per_sm=1``, unmeasured).
 
 **Contention.** While the collective runs, the SMs it holds (``h``: ``c`` spread, ``ceil(c / ctas_per_sm)``
 packed) are lost to compute beside it: compute's progress rate is ``(1 - h/S)`` of its rate alone, at the
@@ -34,11 +43,21 @@ few % of HBM bandwidth).
 
 ``P_compute(f)`` is the compute's own busy power at ``f`` (its profile option), ``P_comm`` the collective's
 *dynamic* power: its CTAs' core activity (a, as for memory-bound work) and its HBM traffic (``hbm_rate`` =
-``hbm_bytes_per_byte`` x link rate; ``hbm_full`` the achieved full HBM bandwidth, the rate at which ``P_mem``
-was calibrated). When ``P`` exceeds the power limit the GPU lowers its clock: the effective clock is the
-highest profiled clock at or below the requested one at which ``P`` fits (the lowest when none does), and the
-compute's rate is ``(1 - h/S) x t(f_requested) / t(f_effective)``. A collective alone (no compute beside it)
-draws ``P_blocked + P_comm``.
+``hbm_bytes_per_byte`` x its rate ``r(f)``; ``hbm_full`` the achieved full HBM bandwidth, the rate at which
+``P_mem`` was calibrated). Beside compute ``P_comm`` is always this estimate of its marginal power: a dynamic
+power measured alone (:attr:`CommLoad.measured_dynamic_power_w`) also holds the chip-wide activity it wakes
+(L2, memory controllers, fabric), which the compute beside it already pays. Measured on one H200
+(``scripts/gpu_contention.py``, 2026-12-02): in windows mostly filled by power-capped GEMMs (median 1470 MHz
+alone), a copy of 8 to 132 CTAs beside them, drawing 103-414 W above blocked power alone, left the median SM
+clock at 1455-1485 MHz; adding its alone power would have cut it to 765-1380 MHz (modelled).
+
+When ``P`` exceeds the power limit the GPU lowers its clock: the effective clock is the highest profiled clock
+at or below the requested one at which ``P`` fits (the lowest when none does), and the compute's rate is
+``(1 - h/S) x t(f_requested) / t(f_effective)``. A profiled option can itself be power-capped (requested above
+the clock the compute alone sustains under the limit, it runs at that clock): the SM clock in effect is the
+lowest profiled clock at or below the chosen one that runs the compute as fast (within
+:data:`EQUAL_TIME_TOLERANCE`). A collective alone (no compute beside it) draws ``P_blocked + P_comm``, with
+its measured dynamic power, when it has one, in place of ``P_comm``.
 """
 
 from __future__ import annotations
@@ -59,6 +78,9 @@ NCCL_HBM_BYTES_PER_BYTE = 3.0
 """HBM bytes a ring collective moves per byte it sends: read the input, write the received chunk, read it
 again to reduce or forward (assumed)."""
 
+EQUAL_TIME_TOLERANCE = 0.005
+"""Profiled times within this relative difference count as the same clock in effect (module docstring)."""
+
 
 @dataclass(frozen=True)
 class CommLoad:
@@ -73,8 +95,10 @@ class CommLoad:
         measured_dynamic_power_w: Its dynamic power measured while it ran alone (power minus blocked
             power); replaces the estimate of :meth:`ContentionModel.comm_dynamic_power_w` when given.
         ctas_per_sm: CTAs one SM takes when they are packed (its occupancy); 1 spreads them.
-        sm_bandwidth_gbps: Bandwidth one SM drives however many of its CTAs it holds (None: no limit).
-        packed: Launched beside compute that fills every SM, so its CTAs are packed (module docstring).
+        sm_bandwidth_gbps: Bandwidth one SM drives at the maximum SM clock, however many of its CTAs it
+            holds; it scales with the SM clock in effect (None: no limit).
+        packed: Launched beside compute that fills every SM, so its CTAs are packed for its whole life
+            (module docstring); only a packed load is held to the per-SM bandwidth.
     """
 
     ctas: int
@@ -107,13 +131,21 @@ class CommLoad:
         """SMs its CTAs occupy: one each when spread, ``ceil(c / ctas_per_sm)`` when packed."""
         return math.ceil(self.ctas / self.ctas_per_sm) if self.packed else self.ctas
 
+    def bandwidth_at_gbps(self, clock_ratio: float) -> float:
+        """Its rate ``r(f)`` (module docstring) with the SM clock in effect at ``clock_ratio`` of the maximum.
+
+        ``min(B, c x beta)``; a packed load also at most :attr:`held_sms` x the per-SM bandwidth x
+        ``clock_ratio``.
+        """
+        rate = min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
+        if self.sm_bandwidth_gbps is None or not self.packed:
+            return rate
+        return min(rate, self.held_sms * self.sm_bandwidth_gbps * clock_ratio)
+
     @property
     def bandwidth_gbps(self) -> float:
-        """``min(B, c x beta)``, and at most :attr:`held_sms` x the per-SM bandwidth: its rate."""
-        rate = min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
-        if self.sm_bandwidth_gbps is None:
-            return rate
-        return min(rate, self.held_sms * self.sm_bandwidth_gbps)
+        """Its rate alone, at the maximum SM clock."""
+        return self.bandwidth_at_gbps(1.0)
 
     @property
     def saturation_ctas(self) -> float:
@@ -121,7 +153,7 @@ class CommLoad:
         return self.link_bandwidth_gbps / self.cta_bandwidth_gbps
 
     def duration_s(self, traffic_bytes: float) -> float:
-        """Time to send ``traffic_bytes`` per GPU: latency plus bytes over :attr:`bandwidth_gbps`."""
+        """Time alone to send ``traffic_bytes`` per GPU: latency plus bytes over :attr:`bandwidth_gbps`."""
         if traffic_bytes < 0:
             raise EnergyValueError(f"traffic must not be negative, got {traffic_bytes}")
         return self.latency_s + traffic_bytes / (self.bandwidth_gbps * 1e9)
@@ -134,14 +166,19 @@ class OverlapState:
     Attributes:
         rate: Progress of the compute relative to running alone at the requested clock (0..1].
         power_w: Total GPU power while both run.
-        clock_mhz: The clock in effect (lower than requested when the power cap binds).
-        comm_power_w: The collective's dynamic part of ``power_w`` (:func:`comm_dynamic_power_w`).
+        clock_mhz: The profiled clock the compute is priced at (lower than requested when the power cap
+            binds).
+        comm_power_w: The collective's dynamic part of ``power_w``: the estimate of
+            :meth:`ContentionModel.comm_dynamic_power_w` beside compute, never a power measured alone.
+        effective_clock_mhz: The SM clock in effect: ``clock_mhz``, or lower when that profiled option is
+            itself power-capped (module docstring); a packed collective's per-SM rate scales with it.
     """
 
     rate: float
     power_w: float
     clock_mhz: int
     comm_power_w: float
+    effective_clock_mhz: int
 
 
 class ContentionModel:
@@ -167,21 +204,21 @@ class ContentionModel:
         """Share of the SMs the collective holds (``h / S``, at most 1)."""
         return min(1.0, load.held_sms / self.spec.sm_count)
 
-    def comm_dynamic_power_w(self, load: CommLoad, clock_mhz: float) -> float:
+    def comm_dynamic_power_w(self, load: CommLoad, clock_mhz: float, alone: bool = True) -> float:
         """Dynamic power of the collective at ``clock_mhz``: its CTAs' core activity and its HBM traffic.
 
-        A load with a measured dynamic power gives that instead (at any clock).
+        Alone, a load with a measured dynamic power gives that instead (at any clock); beside compute
+        (``alone=False``) the estimate holds (module docstring).
         """
-        if load.measured_dynamic_power_w is not None:
+        if alone and load.measured_dynamic_power_w is not None:
             return load.measured_dynamic_power_w
         spec = self.spec
         v_rel = self._power.voltage_v(clock_mhz) / spec.voltage_max_v
         f_max = float(spec.max_sm_clock_mhz)
         f_core = max(clock_mhz, self._power.saturation_clock_mhz) / f_max
         core = self.sm_share(load) * spec.memory_core_activity * spec.dynamic_power_max_w * v_rel**2 * f_core
-        hbm = spec.memory_power_w * min(
-            1.0, load.bandwidth_gbps * load.hbm_bytes_per_byte / self._hbm_full_gbps
-        )
+        rate_gbps = load.bandwidth_at_gbps(clock_mhz / f_max)
+        hbm = spec.memory_power_w * min(1.0, rate_gbps * load.hbm_bytes_per_byte / self._hbm_full_gbps)
         return core + hbm
 
     def alone_power_w(self, load: CommLoad, clock_mhz: float) -> float:
@@ -206,18 +243,21 @@ class ContentionModel:
             power_w: The compute's busy power alone at a clock of ``clocks``.
 
         Returns:
-            Its rate, the power and the clock in effect.
+            Its rate, the power, the profiled clock it is priced at and the SM clock in effect.
         """
         share = self.sm_share(load)
         idle, limit = self.spec.idle_power_w, self.spec.power_limit_w
         candidates = sorted((c for c in clocks if c <= clock_mhz), reverse=True) or [min(clocks)]
         chosen = candidates[-1]
         for clock in candidates:
-            total = idle + (1 - share) * (power_w(clock) - idle) + self.comm_dynamic_power_w(load, clock)
+            comm_w = self.comm_dynamic_power_w(load, clock, alone=False)
+            total = idle + (1 - share) * (power_w(clock) - idle) + comm_w
             if total <= limit + 1e-9:
                 chosen = clock
                 break
-        comm_w = self.comm_dynamic_power_w(load, chosen)
+        comm_w = self.comm_dynamic_power_w(load, chosen, alone=False)
         total = idle + (1 - share) * (power_w(chosen) - idle) + comm_w
         rate = (1 - share) * time_s(clock_mhz) / time_s(chosen)
-        return OverlapState(rate=rate, power_w=total, clock_mhz=chosen, comm_power_w=comm_w)
+        fastest_s = time_s(chosen) * (1 + EQUAL_TIME_TOLERANCE)
+        as_fast = [c for c in clocks if c <= chosen and time_s(c) <= fastest_s]
+        return OverlapState(rate, total, chosen, comm_w, min(as_fast, default=chosen))

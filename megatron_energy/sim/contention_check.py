@@ -11,15 +11,23 @@ with what was measured:
 * the GEMM's time and power alone are measured at stock clocks; its time and power at lower clocks (which
   the power cap may impose beside the copy) follow the spec's time/power model, scaled to the measurement;
 * the copy's bandwidth follows the contention model's law ``min(B, c x beta)``, with ``B`` and ``beta`` fitted
-  to the copy-alone windows (:func:`fit_copy_law`); its dynamic power is the one measured alone at that CTA
-  count (power minus the spec's blocked power), also when packed (a packed copy moves fewer bytes per
-  second, but scaling its power by its rate under-predicted the measured energy by 11-16 %);
+  to the copy-alone windows (:func:`fit_copy_law`); running without the GEMMs its dynamic power is the one
+  measured alone at that CTA count (power minus the spec's blocked power), also when packed (a packed copy
+  moves fewer bytes per second, but scaling its power by its rate under-predicted the measured energy by
+  11-16 %); beside the GEMMs only its modelled marginal power counts (its SMs' core activity and its HBM
+  traffic: :mod:`megatron_energy.sim.contention`, Power);
 * launched beside the GEMMs, which fill every SM, the copy's CTAs are packed ``ctas_per_sm`` to an SM (its
-  occupancy; :mod:`megatron_energy.sim.contention`), so it holds ``h = ceil(c / ctas_per_sm)`` SMs and
-  drives at most ``h`` x the per-SM bandwidth. That per-SM bandwidth is fitted to ONE overlap window, the
-  one with the fewest CTAs (:func:`fit_sm_bandwidth`), which is marked as calibration and left out of the
-  verdict; every other overlap configuration is a prediction;
+  occupancy; :mod:`megatron_energy.sim.contention`), so it holds ``h = ceil(c / ctas_per_sm)`` SMs for its
+  whole life and drives at most ``h x s x f / f_max``, ``s`` the per-SM bandwidth at the maximum clock and
+  ``f`` the SM clock in effect: the power-capped clock beside the GEMMs, the maximum once they are done
+  (the simulator re-evaluates its rate at every such event). ``s`` is fitted to ONE overlap window, the one
+  with the fewest CTAs (:func:`fit_sm_bandwidth`: the ``s`` at which the simulator gives that window's
+  measured time), which is marked as calibration and left out of the verdict; every other overlap
+  configuration is a prediction;
 * the GEMMs progress at ``1 - h/S`` of their rate beside the copy, lower still when the power cap binds.
+
+The measured kernel timelines (each GEMM's end, the copy's start and end) and median SM clocks are not fitted
+to; each row's :class:`Prediction` gives the same events from the simulator, to set beside them.
 
 Pure Python + numpy: no torch, no NVML; tested on CPU.
 """
@@ -31,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import brentq
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
@@ -39,7 +48,7 @@ from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.sim.contention import CommLoad
-from megatron_energy.sim.overlap import CommLaunch, OverlapSchedule, OverlapSimulator
+from megatron_energy.sim.overlap import CommLaunch, OverlapResult, OverlapSchedule, OverlapSimulator
 
 
 @dataclass(frozen=True)
@@ -136,20 +145,36 @@ def fit_copy_law(copy_bytes: float, windows: Sequence[Window]) -> CopyLaw:
     return best[1]
 
 
-def fit_sm_bandwidth(setup: CheckSetup, gemm: Window, overlap: Window) -> float:
-    """Per-SM bandwidth of the packed copy (GB/s), from one overlap window whose copy outlasts the GEMMs.
+def fit_sm_bandwidth(
+    spec: GpuSpec, setup: CheckSetup, gemm: Window, law: CopyLaw, copy_power_w: float, overlap: Window
+) -> float:
+    """Per-SM bandwidth of the packed copy at the maximum clock (GB/s) that reproduces one overlap window.
 
-    The group then ends with the copy: it ran from its launch to the group's end, on
-    ``setup.held_sms(ctas)`` SMs.
+    The root (:func:`scipy.optimize.brentq`) of modelled minus measured time per group: the modelled time
+    falls as the per-SM bandwidth rises, as long as the copy outlasts the GEMMs.
+
+    Args:
+        spec: The GPU spec.
+        setup: The group.
+        gemm: The GEMMs-alone window.
+        law: The copy's fitted bandwidth law.
+        copy_power_w: The copy's power measured alone at the window's CTAs.
+        overlap: The overlap window to calibrate on.
 
     Raises:
-        ValueError: If the window's copy would not outlast the GEMMs (calibrate on fewer CTAs).
+        ValueError: If the window is no longer than the model's group with no per-SM limit (its copy does
+            not outlast the GEMMs: calibrate on fewer CTAs).
     """
     ctas = overlap.ctas or 1
-    copy_s = overlap.time_s - setup.launch_s(gemm)
-    if copy_s <= gemm.time_s - setup.launch_s(gemm):
+
+    def excess_s(sm_gbps: float) -> float:
+        return predict(spec, setup, gemm, law, copy_power_w, ctas, sm_gbps).time_s - overlap.time_s
+
+    unlimited = law.link_gbps  # one SM at the whole link's rate: the per-SM ceiling never binds
+    if excess_s(unlimited) >= 0:
         raise ValueError(f"{overlap.key}: its copy ends before the GEMMs; calibrate on fewer CTAs")
-    return setup.copy_bytes / copy_s / 1e9 / setup.held_sms(ctas)
+    slow = 0.5 * setup.copy_bytes / overlap.time_s / 1e9 / setup.held_sms(ctas)  # twice the window at most
+    return float(brentq(excess_s, slow, unlimited, xtol=1e-6))
 
 
 def _gemm_profile(spec: GpuSpec, gemm: Window) -> Profile:
@@ -175,6 +200,22 @@ def _gemm_profile(spec: GpuSpec, gemm: Window) -> Profile:
     )
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """One group as the simulator gives it (*modelled*; seconds from the group's start)."""
+
+    time_s: float
+    """Time per group."""
+    energy_j: float
+    """Energy per group."""
+    gemms_end_s: float
+    """When the last GEMM ends."""
+    copy_span_s: tuple[float, float] | None = None
+    """The copy's start and end (None without a copy)."""
+    clock_mhz: int | None = None
+    """The SM clock in effect while the GEMMs run beside the copy (None without a copy)."""
+
+
 def predict(
     spec: GpuSpec,
     setup: CheckSetup,
@@ -183,8 +224,8 @@ def predict(
     copy_power_w: float,
     ctas: int | None,
     sm_bandwidth_gbps: float | None = None,
-) -> tuple[float, float]:
-    """Modelled time and energy of one group (``ctas=None``: the GEMMs alone).
+) -> Prediction:
+    """Modelled group (``ctas=None``: the GEMMs alone).
 
     Args:
         spec: The GPU spec (SMs, powers, power limit, voltage curve).
@@ -193,10 +234,11 @@ def predict(
         law: The copy's fitted bandwidth law.
         copy_power_w: The copy's power measured alone at ``ctas``.
         ctas: The copy's CTAs.
-        sm_bandwidth_gbps: The packed copy's bandwidth per SM it holds (None: no per-SM limit).
+        sm_bandwidth_gbps: The packed copy's bandwidth per SM it holds at the maximum clock (None: no
+            per-SM limit).
 
     Returns:
-        ``(time_s, energy_j)`` per group, *modelled*.
+        Its time, energy and events, *modelled*.
     """
     per_gemm = Window("gemm", None, gemm.time_s / setup.gemms, gemm.power_w)
     profile = _gemm_profile(spec, per_gemm)
@@ -206,23 +248,36 @@ def predict(
     )
     dag = PipelineDag.build(PipelineOrders((order,), pairs))
     simulator = OverlapSimulator(dag, profile, spec)
-    clocks = dict.fromkeys(order, spec.max_sm_clock_mhz)
-    schedule = OverlapSchedule()
-    if ctas is not None:
-        load = CommLoad(
-            ctas,
-            link_bandwidth_gbps=law.link_gbps,
-            cta_bandwidth_gbps=law.per_cta_gbps,
-            hbm_bytes_per_byte=1.0,
-            measured_dynamic_power_w=max(0.0, copy_power_w - spec.blocked_power_w),
-            ctas_per_sm=setup.ctas_per_sm,
-            sm_bandwidth_gbps=sm_bandwidth_gbps,
-            packed=True,
-        )
-        launch = CommLaunch("copy", 0, setup.copy_bytes, load, "compute", order[setup.launch_after], 0.0)
-        schedule = OverlapSchedule((launch,))
-    result = simulator.run(clocks, schedule)
-    return result.iteration_time_s, result.total_energy_j
+    top = spec.max_sm_clock_mhz
+    clocks = dict.fromkeys(order, top)
+    if ctas is None:
+        result = simulator.run(clocks, OverlapSchedule())
+        return Prediction(result.iteration_time_s, result.total_energy_j, _gemms_end_s(result))
+    load = CommLoad(
+        ctas,
+        link_bandwidth_gbps=law.link_gbps,
+        cta_bandwidth_gbps=law.per_cta_gbps,
+        hbm_bytes_per_byte=1.0,
+        measured_dynamic_power_w=max(0.0, copy_power_w - spec.blocked_power_w),
+        ctas_per_sm=setup.ctas_per_sm,
+        sm_bandwidth_gbps=sm_bandwidth_gbps,
+        packed=True,
+    )
+    launch = CommLaunch("copy", 0, setup.copy_bytes, load, "compute", order[setup.launch_after], 0.0)
+    result = simulator.run(clocks, OverlapSchedule((launch,)))
+    (copy,) = result.comm
+    state = simulator.overlap_state(order[0].work, top, load)
+    return Prediction(
+        result.iteration_time_s,
+        result.total_energy_j,
+        _gemms_end_s(result),
+        (copy.start_s, copy.end_s),
+        state.effective_clock_mhz,
+    )
+
+
+def _gemms_end_s(result: OverlapResult) -> float:
+    return max(s.end_s for s in result.timeline if s.kind in ("forward", "backward"))
 
 
 @dataclass(frozen=True)
@@ -247,6 +302,10 @@ class Comparison:
     """Modelled energy per group."""
     calibration: bool = False
     """Whether the model was fitted to this configuration (then its error is not a prediction's)."""
+    measured_clock_mhz: float | None = None
+    """Median over rounds of the windows' median SM clock (None where not read)."""
+    prediction: Prediction | None = None
+    """The simulator's group, with its events (None for copy-alone rows)."""
 
     @property
     def time_error(self) -> float:
@@ -296,21 +355,28 @@ def compare(
     law = fit_copy_law(setup.copy_bytes, list(means.values()))
     gemm = means["gemm"]
     overlaps = sorted((w for w in means.values() if w.config == "overlap"), key=lambda w: w.ctas or 0)
-    sm_gbps = fit_sm_bandwidth(setup, gemm, overlaps[0]) if overlaps else None
+    for window in overlaps:
+        if f"copy:{window.ctas}" not in means:
+            raise ValueError(f"{window.key} needs copy-alone windows at {window.ctas} CTAs")
+    sm_gbps = None
+    if overlaps:
+        first = overlaps[0]
+        sm_gbps = fit_sm_bandwidth(spec, setup, gemm, law, means[f"copy:{first.ctas}"].power_w, first)
     rows = []
     for key, items in groups.items():
         mean = means[key]
+        prediction = None
         if mean.config == "gemm":
-            modelled = predict(spec, setup, gemm, law, 0.0, None)
-        elif mean.config == "copy":
+            prediction = predict(spec, setup, gemm, law, 0.0, None)
+        elif mean.config == "overlap":
+            alone = means[f"copy:{mean.ctas}"]
+            prediction = predict(spec, setup, gemm, law, alone.power_w, mean.ctas, sm_gbps)
+        if prediction is None:
             ctas = float(mean.ctas or 1)
             time_s = setup.copy_bytes / (min(law.link_gbps, ctas * law.per_cta_gbps) * 1e9)
             modelled = (time_s, mean.power_w * time_s)
         else:
-            alone = means.get(f"copy:{mean.ctas}")
-            if alone is None:
-                raise ValueError(f"{key} needs copy-alone windows at {mean.ctas} CTAs")
-            modelled = predict(spec, setup, gemm, law, alone.power_w, mean.ctas, sm_gbps)
+            modelled = (prediction.time_s, prediction.energy_j)
         rows.append(
             Comparison(
                 key,
@@ -321,6 +387,8 @@ def compare(
                 _spread([w.energy_j for w in items]),
                 *modelled,
                 calibration=mean.config == "overlap" and mean is overlaps[0],
+                measured_clock_mhz=mean.clock_mhz,
+                prediction=prediction,
             )
         )
     return law, sm_gbps, rows

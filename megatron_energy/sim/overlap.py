@@ -14,6 +14,14 @@ Compute beside a running collective progresses at the :class:`~megatron_energy.s
 rate and draws its overlap power; a collective beside no compute draws blocked power plus its own dynamic
 power. The stage's gradient sync (``dp_sync`` tail step) waits until its collective stream is empty.
 
+**Event-driven collectives.** A collective's end is not fixed at launch: after its latency, its bytes left
+drain at its rate :meth:`~megatron_energy.sim.contention.CommLoad.bandwidth_at_gbps` at the SM clock in
+effect, which changes over its life: beside an instruction, the clock in effect of that instruction's overlap
+state (lower under the power cap); beside no compute, the maximum clock. Only a packed collective's rate
+depends on the clock (its per-SM ceiling); a spread one keeps ``min(B, c x beta)`` throughout. Every change of
+what runs beside it (an instruction starting or ending, another launch) is an event at which its rate is
+re-evaluated.
+
 **Energy, per stage GPU, counted once per second of the iteration** (``T`` the iteration time)::
 
     static_j  = P_idle x T                           baseline power over the whole wall time, busy or not
@@ -45,7 +53,6 @@ transfers take the schedule's per-stage durations (CTA budget) but their SM shar
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,7 +102,7 @@ class CommLaunch:
 
     @property
     def duration_s(self) -> float:
-        """Its time alone."""
+        """Its time alone (at the maximum SM clock)."""
         return self.load.duration_s(self.traffic_bytes)
 
 
@@ -286,34 +293,92 @@ def _emit(
 
 
 class _Stream:
-    """One stage's collective stream: intervals in launch order and their overlapped seconds."""
+    """One stage's collective stream: launches run one after another, each ending once its bytes are done.
+
+    ``now_s`` is the time up to which progress is settled; the caller advances it (:meth:`advance`) over
+    intervals in which the SM clock in effect, and whether compute runs beside, are constant.
+    """
 
     def __init__(self) -> None:
-        self.free_s = 0.0
+        self.now_s = 0.0
         self.starts: list[float] = []
         self.ends: list[float] = []
         self.launches: list[CommLaunch] = []
         self.overlapped: list[float] = []
+        self._latency_left_s = 0.0
+        self._bytes_left = 0.0
 
-    def push(self, launch: CommLaunch, at_s: float) -> float:
-        start = max(at_s, self.free_s)
-        self.free_s = start + launch.duration_s
-        self.starts.append(start)
-        self.ends.append(self.free_s)
+    @property
+    def head(self) -> int | None:
+        """Index of the launch running at ``now_s`` (None when the stream is empty)."""
+        return len(self.ends) if len(self.ends) < len(self.launches) else None
+
+    @property
+    def free_s(self) -> float:
+        """End of its last launch (0 without launches); settled once :meth:`drain` ran."""
+        return self.ends[-1] if self.ends else 0.0
+
+    def push(self, launch: CommLaunch, at_s: float) -> None:
+        """Launch at ``at_s`` (progress is settled alone up to it); it starts once the launches before end."""
+        self.advance(at_s, 1.0, beside=False)
         self.launches.append(launch)
         self.overlapped.append(0.0)
-        return self.free_s
+        if self.head == len(self.launches) - 1:
+            self._start(self.now_s)
 
-    def active(self, time_s: float) -> int | None:
-        """Index of the interval running at ``time_s`` (start inclusive, end exclusive)."""
-        i = bisect.bisect_right(self.starts, time_s) - 1
-        if i >= 0 and self.ends[i] > time_s + 1e-15:
-            return i
-        return None
+    def left_s(self, clock_ratio: float) -> float:
+        """Time the running launch needs to end at ``clock_ratio`` of the maximum clock (inf when none)."""
+        head = self.head
+        if head is None:
+            return math.inf
+        rate = self.launches[head].load.bandwidth_at_gbps(clock_ratio) * 1e9
+        return self._latency_left_s + self._bytes_left / rate
 
-    def next_start(self, time_s: float) -> float:
-        i = bisect.bisect_right(self.starts, time_s + 1e-15)
-        return self.starts[i] if i < len(self.starts) else float("inf")
+    def advance(self, until_s: float, clock_ratio: float, beside: bool) -> None:
+        """Settle progress up to ``until_s`` at ``clock_ratio`` of the maximum clock, beside compute or not.
+
+        A launch that ends on the way lets the next one start then, at the same clock.
+        """
+        while True:
+            head = self.head
+            if head is None:
+                self.now_s = max(self.now_s, until_s)
+                return
+            left = self.left_s(clock_ratio)
+            end_s = self.now_s + left
+            if end_s <= until_s or math.isclose(end_s, until_s, rel_tol=1e-12):  # it ends; the next starts
+                self.overlapped[head] += left if beside else 0.0
+                self.now_s = end_s
+                self.ends.append(end_s)
+                if self.head is not None:
+                    self._start(self.now_s)
+                continue
+            step = until_s - self.now_s
+            if step <= 0:
+                return
+            self.overlapped[head] += step if beside else 0.0
+            latency = min(step, self._latency_left_s)
+            self._latency_left_s -= latency
+            rate = self.launches[head].load.bandwidth_at_gbps(clock_ratio) * 1e9
+            self._bytes_left = max(0.0, self._bytes_left - (step - latency) * rate)
+            self.now_s = until_s
+            return
+
+    def finish(self, index: int) -> float:
+        """End of launch ``index``, settling progress alone (no compute beside) until it is done."""
+        while len(self.ends) <= index:
+            self.advance(self.now_s + self.left_s(1.0), 1.0, beside=False)
+        return self.ends[index]
+
+    def drain(self) -> float:
+        """Settle every launch alone; the end of the last (or ``now_s`` when there are none)."""
+        return self.finish(len(self.launches) - 1) if self.launches else self.now_s
+
+    def _start(self, at_s: float) -> None:
+        launch = self.launches[len(self.starts)]
+        self.starts.append(at_s)
+        self._latency_left_s = launch.load.latency_s
+        self._bytes_left = launch.traffic_bytes
 
 
 class OverlapSimulator:
@@ -351,7 +416,7 @@ class OverlapSimulator:
         clocks = clocks or {}
         streams = [_Stream() for _ in range(dag.num_stages)]
         in_node: dict[Instruction, list[CommLaunch]] = {}
-        waits: dict[Instruction, float] = {}
+        waits: dict[Instruction, list[int]] = {}
         after_optimizer: list[list[CommLaunch]] = [[] for _ in range(dag.num_stages)]
         for launch in schedule.launches:
             if launch.instruction is not None and (
@@ -364,8 +429,8 @@ class OverlapSimulator:
                 in_node.setdefault(launch.instruction, []).append(launch)  # type: ignore[arg-type]
             elif launch.anchor == "prefetch":
                 assert launch.instruction is not None
-                ready_s = streams[launch.stage].push(launch, 0.0)
-                waits[launch.instruction] = max(waits.get(launch.instruction, 0.0), ready_s)
+                streams[launch.stage].push(launch, 0.0)
+                waits.setdefault(launch.instruction, []).append(len(streams[launch.stage].launches) - 1)
             else:
                 after_optimizer[launch.stage].append(launch)
         for items in in_node.values():
@@ -383,7 +448,8 @@ class OverlapSimulator:
         for v, node in enumerate(dag.nodes):
             begin = max((end[u] for u in self._preds[v]), default=0.0)
             if isinstance(node, Instruction):
-                begin = max(begin, waits.get(node, 0.0))
+                stream = streams[node.stage]
+                begin = max([begin, *(stream.finish(i) for i in waits.get(node, ()))])
                 clock = clocks.get(node) or self.profile.fastest(node.work).clock_mhz
                 pieces = self._pieces(node.work, clock, schedule.inline.get(node.work))
                 finish, energy = self._compute(
@@ -400,12 +466,12 @@ class OverlapSimulator:
             elif isinstance(node, TailStep):
                 stream = streams[node.stage]
                 if node.name == "dp_sync":
-                    duration = max(0.0, stream.free_s - begin)
+                    duration = max(0.0, stream.drain() - begin)
                 elif node.name == "optimizer":
                     for launch in after_optimizer[node.stage]:
                         stream.push(launch, begin + duration)
                     tail_fixed_s[node.stage] += duration
-                    duration = max(duration, stream.free_s - begin)
+                    duration = max(duration, stream.drain() - begin)
                 else:
                     tail_fixed_s[node.stage] += duration
                     tail_energy[node.stage] += dag.tail.energy_j(node.stage, spec.idle_power_w)
@@ -424,6 +490,8 @@ class OverlapSimulator:
                     )
                 )
         iteration_s = end[-1]
+        for stream in streams:
+            stream.drain()
         stages = tuple(
             self._phases(
                 s,
@@ -448,7 +516,7 @@ class OverlapSimulator:
             iteration_s, stages, tuple(timeline), comm, self.profile.gpu_name, self.profile.source
         )
 
-    def _overlap(self, work: Work, clock: int, load: CommLoad, profiled_s: float = 0.0) -> OverlapState:
+    def overlap_state(self, work: Work, clock: int, load: CommLoad, profiled_s: float = 0.0) -> OverlapState:
         """Compute of ``work`` beside ``load``.
 
         ``profiled_s`` of its profiled time (exposed tensor-parallel collectives, at idle power) are left out
@@ -488,7 +556,7 @@ class OverlapSimulator:
             if not part.overlapped:
                 parts.append(("comm", part.comm_s, comm_w))
                 continue
-            state = self._overlap(work, clock, part.load, inline.profiled_s)
+            state = self.overlap_state(work, clock, part.load, inline.profiled_s)
             together_s = min(part.comm_s, left_s / state.rate) if state.rate > 0 else part.comm_s
             left_s -= state.rate * together_s
             parts += [("overlap", together_s, state.power_w), ("comm", part.comm_s - together_s, comm_w)]
@@ -509,13 +577,16 @@ class OverlapSimulator:
         """Run one instruction from ``begin``, launching ``launches`` as its work passes their fractions.
 
         Its time alone and phases come from ``pieces``; beside a data-parallel collective it progresses at the
-        contention rate of its profile option.
+        contention rate of its profile option, and the collective at its rate at the clock in effect. The
+        stream is settled alone up to ``begin`` first (nothing of this stage ran since its last instruction).
 
         Returns:
             Its end and its energy (all power, static included, over its time).
         """
         alone_s = pieces.time_s
         stream = streams[node.stage]
+        stream.advance(begin, 1.0, beside=False)
+        f_max = self.spec.max_sm_clock_mhz
         pending = list(launches)
         time_s, done, energy = begin, 0.0, 0.0
         while True:
@@ -523,10 +594,12 @@ class OverlapSimulator:
                 stream.push(pending.pop(0), time_s)
             if done >= 1.0 - 1e-12:
                 break
-            active = stream.active(time_s)
-            state = None if active is None else self._overlap(node.work, clock, stream.launches[active].load)
+            active = stream.head
+            load = None if active is None else stream.launches[active].load
+            state = None if load is None else self.overlap_state(node.work, clock, load)
             rate = 1.0 if state is None else state.rate
-            horizon = stream.next_start(time_s) if active is None else stream.ends[active]
+            clock_ratio = 1.0 if state is None else state.effective_clock_mhz / f_max
+            horizon = time_s + stream.left_s(clock_ratio)
             target = pending[0].fraction if pending else 1.0
             step = (target - done) * alone_s / rate if rate > 0 else math.inf  # all SMs taken: it waits
             before = done
@@ -541,8 +614,8 @@ class OverlapSimulator:
                 else:
                     segments[node.stage].append((time_s, time_s + step, "overlap", state.power_w))
                     energy += state.power_w * step
-                    stream.overlapped[active] += step  # type: ignore[index]
             time_s += step
+            stream.advance(time_s, clock_ratio, beside=True)
         return time_s, energy
 
     def _phases(
