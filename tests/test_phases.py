@@ -1,5 +1,6 @@
 """Phase-level clocks: classification, grouping, merging, allocation, switch timing, the kernel optimiser."""
 
+import dataclasses
 import itertools
 import random
 
@@ -207,3 +208,17 @@ def test_all_refines_perseus_without_predicting_slower(profile: Profile) -> None
         assert refined.iteration_time_s <= point.deadline_s
         assert refined.energy_j < point.energy_j
         assert refined.clock_table(0) == point.clock_table(0)  # instruction-level clocks untouched
+
+
+def test_a_measured_split_that_no_clock_change_pays_for_predicts_no_saving(profile: Profile) -> None:
+    """A kernel timeline splits an instruction into classes the model prices otherwise than its fitted work.
+
+    With switches too slow for any phase inside an instruction (1 s), the plan keeps every clock, so its
+    predicted energy must be the baseline's: the split's own pricing is no saving (-7.4 % here before the fix;
+    an H200 dry run with kernel timelines printed -19.9 %, 35 J, with clocks on a 25 J tail alone).
+    """
+    split = (("memory", WorkProfile(compute_s=0.0, memory_s=0.9)), ("compute", WorkProfile(0.1, 0.0)))
+    job = dataclasses.replace(_job(1.0), tail=None, phase_timelines=dict.fromkeys(profile, split))
+    plan = resolve("kernel").plan(profile, job)
+    assert not _phase_actions(plan)
+    assert plan.target_point.energy_j == pytest.approx(plan.baseline.energy_j, rel=1e-12)

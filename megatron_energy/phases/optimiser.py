@@ -119,10 +119,16 @@ class _Context:
         planned = self._plans.get(key)
         if planned is None:
             work = self._works[instruction.work]
-            budget_s, base_j = single_clock(self.model, work, base_mhz)
+            budget_s, _ = single_clock(self.model, work, base_mhz)
+            phases = self.phases_of(instruction.work)
+            # the reference is the same phases at the base clock: a measured split prices the instruction
+            # otherwise than its fitted work does, and that difference is no saving of the phase clocks
+            base_s = sum(self.model.time_s(phase.work, base_mhz) for phase in phases)
+            base_j = sum(self.model.energy_j(phase.work, base_mhz) for phase in phases)
+            base_j += self.profile.blocked_power_w * max(0.0, budget_s - base_s)
             plan = plan_sequence(
                 self.model,
-                self.phases_of(instruction.work),
+                phases,
                 budget_s,
                 self.clocks,
                 base_mhz,
@@ -217,7 +223,7 @@ def _kept_if_better(actions: tuple[ClockAction, ...], delta_j: float) -> _Refine
     The allocation prices phases without the cost of switching between them, which the latency-aware
     energy includes; a sequence whose switches cost more than its phases save keeps the base clock.
     """
-    return _Refined(actions, delta_j) if delta_j < 0 else _Refined((), 0.0)
+    return _Refined(actions, delta_j) if actions and delta_j < 0 else _Refined((), 0.0)
 
 
 def _last_to_end(durations: Sequence[tuple[str, float]]) -> str:
