@@ -9,7 +9,7 @@ import pytest
 from test_session_parts import _Controller, _Meter, _Timer
 
 from megatron_energy.config import EnergyConfig
-from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction, Work
@@ -125,12 +125,17 @@ class _Recorder:
     def __init__(self, session_steps: list[int]) -> None:
         self.session_steps = session_steps
         self.recording = False
-        self.started_at: list[int] = []
+        self.started_at: list[tuple[int, int]] = []
         self.instructions: list[Instruction] = []
 
-    def start(self) -> None:
+    def start(self, clock_mhz: int) -> None:
         self.recording = True
-        self.started_at.append(self.session_steps[-1])
+        self.started_at.append((self.session_steps[-1], clock_mhz))
+
+    @property
+    def response_clocks(self) -> int:
+        clocks = {clock for _, clock in self.started_at}
+        return len(clocks) if len(clocks) > 1 else 0
 
     def instruction_begin(self, instruction: Instruction) -> None:
         self.instructions.append(instruction)
@@ -152,7 +157,7 @@ class _Recorder:
 
 
 def _run(
-    tmp_path, mode: str, steps: int, profile_iters: int = 1
+    tmp_path, mode: str, steps: int, profile_iters: int = 1, can_set_clocks: bool = True
 ) -> tuple[_Recorder, list[str], EnergySession]:
     controller, lines, begun = _Controller(), [], []
     context = JobContext(
@@ -168,6 +173,7 @@ def _run(
         timer=_Timer(controller),
         comms=LocalComms(),
         clocks_mhz=[1980, 1500],
+        can_set_clocks=can_set_clocks,
         cache=JobCache(tmp_path, context.fingerprint_parts(SPEC.name)),
         spec=SPEC,
         printer=lines.append,
@@ -183,19 +189,26 @@ def _run(
     return recorder, lines, session
 
 
-@pytest.mark.parametrize(("profile_iters", "recorded"), [(1, 5), (2, 6)])
-def test_kernels_are_recorded_in_the_last_stock_profile_step_only_and_feed_the_phase_planner(
-    tmp_path, profile_iters: int, recorded: int
+@pytest.mark.parametrize(
+    ("profile_iters", "can_set_clocks", "recorded"),
+    [(1, True, [(5, 1980), (7, 1500)]), (2, True, [(6, 1980), (9, 1500)]), (2, False, [(6, 1980)])],
+)
+def test_kernels_are_recorded_in_each_clocks_last_profile_step_only_and_feed_the_phase_planner(
+    tmp_path, profile_iters: int, can_set_clocks: bool, recorded: list[tuple[int, int]]
 ) -> None:
-    recorder, lines, session = _run(tmp_path, "kernel", steps=16, profile_iters=profile_iters)
+    recorder, lines, session = _run(tmp_path, "kernel", 16, profile_iters, can_set_clocks)
     # the stock clock: a settling step, the 4-step baseline pilot, then `profile_iters` synchronous profile
-    # steps; then 1500 MHz, then the plan runs: only the last stock profile step records, no run-phase step
+    # steps; then 1500 MHz (a settling step and `profile_iters` profile steps) where clocks can be set; then
+    # the plan runs: only each clock's last profile step records, no run-phase step
     assert session.phase == "planned"
-    assert recorder.started_at == [recorded]
+    assert recorder.started_at == recorded
     assert not recorder.recording
-    assert recorder.instructions == [Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")]
+    assert set(recorder.instructions) == {Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")}
+    response = "clock response measured (kernel timelines at 2 clocks)" if can_set_clocks else "modelled"
     assert any(
-        "measured kernel timelines (torch.profiler" in line and "2 instruction classes" in line
+        "measured kernel timelines (torch.profiler" in line
+        and "2 instruction classes" in line
+        and response in line
         for line in lines
     )
 
@@ -216,15 +229,44 @@ def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between
     forward = Instruction(0, 0, 0, "forward")
     recorder.instruction_begin(forward)  # not recording: nothing is opened
     recorder.instruction_end(forward)
-    recorder.start()
+    recorder.start(1980)
     assert recorder.recording
     recorder.instruction_begin(forward)
     torch.randn(64, 64) @ torch.randn(64, 64)
     recorder.instruction_end(forward)
     recorder.stop()
     assert not recorder.recording
-    (trace,) = recorder._traces
+    ((trace,),) = recorder._traces.values()
     names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
     assert names == [annotation(forward)]
     # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it
     assert kernels_by_annotation(trace, "energy:") == {} and recorder.timelines() == {}
+
+
+def _clocked_forward(gemm_us: float, add_us: float) -> dict[str, Any]:
+    """A forward range (GEMM, then an elementwise add) with the kernels' durations at some clock."""
+    trace = _Trace()
+    trace.annotate(annotation(Instruction(0, 0, 0, "forward")), 0, 100)
+    trace.gemm(10, gemm_us)
+    trace.elementwise(50, add_us)
+    return trace.json()
+
+
+def test_timelines_at_two_clocks_give_each_class_its_measured_clock_response() -> None:
+    from megatron_energy.runtime.kernel_timeline import TorchKernelTimeline
+
+    recorder = TorchKernelTimeline(SPEC)
+    recorder._traces = {1980: [_clocked_forward(200, 300)]}  # the stock clock alone: the classes' own law
+    ((_, gemm), (_, add)) = recorder.timelines()[Work(0, 0, "forward")]
+    assert recorder.response_clocks == 0 and add.memory_s == pytest.approx(300e-6) and add.compute_s == 0
+    # at 990 MHz the add slowed down as much as the GEMM did (as compute-bound work does under the model,
+    # power cap included): measured, it is priced like compute
+    model = GpuPowerModel(SPEC)
+    compute = WorkProfile(1.0, 0.0)
+    slower = model.time_s(compute, 990) / model.time_s(compute, 1980)
+    recorder._traces[990] = [_clocked_forward(200 * slower, 300 * slower)]
+    ((gemm_kind, gemm), (add_kind, add)) = recorder.timelines()[Work(0, 0, "forward")]
+    assert (gemm_kind, add_kind) == ("compute", "memory") and recorder.response_clocks == 2
+    for work in (gemm, add):
+        assert model.time_s(work, 990) / model.time_s(work, 1980) == pytest.approx(slower, rel=1e-3)
+    assert add.compute_s > 0.9 * (add.compute_s + add.memory_s + add.fixed_s)

@@ -11,7 +11,7 @@ sensitive, memory-bound time is flat down to the saturation clock, communication
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -96,7 +96,9 @@ def class_work(kind: PhaseClass, duration_s: float) -> WorkProfile:
     return WorkProfile(compute_s=0.0, memory_s=0.0, fixed_s=duration_s)
 
 
-def group_phases(kernels: Sequence[KernelRecord], spec: GpuSpec) -> list[Phase]:
+def group_phases(
+    kernels: Sequence[KernelRecord], spec: GpuSpec, split: Mapping[PhaseClass, WorkProfile] | None = None
+) -> list[Phase]:
     """Group a timeline (any order) into phases of consecutive same-class kernels.
 
     The gap before a kernel (launch latency, host work) is fixed time of the phase it falls in; overlapping
@@ -105,6 +107,8 @@ def group_phases(kernels: Sequence[KernelRecord], spec: GpuSpec) -> list[Phase]:
     Args:
         kernels: The timeline's kernels, measured at the maximum (stock) clock.
         spec: The GPU whose roofline classifies them.
+        split: Per class, the work one second of it is (a measured clock response,
+            ``phases.clock_response``); a class without one is all compute-, memory-bound or fixed.
 
     Returns:
         The phases in time order, starts relative to the first kernel's start.
@@ -119,7 +123,8 @@ def group_phases(kernels: Sequence[KernelRecord], spec: GpuSpec) -> list[Phase]:
         kind = classify_kernel(kernel, spec)
         busy_s = max(0.0, kernel.start_s + kernel.duration_s - max(end_s, kernel.start_s))
         gap_s = max(0.0, kernel.start_s - end_s)
-        work = class_work(kind, busy_s) + WorkProfile(0.0, 0.0, gap_s)
+        busy = split[kind].scaled(busy_s) if split and kind in split else class_work(kind, busy_s)
+        work = busy + WorkProfile(0.0, 0.0, gap_s)
         end_s = max(end_s, kernel.start_s + kernel.duration_s)
         if phases and phases[-1].kind == kind:
             last = phases[-1]

@@ -2,14 +2,16 @@
 
 On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
 between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
-around its stock clock's last synchronous profile step and never in the run phase; each instruction is a
-``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
-synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
-(``phases.kineto.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
-(``phases.timeline.group_phases``); of an instruction class's instances (microbatches, steps), the one of
-median length speaks for it. Times are measured (kernel start and duration at the stock clock); each
-kernel's class rests on FLOPs and bytes estimated from its operator's input shapes (``phases.kineto``), and
-each class's response to the clock is the GPU spec's model: what the phase planner does with them is
+around the last synchronous profile step of each clock it profiles (the stock clock's alone when clocks are
+not set: a dry run) and never in the run phase; each instruction is a ``record_function`` range named by
+:func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and synthetic traces) turns the Chrome
+trace into phases per instruction class: the kernels of each range (``phases.kineto.kernels_by_annotation``),
+classified against the GPU spec's roofline and grouped (``phases.timeline.group_phases``); of an instruction
+class's instances (microbatches, steps), the one of median length speaks for it. Times are measured (kernel
+start and duration at the stock clock); each kernel's class rests on FLOPs and bytes estimated from its
+operator's input shapes (``phases.kineto``). Each class's response to the clock is *measured* where timelines
+at two or more clocks were recorded (the same kernels paired across clocks, ``phases.clock_response``), else
+the GPU spec's model (all compute-bound, all memory-bound or fixed); what the phase planner does with them is
 modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
 (``phases.modelled``).
 """
@@ -23,10 +25,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.phases.clock_response import class_response, fit_class_split
 from megatron_energy.phases.kineto import kernels_by_annotation
-from megatron_energy.phases.timeline import Phase, group_phases
+from megatron_energy.phases.timeline import Phase, PhaseClass, group_phases
 from megatron_energy.pipeline.instruction import Instruction, Work
 
 PREFIX = "energy:"
@@ -54,13 +57,17 @@ def parse_annotation(name: str) -> Instruction:
         raise ValueError(f"{name!r} is not an instruction range (e.g. {PREFIX}0:0:1:forward)") from None
 
 
-def phase_timelines(traces: Sequence[Mapping[str, Any]], spec: GpuSpec) -> Timelines:
+def phase_timelines(
+    traces: Sequence[Mapping[str, Any]], spec: GpuSpec, split: Mapping[PhaseClass, WorkProfile] | None = None
+) -> Timelines:
     """Phases per instruction class from Chrome traces of annotated instructions (see the module docstring).
 
     Args:
         traces: The parsed JSON of ``torch.profiler``'s ``export_chrome_trace``, one per profiled step (each
             trace's correlation ids are its own).
         spec: The GPU whose roofline classifies the kernels.
+        split: Per class, the work one second of it is, where its clock response was measured
+            (``phases.clock_response``).
 
     Returns:
         Per instruction class with kernels in the traces, the phases of its median-length instance.
@@ -68,7 +75,7 @@ def phase_timelines(traces: Sequence[Mapping[str, Any]], spec: GpuSpec) -> Timel
     instances: dict[Work, list[list[Phase]]] = {}
     for trace in traces:
         for name, kernels in kernels_by_annotation(trace, PREFIX).items():
-            phases = group_phases(kernels, spec)
+            phases = group_phases(kernels, spec, split)
             if phases:
                 instances.setdefault(parse_annotation(name).work, []).append(phases)
     return {work: [(p.kind, p.work) for p in _median(found)] for work, found in instances.items()}
@@ -89,8 +96,8 @@ class KernelTimeline(Protocol):
         """Whether it records now."""
         ...
 
-    def start(self) -> None:
-        """Start recording (a synchronous stock-clock profile step begins)."""
+    def start(self, clock_mhz: int) -> None:
+        """Start recording (a synchronous profile step at ``clock_mhz`` begins)."""
         ...
 
     def instruction_begin(self, instruction: Instruction) -> None:
@@ -109,6 +116,11 @@ class KernelTimeline(Protocol):
         """The phases per instruction class of every recorded step."""
         ...
 
+    @property
+    def response_clocks(self) -> int:
+        """Clocks the kernel classes' clock response was measured at (0: modelled)."""
+        ...
+
 
 def merge_timelines(per_rank: Sequence[Timelines]) -> Timelines:
     """Every rank's phases per instruction class as one mapping (the first rank of a stage speaks for it)."""
@@ -119,13 +131,18 @@ def merge_timelines(per_rank: Sequence[Timelines]) -> Timelines:
     return merged
 
 
-def timelines_line(timelines: Timelines, timer_source: str) -> str:
+def timelines_line(timelines: Timelines, timer_source: str, response_clocks: int = 0) -> str:
     """The log line saying where the phase planner's split of the instructions comes from."""
     if timelines:
+        response = (
+            f"clock response measured (kernel timelines at {response_clocks} clocks)"
+            if response_clocks
+            else "clock response modelled"
+        )
         return (
             "phases inside instructions: measured kernel timelines (torch.profiler, the stock clock's last "
             f"profile step) of {len(timelines)} instruction classes; kernel classes from estimated "
-            "FLOPs/bytes, clock response modelled"
+            f"FLOPs/bytes, {response}"
         )
     why = "simulated GPUs have no kernels" if timer_source == "modelled" else "no kernel was recorded"
     return f"phases inside instructions: modelled per-class split ({why})"
@@ -145,15 +162,17 @@ class TorchKernelTimeline:
         self.spec = spec
         self._profiler: Any = None
         self._ranges: dict[Instruction, Any] = {}
-        self._traces: list[dict[str, Any]] = []
+        self._traces: dict[int, list[dict[str, Any]]] = {}  # per clock, the first one the reference
+        self._clock_mhz = 0
 
     @property
     def recording(self) -> bool:
         """Whether the profiler runs now."""
         return self._profiler is not None
 
-    def start(self) -> None:
-        """Start the profiler (the device is idle: a synchronous profiling step begins)."""
+    def start(self, clock_mhz: int) -> None:
+        """Start the profiler (the device is idle: a synchronous profiling step at ``clock_mhz`` begins)."""
+        self._clock_mhz = clock_mhz
         activities = [self._torch.profiler.ProfilerActivity.CPU, self._torch.profiler.ProfilerActivity.CUDA]
         self._profiler = self._torch.profiler.profile(activities=activities, record_shapes=True)
         self._profiler.__enter__()
@@ -182,10 +201,33 @@ class TorchKernelTimeline:
         try:
             profiler.export_chrome_trace(path)
             with open(path, encoding="utf-8") as file:
-                self._traces.append(json.load(file))
+                self._traces.setdefault(self._clock_mhz, []).append(json.load(file))
         finally:
             os.unlink(path)
 
+    @property
+    def response_clocks(self) -> int:
+        """Clocks recorded: with two or more, the kernel classes' clock response is measured."""
+        return len(self._traces) if len(self._traces) > 1 else 0
+
     def timelines(self) -> Timelines:
-        """The phases per instruction class over every recorded step (median instance)."""
-        return phase_timelines(self._traces, self.spec)
+        """The phases per instruction class at the reference clock (median instance).
+
+        With timelines at other clocks too, each class's work is split by its measured clock response.
+        """
+        if not self._traces:
+            return {}
+        reference_mhz, *others = self._traces
+        reference = self._traces[reference_mhz]
+        split = None
+        if others:
+            ranges = {
+                clock: [kernels_by_annotation(trace, PREFIX) for trace in traces]
+                for clock, traces in self._traces.items()
+            }
+            response = class_response(
+                ranges[reference_mhz], {c: ranges[c] for c in others}, reference_mhz, self.spec
+            )
+            model = GpuPowerModel(self.spec)
+            split = {kind: fit_class_split(r, reference_mhz, model) for kind, r in response.items()}
+        return phase_timelines(reference, self.spec, split)

@@ -182,13 +182,20 @@ class ProfileCollector:
         block, within = divmod(index - (baseline_end + self.steps_per_clock + 1), self.steps_per_clock + 1)
         return PlannedStep(self.clocks_mhz[1 + block], "settling" if within == 0 else "profile")
 
-    def begun_last_stock_profile_step(self) -> bool:
-        """Whether the step begun last is the stock clock's last synchronous profile step.
+    def begun_last_profile_step_clock(self) -> int | None:
+        """The clock whose last synchronous profile step is the step begun last; ``None`` for another step.
 
         The step after it is the next clock's settling step (discarded) or the first planned step (left out of
         every comparison), so host work at its end (a profiler's) disturbs no measured figure.
         """
-        return self._begun - 1 == self.stock_iters + self.steps_per_clock
+        index = self._begun - 1
+        if index < 1 or index >= self.steps_needed:
+            return None
+        if index == self.stock_iters + self.steps_per_clock:
+            return self.clocks_mhz[0]
+        planned = self.planned(index)
+        last = self.planned(index + 1).kind == "settling" or index == self.steps_needed - 1
+        return planned.clock_mhz if planned.kind == "profile" and index > self.stock_iters and last else None
 
     def begin_step(self) -> PlannedStep:
         """The next step begins: what it is (its clock, and whether it is synchronised)."""

@@ -112,8 +112,9 @@ class EnergySession:
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
         kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
-            only) in the stock clock's last synchronous profile step, when the optimiser asks for phases;
-            never in the run phase. ``None``: the phase planner uses the modelled per-class split.
+            only) in the last synchronous profile step of each profiled clock (their clock response is then
+            measured; a dry run profiles the stock clock alone), when the optimiser asks for phases; never in
+            the run phase. ``None``: the phase planner uses the modelled per-class split.
         phase_switcher: Requests a plan's clocks inside instructions (``runtime.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
     """
@@ -211,8 +212,9 @@ class EnergySession:
             self.timer.wait_for_device()
             self._outside = self.laps.lap()
             self.collector.add_outside_phases(self.timer.outside_durations())
-            if self.kernel_timeline is not None and self._records_kernels():
-                self.kernel_timeline.start()
+            clock = None if self.kernel_timeline is None else self.collector.begun_last_profile_step_clock()
+            if self.kernel_timeline is not None and clock is not None:
+                self.kernel_timeline.start(clock)
         boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
@@ -413,14 +415,6 @@ class EnergySession:
 
     # ------------------------------------------------------------------------------------------- phases
 
-    def _records_kernels(self) -> bool:
-        """Whether the step begun records kernel timelines: the stock clock's last synchronous profile step.
-
-        One step: the profiler's host work at its end (stopping, exporting the trace) then falls on a step
-        whose figures are discarded or left out, and never on a run-phase step.
-        """
-        return self.collector.begun_last_stock_profile_step()
-
     def _decide_stock_steps(self, exact: bool) -> None:
         """At the pilot's last step's end, every rank agrees on how many baseline steps to measure (max).
 
@@ -521,7 +515,8 @@ class EnergySession:
         if failures:
             return failures[0]
         if self.optimiser.request.phases:
-            self.printer(f"[energy] {timelines_line(timelines, self.timer.source)}")
+            clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
+            self.printer(f"[energy] {timelines_line(timelines, self.timer.source, clocks)}")
         try:
             return self._plan_profile(gathered, timelines)
         except Exception as problem:  # planning must never break the training step
