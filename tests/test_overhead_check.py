@@ -80,7 +80,7 @@ def test_a_known_slowdown_is_recovered_with_an_interval_that_holds_it() -> None:
     assert result.time.low < 0.02 < result.time.high
     assert result.time.excludes_zero and result.time.halfwidth < 0.005
     assert result.energy is None
-    line = result.describe(dry_run=True)
+    line = result.describe(clocks_set=False)
     assert "own overhead" in line and "8 pairs of 5-iteration blocks" in line and "iteration time +" in line
 
 
@@ -90,7 +90,7 @@ def test_no_change_reads_within_noise_and_too_short_a_run_gives_no_result() -> N
     drive(check, session, 4 + 3 + 2 * 2 * 3 * 5)
     result = check.result()
     assert result is not None and not result.time.excludes_zero
-    assert "within noise" in result.describe(dry_run=True)
+    assert "within noise" in result.describe(clocks_set=False)
     short = OverheadCheck(3, measured_energy=False, clock=lambda: session.now_s)
     drive(short, FakeSession(active_s=1.0), 4 + 3 + 6)
     assert short.result() is None
@@ -124,6 +124,7 @@ def test_the_launcher_listener_keeps_suspended_steps_from_the_session() -> None:
 @dataclass
 class RecordingSession:
     phase: str = "planned"
+    can_set_clocks: bool = False
     begun: list[int] = field(default_factory=list)
     instructions: int = 0
     closed: bool = False

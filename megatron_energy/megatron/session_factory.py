@@ -235,7 +235,7 @@ class DeferredSession:
                     "overhead check: fewer than two complete pairs of blocks ran; train longer or give a "
                     "smaller --energy-overhead-check"
                     if result is None
-                    else result.describe(self.config.dry_run)
+                    else result.describe(clocks_set=self.session.can_set_clocks)
                 )
             )
 

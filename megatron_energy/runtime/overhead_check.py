@@ -16,12 +16,12 @@ active, active then suspended, ...), so that a drift over the run weighs on both
 
 The first iteration of every block is left out (it pays the switch: the held step's read-out, the clock
 request); a block's figure is the mean over its other ``N - 1`` iterations of the wall time (``perf_counter``
-from one step's start to the next's) and, on GPUs with a measured energy counter, of the energy (the
-session's meter, in a window of its own). The change is :func:`megatron_energy.stats.paired_relative_change`
-over the pairs: the mean of ``active / suspended - 1`` with its 95 % Student-t interval, *measured*. In a dry
-run the clocks are the same in both blocks, so the change is the plugin's own overhead; with clocks applied
-it is the plan's effect, overhead included. On simulated GPUs only the session drives the simulated device,
-so only the time is compared (the host's own cost of the plugin on that machine).
+from one step's start to the next's) and, on GPUs with a measured energy counter, of the energy (the session's
+meter, in a window of its own). The change is :func:`megatron_energy.stats.paired_relative_change` over the
+pairs: the mean of ``active / suspended - 1`` with its 95 % Student-t interval, *measured*. In a dry run (or
+wherever clocks are not set) the clocks are the same in both blocks, so the change is the plugin's own
+overhead; with clocks applied it is the plan's effect, overhead included. On simulated GPUs only the session
+drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class OverheadResult:
     energy: RelativeChange | None
     """Change of the energy per iteration; ``None`` where the counter is not measured."""
 
-    def describe(self, dry_run: bool) -> str:
-        """One log line."""
-        what = "the plugin's own overhead (dry run: same clocks)" if dry_run else "plan vs stock clocks"
+    def describe(self, clocks_set: bool) -> str:
+        """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks)."""
+        what = "plan vs stock clocks" if clocks_set else "the plugin's own overhead (clocks not set)"
         energy = "" if self.energy is None else f"; energy per iteration {_change(self.energy)}"
         return (
             f"overhead check, {what}: {self.pairs} pairs of {self.block_steps}-iteration blocks, session "
