@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,17 +20,19 @@ PLANNED_AT = 3
 
 @dataclass
 class FakeSession:
-    """Records what reaches it; its steps take 1.0 s suspended and ``active_s`` active (a fake clock)."""
+    """Records what reaches it; its steps take 1.0 s suspended and ``active_s`` active (a fake clock), and
+    draw ``energy_j`` per step (``active_j`` active)."""
 
     active_s: float
     noise: float = 0.0
+    active_j: float = 100.0
     phase: str = "profiling"
     calls: list[str] = field(default_factory=list)
     seen_steps: list[int] = field(default_factory=list)
     suspended: bool = False
     now_s: float = 0.0
+    last_j: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
-    printed: list[str] = field(default_factory=list)
 
     def suspend(self) -> None:
         self.calls.append("suspend")
@@ -39,8 +42,11 @@ class FakeSession:
         self.calls.append("resume")
         self.suspended = False
 
-    def energy_window(self) -> EnergyWindow | None:
-        return None
+    def energy_window(self) -> Future[EnergyWindow | None]:
+        done: Future[EnergyWindow | None] = Future()
+        joules = self.last_j
+        done.set_result(EnergyWindow("check", 0.0, 1.0, {0: joules}, joules, None, True, False, "measured"))
+        return done
 
     def run_step(self, step: int) -> None:
         if not self.suspended:
@@ -48,6 +54,7 @@ class FakeSession:
         self.phase = "planned" if step >= PLANNED_AT else "profiling"
         seconds = 1.0 if self.suspended else self.active_s
         self.now_s += seconds * (1 + self.noise * self.rng.standard_normal())
+        self.last_j = 100.0 if self.suspended else self.active_j
 
 
 def drive(check: OverheadCheck, session: FakeSession, steps: int) -> list[bool]:
@@ -79,7 +86,7 @@ def test_a_known_slowdown_is_recovered_with_an_interval_that_holds_it() -> None:
     assert result is not None and result.pairs == 8
     assert result.time.low < 0.02 < result.time.high
     assert result.time.excludes_zero and result.time.halfwidth < 0.005
-    assert result.energy is None
+    assert result.energy is None  # the energy counter is not read when it is not measured
     line = result.describe(clocks_set=False)
     assert "own overhead" in line and "8 pairs of 5-iteration blocks" in line and "iteration time +" in line
 
@@ -151,8 +158,20 @@ class RecordingSession:
     def resume(self) -> None:
         """See ``suspend``."""
 
-    def energy_window(self) -> None:
-        return None
+    def energy_window(self) -> Future[EnergyWindow | None]:
+        done: Future[EnergyWindow | None] = Future()
+        done.set_result(None)
+        return done
 
     def close(self) -> None:
         self.closed = True
+
+
+def test_the_energy_counter_windows_are_compared_pair_by_pair_when_measured() -> None:
+    session = FakeSession(active_s=1.0, active_j=97.0)
+    check = OverheadCheck(4, measured_energy=True, clock=lambda: session.now_s)
+    drive(check, session, 4 + 4 + 2 * 2 * 4 * 3)
+    result = check.result()
+    assert result is not None and result.energy is not None
+    assert result.energy.change == pytest.approx(-0.03)
+    assert "energy per iteration -3.00 %" in result.describe(clocks_set=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,8 +52,8 @@ class Suspendable(Protocol):
         """Take part again from the next step on."""
         ...
 
-    def energy_window(self) -> EnergyWindow | None:
-        """The energy since the previous call (its own window on the meter); ``None`` without a counter."""
+    def energy_window(self) -> Future[EnergyWindow | None]:
+        """The energy since the previous call (its own window on the meter), read off the training thread."""
         ...
 
 
@@ -60,7 +61,7 @@ class Suspendable(Protocol):
 class _Block:
     suspended: bool
     times_s: list[float] = field(default_factory=list)
-    energies_j: list[float] = field(default_factory=list)
+    energies: list[Future[EnergyWindow | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class OverheadCheck:
         block = self._blocks[index]
         block.times_s.append(now - previous[1])
         if window is not None:
-            block.energies_j.append(window.energy_j)
+            block.energies.append(window)
 
     def result(self) -> OverheadResult | None:
         """The paired change over the complete pairs; ``None`` before two pairs."""
@@ -181,6 +182,10 @@ class OverheadCheck:
 
         time_change = paired_relative_change(*sides(lambda b: b.times_s))
         energy_change = None
-        if self.measured_energy and all(len(b.energies_j) == len(b.times_s) for p in pairs for b in p):
-            energy_change = paired_relative_change(*sides(lambda b: b.energies_j))
+        if self.measured_energy and all(len(b.energies) == len(b.times_s) for p in pairs for b in p):
+            windows = {id(b): [w.result() for w in b.energies] for p in pairs for b in p}
+            if all(w is not None for read in windows.values() for w in read):
+                energy_change = paired_relative_change(
+                    *sides(lambda b: [w.energy_j for w in windows[id(b)] if w is not None])
+                )
         return OverheadResult(len(pairs), self.block_steps, time_change, energy_change)

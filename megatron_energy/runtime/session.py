@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
@@ -409,9 +410,12 @@ class EnergySession:
         """
         self.laps.lap()
 
-    def energy_window(self) -> EnergyWindow | None:
-        """This rank's energy since the previous call, in a meter window of its own (the overhead check's)."""
-        return self.laps.lap(OVERHEAD_WINDOW)
+    def energy_window(self) -> Future[EnergyWindow | None]:
+        """This rank's energy since the previous call, in a meter window of its own (the overhead check's).
+
+        Read off the training thread like the steps' laps, so neither kind of block waits for the counter.
+        """
+        return self.laps.lap_later(OVERHEAD_WINDOW)
 
     # ------------------------------------------------------------------------------------------- phases
 
