@@ -26,7 +26,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.phases.labels import PhaseLabel
 from megatron_energy.phases.modelled import coalesce, modelled_phases, tail_phases
-from megatron_energy.phases.planner import SequencePlan, plan_sequence, single_clock
+from megatron_energy.phases.planner import SequencePlan, plan_sequence
 from megatron_energy.phases.stock import stock_plan
 from megatron_energy.phases.timeline import Phase, PhaseClass
 from megatron_energy.pipeline.instruction import Instruction, Work
@@ -119,7 +119,7 @@ class _Context:
         planned = self._plans.get(key)
         if planned is None:
             work = self._works[instruction.work]
-            budget_s, _ = single_clock(self.model, work, base_mhz)
+            budget_s = self.model.time_s(work, base_mhz)  # the instruction-level plan's time
             phases = self.phases_of(instruction.work)
             # the reference is the same phases at the base clock: a measured split prices the instruction
             # otherwise than its fitted work does, and that difference is no saving of the phase clocks

@@ -144,8 +144,3 @@ def _allowed(options: list[PhaseOption], index: int, count: int, base_mhz: int |
     else:
         kept = options
     return kept or options
-
-
-def single_clock(model: GpuPowerModel, work: WorkProfile, clock_mhz: int) -> tuple[float, float]:
-    """(time, energy) of ``work`` at one clock: the instruction-level plan's figures under the same model."""
-    return model.time_s(work, clock_mhz), model.energy_j(work, clock_mhz)

@@ -63,6 +63,11 @@ class _Block:
     times_s: list[float] = field(default_factory=list)
     energies: list[Future[EnergyWindow | None]] = field(default_factory=list)
 
+    def energies_j(self) -> list[float]:
+        """The energies of the windows read (a window the counter could not give is left out)."""
+        windows = [window.result() for window in self.energies]
+        return [window.energy_j for window in windows if window is not None]
+
 
 @dataclass(frozen=True)
 class OverheadResult:
@@ -182,10 +187,6 @@ class OverheadCheck:
 
         time_change = paired_relative_change(*sides(lambda b: b.times_s))
         energy_change = None
-        if self.measured_energy and all(len(b.energies) == len(b.times_s) for p in pairs for b in p):
-            windows = {id(b): [w.result() for w in b.energies] for p in pairs for b in p}
-            if all(w is not None for read in windows.values() for w in read):
-                energy_change = paired_relative_change(
-                    *sides(lambda b: [w.energy_j for w in windows[id(b)] if w is not None])
-                )
+        if self.measured_energy and all(len(b.energies_j()) == len(b.times_s) for p in pairs for b in p):
+            energy_change = paired_relative_change(*sides(_Block.energies_j))
         return OverheadResult(len(pairs), self.block_steps, time_change, energy_change)
