@@ -237,6 +237,22 @@ def test_lagged_steps_use_alternate_event_pools_and_are_read_only_once_complete(
     assert device.streams_recorded_on == {id(device.stream)} and device.stream_lookups == 4
 
 
+def test_a_step_after_a_flush_has_no_cycle_rather_than_the_pause_before_it(device):
+    timer = CudaEventTimer(LocalComms())
+    timings = []
+    for step in range(5):
+        if step == 2:
+            timer.flush()  # a suspension: the steps in between run without the timer
+        device.host_step = step
+        timer.step_begin()
+        timer.end(_begun(timer, step))
+        timings.extend(timer.finish_step(lagged=True))
+        device.complete_all()
+    cycles = {timing.samples[0].instruction.microbatch: timing.cycle_s for timing in timings}
+    assert cycles[0] is None and cycles[2] is None  # the first step, and the first after the flush
+    assert cycles[3] is not None and cycles[3] > 0
+
+
 def test_an_exact_step_after_a_lagged_one_returns_both_in_order(device):
     timer = CudaEventTimer(LocalComms())
     for step, lagged in ((0, True), (1, False)):

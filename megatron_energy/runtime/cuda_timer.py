@@ -170,11 +170,14 @@ class CudaEventTimer:
         return tuple(self._read(sealed, gather=True) for sealed in ready)
 
     def flush(self) -> tuple[StepTiming, ...]:
-        """The step still held by a lagged call (at close), read now; no collective runs.
+        """The step still held by a lagged call (at close or suspension), read now; no collective runs.
 
-        Without the pipeline's other stages, its span is this stage's own last end.
+        Without the pipeline's other stages, its span is this stage's own last end. The last step's end is
+        forgotten: steps run without the timer after a suspension, so the next step's cycle is unknown
+        (``None``, its iteration time is its span), not the whole pause.
         """
         held, self._sealed = self._sealed, None
+        self._last_end_s = None
         return () if held is None else (self._read(held, gather=False),)
 
     def _read(self, sealed: _SealedStep, gather: bool) -> StepTiming:
