@@ -31,6 +31,8 @@ least two counter periods) is unchanged; the drift term is computed on those sam
 * :func:`paired_relative_change`: the same for paired samples (run ``i`` without and with a plugin, side by
   side): the per-pair ratios ``t_i / b_i - 1`` and a Student-t interval of their mean, so run-to-run drift
   that hits both members of a pair cancels.
+* :func:`paired_median_change`: the median of those ratios with its distribution-free (sign-test) interval,
+  for pairs of which a few are hit by disturbances from outside (another tenant of a shared machine).
 * :func:`baseline_steps`: how many stock iterations resolve a given effect, from the energy counter's period,
   the iteration time and the observed spread of per-iteration figures.
 * :func:`iterations_per_sample` and :func:`block_means`: per-iteration figures read from an energy counter
@@ -290,6 +292,19 @@ def baseline_drift(samples: Sequence[float]) -> float:
     return abs(float(np.mean(values[-half:])) - float(np.mean(values[:half]))) / mean
 
 
+def _paired_ratios(
+    baseline_samples: Sequence[float], treatment_samples: Sequence[float], what: str
+) -> np.ndarray:
+    """The per-pair changes ``t_i / b_i - 1``; ValueError on unequal, empty, non-finite or bad sides."""
+    baseline = _as_array(baseline_samples, f"{what} baseline")
+    treatment = _as_array(treatment_samples, f"{what} treatment")
+    if baseline.size != treatment.size:
+        raise ValueError(f"{what}: {baseline.size} baselines vs {treatment.size} treatments")
+    if np.any(baseline <= 0.0):
+        raise ValueError(f"{what}: every baseline must be positive")
+    return treatment / baseline - 1.0
+
+
 def paired_relative_change(
     baseline_samples: Sequence[float],
     treatment_samples: Sequence[float],
@@ -310,16 +325,55 @@ def paired_relative_change(
     Raises:
         ValueError: If the sides differ in length, are empty or not finite, or a baseline is not positive.
     """
-    baseline = _as_array(baseline_samples, "paired_relative_change baseline")
-    treatment = _as_array(treatment_samples, "paired_relative_change treatment")
-    if baseline.size != treatment.size:
-        raise ValueError(f"paired_relative_change: {baseline.size} baselines vs {treatment.size} treatments")
-    if np.any(baseline <= 0.0):
-        raise ValueError("paired_relative_change: every baseline must be positive")
-    interval = mean_interval(treatment / baseline - 1.0, confidence)
+    interval = mean_interval(
+        _paired_ratios(baseline_samples, treatment_samples, "paired_relative_change"), confidence
+    )
     n = interval.n
     method = "paired, Student-t over per-pair ratios"
     return RelativeChange(interval.mean, interval.halfwidth, n, n, confidence, source, method)
+
+
+def paired_median_change(
+    baseline_samples: Sequence[float],
+    treatment_samples: Sequence[float],
+    confidence: float = 0.95,
+    source: Source = "measured",
+) -> RelativeChange:
+    """Relative change from paired samples: the median of ``t_i / b_i - 1`` with its sign-test interval.
+
+    The interval runs between the ``k``-th smallest and the ``k``-th largest ratio, with ``k`` the largest
+    order for which a binomial(n, 1/2) count below ``k`` has probability at most ``(1 - confidence) / 2``: it
+    holds the median of the ratios' distribution with at least ``confidence``, whatever that distribution
+    (distribution-free; no symmetry assumed). A few pairs hit by an outside disturbance move it by at most a
+    few order statistics, where they would set a mean's interval. The interval is widened to be symmetric
+    about the median (``RelativeChange`` is): never narrower than the exact one.
+
+    Args:
+        baseline_samples: One figure per pair without the treatment.
+        treatment_samples: The same pairs' figures with the treatment, in the same order.
+        confidence: Two-sided confidence level.
+        source: Where the samples came from.
+
+    Returns:
+        The median per-pair change and its interval (half-width ``inf`` while the pairs are too few for any
+        interval at ``confidence``: fewer than 6 at 95 %).
+
+    Raises:
+        ValueError: As :func:`paired_relative_change`, or if ``confidence`` is not in (0, 1).
+    """
+    _check_confidence(confidence)
+    ratios = np.sort(_paired_ratios(baseline_samples, treatment_samples, "paired_median_change"))
+    n = ratios.size
+    median = float(np.median(ratios))
+    tail = (1.0 - confidence) / 2.0
+    order = 0  # the largest k with P(Binomial(n, 1/2) <= k - 1) <= tail
+    while order < n // 2 and special.bdtr(order, n, 0.5) <= tail:
+        order += 1
+    halfwidth = math.inf
+    if order >= 1:
+        halfwidth = max(median - float(ratios[order - 1]), float(ratios[n - order]) - median)
+    method = "paired, median of per-pair ratios, sign-test interval"
+    return RelativeChange(median, halfwidth, n, n, confidence, source, method)
 
 
 def baseline_steps(

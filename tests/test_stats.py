@@ -3,6 +3,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from megatron_energy.runtime.log_window import compare_to_stock
 from megatron_energy.stats import (
@@ -12,6 +13,7 @@ from megatron_energy.stats import (
     block_means,
     iterations_per_sample,
     mean_interval,
+    paired_median_change,
     paired_relative_change,
     relative_change,
 )
@@ -228,3 +230,16 @@ def test_baseline_drift_is_the_relative_difference_of_the_halves_means():
     assert baseline_drift([100.0, 120.0, 90.0]) == 0.0  # fewer than two samples a half
     flat = relative_change([100.0, 101.0, 100.0, 101.0], [100.0, 101.0, 99.0])
     assert flat.drift == pytest.approx(0.0)
+
+
+def test_the_paired_median_interval_runs_between_the_sign_test_order_statistics() -> None:
+    ratios = np.linspace(-0.01, 0.02, 20)  # sorted already; 20 pairs: the 6th smallest and 6th largest
+    change = paired_median_change(np.ones(20), 1.0 + ratios)
+    assert change.change == pytest.approx(np.median(ratios))
+    low, high = ratios[5], ratios[14]
+    assert change.halfwidth == pytest.approx(max(change.change - low, high - change.change))
+    assert stats.binom.cdf(5, 20, 0.5) <= 0.025 < stats.binom.cdf(6, 20, 0.5)
+    # one pair far off moves the median's interval by no more than an order statistic
+    assert paired_median_change(np.ones(20), 1.0 + np.r_[ratios[:-1], 5.0]).halfwidth == change.halfwidth
+    assert math.isinf(paired_median_change(np.ones(5), np.full(5, 1.1)).halfwidth)  # no 95 % interval
+    assert paired_median_change(np.ones(6), np.full(6, 1.1)).excludes_zero

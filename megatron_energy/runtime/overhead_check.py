@@ -17,8 +17,16 @@ active, active then suspended, ...), so that a drift over the run weighs on both
 The first iteration of every block is left out (it pays the switch: the held step's read-out, the clock
 request); a block's figure is the mean over its other ``N - 1`` iterations of the wall time (``perf_counter``
 from one step's start to the next's) and, on GPUs with a measured energy counter, of the energy (the session's
-meter, in a window of its own). The change is :func:`megatron_energy.stats.paired_relative_change` over the
-pairs: the mean of ``active / suspended - 1`` with its 95 % Student-t interval, *measured*. In a dry run (or
+meter, in a window of its own). The change is stated twice over the pairs' ratios
+``active / suspended - 1``, both *measured*: their median with its distribution-free (sign-test) 95 %
+interval (:func:`megatron_energy.stats.paired_median_change`), and their mean with its Student-t interval
+(:func:`megatron_energy.stats.paired_relative_change`). The median comes first because shared
+GPU machines are disturbed from outside: on an H200 dry run, iterations of both kinds of block rose by 3-25 %
+for several iterations at a time (from outside the job, in both kinds of block alike), so a few pairs set
+the mean's interval (±1.2 % over 21 pairs) while most pairs agreed within a fraction of a per cent. The mean
+is kept beside it, since an overhead the plugin paid only in some iterations would show there, not in the
+median. On such a machine short blocks (``N = 2``) pair iterations seconds apart, where a disturbance hits
+both sides of most pairs. In a dry run (or
 wherever clocks are not set) the clocks are the same in both blocks, so the change is the plugin's own
 overhead; with clocks applied it is the plan's effect, overhead included. On simulated GPUs only the session
 drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.stats import RelativeChange, paired_relative_change
+from megatron_energy.stats import RelativeChange, paired_median_change, paired_relative_change
 
 WINDOW = "overhead-check"
 """The name of the check's energy window on the session's meter (apart from the session's own laps)."""
@@ -78,19 +86,30 @@ class OverheadResult:
     block_steps: int
     """Iterations per block (the first of each left out)."""
     time: RelativeChange
-    """Change of the iteration time, active over suspended."""
+    """Mean change of the iteration time, active over suspended."""
     energy: RelativeChange | None
-    """Change of the energy per iteration; ``None`` where the counter is not measured."""
+    """Mean change of the energy per iteration; ``None`` where the counter is not measured."""
+    time_median: RelativeChange
+    """Median change of the iteration time over the pairs."""
+    energy_median: RelativeChange | None
+    """Median change of the energy per iteration; ``None`` where the counter is not measured."""
 
     def describe(self, clocks_set: bool) -> str:
         """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks)."""
         what = "plan vs stock clocks" if clocks_set else "the plugin's own overhead (clocks not set)"
-        energy = "" if self.energy is None else f"; energy per iteration {_change(self.energy)}"
+        energy = ""
+        if self.energy is not None and self.energy_median is not None:
+            energy = f"; energy per iteration {_changes(self.energy_median, self.energy)}"
         return (
             f"overhead check, {what}: {self.pairs} pairs of {self.block_steps}-iteration blocks, session "
-            f"active vs suspended in one process: iteration time {_change(self.time)}{energy} (measured: "
-            f"wall clock{'' if self.energy is None else ', energy counter'})"
+            f"active vs suspended in one process: iteration time {_changes(self.time_median, self.time)}"
+            f"{energy} (measured: wall clock{'' if self.energy is None else ', energy counter'})"
         )
+
+
+def _changes(median: RelativeChange, mean: RelativeChange) -> str:
+    """Median then mean: each point estimate, its interval, and the verdict of ``RelativeChange.format``."""
+    return f"median of pairs {_change(median)}, mean {_change(mean)}"
 
 
 def _change(change: RelativeChange) -> str:
@@ -185,8 +204,15 @@ class OverheadCheck:
             on = [mean(pick(b)) for pair in pairs for b in pair if not b.suspended]
             return off, on
 
-        time_change = paired_relative_change(*sides(lambda b: b.times_s))
-        energy_change = None
+        times = sides(lambda b: b.times_s)
+        energies = None
         if self.measured_energy and all(len(b.energies_j()) == len(b.times_s) for p in pairs for b in p):
-            energy_change = paired_relative_change(*sides(_Block.energies_j))
-        return OverheadResult(len(pairs), self.block_steps, time_change, energy_change)
+            energies = sides(_Block.energies_j)
+        return OverheadResult(
+            len(pairs),
+            self.block_steps,
+            paired_relative_change(*times),
+            None if energies is None else paired_relative_change(*energies),
+            paired_median_change(*times),
+            None if energies is None else paired_median_change(*energies),
+        )
