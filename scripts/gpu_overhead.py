@@ -28,9 +28,11 @@ writes every iteration's figures (kept or not, with the plugin's phase) and the 
 
 ``--in-process N`` runs the plugin once with ``--energy-overhead-check N`` instead (the session suspended
 and active in alternate blocks of N iterations of one process, ``runtime.overhead_check``), which removes the
-run-to-run differences from the comparison, and prints the check's line:
+run-to-run differences from the comparison, and prints the check's line (the median of the pairs' changes
+with its sign-test interval, then the mean with its Student-t interval). On a shared machine, short blocks
+pair iterations seconds apart:
 
-    python scripts/gpu_overhead.py --in-process 6 --microbatches 16 --iters 110
+    python scripts/gpu_overhead.py --in-process 2 --microbatches 16 --micro-batch-size 2 --iters 210
 """
 
 from __future__ import annotations
