@@ -67,3 +67,34 @@ def test_without_gloo_the_job_groups_are_used_and_each_rank_says_so_once(tmp_pat
         (line,) = report["lines"]
         assert line.startswith(f"[energy] rank {rank}: no gloo groups (this torch has no gloo backend)")
         assert "job's nccl groups" in line
+
+
+def _alone_worker(rank: int, world_size: int, payload: None) -> dict[str, Any]:
+    from megatron_energy.runtime.comms import TorchComms
+
+    pipeline = dist.new_group([rank])  # every rank its own pipeline: PP=1
+    comms = TorchComms(pipeline)
+    report: dict[str, Any] = {"max": comms.all_reduce_max([float(rank)])}  # a real collective when world > 1
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a collective ran on a group of one rank")
+
+    dist.all_gather_object = refuse  # type: ignore[assignment]
+    report["stage_ends"] = comms.all_gather_pipeline(rank)
+    if world_size == 1:
+        dist.gather_object = dist.broadcast_object_list = dist.all_reduce = refuse  # type: ignore[assignment]
+        report["gathered"] = comms.gather_to_root("mine")
+        report["broadcast"] = comms.broadcast_from_root("plan")
+        report["max"] = comms.all_reduce_max([1.0, -2.0])
+    return report
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_groups_of_one_rank_run_no_collective(tmp_path, world_size):
+    reports = spawn_world(_alone_worker, world_size, tmp_path)
+    for rank, report in enumerate(reports):
+        assert report["stage_ends"] == [rank]
+        if world_size == 1:
+            assert (report["gathered"], report["broadcast"], report["max"]) == (["mine"], "plan", [1.0, -2.0])
+        else:
+            assert report["max"] == [1.0]
