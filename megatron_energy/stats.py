@@ -325,9 +325,8 @@ def paired_relative_change(
     Raises:
         ValueError: If the sides differ in length, are empty or not finite, or a baseline is not positive.
     """
-    interval = mean_interval(
-        _paired_ratios(baseline_samples, treatment_samples, "paired_relative_change"), confidence
-    )
+    ratios = _paired_ratios(baseline_samples, treatment_samples, "paired_relative_change")
+    interval = mean_interval(ratios.tolist(), confidence)
     n = interval.n
     method = "paired, Student-t over per-pair ratios"
     return RelativeChange(interval.mean, interval.halfwidth, n, n, confidence, source, method)
