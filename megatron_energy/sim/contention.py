@@ -29,9 +29,10 @@ compute a packed SM's copy shares L2 and HBM with it. Its rate (:meth:`CommLoad.
 
 Measured on one H200 (``scripts/gpu_contention.py``, kernel timelines of 2026-12-02): a Triton copy of 8 CTAs
 of 256 threads launched beside bf16 GEMMs, packed 4 to an SM on 2 SMs, moved 58.5 GB/s per SM beside them
-whether they ran power-capped (~1500 MHz) or above the cap (the bursts of :mod:`~megatron_energy.sim.
-contention_check`), and ~77 GB/s per SM alone at 1980 MHz: the rate beside does not follow the clock. NCCL's
-CTAs (512+ threads, large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
+while they ran above the power cap (~1800 MHz by their times: the bursts of
+:mod:`~megatron_energy.sim.contention_check`) and ~77 GB/s per SM alone at 1980 MHz: less than the clock
+ratio gives, so the rate beside is taken as measured, not scaled by the clock. NCCL's CTAs (512+ threads,
+large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
 
 **Contention.** While the collective runs, the SMs it holds (``h``: ``c`` spread, ``ceil(c / ctas_per_sm)``
 packed) are lost to compute beside it: compute's progress rate is ``(1 - h/S)`` of its rate alone, at the
