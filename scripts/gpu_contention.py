@@ -368,7 +368,10 @@ def replay(args: argparse.Namespace) -> int:
     print(f"replaying {len(windows)} windows measured on {recorded.get('gpu')} (model recomputed on CPU)")
     keys = ("gpu", "counter", "timelines", "beside_timeline")
     kept = {key: recorded[key] for key in keys if key in recorded}
-    report(setup, windows, args, kept)
+    try:
+        report(setup, windows, args, kept)
+    except ValueError as error:  # e.g. no copy of this run ended beside its GEMMs: --beside-from is needed
+        sys.exit(f"replay: {error}")
     return 0
 
 
