@@ -371,7 +371,7 @@ def replay(args: argparse.Namespace) -> int:
     try:
         report(setup, windows, args, kept)
     except ValueError as error:  # e.g. no copy of this run ended beside its GEMMs: --beside-from is needed
-        sys.exit(f"replay: {error}")
+        sys.exit(f"replay: {error} (--beside-from)")
     return 0
 
 
