@@ -15,14 +15,18 @@ Time per group comes from CUDA events over the window; energy from NVML's total-
 when pynvml is missing), as the slope of the counter over its updates inside the window times the time per
 group; the SM clock NVML reports is read beside the counter (median per window). After the windows, one group
 per overlap configuration is timed kernel by kernel (CUDA events: each GEMM's end, the copy's start and end;
-the second of two groups is kept) and written to the JSON as ``timelines``. The modelled figures come from
-``megatron_energy.sim.contention_check`` (the planner's overlap simulator, calibrated on the isolated windows
-and on the overlap window with the fewest CTAs, which is marked as calibration and left out of the verdict).
-Prints per configuration measured vs modelled time and energy and their relative errors; ``--json OUT`` writes
-everything. ``--replay OUT`` recomputes the modelled side from the windows of an earlier run (no GPU needed).
+the second of two groups is kept) and written to the JSON as ``timelines``, and one more group at the fewest
+CTAs with a sixteenth of the bytes, so that its copy ends beside the GEMMs (``beside_timeline``). The modelled
+figures come from ``megatron_energy.sim.contention_check`` (the planner's overlap simulator, calibrated on the
+isolated windows, on the overlap window with the fewest CTAs and on its timelines; those rows are marked as
+calibration and left out of the verdict). Prints per configuration measured vs modelled time and energy and
+their relative errors; ``--json OUT`` writes everything. ``--replay OUT`` recomputes the modelled side from
+the windows of an earlier run (no GPU needed); ``--beside-from OTHER`` takes the copy's rate beside the GEMMs
+from another run's calibration timeline when this run has none whose copy ended beside them.
 
     PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
-    PYTHONPATH=. python3 scripts/gpu_contention.py --replay tests/data/h200_contention.json
+    PYTHONPATH=. python3 scripts/gpu_contention.py --replay tests/data/h200_contention.json \
+        --beside-from tests/data/h200_contention_long.json
 
 Defaults: 11 configurations x 3 rounds x 5 s windows + 1 s gaps: about 3.5 minutes plus warm-up.
 """
@@ -45,7 +49,7 @@ import triton.language as tl
 
 from megatron_energy.dvfs.calibration import power_from_counter
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.sim.contention_check import CheckSetup, Comparison, Window, compare
+from megatron_energy.sim.contention_check import CheckSetup, Comparison, Window, beside_rate_gbps, compare
 
 RAMP_S = 0.3
 """Counter updates in the first RAMP_S of a window are left out (clock and power settle)."""
@@ -158,9 +162,10 @@ class Workload:
         self.side = torch.cuda.Stream()
         self.copy_bytes = 2 * 4 * elements
 
-    def copy(self, ctas: int) -> None:
-        """Enqueue the copy kernel on the current stream with a grid of ``ctas`` CTAs."""
-        _copy_kernel[(ctas,)](self.src, self.dst, self.src.numel(), BLOCK=COPY_BLOCK, num_warps=COPY_WARPS)
+    def copy(self, ctas: int, elements: int = 0) -> None:
+        """Enqueue the copy of ``elements`` (0: the whole buffer) on the current stream with ``ctas`` CTAs."""
+        count = elements or self.src.numel()
+        _copy_kernel[(ctas,)](self.src, self.dst, count, BLOCK=COPY_BLOCK, num_warps=COPY_WARPS)
 
     def group(self, config: str, ctas: int | None) -> None:
         """Enqueue one group of ``config``."""
@@ -211,8 +216,11 @@ def run_window(
     )
 
 
-def kernel_timeline(workload: Workload, ctas: int) -> dict[str, object]:
-    """One overlap group's kernels in ms from its start (CUDA events): each GEMM's end, the copy's span."""
+def kernel_timeline(workload: Workload, ctas: int, elements: int = 0) -> dict[str, object]:
+    """One overlap group's kernels in ms from its start (CUDA events): each GEMM's end, the copy's span.
+
+    ``elements``: the copy's (0: the whole buffer).
+    """
     args, main = workload.args, torch.cuda.current_stream()
     torch.cuda.synchronize()
 
@@ -227,7 +235,7 @@ def kernel_timeline(workload: Workload, ctas: int) -> dict[str, object]:
             workload.side.wait_event(gemm_ends[i - 1] if i else start)
             with torch.cuda.stream(workload.side):
                 copy_start.record(workload.side)
-                workload.copy(ctas)
+                workload.copy(ctas, elements)
                 copy_end.record(workload.side)
         torch.matmul(workload.a, workload.b, out=workload.c)
         gemm_ends[i].record(main)
@@ -256,11 +264,17 @@ def report(
 ) -> None:
     """Print measured vs modelled per configuration and the verdict; write ``--json`` when given."""
     spec = load_gpu_spec(args.spec)
-    law, sm_gbps, rows = compare(spec, setup, windows)
+    timelines = extra.get("timelines") or {}
+    assert isinstance(timelines, dict)
+    calibration, rows = compare(spec, setup, windows, timelines, _beside_gbps(args, setup, extra))
+    law, power, burst = calibration.law, calibration.power, calibration.burst
+    alone = "-" if calibration.sm_alone_gbps is None else f"{calibration.sm_alone_gbps:.1f}"
     print(
-        f"copy law fitted to the copy-alone windows: min({law.link_gbps:.0f} GB/s, CTAs x "
-        f"{law.per_cta_gbps:.1f} GB/s) (bytes read + written); packed beside the GEMMs "
-        f"{setup.ctas_per_sm} CTAs per SM, {sm_gbps or 0:.1f} GB/s per SM held"
+        f"calibration: copy alone {law.link_gbps:.0f} GB/s saturated, {law.per_cta_gbps:.1f} GB/s per CTA, "
+        f"knee p={law.knee:.2f} (bytes read + written), {power.base_w:.1f} W + {power.per_gbps_w:.4f} W per "
+        f"GB/s above blocked; packed {setup.ctas_per_sm} CTAs per SM: {calibration.sm_beside_gbps:.1f} GB/s "
+        f"per SM beside the GEMMs, {alone} alone; burst GEMM {1e3 * burst.gemm_s:.3f} ms, slowed "
+        f"x{burst.slowdown:.3f} beside the copy beyond its SM share"
     )
     print(
         f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "
@@ -276,14 +290,14 @@ def report(
             f"{row.energy_error:+7.2%} {row.time_spread:5.1%}/{row.energy_spread:4.1%} "
             f"{_mhz(row.measured_clock_mhz):>8s} {_mhz(modelled_mhz):>9s}{note}"
         )
-        if row.key.startswith("overlap") and not row.calibration:
+        if not row.calibration:
             worst = max(worst, abs(row.time_error), abs(row.energy_error))
     verdict = "within" if worst <= 0.05 else "OUTSIDE"
     print(
-        f"predicted overlap configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % "
+        f"predicted configurations: worst |modelled/measured - 1| = {worst:.2%} ({verdict} the 5 % "
         f"target); measured = CUDA events + energy counter over {args.rounds} x {args.window_s:g} s windows, "
         f"meas MHz = median SM clock over the window (NVML); modelled = sim.overlap with spec {spec.name}, "
-        f"model MHz = SM clock in effect beside the GEMMs"
+        f"model MHz = the GEMMs' clock (the group's mean power held at the GEMMs-alone window's)"
     )
     print_timelines(rows, extra.get("timelines"))
     if args.json:
@@ -291,15 +305,32 @@ def report(
             **extra,
             "setup": dataclasses.asdict(setup),
             "windows": [dataclasses.asdict(w) for w in windows],
-            "copy_law": dataclasses.asdict(law),
-            "sm_bandwidth_gbps": sm_gbps,
+            "calibration": dataclasses.asdict(calibration),
             "rows": [
                 {**dataclasses.asdict(r), "time_error": r.time_error, "energy_error": r.energy_error}
                 for r in rows
             ],
-            "worst_overlap_error": worst,
+            "worst_prediction_error": worst,
         }
         args.json.write_text(json.dumps(document, indent=1))
+
+
+def _beside_gbps(args: argparse.Namespace, setup: CheckSetup, extra: dict[str, object]) -> float | None:
+    """The copy's per-SM rate beside the GEMMs from a group whose copy ended before them (None: none).
+
+    With ``--beside-from``: that run's ``beside_timeline``, else its calibration configuration's timeline;
+    otherwise this run's ``beside_timeline``.
+    """
+    timeline = extra.get("beside_timeline")
+    if args.beside_from:
+        other = json.loads(args.beside_from.read_text())
+        setup = CheckSetup(**other["setup"])
+        ctas = min(int(key.split(":")[1]) for key in other["timelines"])
+        first = {**other["timelines"][f"overlap:{ctas}"], "ctas": ctas, "copy_bytes": setup.copy_bytes}
+        timeline = other.get("beside_timeline", first)
+    if not isinstance(timeline, dict):
+        return None
+    return beside_rate_gbps(timeline["copy_bytes"], setup.held_sms(timeline["ctas"]), timeline)
 
 
 def _mhz(clock: float | None) -> str:
@@ -335,8 +366,12 @@ def replay(args: argparse.Namespace) -> int:
     rounds = max(sum(1 for w in windows if w.key == key) for key in {w.key for w in windows})
     args.rounds = rounds
     print(f"replaying {len(windows)} windows measured on {recorded.get('gpu')} (model recomputed on CPU)")
-    kept = {key: recorded[key] for key in ("gpu", "counter", "timelines") if key in recorded}
-    report(setup, windows, args, kept)
+    keys = ("gpu", "counter", "timelines", "beside_timeline")
+    kept = {key: recorded[key] for key in keys if key in recorded}
+    try:
+        report(setup, windows, args, kept)
+    except ValueError as error:  # e.g. no copy of this run ended beside its GEMMs: --beside-from is needed
+        sys.exit(f"replay: {error} (--beside-from)")
     return 0
 
 
@@ -361,6 +396,9 @@ def main() -> int:
         "--ctas-per-sm", type=int, default=0, help="copy CTAs per SM when packed (0: the kernel's occupancy)"
     )
     parser.add_argument("--replay", type=Path, help="recompute the model for the windows of this --json file")
+    parser.add_argument(
+        "--beside-from", type=Path, help="take the copy's rate beside the GEMMs from this run's --json file"
+    )
     args = parser.parse_args()
     if args.replay:
         return replay(args)
@@ -397,7 +435,14 @@ def main() -> int:
     counter.close()
     print(f"measuring took {time.perf_counter() - started:.0f} s")
     timelines = {f"overlap:{c}": [kernel_timeline(workload, c) for _ in range(2)][-1] for c in ctas_list}
-    extra = {"gpu": torch.cuda.get_device_name(), "counter": counter.source, "timelines": timelines}
+    fewest, elements = min(ctas_list), workload.src.numel() // 16
+    beside = [kernel_timeline(workload, fewest, elements) for _ in range(2)][-1]
+    extra = {
+        "gpu": torch.cuda.get_device_name(),
+        "counter": counter.source,
+        "timelines": timelines,
+        "beside_timeline": {"ctas": fewest, "copy_bytes": 2 * 4 * elements, **beside},
+    }
     report(setup, windows, args, extra)
     return 0
 

@@ -1,126 +1,193 @@
-"""The CPU maths of scripts/gpu_contention.py (sim/contention_check.py) on synthetic measurements."""
+"""The CPU maths of scripts/gpu_contention.py (sim/contention_check.py): synthetic and committed runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.sim.contention import CommLoad
 from megatron_energy.sim.contention_check import (
+    Burst,
+    Calibration,
     CheckSetup,
     CopyLaw,
+    CopyPower,
     Window,
+    beside_rate_gbps,
+    burst_from_timeline,
     compare,
     fit_copy_law,
-    fit_sm_bandwidth,
+    fit_copy_power,
     predict,
 )
 
 SPEC = load_gpu_spec("h200")
-SETUP = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30)
-GEMM = Window("gemm", None, time_s=8 * 1.4e-3, power_w=690.0)
-LAW = CopyLaw(link_gbps=4000.0, per_cta_gbps=60.0)
+SETUP = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30, ctas_per_sm=4)
+GEMM = Window("gemm", None, time_s=8 * 1.6e-3, power_w=690.0)
+LAW = CopyLaw(link_gbps=4000.0, per_cta_gbps=80.0, knee=2.0)
+POWER = CopyPower(base_w=40.0, per_gbps_w=0.1)
+CALIBRATION = Calibration(
+    LAW, POWER, Burst(gemm_s=1.35e-3, slowdown=1.05), sm_beside_gbps=60.0, sm_alone_gbps=80.0
+)
 DATA = Path(__file__).parent / "data"
 
 
-def copy_window(ctas: int) -> Window:
-    return Window("copy", ctas, SETUP.copy_bytes / (min(4000.0, 60.0 * ctas) * 1e9), 300.0 + 2.0 * ctas)
+def copy_window(ctas: int, copy_bytes: float = SETUP.copy_bytes) -> Window:
+    rate = LAW.rate_gbps(ctas)
+    return Window("copy", ctas, copy_bytes / (rate * 1e9), SPEC.blocked_power_w + POWER.dynamic_w(rate))
 
 
-def test_the_copy_law_is_recovered_from_copy_alone_windows() -> None:
-    law = fit_copy_law(SETUP.copy_bytes, [copy_window(c) for c in (8, 16, 32, 66, 132)])
-    assert law.link_gbps == pytest.approx(4000.0)
-    assert law.per_cta_gbps == pytest.approx(60.0)
+def timeline(alone_ms: float, beside_ms: float, copy_end_ms: float) -> dict[str, object]:
+    """Two GEMMs alone, then six beside the copy launched after them."""
+    ends = [alone_ms * (i + 1) for i in range(2)] + [2 * alone_ms + beside_ms * (i + 1) for i in range(6)]
+    return {"gemm_end_ms": ends, "copy_start_ms": 2 * alone_ms, "copy_end_ms": copy_end_ms}
 
 
-def test_overlap_prediction_lies_between_serial_and_perfect_overlap() -> None:
-    for ctas in (8, 32, 132):
-        alone = copy_window(ctas)
-        group = predict(SPEC, SETUP, GEMM, LAW, alone.power_w, ctas)
-        time_s, energy_j = group.time_s, group.energy_j
-        assert max(GEMM.time_s, alone.time_s) <= time_s <= GEMM.time_s + alone.time_s + 1e-12
-        # 132 CTAs spread take every SM: the GEMMs wait, so that one is serial (its copy priced at the
-        # modelled marginal power beside compute rather than the measured alone power: within 1 %)
-        assert energy_j < (GEMM.energy_j + alone.energy_j) * (1.01 if ctas == 132 else 1.0)
-    # more CTAs: a shorter copy, but GEMMs slowed more while it runs
-    fast = predict(SPEC, SETUP, GEMM, LAW, copy_window(132).power_w, 132).time_s
-    slow = predict(SPEC, SETUP, GEMM, LAW, copy_window(8).power_w, 8).time_s
-    assert fast < slow
+def test_the_copy_law_and_its_power_are_recovered_from_copy_alone_windows() -> None:
+    windows = [copy_window(c) for c in (8, 16, 32, 66, 132)]
+    law = fit_copy_law(SETUP.copy_bytes, windows)
+    assert (law.link_gbps, law.per_cta_gbps, law.knee) == pytest.approx((4000.0, 80.0, 2.0), rel=1e-4)
+    assert LAW.rate_gbps(8) < 8 * 80.0 and LAW.rate_gbps(132) < 4000.0  # the knee is smooth
+    power = fit_copy_power(SPEC, SETUP.copy_bytes, windows)
+    assert (power.base_w, power.per_gbps_w) == pytest.approx((40.0, 0.1))
+    with pytest.raises(ValueError, match="three CTA counts"):
+        fit_copy_law(SETUP.copy_bytes, windows[:2])
 
 
-def test_compare_reports_zero_error_on_windows_the_model_made_and_flags_a_wrong_one() -> None:
-    setup = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30, ctas_per_sm=8)
-    per_sm_gbps = 150.0
-    windows = [GEMM] + [copy_window(c) for c in (8, 32, 66)]
+def test_the_burst_and_the_rate_beside_are_read_off_a_timed_group() -> None:
+    held = SETUP.held_sms(8)  # 2 SMs
+    beside_ms = 1.4 * 1.05 / (1 - held / SPEC.sm_count)
+    group = timeline(1.4, beside_ms, copy_end_ms=9.0)
+    burst = burst_from_timeline(SPEC, SETUP, 8, group)
+    assert (burst.gemm_s, burst.slowdown) == pytest.approx((1.4e-3, 1.05))
+    # the copy ended (9.0 ms) before the last GEMM: its bytes over its span and SMs
+    rate = beside_rate_gbps(2**30, held, group)
+    assert rate == pytest.approx(2**30 / (9.0 - 2.8) * 1e3 / held / 1e9)
+    assert beside_rate_gbps(2**30, held, timeline(1.4, beside_ms, copy_end_ms=60.0)) is None
+    with pytest.raises(ValueError, match="wholly beside"):
+        burst_from_timeline(SPEC, SETUP, 8, timeline(1.4, beside_ms, copy_end_ms=3.0))
+
+
+def test_a_packed_copy_drives_its_per_sm_rate_beside_compute_and_alone() -> None:
+    spread = CommLoad(8, 4000.0, 80.0, sm_bandwidth_gbps=150.0, sm_beside_gbps=100.0)
+    packed = CommLoad(
+        8, 4000.0, 80.0, ctas_per_sm=8, sm_bandwidth_gbps=150.0, sm_beside_gbps=100.0, packed=True
+    )
+    assert (spread.held_sms, spread.rate_gbps(beside=False), spread.rate_gbps(beside=True)) == (
+        8,
+        640.0,
+        640.0,
+    )
+    assert (packed.held_sms, packed.rate_gbps(beside=False), packed.rate_gbps(beside=True)) == (
+        1,
+        150.0,
+        100.0,
+    )
+    smooth = CommLoad(8, 640.0, 80.0, knee=2.0)
+    assert smooth.bandwidth_gbps == pytest.approx(640.0 / 2**0.5)
+
+
+def test_the_gemms_alone_are_held_at_the_cap_and_burst_beside_a_long_copy_tail() -> None:
+    cap = GpuPowerModel(SPEC).power_cap_clock_mhz(WorkProfile(1.0, 0.0))
+    alone = predict(SPEC, SETUP, GEMM, CALIBRATION, None)
+    assert alone.clock_mhz == int(cap)
+    assert (alone.time_s, alone.energy_j) == pytest.approx((GEMM.time_s, GEMM.energy_j), rel=1e-3)
+    # 8 CTAs on 2 SMs: a long copy tail at low power lets the GEMMs run at their burst clock
+    tail = predict(SPEC, SETUP, GEMM, CALIBRATION, 8)
+    burst_mhz = int(cap * 1.6e-3 / 1.35e-3)
+    assert tail.clock_mhz == burst_mhz
+    assert tail.copy_span_s is not None and tail.gemms_end_s < tail.copy_span_s[1] == pytest.approx(
+        tail.time_s
+    )
+    assert tail.energy_j / tail.time_s < GEMM.power_w
+    # 132 CTAs: the copy ends beside the GEMMs, so the mean power is the cap's and the clock near it
+    short = predict(SPEC, SETUP, GEMM, CALIBRATION, 132)
+    assert short.energy_j / short.time_s == pytest.approx(GEMM.power_w, rel=0.01)
+    assert int(cap) <= short.clock_mhz < burst_mhz
+
+
+def test_the_copy_tail_moves_at_its_rate_alone_and_the_part_beside_at_its_rate_beside() -> None:
+    group = predict(SPEC, SETUP, GEMM, CALIBRATION, 16)  # 4 SMs held
+    assert group.copy_span_s is not None
+    start_s, end_s = group.copy_span_s
+    beside = 4 * 60e9 * (group.gemms_end_s - start_s)
+    after = 4 * 80e9 * (end_s - group.gemms_end_s)
+    assert beside + after == pytest.approx(SETUP.copy_bytes, rel=1e-9)
+
+
+def synthetic_run(calibration: Calibration) -> tuple[list[Window], dict[str, dict[str, object]]]:
+    """Windows the model makes with ``calibration``, and a calibration timeline that encodes its burst."""
+    windows = [GEMM] + [copy_window(c) for c in (8, 16, 32, 66, 132)]
     for ctas in (8, 32, 66):
-        group = predict(SPEC, setup, GEMM, LAW, copy_window(ctas).power_w, ctas, per_sm_gbps)
+        group = predict(SPEC, SETUP, GEMM, calibration, ctas)
         windows += [Window("overlap", ctas, group.time_s, group.energy_j / group.time_s)] * 3
-    _, fitted_gbps, rows = compare(SPEC, setup, windows)
-    assert fitted_gbps == pytest.approx(per_sm_gbps, rel=1e-5)  # from overlap:8, the fewest CTAs
+    beside_ms = 1e3 * calibration.burst.gemm_s * calibration.burst.slowdown / (1 - 2 / SPEC.sm_count)
+    return windows, {"overlap:8": timeline(1e3 * calibration.burst.gemm_s, beside_ms, copy_end_ms=60.0)}
+
+
+def test_compare_reproduces_windows_the_model_made_and_flags_a_wrong_one() -> None:
+    windows, timelines = synthetic_run(CALIBRATION)
+    calibration, rows = compare(SPEC, SETUP, windows, timelines, sm_beside_gbps=60.0)
+    assert calibration.sm_alone_gbps == pytest.approx(80.0, rel=1e-4)  # from overlap:8, the fewest CTAs
+    assert calibration.burst == pytest.approx(CALIBRATION.burst)
     by_key = {row.key: row for row in rows}
-    assert [key for key, row in by_key.items() if row.calibration] == ["overlap:8"]
-    assert by_key["overlap:32"].time_error == pytest.approx(0.0, abs=1e-6)
-    assert by_key["overlap:66"].energy_error == pytest.approx(0.0, abs=1e-6)
+    assert sorted(key for key, row in by_key.items() if not row.calibration) == ["overlap:32", "overlap:66"]
+    for key in ("overlap:32", "overlap:66", "copy:16"):
+        assert abs(by_key[key].time_error) < 1e-3 and abs(by_key[key].energy_error) < 1e-3, key
     assert by_key["overlap:32"].rounds == 3
     slower = [*windows, Window("overlap", 32, 1.2 * by_key["overlap:32"].measured_time_s, 500.0)]
-    _, _, rows = compare(SPEC, setup, slower)
+    _, rows = compare(SPEC, SETUP, slower, timelines, sm_beside_gbps=60.0)
     assert {r.key: r for r in rows}["overlap:32"].time_error < -0.01
-    with pytest.raises(ValueError, match="copy-alone"):
-        compare(SPEC, SETUP, [GEMM, Window("overlap", 16, 0.01, 600.0)])
+    with pytest.raises(ValueError, match="outlasts its GEMMs"):
+        compare(SPEC, SETUP, windows, timelines)
+    with pytest.raises(ValueError, match="needs its kernel timeline"):
+        compare(SPEC, SETUP, windows, {}, sm_beside_gbps=60.0)
 
 
-def test_a_packed_copy_holds_fewer_sms_and_is_capped_per_sm_at_the_clock_in_effect() -> None:
-    spread = CommLoad(8, link_bandwidth_gbps=4000.0, cta_bandwidth_gbps=80.0, sm_bandwidth_gbps=150.0)
-    packed = CommLoad(8, 4000.0, 80.0, ctas_per_sm=8, sm_bandwidth_gbps=150.0, packed=True)
-    assert (spread.held_sms, spread.bandwidth_gbps, spread.bandwidth_at_gbps(0.5)) == (8, 640.0, 640.0)
-    assert (packed.held_sms, packed.bandwidth_gbps, packed.bandwidth_at_gbps(0.5)) == (1, 150.0, 75.0)
-    nine = CommLoad(66, 4000.0, 80.0, ctas_per_sm=8, sm_bandwidth_gbps=150.0, packed=True)
-    assert (nine.held_sms, nine.bandwidth_gbps) == (9, 1350.0)
+def test_a_run_whose_copies_all_end_beside_the_gemms_needs_no_rate_alone() -> None:
+    setup = dataclasses.replace(SETUP, copy_bytes=2**29)
+    beside_ms = 1.35 * 1.05 / (1 - 2 / SPEC.sm_count)
+    group = timeline(1.35, beside_ms, copy_end_ms=2.7 + 2**29 / (2 * 60e9) * 1e3)  # before the GEMMs end
+    calibration = dataclasses.replace(CALIBRATION, sm_alone_gbps=None)
+    windows = [GEMM] + [copy_window(c, setup.copy_bytes) for c in (8, 16, 32)]
+    prediction = predict(SPEC, setup, GEMM, calibration, 8)
+    windows.append(Window("overlap", 8, prediction.time_s, prediction.energy_j / prediction.time_s))
+    fitted, rows = compare(SPEC, setup, windows, {"overlap:8": group})
+    assert fitted.sm_alone_gbps is None
+    assert fitted.sm_beside_gbps == pytest.approx(60.0)
+    assert {r.key: r for r in rows}["overlap:8"].time_error == pytest.approx(0.0, abs=1e-6)
 
 
-def test_a_packed_copy_moves_slower_beside_the_gemms_than_after_them() -> None:
-    setup = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30, ctas_per_sm=8)
-    group = predict(SPEC, setup, GEMM, LAW, copy_window(16).power_w, 16, 150.0)
-    assert group.copy_span_s is not None and group.clock_mhz is not None
-    start_s, end_s = group.copy_span_s
-    assert start_s < group.gemms_end_s < end_s == pytest.approx(group.time_s)
-    # 2 SMs held; beside the GEMMs at the clock in effect (power-capped), then at the maximum clock
-    beside = 2 * 150e9 * group.clock_mhz / SPEC.max_sm_clock_mhz * (group.gemms_end_s - start_s)
-    after = 2 * 150e9 * (end_s - group.gemms_end_s)
-    assert group.clock_mhz < SPEC.max_sm_clock_mhz
-    assert beside + after == pytest.approx(setup.copy_bytes, rel=1e-9)
-
-
-def test_the_per_sm_bandwidth_reproduces_its_window_and_needs_a_copy_that_outlasts_the_gemms() -> None:
-    setup = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30, ctas_per_sm=8)
-    power_w = copy_window(16).power_w
-    group = predict(SPEC, setup, GEMM, LAW, power_w, 16, 120.0)
-    window = Window("overlap", 16, group.time_s, 400.0)
-    assert fit_sm_bandwidth(SPEC, setup, GEMM, LAW, power_w, window) == pytest.approx(120.0, rel=1e-5)
-    with pytest.raises(ValueError, match="fewer CTAs"):
-        fit_sm_bandwidth(SPEC, setup, GEMM, LAW, power_w, Window("overlap", 132, GEMM.time_s, 690.0))
-
-
-@pytest.mark.parametrize(
-    ("name", "time_bound", "energy_bound"),
-    [("h200_contention.json", 0.05, 0.06), ("h200_contention_long.json", 0.01, 0.01)],
-)
-def test_the_committed_h200_measurements_are_predicted_within_the_achieved_bounds(
-    name: str, time_bound: float, energy_bound: float
-) -> None:
-    """Replays our H200 windows (scripts/gpu_contention.py, 2026-12-02) at the occupancy the script recorded.
-
-    Every predicted overlap configuration is within 5 % in time; in energy the worst (overlap:32 of the
-    8-GEMM run) is -5.8 %, so the bound asserted is the achieved 6 %, not the 5 % target.
-    """
+def replay(name: str, sm_beside_gbps: float | None = None) -> list:
     recorded = json.loads((DATA / name).read_text())
     setup = CheckSetup(**recorded["setup"])
-    _, _, rows = compare(SPEC, setup, [Window(**w) for w in recorded["windows"]])
-    predicted = [row for row in rows if row.key.startswith("overlap") and not row.calibration]
-    assert len(predicted) == len({w["ctas"] for w in recorded["windows"] if w["config"] == "overlap"}) - 1
-    for row in predicted:
-        assert abs(row.time_error) <= time_bound, row
-        assert abs(row.energy_error) <= energy_bound, row
+    windows = [Window(**w) for w in recorded["windows"]]
+    _, rows = compare(SPEC, setup, windows, recorded["timelines"], sm_beside_gbps)
+    return rows
+
+
+def test_the_committed_h200_measurements_are_predicted_within_5_percent() -> None:
+    """Replays our H200 windows (scripts/gpu_contention.py, 2026-12-02) at the occupancy the script recorded.
+
+    The 8-GEMM run's calibration copy outlasts its GEMMs, so its rate beside them comes from the 32-GEMM
+    run's calibration timeline (as ``--beside-from`` does).
+    """
+    long_run = json.loads((DATA / "h200_contention_long.json").read_text())
+    setup = CheckSetup(**long_run["setup"])
+    beside = beside_rate_gbps(setup.copy_bytes, setup.held_sms(8), long_run["timelines"]["overlap:8"])
+    for rows, overlaps in (
+        (replay("h200_contention.json", beside), 5),
+        (replay("h200_contention_long.json"), 4),
+    ):
+        predicted = [row for row in rows if not row.calibration]
+        assert [row.key for row in rows if row.calibration and row.key.startswith("overlap")] == ["overlap:8"]
+        assert len(predicted) == overlaps - 1 and all(row.key.startswith("overlap") for row in predicted)
+        for row in predicted:
+            assert abs(row.time_error) <= 0.05 and abs(row.energy_error) <= 0.05, row
+        for row in (row for row in rows if row.calibration):  # fitted, but by laws and levels, not one by one
+            assert abs(row.time_error) <= 0.02 and abs(row.energy_error) <= 0.05, row

@@ -10,31 +10,36 @@
     d(c) = latency + T / min(B, c * beta)
 
 Each CTA (one NCCL channel) drives at most ``beta``; the link saturates at ``c_sat = B / beta`` CTAs, beyond
-which more CTAs buy nothing. Assumptions: the link is the bottleneck once saturated (no PCIe or HBM limit
-below B); the per-CTA rate does not depend on the SM clock (CTAs spread one to an SM are bandwidth-bound, far
-above the memory saturation clock); protocol overheads are folded into ``beta`` and ``latency``. That is its
+which more CTAs buy nothing. With a knee sharpness ``p`` (:attr:`CommLoad.knee`) the minimum is smoothed into
+the generalised mean ``(B^-p + (c * beta)^-p)^(-1/p)``, which approaches it as ``p`` grows. Assumptions: the
+link is the bottleneck once saturated (no PCIe or HBM limit below B); the per-CTA rate does not depend on the
+SM clock (CTAs spread one to an SM are bandwidth-bound, far above the memory saturation clock); protocol
+overheads are folded into ``beta`` and ``latency``. That is its
 duration *alone*; beside compute its rate changes over its life (see Placement).
 
 **Placement.** Alone, the block scheduler spreads the ``c`` CTAs over ``c`` idle SMs. Launched while compute
 fills every SM, its CTAs go to the first SMs that free up, as many to one SM as its occupancy allows
 (``ctas_per_sm``: threads, registers, shared memory per CTA), and stay there for the kernel's life: it then
-holds ``ceil(c / ctas_per_sm)`` SMs and, when ``sm_bandwidth_gbps`` (``s``, per SM at the maximum clock) is
-known, drives at most ``s x f / f_max`` per SM held, ``f`` the SM clock in effect: a packed SM's copy is
-issue-bound, so its rate follows the clock. Its rate at clock ``f`` (:meth:`CommLoad.bandwidth_at_gbps`)::
+holds ``ceil(c / ctas_per_sm)`` SMs and, when its per-SM bandwidths are known, drives at most ``s`` per SM
+held once it runs alone (``sm_bandwidth_gbps``) and ``s_b`` beside compute (``sm_beside_gbps``): beside
+compute a packed SM's copy shares L2 and HBM with it. Its rate (:meth:`CommLoad.rate_gbps`)::
 
-    r(f) = min(B, c * beta, h * s * f / f_max)        (the last term for packed loads only)
+    r = min(B, c * beta, h * s)        alone        (the last term for packed loads only)
+    r = min(B, c * beta, h * s_b)      beside compute
 
-Beside compute ``f`` is the clock in effect under the power cap (:attr:`OverlapState.effective_clock_mhz`);
-alone, ``f_max`` (as its alone power is priced). Measured on one H200 (``scripts/gpu_contention.py``): a
-Triton copy of 8 CTAs of 256 threads launched beside bf16 GEMMs ran 4.7x longer than alone, all 8 CTAs packed
-on one SM, moving ~111 GB/s per SM while the power-capped GEMMs (~1500 MHz) ran beside it and ~155 GB/s per SM
-after they ended (~1980 MHz). NCCL's CTAs (512+ threads, large shared buffers) are assumed to fit one per SM
-(``ctas_per_sm=1``, unmeasured).
+Measured on one H200 (``scripts/gpu_contention.py``, kernel timelines of 2026-12-02): a Triton copy of 8 CTAs
+of 256 threads launched beside bf16 GEMMs, packed 4 to an SM on 2 SMs, moved 58.5 GB/s per SM beside them
+while they ran above the power cap (~1800 MHz by their times: the bursts of
+:mod:`~megatron_energy.sim.contention_check`) and ~77 GB/s per SM alone at 1980 MHz: less than the clock
+ratio gives, so the rate beside is taken as measured, not scaled by the clock. NCCL's CTAs (512+ threads,
+large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
 
 **Contention.** While the collective runs, the SMs it holds (``h``: ``c`` spread, ``ceil(c / ctas_per_sm)``
 packed) are lost to compute beside it: compute's progress rate is ``(1 - h/S)`` of its rate alone, at the
-same clock. Memory-bandwidth contention is not modelled (a collective's HBM traffic is ~3 x its link rate, a
-few % of HBM bandwidth).
+same clock, and ``1/gamma`` of that when the load says so (:attr:`CommLoad.compute_slowdown`: L2 and HBM
+shared with a packed copy slowed bf16 GEMMs by a further ~6 % on one H200, kernel timelines); a collective's
+memory-bandwidth contention is not modelled otherwise (its HBM traffic is ~3 x its link rate, a few % of HBM
+bandwidth).
 
 **Power.** Power of the GPU while the collective runs beside compute at clock ``f``::
 
@@ -53,11 +58,8 @@ clock at 1455-1485 MHz; adding its alone power would have cut it to 765-1380 MHz
 
 When ``P`` exceeds the power limit the GPU lowers its clock: the effective clock is the highest profiled clock
 at or below the requested one at which ``P`` fits (the lowest when none does), and the compute's rate is
-``(1 - h/S) x t(f_requested) / t(f_effective)``. A profiled option can itself be power-capped (requested above
-the clock the compute alone sustains under the limit, it runs at that clock): the SM clock in effect is the
-lowest profiled clock at or below the chosen one that runs the compute as fast (within
-:data:`EQUAL_TIME_TOLERANCE`). A collective alone (no compute beside it) draws ``P_blocked + P_comm``, with
-its measured dynamic power, when it has one, in place of ``P_comm``.
+``(1 - h/S) / gamma x t(f_requested) / t(f_effective)``. A collective alone (no compute beside it) draws
+``P_blocked + P_comm``, with its measured dynamic power, when it has one, in place of ``P_comm``.
 """
 
 from __future__ import annotations
@@ -78,9 +80,6 @@ NCCL_HBM_BYTES_PER_BYTE = 3.0
 """HBM bytes a ring collective moves per byte it sends: read the input, write the received chunk, read it
 again to reduce or forward (assumed)."""
 
-EQUAL_TIME_TOLERANCE = 0.005
-"""Profiled times within this relative difference count as the same clock in effect (module docstring)."""
-
 
 @dataclass(frozen=True)
 class CommLoad:
@@ -95,10 +94,15 @@ class CommLoad:
         measured_dynamic_power_w: Its dynamic power measured while it ran alone (power minus blocked
             power); replaces the estimate of :meth:`ContentionModel.comm_dynamic_power_w` when given.
         ctas_per_sm: CTAs one SM takes when they are packed (its occupancy); 1 spreads them.
-        sm_bandwidth_gbps: Bandwidth one SM drives at the maximum SM clock, however many of its CTAs it
-            holds; it scales with the SM clock in effect (None: no limit).
+        sm_bandwidth_gbps: Bandwidth one SM it holds drives when packed and alone, however many of its CTAs
+            it holds (None: no limit).
+        sm_beside_gbps: The same beside compute (None: ``sm_bandwidth_gbps``).
+        compute_slowdown: ``gamma >= 1``: compute beside it progresses at ``(1 - h/S) / gamma`` of its rate
+            alone (module docstring, Contention).
         packed: Launched beside compute that fills every SM, so its CTAs are packed for its whole life
-            (module docstring); only a packed load is held to the per-SM bandwidth.
+            (module docstring); only a packed load is held to the per-SM bandwidths.
+        knee: Sharpness ``p`` of the saturation knee: the rate is the generalised mean
+            ``(B^-p + (c x beta)^-p)^(-1/p)`` rather than ``min(B, c x beta)`` (None: the hard minimum).
     """
 
     ctas: int
@@ -109,43 +113,56 @@ class CommLoad:
     measured_dynamic_power_w: float | None = None
     ctas_per_sm: int = 1
     sm_bandwidth_gbps: float | None = None
+    sm_beside_gbps: float | None = None
+    compute_slowdown: float = 1.0
     packed: bool = False
+    knee: float | None = None
 
     def __post_init__(self) -> None:
         if self.ctas < 1 or self.ctas_per_sm < 1:
             raise EnergyValueError(
                 f"a collective needs at least one CTA and one CTA per SM, got {self.ctas}, {self.ctas_per_sm}"
             )
-        if self.sm_bandwidth_gbps is not None and not (
-            math.isfinite(self.sm_bandwidth_gbps) and self.sm_bandwidth_gbps > 0
-        ):
-            raise EnergyValueError(f"the per-SM bandwidth must be positive, got {self.sm_bandwidth_gbps}")
+        per_sm = (self.sm_bandwidth_gbps, self.sm_beside_gbps)
+        if not all(v is None or (math.isfinite(v) and v > 0) for v in per_sm):
+            raise EnergyValueError(f"per-SM bandwidths must be positive, got {per_sm}")
+        if not (math.isfinite(self.compute_slowdown) and self.compute_slowdown >= 1.0):
+            raise EnergyValueError(f"the compute slowdown must be >= 1, got {self.compute_slowdown}")
         values = (self.link_bandwidth_gbps, self.cta_bandwidth_gbps)
         if not all(math.isfinite(v) and v > 0 for v in values):
             raise EnergyValueError(f"bandwidths must be positive, got {values}")
         if self.hbm_bytes_per_byte < 0 or self.latency_s < 0:
             raise EnergyValueError("HBM bytes per byte and latency must not be negative")
+        if self.knee is not None and not (math.isfinite(self.knee) and self.knee > 0):
+            raise EnergyValueError(f"the knee's sharpness must be positive, got {self.knee}")
 
     @property
     def held_sms(self) -> int:
         """SMs its CTAs occupy: one each when spread, ``ceil(c / ctas_per_sm)`` when packed."""
         return math.ceil(self.ctas / self.ctas_per_sm) if self.packed else self.ctas
 
-    def bandwidth_at_gbps(self, clock_ratio: float) -> float:
-        """Its rate ``r(f)`` (module docstring) with the SM clock in effect at ``clock_ratio`` of the maximum.
+    def rate_gbps(self, beside: bool) -> float:
+        """Its rate ``r`` (module docstring), beside compute or alone.
 
-        ``min(B, c x beta)``; a packed load also at most :attr:`held_sms` x the per-SM bandwidth x
-        ``clock_ratio``.
+        ``min(B, c x beta)`` (or its smooth form with :attr:`knee`); a packed load also at most
+        :attr:`held_sms` x its per-SM bandwidth there.
         """
-        rate = min(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps)
-        if self.sm_bandwidth_gbps is None or not self.packed:
+        link, ctas = self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps
+        if self.knee is None:
+            rate = min(link, ctas)
+        else:
+            rate = (link**-self.knee + ctas**-self.knee) ** (-1.0 / self.knee)
+        per_sm = self.sm_bandwidth_gbps
+        if beside and self.sm_beside_gbps is not None:
+            per_sm = self.sm_beside_gbps
+        if per_sm is None or not self.packed:
             return rate
-        return min(rate, self.held_sms * self.sm_bandwidth_gbps * clock_ratio)
+        return min(rate, self.held_sms * per_sm)
 
     @property
     def bandwidth_gbps(self) -> float:
-        """Its rate alone, at the maximum SM clock."""
-        return self.bandwidth_at_gbps(1.0)
+        """Its rate alone."""
+        return self.rate_gbps(beside=False)
 
     @property
     def saturation_ctas(self) -> float:
@@ -170,15 +187,12 @@ class OverlapState:
             binds).
         comm_power_w: The collective's dynamic part of ``power_w``: the estimate of
             :meth:`ContentionModel.comm_dynamic_power_w` beside compute, never a power measured alone.
-        effective_clock_mhz: The SM clock in effect: ``clock_mhz``, or lower when that profiled option is
-            itself power-capped (module docstring); a packed collective's per-SM rate scales with it.
     """
 
     rate: float
     power_w: float
     clock_mhz: int
     comm_power_w: float
-    effective_clock_mhz: int
 
 
 class ContentionModel:
@@ -217,7 +231,7 @@ class ContentionModel:
         f_max = float(spec.max_sm_clock_mhz)
         f_core = max(clock_mhz, self._power.saturation_clock_mhz) / f_max
         core = self.sm_share(load) * spec.memory_core_activity * spec.dynamic_power_max_w * v_rel**2 * f_core
-        rate_gbps = load.bandwidth_at_gbps(clock_mhz / f_max)
+        rate_gbps = load.rate_gbps(beside=not alone)
         hbm = spec.memory_power_w * min(1.0, rate_gbps * load.hbm_bytes_per_byte / self._hbm_full_gbps)
         return core + hbm
 
@@ -243,7 +257,7 @@ class ContentionModel:
             power_w: The compute's busy power alone at a clock of ``clocks``.
 
         Returns:
-            Its rate, the power, the profiled clock it is priced at and the SM clock in effect.
+            Its rate, the power and the profiled clock it is priced at.
         """
         share = self.sm_share(load)
         idle, limit = self.spec.idle_power_w, self.spec.power_limit_w
@@ -257,7 +271,5 @@ class ContentionModel:
                 break
         comm_w = self.comm_dynamic_power_w(load, chosen, alone=False)
         total = idle + (1 - share) * (power_w(chosen) - idle) + comm_w
-        rate = (1 - share) * time_s(clock_mhz) / time_s(chosen)
-        fastest_s = time_s(chosen) * (1 + EQUAL_TIME_TOLERANCE)
-        as_fast = [c for c in clocks if c <= chosen and time_s(c) <= fastest_s]
-        return OverlapState(rate, total, chosen, comm_w, min(as_fast, default=chosen))
+        rate = (1 - share) / load.compute_slowdown * time_s(clock_mhz) / time_s(chosen)
+        return OverlapState(rate, total, chosen, comm_w)

@@ -2,44 +2,53 @@
 
 The check runs *groups* on one GPU: ``gemms`` bf16 GEMMs back to back on the main stream and, in an overlap
 configuration, one CTA-limited copy kernel of ``copy_bytes`` (read + written) on a side stream, launched once
-the first ``launch_after`` GEMMs of the group are done; the group ends when both have finished. Isolated
-windows (GEMMs alone, the copy alone at each CTA count) calibrate the parts; the overlap windows are then
-*predicted* by the same overlap simulator the planner uses (``sim.overlap.OverlapSimulator`` on a one-stage
-DAG whose instructions are the GEMMs, the copy a collective launch at the GEMM it follows), and compared
-with what was measured:
+the first ``launch_after`` GEMMs of the group are done; the group ends when both have finished. Groups repeat
+back to back for seconds. The overlap windows are *predicted* by the overlap simulator the planner uses
+(``sim.overlap.OverlapSimulator`` on a one-stage DAG whose instructions are the GEMMs, the copy a collective
+launch at the GEMM it follows) and compared with what was measured. What the model takes, and from where
+(*calibration*: the rows it is fitted to are marked and left out of the verdict):
 
-* the GEMM's time and power alone are measured at stock clocks; its time and power at lower clocks (which
-  the power cap may impose beside the copy) follow the spec's time/power model, scaled to the measurement;
-* the copy's bandwidth follows the contention model's law ``min(B, c x beta)``, with ``B`` and ``beta`` fitted
-  to the copy-alone windows (:func:`fit_copy_law`); running without the GEMMs its dynamic power is the one
-  measured alone at that CTA count (power minus the spec's blocked power), also when packed (a packed copy
-  moves fewer bytes per second, but scaling its power by its rate under-predicted the measured energy by
-  11-16 %); beside the GEMMs only its modelled marginal power counts (its SMs' core activity and its HBM
-  traffic: :mod:`megatron_energy.sim.contention`, Power);
-* launched beside the GEMMs, which fill every SM, the copy's CTAs are packed ``ctas_per_sm`` to an SM (its
-  occupancy; :mod:`megatron_energy.sim.contention`), so it holds ``h = ceil(c / ctas_per_sm)`` SMs for its
-  whole life and drives at most ``h x s x f / f_max``, ``s`` the per-SM bandwidth at the maximum clock and
-  ``f`` the SM clock in effect: the power-capped clock beside the GEMMs, the maximum once they are done
-  (the simulator re-evaluates its rate at every such event). ``s`` is fitted to ONE overlap window, the one
-  with the fewest CTAs (:func:`fit_sm_bandwidth`: the ``s`` at which the simulator gives that window's
-  measured time), which is marked as calibration and left out of the verdict; every other overlap
-  configuration is a prediction;
-* the GEMMs progress at ``1 - h/S`` of their rate beside the copy, lower still when the power cap binds.
+* **The power cap holds the mean over the group, not every instant.** A group lasts 15-60 ms, less than the
+  power controller averages over: the GEMMs of a group run at one clock, the highest at which the group's
+  mean power stays at the level the controller holds alone (the GEMMs-alone window's power), and at most the
+  clock they reach in a burst. Measured (kernel timelines): a GEMM that ran alone at the start of a timed
+  group took 1.38 ms against 1.66 ms in the GEMMs-alone window, and kept that pace for over 10 ms; beside a
+  32-CTA copy whose tail pulls the mean to 631 W the median SM clock was 1875 MHz, where the GEMMs alone hold
+  1470 MHz at 690 W. Pricing every instant at the cap would need the copy alone after the GEMMs to draw
+  0.65 W per GB/s it moves, 6.6 times what the copy draws alone (0.098 W per GB/s).
+* The GEMM's time and power at any clock: the spec's model, scaled to the GEMMs-alone window (calibration).
+* The burst: the time of a GEMM alone before the copy launches in the calibration configuration's kernel
+  timeline (:func:`burst_from_timeline`), as a clock through the spec's time model.
+* Beside the copy the GEMMs progress at ``(1 - h/S) / gamma`` of their rate (``h`` the SMs it holds),
+  ``gamma`` from the same timeline: GEMMs beside the copy against those before it (L2 and HBM shared).
+* The copy alone: its bandwidth law ``(B^-p + (c x beta)^-p)^(-1/p)`` (:func:`fit_copy_law`) and its dynamic
+  power ``d0 + d1 x rate`` (:func:`fit_copy_power`), both fitted to the copy-alone windows (calibration).
+* Launched beside the GEMMs, which fill every SM, the copy's CTAs are packed ``ctas_per_sm`` to an SM (its
+  occupancy; :mod:`megatron_energy.sim.contention`) on ``h = ceil(c / ctas_per_sm)`` SMs for its whole life.
+  Beside the GEMMs each drives ``s_b`` (:func:`beside_rate_gbps`: bytes over span and SMs of a timed group
+  whose copy ended before the GEMMs; a run whose calibration copy outlasts them takes it from one whose did),
+  alone ``s`` (:func:`fit_sm_bandwidth`: the ``s`` at which the simulator gives the calibration window's
+  time: the overlap configuration with the fewest CTAs). Alone its dynamic power is its power law at its
+  packed rate; beside the GEMMs only its modelled marginal power counts (its SMs' core activity and its HBM
+  traffic: :mod:`megatron_energy.sim.contention`, Power).
 
-The measured kernel timelines (each GEMM's end, the copy's start and end) and median SM clocks are not fitted
-to; each row's :class:`Prediction` gives the same events from the simulator, to set beside them.
+Copy-alone and GEMMs-alone rows are calibration; every overlap configuration but the one with the fewest CTAs
+is a prediction. Each row's :class:`Prediction` gives the simulator's events (each GEMM's end, the copy's
+span) to set beside the measured kernel timelines.
 
-Pure Python + numpy: no torch, no NVML; tested on CPU.
+Pure Python + numpy + scipy: no torch, no NVML; tested on CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
+from scipy.optimize import brentq, least_squares
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
@@ -49,6 +58,13 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.sim.contention import CommLoad
 from megatron_energy.sim.overlap import CommLaunch, OverlapResult, OverlapSchedule, OverlapSimulator
+
+UNCAPPED_W = 1e6
+"""Power limit of the spec the simulator prices a group with: the cap binds on the group's mean instead."""
+
+Timeline = Mapping[str, object]
+"""One timed group (``scripts/gpu_contention.py``): ``gemm_end_ms`` (a list), ``copy_start_ms`` and
+``copy_end_ms``, in ms from the group's start."""
 
 
 @dataclass(frozen=True)
@@ -113,91 +129,153 @@ class Window:
 
 @dataclass(frozen=True)
 class CopyLaw:
-    """The copy's bandwidth law ``min(link, ctas x per_cta)`` fitted to the copy-alone windows (GB/s)."""
+    """The copy's bandwidth alone, ``(B^-p + (c x beta)^-p)^(-1/p)`` GB/s (bytes read + written)."""
 
     link_gbps: float
-    """Saturated bandwidth (bytes read + written)."""
+    """Saturated bandwidth ``B``."""
     per_cta_gbps: float
-    """Bandwidth one CTA drives."""
+    """Bandwidth one CTA drives, ``beta``."""
+    knee: float
+    """Sharpness ``p`` of the knee between the two."""
+
+    def rate_gbps(self, ctas: int) -> float:
+        """Bandwidth of ``ctas`` CTAs spread one to an SM."""
+        return float(
+            (self.link_gbps**-self.knee + (ctas * self.per_cta_gbps) ** -self.knee) ** (-1 / self.knee)
+        )
+
+
+@dataclass(frozen=True)
+class CopyPower:
+    """The copy's dynamic power alone (above blocked power) against its rate: ``d0 + d1 x rate``."""
+
+    base_w: float
+    """``d0``, W."""
+    per_gbps_w: float
+    """``d1``, W per GB/s."""
+
+    def dynamic_w(self, rate_gbps: float) -> float:
+        """Dynamic power at ``rate_gbps``."""
+        return self.base_w + self.per_gbps_w * rate_gbps
+
+
+@dataclass(frozen=True)
+class Burst:
+    """The GEMMs unthrottled, from the calibration configuration's kernel timeline (*measured*)."""
+
+    gemm_s: float
+    """A GEMM alone before the copy launches."""
+    slowdown: float
+    """``gamma``: GEMMs beside the copy over GEMMs before it, less their SM share (at least 1)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything the model takes from the calibration rows (module docstring)."""
+
+    law: CopyLaw
+    power: CopyPower
+    burst: Burst
+    sm_beside_gbps: float
+    """The packed copy's bandwidth per SM held beside the GEMMs."""
+    sm_alone_gbps: float | None = None
+    """The same alone (None where no copy of the run outlasts its GEMMs, so none depends on it)."""
 
 
 def fit_copy_law(copy_bytes: float, windows: Sequence[Window]) -> CopyLaw:
-    """Fit ``min(B, c x beta)`` to copy-alone windows by least squares on relative time errors.
-
-    ``beta`` is tried at every measured ``bandwidth / ctas`` and ``B`` at every measured bandwidth; the pair
-    with the least squared relative error of time wins (a 2-parameter fit by exhaustive candidates).
+    """Fit the copy's law to copy-alone windows: least squares on log rates over ``B``, ``beta`` and ``p``.
 
     Raises:
-        ValueError: Without copy-alone windows.
+        ValueError: With copy-alone windows at fewer than three CTA counts.
     """
-    copies = [w for w in windows if w.config == "copy" and w.ctas]
-    if not copies:
-        raise ValueError("fit_copy_law needs copy-alone windows")
-    rates = [(float(w.ctas or 1), copy_bytes / w.time_s / 1e9) for w in copies]
-    best: tuple[float, CopyLaw] | None = None
-    for _, link in rates:
-        for ctas, rate in rates:
-            law = CopyLaw(link, rate / ctas)
-            error = sum((min(law.link_gbps, c * law.per_cta_gbps) / r - 1.0) ** 2 for c, r in rates)
-            if best is None or error < best[0]:
-                best = (error, law)
-    assert best is not None
-    return best[1]
+    rates: dict[int, list[float]] = {}
+    for w in windows:
+        if w.config == "copy" and w.ctas:
+            rates.setdefault(w.ctas, []).append(copy_bytes / w.time_s / 1e9)
+    if len(rates) < 3:
+        raise ValueError("fit_copy_law needs copy-alone windows at three CTA counts or more")
+    ctas = np.array(sorted(rates), dtype=float)
+    measured = np.log([statistics.fmean(rates[int(c)]) for c in ctas])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        link, per_cta, knee = np.exp(x)
+        return -np.log(link**-knee + (ctas * per_cta) ** -knee) / knee - measured
+
+    start = np.log([np.exp(measured.max()), np.exp(measured[0]) / ctas[0], 2.0])
+    link, per_cta, knee = np.exp(least_squares(residuals, start).x)
+    return CopyLaw(float(link), float(per_cta), float(knee))
 
 
-def fit_sm_bandwidth(
-    spec: GpuSpec, setup: CheckSetup, gemm: Window, law: CopyLaw, copy_power_w: float, overlap: Window
-) -> float:
-    """Per-SM bandwidth of the packed copy at the maximum clock (GB/s) that reproduces one overlap window.
-
-    The root (:func:`scipy.optimize.brentq`) of modelled minus measured time per group: the modelled time
-    falls as the per-SM bandwidth rises, as long as the copy outlasts the GEMMs.
-
-    Args:
-        spec: The GPU spec.
-        setup: The group.
-        gemm: The GEMMs-alone window.
-        law: The copy's fitted bandwidth law.
-        copy_power_w: The copy's power measured alone at the window's CTAs.
-        overlap: The overlap window to calibrate on.
+def fit_copy_power(spec: GpuSpec, copy_bytes: float, windows: Sequence[Window]) -> CopyPower:
+    """Fit ``d0 + d1 x rate`` to the copy-alone windows' power above blocked power (least squares).
 
     Raises:
-        ValueError: If the window is no longer than the model's group with no per-SM limit (its copy does
-            not outlast the GEMMs: calibrate on fewer CTAs).
+        ValueError: With copy-alone windows at fewer than two CTA counts.
     """
-    ctas = overlap.ctas or 1
-
-    def excess_s(sm_gbps: float) -> float:
-        return predict(spec, setup, gemm, law, copy_power_w, ctas, sm_gbps).time_s - overlap.time_s
-
-    unlimited = law.link_gbps  # one SM at the whole link's rate: the per-SM ceiling never binds
-    if excess_s(unlimited) >= 0:
-        raise ValueError(f"{overlap.key}: its copy ends before the GEMMs; calibrate on fewer CTAs")
-    slow = 0.5 * setup.copy_bytes / overlap.time_s / 1e9 / setup.held_sms(ctas)  # twice the window at most
-    return float(brentq(excess_s, slow, unlimited, xtol=1e-6))
+    copies = [w for w in windows if w.config == "copy"]
+    if len({w.ctas for w in copies}) < 2:
+        raise ValueError("fit_copy_power needs copy-alone windows at two CTA counts or more")
+    rates = [copy_bytes / w.time_s / 1e9 for w in copies]
+    slope, base = np.polyfit(rates, [w.power_w - spec.blocked_power_w for w in copies], 1)
+    return CopyPower(float(base), float(slope))
 
 
-def _gemm_profile(spec: GpuSpec, gemm: Window) -> Profile:
-    """GEMM options at every clock: measured at the stock (maximum) clock, the model's shape elsewhere."""
+def burst_from_timeline(spec: GpuSpec, setup: CheckSetup, ctas: int, timeline: Timeline) -> Burst:
+    """The burst's GEMM time and the GEMMs' slowdown beside the copy, from one timed group.
+
+    The GEMM alone: the fastest before the copy launches. Beside: the median of those that started after the
+    first GEMM beside the copy (while that one runs, the copy's CTAs take SMs as they free up) and ended
+    before the copy.
+
+    Raises:
+        ValueError: When no GEMM runs before the copy or none wholly beside it.
+    """
+    ends = [0.0, *(float(e) for e in timeline["gemm_end_ms"])]  # type: ignore[attr-defined]
+    spans = [b - a for a, b in itertools.pairwise(ends)]
+    copy_end = float(timeline["copy_end_ms"])  # type: ignore[arg-type]
+    beside = [spans[i] for i in range(setup.launch_after + 1, len(spans)) if ends[i + 1] <= copy_end]
+    if not setup.launch_after or not beside:
+        raise ValueError("the timeline needs a GEMM before the copy and one wholly beside it")
+    alone = min(spans[: setup.launch_after])
+    share = 1 - setup.held_sms(ctas) / spec.sm_count
+    return Burst(alone / 1e3, max(1.0, statistics.median(beside) / alone * share))
+
+
+def beside_rate_gbps(copy_bytes: float, held_sms: int, timeline: Timeline) -> float | None:
+    """Per-SM bandwidth of a packed copy beside the GEMMs: bytes over its span and SMs, from one timed group.
+
+    None when the copy outlasted the GEMMs (its bytes are then split between beside and alone).
+    """
+    end, start = float(timeline["copy_end_ms"]), float(timeline["copy_start_ms"])  # type: ignore[arg-type]
+    if end >= float(timeline["gemm_end_ms"][-1]):  # type: ignore[index]
+        return None
+    return copy_bytes / ((end - start) / 1e3) / held_sms / 1e9
+
+
+def _gemm_profile(spec: GpuSpec, gemm_s: float, gemm_w: float, burst_s: float) -> tuple[Profile, int]:
+    """GEMM options at every MHz up to the burst clock: the spec's model scaled to the GEMMs-alone window.
+
+    The window ran at the model's power-cap clock; the burst clock is where the model's time is the burst's
+    (never below the cap clock). Returns the profile and the burst clock.
+    """
     model = GpuPowerModel(spec)
     unit = WorkProfile(compute_s=1.0, memory_s=0.0)
-    top = spec.max_sm_clock_mhz
-    time_scale = gemm.time_s / model.time_s(unit, top)
-    power_scale = gemm.power_w / model.power_w(unit, top)
-    options = [
-        ClockOption(clock, model.time_s(unit, clock) * time_scale, 0.0) for clock in spec.sm_clocks_mhz
-    ]
-    options = [
-        ClockOption(o.clock_mhz, o.time_s, o.time_s * model.power_w(unit, o.clock_mhz) * power_scale)
-        for o in options
-    ]
-    return Profile(
+    cap = model.power_cap_clock_mhz(unit)
+    time_scale = gemm_s / model.uncapped_time_s(unit, cap)
+    power_scale = gemm_w / model.uncapped_power_w(unit, cap)
+    burst = int(min(spec.max_sm_clock_mhz, max(cap, cap * gemm_s / burst_s)))
+    options = []
+    for clock in range(spec.min_sm_clock_mhz, burst + 1):
+        time_s = model.uncapped_time_s(unit, clock) * time_scale
+        options.append(ClockOption(clock, time_s, time_s * model.uncapped_power_w(unit, clock) * power_scale))
+    profile = Profile(
         {Work(0, 0, "forward"): options, Work(0, 0, "backward"): options},
         spec.name,
         "measured",
         spec.blocked_power_w,
         spec.idle_power_w,
     )
+    return profile, burst
 
 
 @dataclass(frozen=True)
@@ -210,74 +288,111 @@ class Prediction:
     """Energy per group."""
     gemms_end_s: float
     """When the last GEMM ends."""
+    clock_mhz: int
+    """The GEMMs' clock: the highest at which the group's mean power fits the held level."""
     copy_span_s: tuple[float, float] | None = None
     """The copy's start and end (None without a copy)."""
-    clock_mhz: int | None = None
-    """The SM clock in effect while the GEMMs run beside the copy (None without a copy)."""
 
 
 def predict(
-    spec: GpuSpec,
-    setup: CheckSetup,
-    gemm: Window,
-    law: CopyLaw,
-    copy_power_w: float,
-    ctas: int | None,
-    sm_bandwidth_gbps: float | None = None,
+    spec: GpuSpec, setup: CheckSetup, gemm: Window, calibration: Calibration, ctas: int | None
 ) -> Prediction:
-    """Modelled group (``ctas=None``: the GEMMs alone).
+    """Modelled group (``ctas=None``: the GEMMs alone), its GEMM clock chosen by the group's mean power.
 
     Args:
-        spec: The GPU spec (SMs, powers, power limit, voltage curve).
+        spec: The GPU spec (SMs, powers, voltage curve).
         setup: The group.
-        gemm: The GEMMs-alone window (per group of ``setup.gemms``).
-        law: The copy's fitted bandwidth law.
-        copy_power_w: The copy's power measured alone at ``ctas``.
+        gemm: The GEMMs-alone window (per group of ``setup.gemms``); its power is the level held.
+        calibration: The fitted parts (module docstring).
         ctas: The copy's CTAs.
-        sm_bandwidth_gbps: The packed copy's bandwidth per SM it holds at the maximum clock (None: no
-            per-SM limit).
 
     Returns:
         Its time, energy and events, *modelled*.
     """
-    per_gemm = Window("gemm", None, gemm.time_s / setup.gemms, gemm.power_w)
-    profile = _gemm_profile(spec, per_gemm)
+    profile, burst = _gemm_profile(spec, gemm.time_s / setup.gemms, gemm.power_w, calibration.burst.gemm_s)
     pairs = setup.gemms // 2
     order = tuple(
         Instruction(0, 0, microbatch, kind) for microbatch in range(pairs) for kind in ("forward", "backward")
     )
     dag = PipelineDag.build(PipelineOrders((order,), pairs))
-    simulator = OverlapSimulator(dag, profile, spec)
-    top = spec.max_sm_clock_mhz
-    clocks = dict.fromkeys(order, top)
-    if ctas is None:
-        result = simulator.run(clocks, OverlapSchedule())
-        return Prediction(result.iteration_time_s, result.total_energy_j, _gemms_end_s(result))
+    simulator = OverlapSimulator(dag, profile, dataclasses.replace(spec, power_limit_w=UNCAPPED_W))
+    schedule = OverlapSchedule()
+    if ctas is not None:
+        load = _copy_load(setup, calibration, ctas)
+        schedule = OverlapSchedule(
+            (CommLaunch("copy", 0, setup.copy_bytes, load, "compute", order[setup.launch_after], 0.0),)
+        )
+
+    def run(clock: int) -> OverlapResult:
+        return simulator.run(dict.fromkeys(order, clock), schedule)
+
+    low, high = spec.min_sm_clock_mhz, burst  # the mean power rises with the clock: bisect for the highest
+    if _mean_w(run(high)) > gemm.power_w:
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if _mean_w(run(middle)) <= gemm.power_w else (low, middle)
+        high = low
+    result = run(high)
+    span = None if ctas is None else (result.comm[0].start_s, result.comm[0].end_s)
+    return Prediction(result.iteration_time_s, result.total_energy_j, _gemms_end_s(result), high, span)
+
+
+def _copy_load(setup: CheckSetup, calibration: Calibration, ctas: int) -> CommLoad:
+    law = calibration.law
     load = CommLoad(
         ctas,
         link_bandwidth_gbps=law.link_gbps,
         cta_bandwidth_gbps=law.per_cta_gbps,
         hbm_bytes_per_byte=1.0,
-        measured_dynamic_power_w=max(0.0, copy_power_w - spec.blocked_power_w),
         ctas_per_sm=setup.ctas_per_sm,
-        sm_bandwidth_gbps=sm_bandwidth_gbps,
+        sm_bandwidth_gbps=calibration.sm_alone_gbps,
+        sm_beside_gbps=calibration.sm_beside_gbps,
+        compute_slowdown=calibration.burst.slowdown,
         packed=True,
+        knee=law.knee,
     )
-    launch = CommLaunch("copy", 0, setup.copy_bytes, load, "compute", order[setup.launch_after], 0.0)
-    result = simulator.run(clocks, OverlapSchedule((launch,)))
-    (copy,) = result.comm
-    state = simulator.overlap_state(order[0].work, top, load)
-    return Prediction(
-        result.iteration_time_s,
-        result.total_energy_j,
-        _gemms_end_s(result),
-        (copy.start_s, copy.end_s),
-        state.effective_clock_mhz,
+    return dataclasses.replace(
+        load, measured_dynamic_power_w=calibration.power.dynamic_w(load.bandwidth_gbps)
     )
+
+
+def _mean_w(result: OverlapResult) -> float:
+    return result.total_energy_j / result.iteration_time_s
 
 
 def _gemms_end_s(result: OverlapResult) -> float:
     return max(s.end_s for s in result.timeline if s.kind in ("forward", "backward"))
+
+
+def fit_sm_bandwidth(
+    spec: GpuSpec, setup: CheckSetup, gemm: Window, calibration: Calibration, overlap: Window
+) -> float | None:
+    """Per-SM bandwidth of the packed copy alone (GB/s) that reproduces one overlap window.
+
+    The root (:func:`scipy.optimize.brentq`) of modelled minus measured time per group, between the per-SM
+    bandwidth beside the GEMMs and the whole link's: the modelled time falls as it rises.
+
+    Returns:
+        None when the copy ends before the GEMMs even that slowly alone (then it never runs alone).
+
+    Raises:
+        ValueError: If the window is longer than the model with the copy alone as slow as beside, or shorter
+            than with it as fast as the link.
+    """
+    ctas = overlap.ctas or 1
+    slow, fast = calibration.sm_beside_gbps, calibration.law.link_gbps
+
+    def excess_s(sm_gbps: float) -> float:
+        trial = dataclasses.replace(calibration, sm_alone_gbps=sm_gbps)
+        return predict(spec, setup, gemm, trial, ctas).time_s - overlap.time_s
+
+    group = predict(spec, setup, gemm, dataclasses.replace(calibration, sm_alone_gbps=slow), ctas)
+    assert group.copy_span_s is not None
+    if group.copy_span_s[1] <= group.gemms_end_s:
+        return None
+    if excess_s(slow) < 0 or excess_s(fast) > 0:
+        raise ValueError(f"{overlap.key}: no per-SM bandwidth alone reproduces its time")
+    return float(brentq(excess_s, slow, fast, xtol=1e-6))
 
 
 @dataclass(frozen=True)
@@ -334,48 +449,79 @@ def _spread(values: Sequence[float]) -> float:
     return float(np.std(values) / np.mean(values)) if len(values) > 1 else 0.0
 
 
+def calibrate(
+    spec: GpuSpec,
+    setup: CheckSetup,
+    means: Mapping[str, Window],
+    timelines: Mapping[str, Timeline],
+    sm_beside_gbps: float | None = None,
+) -> Calibration:
+    """Fit the model's parts to the calibration rows (module docstring).
+
+    Args:
+        spec: The GPU spec.
+        setup: The group.
+        means: Mean window per configuration key.
+        timelines: Timed groups per overlap configuration key (the calibration one is needed).
+        sm_beside_gbps: The packed copy's per-SM bandwidth beside the GEMMs, when the calibration copy
+            outlasts its GEMMs (taken from another run: :func:`beside_rate_gbps`).
+
+    Raises:
+        ValueError: Without the calibration timeline, or without a per-SM bandwidth beside the GEMMs.
+    """
+    windows = list(means.values())
+    law, power = fit_copy_law(setup.copy_bytes, windows), fit_copy_power(spec, setup.copy_bytes, windows)
+    first = min((w for w in windows if w.config == "overlap"), key=lambda w: w.ctas or 0)
+    ctas = first.ctas or 1
+    if first.key not in timelines:
+        raise ValueError(f"the calibration configuration {first.key} needs its kernel timeline")
+    timeline = timelines[first.key]
+    own = beside_rate_gbps(setup.copy_bytes, setup.held_sms(ctas), timeline)
+    beside = own if own is not None else sm_beside_gbps
+    if beside is None:
+        raise ValueError(
+            f"{first.key}'s copy outlasts its GEMMs: give the per-SM bandwidth beside them "
+            "from a run whose copy ended before them"
+        )
+    calibration = Calibration(law, power, burst_from_timeline(spec, setup, ctas, timeline), beside)
+    alone = fit_sm_bandwidth(spec, setup, means["gemm"], calibration, first)
+    return dataclasses.replace(calibration, sm_alone_gbps=alone)
+
+
 def compare(
-    spec: GpuSpec, setup: CheckSetup, windows: Sequence[Window]
-) -> tuple[CopyLaw, float | None, list[Comparison]]:
+    spec: GpuSpec,
+    setup: CheckSetup,
+    windows: Sequence[Window],
+    timelines: Mapping[str, Timeline],
+    sm_beside_gbps: float | None = None,
+) -> tuple[Calibration, list[Comparison]]:
     """Every configuration's measured means against the model (module docstring).
 
     Returns:
-        The copy law, the packed copy's per-SM bandwidth (None without overlap windows) and one row per
-        configuration.
+        The calibration and one row per configuration.
 
     Raises:
-        ValueError: Without a GEMMs-alone window, or an overlap configuration without its copy-alone windows.
+        ValueError: Without a GEMMs-alone window or an overlap one, or as :func:`calibrate` does.
     """
     groups: dict[str, list[Window]] = {}
     for window in windows:
         groups.setdefault(window.key, []).append(window)
-    if "gemm" not in groups:
-        raise ValueError("the check needs GEMMs-alone windows")
-    means: Mapping[str, Window] = {key: _mean(items) for key, items in groups.items()}
-    law = fit_copy_law(setup.copy_bytes, list(means.values()))
+    if "gemm" not in groups or not any(key.startswith("overlap") for key in groups):
+        raise ValueError("the check needs GEMMs-alone and overlap windows")
+    means = {key: _mean(items) for key, items in groups.items()}
+    calibration = calibrate(spec, setup, means, timelines, sm_beside_gbps)
     gemm = means["gemm"]
-    overlaps = sorted((w for w in means.values() if w.config == "overlap"), key=lambda w: w.ctas or 0)
-    for window in overlaps:
-        if f"copy:{window.ctas}" not in means:
-            raise ValueError(f"{window.key} needs copy-alone windows at {window.ctas} CTAs")
-    sm_gbps = None
-    if overlaps:
-        first = overlaps[0]
-        sm_gbps = fit_sm_bandwidth(spec, setup, gemm, law, means[f"copy:{first.ctas}"].power_w, first)
+    first = min(w.ctas or 0 for w in means.values() if w.config == "overlap")
     rows = []
     for key, items in groups.items():
         mean = means[key]
         prediction = None
-        if mean.config == "gemm":
-            prediction = predict(spec, setup, gemm, law, 0.0, None)
-        elif mean.config == "overlap":
-            alone = means[f"copy:{mean.ctas}"]
-            prediction = predict(spec, setup, gemm, law, alone.power_w, mean.ctas, sm_gbps)
-        if prediction is None:
-            ctas = float(mean.ctas or 1)
-            time_s = setup.copy_bytes / (min(law.link_gbps, ctas * law.per_cta_gbps) * 1e9)
-            modelled = (time_s, mean.power_w * time_s)
+        if mean.config == "copy":
+            rate = calibration.law.rate_gbps(mean.ctas or 1)
+            time_s = setup.copy_bytes / (rate * 1e9)
+            modelled = (time_s, (spec.blocked_power_w + calibration.power.dynamic_w(rate)) * time_s)
         else:
+            prediction = predict(spec, setup, gemm, calibration, mean.ctas)
             modelled = (prediction.time_s, prediction.energy_j)
         rows.append(
             Comparison(
@@ -386,9 +532,9 @@ def compare(
                 _spread([w.time_s for w in items]),
                 _spread([w.energy_j for w in items]),
                 *modelled,
-                calibration=mean.config == "overlap" and mean is overlaps[0],
+                calibration=mean.config != "overlap" or mean.ctas == first,
                 measured_clock_mhz=mean.clock_mhz,
                 prediction=prediction,
             )
         )
-    return law, sm_gbps, rows
+    return calibration, rows

@@ -15,12 +15,10 @@ rate and draws its overlap power; a collective beside no compute draws blocked p
 power. The stage's gradient sync (``dp_sync`` tail step) waits until its collective stream is empty.
 
 **Event-driven collectives.** A collective's end is not fixed at launch: after its latency, its bytes left
-drain at its rate :meth:`~megatron_energy.sim.contention.CommLoad.bandwidth_at_gbps` at the SM clock in
-effect, which changes over its life: beside an instruction, the clock in effect of that instruction's overlap
-state (lower under the power cap); beside no compute, the maximum clock. Only a packed collective's rate
-depends on the clock (its per-SM ceiling); a spread one keeps ``min(B, c x beta)`` throughout. Every change of
-what runs beside it (an instruction starting or ending, another launch) is an event at which its rate is
-re-evaluated.
+drain at its rate :meth:`~megatron_energy.sim.contention.CommLoad.rate_gbps`, which changes over its life
+when it is packed: its per-SM ceiling beside compute differs from the one alone; a spread one keeps
+``min(B, c x beta)`` throughout. Every change of what runs beside it (an instruction starting or ending,
+another launch) is an event at which its rate is re-evaluated.
 
 **Energy, per stage GPU, counted once per second of the iteration** (``T`` the iteration time)::
 
@@ -296,7 +294,7 @@ class _Stream:
     """One stage's collective stream: launches run one after another, each ending once its bytes are done.
 
     ``now_s`` is the time up to which progress is settled; the caller advances it (:meth:`advance`) over
-    intervals in which the SM clock in effect, and whether compute runs beside, are constant.
+    intervals in which whether compute runs beside is constant.
     """
 
     def __init__(self) -> None:
@@ -320,31 +318,31 @@ class _Stream:
 
     def push(self, launch: CommLaunch, at_s: float) -> None:
         """Launch at ``at_s`` (progress is settled alone up to it); it starts once the launches before end."""
-        self.advance(at_s, 1.0, beside=False)
+        self.advance(at_s, beside=False)
         self.launches.append(launch)
         self.overlapped.append(0.0)
         if self.head == len(self.launches) - 1:
             self._start(self.now_s)
 
-    def left_s(self, clock_ratio: float) -> float:
-        """Time the running launch needs to end at ``clock_ratio`` of the maximum clock (inf when none)."""
+    def left_s(self, beside: bool) -> float:
+        """Time the running launch needs to end, beside compute or not (inf when none)."""
         head = self.head
         if head is None:
             return math.inf
-        rate = self.launches[head].load.bandwidth_at_gbps(clock_ratio) * 1e9
+        rate = self.launches[head].load.rate_gbps(beside) * 1e9
         return self._latency_left_s + self._bytes_left / rate
 
-    def advance(self, until_s: float, clock_ratio: float, beside: bool) -> None:
-        """Settle progress up to ``until_s`` at ``clock_ratio`` of the maximum clock, beside compute or not.
+    def advance(self, until_s: float, beside: bool) -> None:
+        """Settle progress up to ``until_s``, beside compute or not.
 
-        A launch that ends on the way lets the next one start then, at the same clock.
+        A launch that ends on the way lets the next one start then, in the same state.
         """
         while True:
             head = self.head
             if head is None:
                 self.now_s = max(self.now_s, until_s)
                 return
-            left = self.left_s(clock_ratio)
+            left = self.left_s(beside)
             end_s = self.now_s + left
             if end_s <= until_s or math.isclose(end_s, until_s, rel_tol=1e-12):  # it ends; the next starts
                 self.overlapped[head] += left if beside else 0.0
@@ -359,7 +357,7 @@ class _Stream:
             self.overlapped[head] += step if beside else 0.0
             latency = min(step, self._latency_left_s)
             self._latency_left_s -= latency
-            rate = self.launches[head].load.bandwidth_at_gbps(clock_ratio) * 1e9
+            rate = self.launches[head].load.rate_gbps(beside) * 1e9
             self._bytes_left = max(0.0, self._bytes_left - (step - latency) * rate)
             self.now_s = until_s
             return
@@ -367,7 +365,7 @@ class _Stream:
     def finish(self, index: int) -> float:
         """End of launch ``index``, settling progress alone (no compute beside) until it is done."""
         while len(self.ends) <= index:
-            self.advance(self.now_s + self.left_s(1.0), 1.0, beside=False)
+            self.advance(self.now_s + self.left_s(beside=False), beside=False)
         return self.ends[index]
 
     def drain(self) -> float:
@@ -577,7 +575,7 @@ class OverlapSimulator:
         """Run one instruction from ``begin``, launching ``launches`` as its work passes their fractions.
 
         Its time alone and phases come from ``pieces``; beside a data-parallel collective it progresses at the
-        contention rate of its profile option, and the collective at its rate at the clock in effect. The
+        contention rate of its profile option, and the collective at its rate beside compute. The
         stream is settled alone up to ``begin`` first (nothing of this stage ran since its last instruction).
 
         Returns:
@@ -585,8 +583,7 @@ class OverlapSimulator:
         """
         alone_s = pieces.time_s
         stream = streams[node.stage]
-        stream.advance(begin, 1.0, beside=False)
-        f_max = self.spec.max_sm_clock_mhz
+        stream.advance(begin, beside=False)
         pending = list(launches)
         time_s, done, energy = begin, 0.0, 0.0
         while True:
@@ -598,8 +595,7 @@ class OverlapSimulator:
             load = None if active is None else stream.launches[active].load
             state = None if load is None else self.overlap_state(node.work, clock, load)
             rate = 1.0 if state is None else state.rate
-            clock_ratio = 1.0 if state is None else state.effective_clock_mhz / f_max
-            horizon = time_s + stream.left_s(clock_ratio)
+            horizon = time_s + stream.left_s(beside=state is not None)
             target = pending[0].fraction if pending else 1.0
             step = (target - done) * alone_s / rate if rate > 0 else math.inf  # all SMs taken: it waits
             before = done
@@ -615,7 +611,7 @@ class OverlapSimulator:
                     segments[node.stage].append((time_s, time_s + step, "overlap", state.power_w))
                     energy += state.power_w * step
             time_s += step
-            stream.advance(time_s, clock_ratio, beside=True)
+            stream.advance(time_s, beside=True)
         return time_s, energy
 
     def _phases(
