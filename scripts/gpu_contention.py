@@ -269,12 +269,15 @@ def report(
     calibration, rows = compare(spec, setup, windows, timelines, _beside_gbps(args, setup, extra))
     law, power, burst = calibration.law, calibration.power, calibration.burst
     alone = "-" if calibration.sm_alone_gbps is None else f"{calibration.sm_alone_gbps:.1f}"
+    exponent = calibration.power_exponent
+    rise = "the spec's voltage curve" if exponent is None else f"(f/f_cap)^{exponent:.2f}"
     print(
         f"calibration: copy alone {law.link_gbps:.0f} GB/s saturated, {law.per_cta_gbps:.1f} GB/s per CTA, "
         f"knee p={law.knee:.2f} (bytes read + written), {power.base_w:.1f} W + {power.per_gbps_w:.4f} W per "
         f"GB/s above blocked; packed {setup.ctas_per_sm} CTAs per SM: {calibration.sm_beside_gbps:.1f} GB/s "
         f"per SM beside the GEMMs, {alone} alone; burst GEMM {1e3 * burst.gemm_s:.3f} ms, slowed "
-        f"x{burst.slowdown:.3f} beside the copy beyond its SM share"
+        f"x{burst.slowdown:.3f} beside the copy beyond its SM share; GEMM power above idle rises above the "
+        f"cap clock as {rise}"
     )
     print(
         f"{'config':12s} {'meas ms':>9s} {'model ms':>9s} {'t err':>7s} {'meas J':>8s} {'model J':>8s} "

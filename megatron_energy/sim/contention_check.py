@@ -17,6 +17,13 @@ launch at the GEMM it follows) and compared with what was measured. What the mod
   1470 MHz at 690 W. Pricing every instant at the cap would need the copy alone after the GEMMs to draw
   0.65 W per GB/s it moves, 6.6 times what the copy draws alone (0.098 W per GB/s).
 * The GEMM's time and power at any clock: the spec's model, scaled to the GEMMs-alone window (calibration).
+  Above the window's (capped) clock the power above idle rises as ``(f / f_cap)^k``, ``k`` fitted to the
+  calibration configuration's energy (:func:`fit_power_exponent`), not by the spec's assumed voltage curve
+  (local exponent ~2.2 there), which put the burst's power ~60-80 W too high: on the H200 runs ``k`` is 1.67
+  and 1.61 (a GEMM phase of ~880-900 W at the burst, 1807-1826 MHz modelled), and cannot be told where the
+  calibration group's GEMMs stay at the cap clock (the spec's curve is then kept). The level the group's mean
+  is held at is the GEMMs-alone window's measured power (690 W), not the spec's 700 W limit: held at 700 W
+  the capped groups come out at 700 W where 690-692 W were measured.
 * The burst: the time of a GEMM alone before the copy launches in the calibration configuration's kernel
   timeline (:func:`burst_from_timeline`), as a clock through the spec's time model.
 * Beside the copy the GEMMs progress at ``(1 - h/S) / gamma`` of their rate (``h`` the SMs it holds),
@@ -180,6 +187,9 @@ class Calibration:
     """The packed copy's bandwidth per SM held beside the GEMMs."""
     sm_alone_gbps: float | None = None
     """The same alone (None where no copy of the run outlasts its GEMMs, so none depends on it)."""
+    power_exponent: float | None = None
+    """``k``: above the GEMMs-alone clock their power above idle rises as ``(f / f_cap)^k`` (None: by the
+    spec's voltage curve, where the calibration group's energy does not tell it)."""
 
 
 def fit_copy_law(copy_bytes: float, windows: Sequence[Window]) -> CopyLaw:
@@ -252,11 +262,15 @@ def beside_rate_gbps(copy_bytes: float, held_sms: int, timeline: Timeline) -> fl
     return copy_bytes / ((end - start) / 1e3) / held_sms / 1e9
 
 
-def _gemm_profile(spec: GpuSpec, gemm_s: float, gemm_w: float, burst_s: float) -> tuple[Profile, int]:
+def _gemm_profile(
+    spec: GpuSpec, gemm_s: float, gemm_w: float, burst_s: float, exponent: float | None = None
+) -> tuple[Profile, int]:
     """GEMM options at every MHz up to the burst clock: the spec's model scaled to the GEMMs-alone window.
 
     The window ran at the model's power-cap clock; the burst clock is where the model's time is the burst's
-    (never below the cap clock). Returns the profile and the burst clock.
+    (never below the cap clock). Above the cap clock, with ``exponent`` ``k``, the power above idle rises
+    from the window's as ``(f / f_cap)^k`` instead of by the spec's voltage curve. Returns the profile and
+    the burst clock.
     """
     model = GpuPowerModel(spec)
     unit = WorkProfile(compute_s=1.0, memory_s=0.0)
@@ -267,7 +281,10 @@ def _gemm_profile(spec: GpuSpec, gemm_s: float, gemm_w: float, burst_s: float) -
     options = []
     for clock in range(spec.min_sm_clock_mhz, burst + 1):
         time_s = model.uncapped_time_s(unit, clock) * time_scale
-        options.append(ClockOption(clock, time_s, time_s * model.uncapped_power_w(unit, clock) * power_scale))
+        power_w = model.uncapped_power_w(unit, clock) * power_scale
+        if exponent is not None and clock > cap:
+            power_w = spec.idle_power_w + (gemm_w - spec.idle_power_w) * (clock / cap) ** exponent
+        options.append(ClockOption(clock, time_s, time_s * power_w))
     profile = Profile(
         {Work(0, 0, "forward"): options, Work(0, 0, "backward"): options},
         spec.name,
@@ -309,7 +326,8 @@ def predict(
     Returns:
         Its time, energy and events, *modelled*.
     """
-    profile, burst = _gemm_profile(spec, gemm.time_s / setup.gemms, gemm.power_w, calibration.burst.gemm_s)
+    gemm_s, burst_s = gemm.time_s / setup.gemms, calibration.burst.gemm_s
+    profile, burst = _gemm_profile(spec, gemm_s, gemm.power_w, burst_s, calibration.power_exponent)
     pairs = setup.gemms // 2
     order = tuple(
         Instruction(0, 0, microbatch, kind) for microbatch in range(pairs) for kind in ("forward", "backward")
@@ -393,6 +411,34 @@ def fit_sm_bandwidth(
     if excess_s(slow) < 0 or excess_s(fast) > 0:
         raise ValueError(f"{overlap.key}: no per-SM bandwidth alone reproduces its time")
     return float(brentq(excess_s, slow, fast, xtol=1e-6))
+
+
+EXPONENT_RANGE = (0.5, 4.0)
+"""Exponents :func:`fit_power_exponent` searches: from power nearly flat in the clock to ``f V^2`` with the
+voltage rising as steeply as the clock (``f^3``) and beyond."""
+
+
+def fit_power_exponent(
+    spec: GpuSpec, setup: CheckSetup, gemm: Window, calibration: Calibration, overlap: Window
+) -> float | None:
+    """The exponent ``k`` of the GEMMs' power above their capped clock that reproduces one window's energy.
+
+    The root (:func:`scipy.optimize.brentq`) of modelled minus measured energy per group over
+    :data:`EXPONENT_RANGE`: the modelled energy rises with ``k`` where the GEMMs run above the cap clock.
+
+    Returns:
+        None when no exponent in the range reproduces it (e.g. GEMMs held at the cap clock, whose energy
+        does not depend on ``k``): the spec's voltage curve is kept.
+    """
+
+    def excess_j(exponent: float) -> float:
+        trial = dataclasses.replace(calibration, power_exponent=exponent)
+        return predict(spec, setup, gemm, trial, overlap.ctas).energy_j - overlap.energy_j
+
+    low, high = EXPONENT_RANGE
+    if excess_j(low) > 0 or excess_j(high) < 0:
+        return None
+    return float(brentq(excess_j, low, high, xtol=1e-6))
 
 
 @dataclass(frozen=True)
@@ -484,8 +530,11 @@ def calibrate(
             "from a run whose copy ended before them"
         )
     calibration = Calibration(law, power, burst_from_timeline(spec, setup, ctas, timeline), beside)
-    alone = fit_sm_bandwidth(spec, setup, means["gemm"], calibration, first)
-    return dataclasses.replace(calibration, sm_alone_gbps=alone)
+    calibration = dataclasses.replace(
+        calibration, sm_alone_gbps=fit_sm_bandwidth(spec, setup, means["gemm"], calibration, first)
+    )
+    exponent = fit_power_exponent(spec, setup, means["gemm"], calibration, first)
+    return dataclasses.replace(calibration, power_exponent=exponent)
 
 
 def compare(
