@@ -29,7 +29,7 @@ def tree_basis(
     """The longest-path-tree basis of the program ``τ_u − τ_v + Σ_k δ_uk ≤ −length_uv`` (see the module).
 
     Args:
-        edges: ``(u, v)`` per row, node indices topological (the source is node 0's ancestor or itself).
+        edges: ``(u, v)`` per row; node indices are topological.
         lengths_s: Fixed time per row (the tail's fastest duration and any bypassed transfers).
         node_cost: Cost of every node's ``τ`` (the program's first columns).
         segment_node: Node of every segment column (the columns after the ``τ``), grouped by node.
