@@ -18,7 +18,8 @@ Its optimum is a lower bound on the energy of every plan that meets the deadline
 feasible point whose energy lies on or above the hulls. A transfer (a fixed node between one predecessor
 and one successor) only relays its edges, so it is bypassed: one row ``τ_v ≥ τ_u + d_u + d_transfer``
 instead of two, the same optimum. The program is built once; between deadlines only the bound on ``T``
-changes, and HiGHS' dual simplex restarts from the previous basis.
+changes, and HiGHS' dual simplex restarts from the previous basis; the first solve starts from a longest-path
+tree (:mod:`megatron_energy.perseus.starting_basis`), which has every event time basic already.
 
 **Rounding.** A pass in topological order gives every instruction the option of least marginal cost
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
@@ -68,6 +69,7 @@ from megatron_energy.perseus.frontier_points import (
 from megatron_energy.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
 from megatron_energy.perseus.longest_path import latest_starts, neighbour_pairs
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
+from megatron_energy.perseus.starting_basis import tree_basis
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
@@ -240,6 +242,9 @@ class FrontierSolver:
         cost = np.concatenate([node_cost, np.array(segment_cost, dtype=np.float64)])
         rhs = -(self._base_s[sources] + carried_s)
         self._program = HotStartProgram(cost, matrix, rhs, np.zeros(num_columns), upper)
+        self._program.set_basis(
+            *tree_basis(edges, -rhs, node_cost, self._segment_node, cost[num_nodes:], upper[num_nodes:])
+        )
         reaches_sink = np.zeros(num_columns, dtype=bool)
         reaches_sink[self._sink] = True
         for v in range(num_nodes - 1, -1, -1):
