@@ -81,6 +81,19 @@ NCCL_HBM_BYTES_PER_BYTE = 3.0
 again to reduce or forward (assumed)."""
 
 
+def saturated_rate_gbps(link_gbps: float, ctas_gbps: float, knee: float | None) -> float:
+    """The saturation law of the module docstring: ``min(B, c x beta)``, or its generalised mean with a knee.
+
+    Args:
+        link_gbps: The saturated bandwidth ``B``.
+        ctas_gbps: What the CTAs drive without a limit, ``c x beta``.
+        knee: Sharpness ``p`` of the knee (``None``: the hard minimum).
+    """
+    if knee is None:
+        return min(link_gbps, ctas_gbps)
+    return float((link_gbps**-knee + ctas_gbps**-knee) ** (-1.0 / knee))
+
+
 @dataclass(frozen=True)
 class CommLoad:
     """A bandwidth-bound kernel with a CTA budget on one link (a collective, or a local copy).
@@ -147,11 +160,7 @@ class CommLoad:
         ``min(B, c x beta)`` (or its smooth form with :attr:`knee`); a packed load also at most
         :attr:`held_sms` x its per-SM bandwidth there.
         """
-        link, ctas = self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps
-        if self.knee is None:
-            rate = min(link, ctas)
-        else:
-            rate = (link**-self.knee + ctas**-self.knee) ** (-1.0 / self.knee)
+        rate = saturated_rate_gbps(self.link_bandwidth_gbps, self.ctas * self.cta_bandwidth_gbps, self.knee)
         per_sm = self.sm_bandwidth_gbps
         if beside and self.sm_beside_gbps is not None:
             per_sm = self.sm_beside_gbps

@@ -63,7 +63,7 @@ from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile
-from megatron_energy.sim.contention import CommLoad
+from megatron_energy.sim.contention import CommLoad, saturated_rate_gbps
 from megatron_energy.sim.overlap import CommLaunch, OverlapResult, OverlapSchedule, OverlapSimulator
 
 UNCAPPED_W = 1e6
@@ -147,9 +147,7 @@ class CopyLaw:
 
     def rate_gbps(self, ctas: int) -> float:
         """Bandwidth of ``ctas`` CTAs spread one to an SM."""
-        return float(
-            (self.link_gbps**-self.knee + (ctas * self.per_cta_gbps) ** -self.knee) ** (-1 / self.knee)
-        )
+        return saturated_rate_gbps(self.link_gbps, ctas * self.per_cta_gbps, self.knee)
 
 
 @dataclass(frozen=True)
@@ -209,7 +207,7 @@ def fit_copy_law(copy_bytes: float, windows: Sequence[Window]) -> CopyLaw:
 
     def residuals(x: np.ndarray) -> np.ndarray:
         link, per_cta, knee = np.exp(x)
-        return -np.log(link**-knee + (ctas * per_cta) ** -knee) / knee - measured
+        return np.log([saturated_rate_gbps(link, c * per_cta, knee) for c in ctas]) - measured
 
     start = np.log([np.exp(measured.max()), np.exp(measured[0]) / ctas[0], 2.0])
     link, per_cta, knee = np.exp(least_squares(residuals, start).x)
