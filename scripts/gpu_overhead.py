@@ -39,6 +39,7 @@ pair iterations seconds apart:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -49,8 +50,10 @@ from pathlib import Path
 
 from gpt_job import gpt_args
 
+import megatron_energy
 from megatron_energy.megatron.training_log import parse_iteration_lines
 from megatron_energy.runtime.energy_log import logged_phases
+from megatron_energy.runtime.overhead_check import OVERHEAD_PAIRS_FILE, OverheadResult, pooled
 from megatron_energy.stats import paired_relative_change
 
 
@@ -179,10 +182,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of pairs of runs, one plugin run with --energy-overhead-check N: blocks of N iterations"
         " with the session suspended and active in one process (--iters must cover profiling and the pairs)",
     )
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="JSON",
+        help="with --in-process: earlier runs' --json files of the same job and code; also print the check"
+        " over all their pairs and this run's",
+    )
     parser.add_argument("energy_args", nargs="*", help="extra --energy-* flags for the plugin runs")
     args = parser.parse_args(argv)
     if args.pairs < 4 and not args.in_process:
         parser.error("--pairs must be at least 4: fewer cannot resolve a 0.5 % overhead")
+    if args.pool and not args.in_process:
+        parser.error("--pool pools in-process runs: give --in-process too")
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must exceed --warmup ({args.warmup}): nothing would be kept")
     if min(args.microbatches, args.micro_batch_size, args.gpus) < 1:
@@ -218,13 +232,54 @@ def in_process(args: argparse.Namespace) -> int:
         *args.energy_args,
         *("--energy-overhead-check", str(args.in_process), "--energy-safety-steps", never_trips),
     ]
+    pairs_file = args.out / "energy" / OVERHEAD_PAIRS_FILE.format(rank=0)
+    pairs_file.unlink(missing_ok=True)  # a previous run's, on a machine that keeps build outputs
     run = run_once(True, args, args.out, "in-process")
     log = (args.out / "log-in-process.txt").read_text()
     lines = [line for line in log.splitlines() if "overhead check" in line or "plugin host time" in line]
     shown = {k: v for k, v in run.items() if k not in ("energy_lines", "iterations")}
     print(json.dumps(shown), flush=True)
     print("\n".join(lines) if lines else "no overhead-check line in the log: see " + str(args.out))
-    return 0 if lines else 1
+    if not pairs_file.exists():
+        return 1
+    record = {"code": code_digest(), "job": job_shape(args), "pairs": json.loads(pairs_file.read_text())}
+    if args.json is not None:
+        args.json.write_text(json.dumps({**record, "run": shown}, indent=1))
+    if args.pool:
+        return print_pooled([record, *(json.loads(path.read_text()) for path in args.pool)], args.pool)
+    return 0
+
+
+def code_digest() -> str:
+    """A digest of the package's sources: runs pool only when they ran the same plugin."""
+    digest = hashlib.sha256()
+    package = Path(megatron_energy.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def job_shape(args: argparse.Namespace) -> dict:
+    """What makes two in-process runs the same measurement (besides the code)."""
+    return {
+        "microbatches": args.microbatches,
+        "micro_batch_size": args.micro_batch_size,
+        "gpus": args.gpus,
+        "block": args.in_process,
+        "energy_args": args.energy_args,
+    }
+
+
+def print_pooled(records: list[dict], earlier: list[Path]) -> int:
+    """Print the check over this run's pairs and the ``--pool`` runs'; refuse runs of another job or code."""
+    for record, path in zip(records[1:], earlier, strict=True):
+        for key in ("code", "job"):
+            if record.get(key) != records[0][key]:
+                print(f"cannot pool {path}: its {key} differs ({record.get(key)} vs {records[0][key]})")
+                return 1
+    result = pooled([OverheadResult.from_json(record["pairs"]) for record in records])
+    print(f"pooled over {len(records)} runs: {result.describe(clocks_set=False)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

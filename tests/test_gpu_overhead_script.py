@@ -111,12 +111,57 @@ def test_pairs_alternate_and_json_holds_every_iteration(tmp_path, monkeypatch, c
     assert "plugin on vs off, iteration time (measured, 4 pairs): +1.0" in capsys.readouterr().out
 
 
+class FakeCheckRun:
+    """Stands in for subprocess.run of an in-process check: writes its pairs where the session does."""
+
+    def __init__(self, active_s: float) -> None:
+        self.active_s = active_s
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command, **_kwargs):
+        self.commands.append(command)
+        energy_dir = Path(command[command.index("--energy-dir") + 1])
+        energy_dir.mkdir(parents=True, exist_ok=True)
+        pairs = [[1.0 + 0.001 * (i % 5), self.active_s + 0.001 * ((i + 2) % 5)] for i in range(10)]
+        (energy_dir / "overhead-check-rank0.json").write_text(
+            json.dumps({"block_steps": 2, "time_pairs_s": pairs, "energy_pairs_j": None})
+        )
+        line = "[energy] rank 0: overhead check, the plugin's own overhead (clocks not set): 10 pairs"
+        return subprocess.CompletedProcess(
+            command,
+            0,
+            stdout="\n".join([*(megatron_line(i, 9, 1.0, None) for i in range(1, 10)), line]),
+            stderr="",
+        )
+
+
+def test_in_process_runs_hold_the_safety_net_off_and_pool_only_runs_of_one_job(tmp_path, monkeypatch, capsys):
+    script = load_script()
+    fake = FakeCheckRun(active_s=1.004)
+    monkeypatch.setattr(script.subprocess, "run", fake)
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    argv = ["--in-process", "2", "--iters", "40", "--out", str(tmp_path / "o")]
+    assert script.main([*argv, "--json", str(first)]) == 0
+    command = fake.commands[-1]
+    assert command[command.index("--energy-safety-steps") + 1] == "41"  # more than the run has: never trips
+    assert command[command.index("--energy-overhead-check") + 1] == "2"
+    assert len(json.loads(first.read_text())["pairs"]["time_pairs_s"]) == 10
+    capsys.readouterr()
+    assert script.main([*argv, "--json", str(second), "--pool", str(first)]) == 0
+    pooled_line = capsys.readouterr().out.splitlines()[-1]
+    assert pooled_line.startswith("pooled over 2 runs: ") and "20 pairs of 2-iteration blocks" in pooled_line
+    assert "mean +0.40 % (95 % CI +0.28 to +0.52 %)" in pooled_line
+    assert script.main([*argv, "--microbatches", "8", "--pool", str(first)]) == 1
+    assert f"cannot pool {first}: its job differs" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--pairs", "2"], "at least 4"),
         (["--iters", "5", "--warmup", "5"], "must exceed --warmup"),
         (["--microbatches", "0"], "at least 1"),
+        (["--pool", "a.json"], "give --in-process too"),
     ],
 )
 def test_bad_flags_are_refused(argv, message, capsys):

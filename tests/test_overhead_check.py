@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from megatron_energy.config import EnergyConfig, add_energy_args
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.megatron.session_factory import DeferredSession
-from megatron_energy.runtime.overhead_check import OverheadCheck
+from megatron_energy.runtime.overhead_check import OverheadCheck, OverheadResult, pooled
 
 PLANNED_AT = 3
 """The first step the fake session runs its plan."""
@@ -117,8 +119,8 @@ def test_the_flag_takes_zero_or_a_block_of_two_or_more(value: str) -> None:
     assert EnergyConfig.from_args(args).overhead_check == 6
 
 
-def test_the_launcher_listener_keeps_suspended_steps_from_the_session() -> None:
-    listener = DeferredSession(EnergyConfig(optimise=True, overhead_check=2))
+def test_the_launcher_listener_keeps_suspended_steps_from_the_session(tmp_path: Path) -> None:
+    listener = DeferredSession(EnergyConfig(optimise=True, overhead_check=2, dir=tmp_path))
     session = RecordingSession()
     listener.session = session
     listener.overhead_check = OverheadCheck(2, measured_energy=False)
@@ -131,6 +133,9 @@ def test_the_launcher_listener_keeps_suspended_steps_from_the_session() -> None:
     assert session.begun == [0, 1, 4, 5, 6, 7]
     assert session.instructions == len(session.begun)
     assert session.closed and "overhead check" in session.lines[-1]
+    kept = tmp_path / "overhead-check-rank0.json"
+    assert f"pairs in {kept}" in session.lines[-1]
+    assert OverheadResult.from_json(json.loads(kept.read_text())) == listener.overhead_check.result()
 
 
 @dataclass
@@ -196,3 +201,36 @@ def test_a_few_disturbed_pairs_widen_the_mean_but_the_median_still_resolves_a_sm
     assert not mean.excludes_zero  # four pairs off by 20 % set the mean's interval
     line = result.describe(clocks_set=False)
     assert "iteration time median of pairs +0.2" in line and ", mean +" in line and "within noise" in line
+
+
+def test_pooled_runs_resolve_what_each_alone_cannot_and_only_runs_of_one_block_size_pool() -> None:
+    runs = []
+    for seed in range(3):
+        session = FakeSession(active_s=1.003, noise=0.004, rng=np.random.default_rng(seed))
+        check = OverheadCheck(2, measured_energy=True, clock=lambda session=session: session.now_s)
+        drive(check, session, PLANNED_AT + 1 + 2 + 4 * 12)
+        result = check.result()
+        assert result is not None and result.pairs == 12
+        runs.append(OverheadResult.from_json(json.loads(json.dumps(result.to_json()))))
+    assert all(not run.time.excludes_zero for run in runs)  # 12 pairs at 0.4 % noise: 0.3 % not resolved
+    both = pooled(runs)
+    assert both.pairs == 36 and both.time_pairs_s == sum((run.time_pairs_s for run in runs), ())
+    assert both.time.excludes_zero and both.time.low < 0.003 < both.time.high
+    assert both.energy is not None and both.energy.change == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="different blocks"):
+        pooled([runs[0], OverheadResult(4, runs[1].time_pairs_s, None)])
+    assert pooled([runs[0], OverheadResult(2, runs[1].time_pairs_s, None)]).energy is None
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {},
+        {"block_steps": 2, "time_pairs_s": [[1.0]], "energy_pairs_j": None},
+        {"block_steps": 2, "time_pairs_s": [[1.0, -1.0]], "energy_pairs_j": None},
+        {"block_steps": 2, "time_pairs_s": [[1.0, 1.0]], "energy_pairs_j": []},
+    ],
+)
+def test_a_malformed_pairs_file_is_refused_with_what_is_wrong(document: dict) -> None:
+    with pytest.raises(ValueError, match=r"overhead-check result|pair|energy pairs"):
+        OverheadResult.from_json(document)

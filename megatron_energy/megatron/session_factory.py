@@ -10,6 +10,7 @@ do, and training goes on at stock clocks.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.comms import TorchComms, control_plane_comms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.overhead_check import OverheadCheck
+from megatron_energy.runtime.overhead_check import OVERHEAD_PAIRS_FILE, OverheadCheck, OverheadResult
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -236,8 +237,19 @@ class DeferredSession:
                     "smaller --energy-overhead-check"
                     if result is None
                     else result.describe(clocks_set=self.session.can_set_clocks)
+                    + self._keep_pairs(result, rank)
                 )
             )
+
+    def _keep_pairs(self, result: OverheadResult, rank: int) -> str:
+        """Write the pairs to ``--energy-dir`` (runs can be pooled from them); say where, or why not."""
+        path = self.config.dir / OVERHEAD_PAIRS_FILE.format(rank=rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result.to_json()))
+        except OSError as problem:
+            return f"; its pairs could not be written to {path}: {problem}"
+        return f"; pairs in {path}"
 
 
 def create_session(config: EnergyConfig) -> DeferredSession:

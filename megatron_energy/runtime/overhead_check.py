@@ -30,21 +30,27 @@ both sides of most pairs. In a dry run (or
 wherever clocks are not set) the clocks are the same in both blocks, so the change is the plugin's own
 overhead; with clocks applied it is the plan's effect, overhead included. On simulated GPUs only the session
 drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
+
+The session's listener writes each rank's pairs to ``--energy-dir`` (:data:`OVERHEAD_PAIRS_FILE`) when the run
+ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
+``scripts/gpu_overhead.py --pool``), since a pair is compared only with itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.stats import RelativeChange, paired_median_change, paired_relative_change
 
 WINDOW = "overhead-check"
 """The name of the check's energy window on the session's meter (apart from the session's own laps)."""
+OVERHEAD_PAIRS_FILE = "overhead-check-rank{rank}.json"
+"""Where in ``--energy-dir`` each rank writes its check's pairs (:meth:`OverheadResult.to_json`)."""
 
 
 class Suspendable(Protocol):
@@ -77,22 +83,76 @@ class _Block:
         return [window.energy_j for window in windows if window is not None]
 
 
+Pair = tuple[float, float]
+"""One pair of blocks' figures: ``(suspended, active)``, each the mean over its block's kept iterations."""
+
+
 @dataclass(frozen=True)
 class OverheadResult:
-    """The check's figures (*measured*)."""
+    """The check's pairs and the changes they give (all *measured*).
 
-    pairs: int
-    """Complete (suspended, active) block pairs."""
+    The pairs are kept, not only their statistics, so that runs of the same job and code can be pooled
+    (:func:`pooled`): on a shared GPU one run's interval may be too wide to resolve a small overhead.
+    """
+
     block_steps: int
     """Iterations per block (the first of each left out)."""
-    time: RelativeChange
-    """Mean change of the iteration time, active over suspended."""
-    energy: RelativeChange | None
-    """Mean change of the energy per iteration; ``None`` where the counter is not measured."""
-    time_median: RelativeChange
-    """Median change of the iteration time over the pairs."""
-    energy_median: RelativeChange | None
-    """Median change of the energy per iteration; ``None`` where the counter is not measured."""
+    time_pairs_s: tuple[Pair, ...]
+    """Mean iteration time of each pair's suspended and active block."""
+    energy_pairs_j: tuple[Pair, ...] | None
+    """Mean energy per iteration of each pair's blocks; ``None`` where the counter is not measured."""
+
+    @property
+    def pairs(self) -> int:
+        """Complete (suspended, active) block pairs."""
+        return len(self.time_pairs_s)
+
+    @property
+    def time(self) -> RelativeChange:
+        """Mean change of the iteration time, active over suspended."""
+        return paired_relative_change(*_sides(self.time_pairs_s))
+
+    @property
+    def time_median(self) -> RelativeChange:
+        """Median change of the iteration time over the pairs."""
+        return paired_median_change(*_sides(self.time_pairs_s))
+
+    @property
+    def energy(self) -> RelativeChange | None:
+        """Mean change of the energy per iteration; ``None`` where the counter is not measured."""
+        return None if self.energy_pairs_j is None else paired_relative_change(*_sides(self.energy_pairs_j))
+
+    @property
+    def energy_median(self) -> RelativeChange | None:
+        """Median change of the energy per iteration; ``None`` where the counter is not measured."""
+        return None if self.energy_pairs_j is None else paired_median_change(*_sides(self.energy_pairs_j))
+
+    def to_json(self) -> dict[str, Any]:
+        """The pairs as a JSON object (:meth:`from_json` reads it back)."""
+        energy = None if self.energy_pairs_j is None else [list(pair) for pair in self.energy_pairs_j]
+        return {
+            "block_steps": self.block_steps,
+            "time_pairs_s": [list(pair) for pair in self.time_pairs_s],
+            "energy_pairs_j": energy,
+        }
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> OverheadResult:
+        """Read :meth:`to_json`'s object back.
+
+        Raises:
+            ValueError: If a field is missing or malformed (what is wrong is named).
+        """
+        try:
+            block_steps = int(document["block_steps"])
+            times = tuple(_pair(pair) for pair in document["time_pairs_s"])
+            energies = document["energy_pairs_j"]
+            energy = None if energies is None else tuple(_pair(pair) for pair in energies)
+        except (KeyError, TypeError, ValueError) as problem:
+            raise ValueError(f"not an overhead-check result: {problem!r}") from problem
+        if energy is not None and len(energy) != len(times):
+            raise ValueError(f"{len(energy)} energy pairs for {len(times)} time pairs")
+        return cls(block_steps, times, energy)
 
     def describe(self, clocks_set: bool) -> str:
         """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks)."""
@@ -105,6 +165,42 @@ class OverheadResult:
             f"active vs suspended in one process: iteration time {_changes(self.time_median, self.time)}"
             f"{energy} (measured: wall clock{'' if self.energy is None else ', energy counter'})"
         )
+
+
+def pooled(results: Sequence[OverheadResult]) -> OverheadResult:
+    """The pairs of several runs of one job as one result (energy only where every run measured it).
+
+    Raises:
+        ValueError: If there is no result or their block sizes differ (their pairs would not compare alike).
+    """
+    if not results:
+        raise ValueError("nothing to pool")
+    sizes = {result.block_steps for result in results}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"the runs used different blocks ({sorted(sizes)} iterations): pool runs of one size"
+        )
+    energies = [result.energy_pairs_j for result in results]
+    return OverheadResult(
+        results[0].block_steps,
+        tuple(pair for result in results for pair in result.time_pairs_s),
+        None
+        if any(pairs is None for pairs in energies)
+        else tuple(p for pairs in energies for p in pairs or ()),
+    )
+
+
+def _sides(pairs: Sequence[Pair]) -> tuple[list[float], list[float]]:
+    """The suspended and the active figures of ``pairs``, in pair order."""
+    return [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+
+
+def _pair(values: Sequence[float]) -> Pair:
+    """A (suspended, active) pair of positive numbers."""
+    suspended, active = (float(value) for value in values)
+    if not (suspended > 0 and active > 0):
+        raise ValueError(f"pair {list(values)} is not two positive figures")
+    return suspended, active
 
 
 def _changes(median: RelativeChange, mean: RelativeChange) -> str:
@@ -199,20 +295,12 @@ class OverheadCheck:
         def mean(values: list[float]) -> float:
             return sum(values) / len(values)
 
-        def sides(pick: Callable[[_Block], list[float]]) -> tuple[list[float], list[float]]:
-            off = [mean(pick(b)) for pair in pairs for b in pair if b.suspended]
-            on = [mean(pick(b)) for pair in pairs for b in pair if not b.suspended]
-            return off, on
+        ordered = [(first, second) if first.suspended else (second, first) for first, second in pairs]
 
-        times = sides(lambda b: b.times_s)
+        def figures(pick: Callable[[_Block], list[float]]) -> tuple[Pair, ...]:
+            return tuple((mean(pick(off)), mean(pick(on))) for off, on in ordered)
+
         energies = None
         if self.measured_energy and all(len(b.energies_j()) == len(b.times_s) for p in pairs for b in p):
-            energies = sides(_Block.energies_j)
-        return OverheadResult(
-            len(pairs),
-            self.block_steps,
-            paired_relative_change(*times),
-            None if energies is None else paired_relative_change(*energies),
-            paired_median_change(*times),
-            None if energies is None else paired_median_change(*energies),
-        )
+            energies = figures(_Block.energies_j)
+        return OverheadResult(self.block_steps, figures(lambda b: b.times_s), energies)
