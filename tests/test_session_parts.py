@@ -741,6 +741,23 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
     assert session.phase == "stock (safety net)"
 
 
+def test_a_trip_without_clock_control_says_the_slowdown_came_from_outside_the_plan(tmp_path):
+    session, timer, _, _, lines = _session(tmp_path, data_parallel_size=1, can_set_clocks=False)
+    step = 0
+    while session.phase == "profiling":  # the stock clock only: the others are modelled
+        _step(session, step)
+        step += 1
+    assert session.phase == "planned"
+    timer.slowdown = 1.5
+    for _ in range(SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    assert session.phase == "stock (safety net)"
+    (tripped,) = [line for line in lines if "consecutive steps" in line]
+    assert "no clock had been set, so the slowdown came from outside the plan" in tripped
+    assert "clocks reverted" not in tripped
+
+
 def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it_at_close(tmp_path):
     session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)

@@ -693,8 +693,14 @@ class EnergySession:
                 else f"iteration time {1e3 * figures.iteration_s:.1f} ms exceeded the allowed "
                 f"{1e3 * allowed_s:.1f} ms"
             )
+            outcome = (
+                "clocks reverted to stock for the rest of the run"
+                if self.can_set_clocks
+                else "the plan is left for the rest of the run (no clock had been set, so the slowdown came "
+                "from outside the plan)"
+            )
             self.printer(
                 f"[energy] rank {self.context.global_rank}: {broken} by more "
                 f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
-                "steps; clocks reverted to stock for the rest of the run"
+                f"steps; {outcome}"
             )
