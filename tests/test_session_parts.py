@@ -246,6 +246,50 @@ def test_steps_within_the_stock_steps_own_noise_do_not_trip_the_net():
     assert [quiet.observe(1.1, 1.0) for _ in range(3)] == [False, False, True]
 
 
+def _tripped_on_time(patience: int = 2, rearms: int = 2) -> SafetyNet:
+    net = SafetyNet(tolerance=0.05, patience=patience, rearms=rearms)
+    assert [net.observe(1.5, 1.0) for _ in range(patience)][-1] is True
+    return net
+
+
+def test_the_net_re_arms_when_stock_steps_were_as_slow_and_then_recovered():
+    net = _tripped_on_time()
+    assert [net.observe_stock(1.5, 1.0) for _ in range(2)] == [False, False]  # as slow at stock: not the plan
+    assert net.excused and net.tripped
+    assert [net.observe_stock(1.6, 1.0), net.observe_stock(1.0, 1.0), net.observe_stock(1.5, 1.0)] == [
+        False
+    ] * 3
+    assert [net.observe_stock(1.0, 1.0), net.observe_stock(1.02, 1.0)] == [False, True]  # 2 normal in a row
+    assert not net.tripped and not net.excused and net.rearms == 1 and net.violations == 0
+    assert net.observe_stock(1.0, 1.0) is False  # armed again: nothing to re-arm
+    assert [net.observe(1.5, 1.0) for _ in range(2)] == [False, True]  # and it trips as before
+
+
+def test_the_net_stays_reverted_when_stock_steps_run_at_their_pace_first():
+    net = _tripped_on_time()
+    assert [net.observe_stock(1.0, 1.0) for _ in range(2)] == [False, False]  # the plan was slow
+    assert net.rearms == 0
+    assert not any(net.observe_stock(t, 1.0) for t in (1.5, 1.5, 1.5, 1.0, 1.0, 1.0))
+    assert net.tripped
+
+
+def test_the_net_re_arms_at_most_its_re_arms_and_never_after_a_power_trip():
+    net = _tripped_on_time(rearms=1)
+    assert not any(net.observe_stock(t, 1.0) for t in (1.5, 1.5, 1.0))
+    assert net.observe_stock(1.0, 1.0) is True and net.rearms == 0
+    assert [net.observe(1.5, 1.0) for _ in range(2)] == [False, True]
+    assert not any(net.observe_stock(t, 1.0) for t in (1.5, 1.5, 1.0, 1.0, 1.0))
+    power = SafetyNet(tolerance=0.05, patience=1)
+    assert power.observe(1.0, 1.0, power_w=500.0, allowed_w=400.0) and power.last_cause == "power"
+    assert not any(power.observe_stock(t, 1.0) for t in (1.5, 1.5, 1.0, 1.0))
+
+
+def test_stock_steps_within_their_own_noise_count_as_normal_after_a_trip():
+    net = _tripped_on_time()
+    assert [net.observe_stock(1.1, 1.0, noise_s=0.08) for _ in range(2)] == [False, False]  # 2 sigma: noise
+    assert net.rearms == 0 and not net.excused
+
+
 # ------------------------------------------------------------------------------------------- plan runner
 
 F = Instruction(1, 0, 0, "forward")
@@ -756,6 +800,44 @@ def test_a_trip_without_clock_control_says_the_slowdown_came_from_outside_the_pl
     (tripped,) = [line for line in lines if "consecutive steps" in line]
     assert "no clock had been set, so the slowdown came from outside the plan" in tripped
     assert "clocks reverted" not in tripped
+
+
+def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_steps_recover(tmp_path):
+    session, timer, _, controller, lines = _session(tmp_path, data_parallel_size=1)
+    step = _profile_and_plan(session)
+    timer.slowdown = 1.5  # every clock alike: a slowdown from outside the job
+    phases = []
+    for _ in range(SAFETY_STEPS + 1 + SAFETY_STEPS):  # the trip, then stock steps just as slow
+        _step(session, step)
+        phases.append(session.phase)
+        step += 1
+    assert phases[SAFETY_STEPS - 1 :] == ["stock (safety net)"] * (SAFETY_STEPS + 2)
+    (tripped,) = [line for line in lines if "consecutive steps" in line]
+    assert "clocks reverted to stock, until stock steps show the slowdown is not the plan's" in tripped
+    timer.slowdown = 1.0
+    for _ in range(SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    assert session.phase == "planned" and session.runner is not None
+    assert sum("the plan runs again (1 more re-arm(s) left)" in line for line in lines) == 1
+    requests = len(controller.requests)
+    _step(session, step)
+    assert len(controller.requests) > requests  # the plan's clocks are requested again
+
+
+def test_a_plan_that_was_slow_itself_stays_reverted(tmp_path):
+    session, timer, _, _, lines = _session(tmp_path, data_parallel_size=1)
+    step = _profile_and_plan(session)
+    timer.slowdown = 1.5
+    for _ in range(SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    timer.slowdown = 1.0  # stock clocks run at their pace at once: the plan was to blame
+    for _ in range(4 * SAFETY_STEPS):
+        _step(session, step)
+        step += 1
+    assert session.phase == "stock (safety net)" and session.runner is None
+    assert not any("runs again" in line for line in lines)
 
 
 def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it_at_close(tmp_path):

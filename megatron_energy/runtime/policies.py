@@ -72,6 +72,12 @@ NOISE_SIGMAS = 2.0
 as slow (about the 98th percentile of one noisy step)."""
 
 
+SAFETY_PHASE = "stock (safety net)"
+"""The session's phase while the safety net holds it at stock clocks."""
+SAFETY_REARMS = 2
+"""Times a run's safety net re-arms after trips that the stock steps showed came from outside the plan."""
+
+
 @dataclass
 class SafetyNet:
     """Reverts to stock clocks when the plan is slower than its target for several consecutive steps.
@@ -84,6 +90,12 @@ class SafetyNet:
     Under a power budget a step that draws more than its allowed power (by more than ``tolerance``) is a
     violation too: a sustained overshoot trips the net like a sustained slowdown (``last_cause`` says which).
 
+    After a trip on time, the stock steps that follow tell whose slowdown it was (:meth:`observe_stock`): when
+    ``patience`` of them in a row are as slow against the stock baseline, the slowdown came from outside the
+    plan (another job on a shared GPU, throttling), and once ``patience`` stock steps in a row are back to
+    normal the net re-arms and the plan may run again, at most ``rearms`` times in a run. When ``patience``
+    normal stock steps come first, the plan was to blame and the revert stays for the rest of the run.
+
     Args:
         tolerance: Relative excess over the target that counts as a violation.
         patience: Consecutive violating steps before reverting.
@@ -91,10 +103,16 @@ class SafetyNet:
 
     tolerance: float
     patience: int
+    rearms: int = SAFETY_REARMS
+    """Re-arms left: times the plan may run again after a trip that stock steps showed was not its own."""
     violations: int = 0
     tripped: bool = False
     last_cause: str | None = None
     """What the last violating step broke: ``"time"`` or ``"power"`` (``None`` before any violation)."""
+    excused: bool = False
+    """After a trip: stock steps were as slow, so the slowdown came from outside the plan."""
+    _stock_slow: int = 0
+    _stock_normal: int = 0
 
     def excuse(self) -> None:
         """Record a slow step the plan is not to blame for (only this replica is slow): it ends a streak."""
@@ -130,3 +148,30 @@ class SafetyNet:
             self.tripped = True
             return True
         return False
+
+    def observe_stock(self, measured_s: float, stock_s: float, noise_s: float = 0.0) -> bool:
+        """Record one stock step after a trip; return ``True`` exactly once, on the step that re-arms the net.
+
+        Args:
+            measured_s: The stock step's iteration time.
+            stock_s: The measured stock baseline's iteration time.
+            noise_s: Standard deviation of a stock step's iteration time (0: unknown).
+        """
+        if not self.tripped or self.last_cause != "time" or self.rearms <= 0:
+            return False
+        slow = measured_s > stock_s * (1.0 + self.tolerance) and measured_s - stock_s > NOISE_SIGMAS * noise_s
+        self._stock_slow = self._stock_slow + 1 if slow else 0
+        self._stock_normal = 0 if slow else self._stock_normal + 1
+        if not self.excused:
+            if self._stock_slow >= self.patience:
+                self.excused = True
+            elif self._stock_normal >= self.patience:
+                self.rearms = 0  # stock clocks run at their pace: the plan was slow
+            return False
+        if self._stock_normal < self.patience:
+            return False
+        self.rearms -= 1
+        self.violations = self._stock_slow = self._stock_normal = 0
+        self.tripped = self.excused = False
+        self.last_cause = None
+        return True

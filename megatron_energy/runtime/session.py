@@ -81,7 +81,7 @@ from megatron_energy.runtime.planning import (
     tail_from_profiling,
     tail_phases_from_profiling,
 )
-from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
+from megatron_energy.runtime.policies import SAFETY_PHASE, SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
 from megatron_energy.runtime.profiling import (
     ProfileCollector,
@@ -333,7 +333,7 @@ class EnergySession:
             # every run-phase rank joins the straggler all-reduce, the safety-netted ones too: a replica
             # that skipped it would leave the others waiting in the collective
             alone = self._follow_stragglers(figures)
-            self._check_safety(figures, slow_alone=alone)
+            self._check_safety(figures, slow_alone=alone, phase=sealed.phase)
         self.energy_logger.add(
             sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
         )
@@ -671,8 +671,11 @@ class EnergySession:
             return predicted_s
         return stock_s * predicted_s / self.plan.baseline.iteration_time_s
 
-    def _check_safety(self, figures: StepFigures, slow_alone: bool) -> None:
+    def _check_safety(self, figures: StepFigures, slow_alone: bool, phase: str) -> None:
+        """Feed the safety net one run-phase step (``phase``: the one it ran in); revert or re-arm."""
         if self.runner is None:
+            if phase == SAFETY_PHASE:
+                self._rearm_after(figures)
             return
         if slow_alone:
             self.safety.excuse()
@@ -686,7 +689,7 @@ class EnergySession:
             if self.phase_switcher is not None:
                 self.phase_switcher.cancel()  # no phase clock lands after the reset
             self.controller.request(RESET)
-            self.phase = "stock (safety net)"
+            self.phase = SAFETY_PHASE
             broken = (
                 f"power {power_w:.1f} W exceeded the allowed {allowed_w:.1f} W (power budget)"
                 if self.safety.last_cause == "power" and power_w is not None and allowed_w is not None
@@ -694,13 +697,34 @@ class EnergySession:
                 f"{1e3 * allowed_s:.1f} ms"
             )
             outcome = (
-                "clocks reverted to stock for the rest of the run"
+                "clocks reverted to stock"
                 if self.can_set_clocks
-                else "the plan is left for the rest of the run (no clock had been set, so the slowdown came "
-                "from outside the plan)"
+                else "the plan is left (no clock had been set, so the slowdown came from outside the plan)"
+            )
+            until = (
+                ", until stock steps show the slowdown is not the plan's and it has passed"
+                if self.safety.last_cause == "time" and self.safety.rearms > 0
+                else " for the rest of the run"
             )
             self.printer(
                 f"[energy] rank {self.context.global_rank}: {broken} by more "
                 f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
-                f"steps; {outcome}"
+                f"steps; {outcome}{until}"
             )
+
+    def _rearm_after(self, figures: StepFigures) -> None:
+        """A stock step after a trip: the plan runs again once the net re-arms (``observe_stock``)."""
+        stock_s, plan = self.baseline.iteration_s, self.plan
+        if stock_s is None or plan is None:
+            return
+        if not self.safety.observe_stock(figures.iteration_s, stock_s, self.baseline.iteration_noise_s):
+            return
+        rank = self.context.pipeline_rank
+        self.runner = PlanRunner(plan, rank, self.context.orders.stage(rank))
+        self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
+        self.phase = "planned"
+        self.printer(
+            f"[energy] rank {self.context.global_rank}: stock steps were as slow as the plan's, then "
+            f"recovered (the slowdown came from outside the plan); the plan runs again ({self.safety.rearms} "
+            "more re-arm(s) left)"
+        )
