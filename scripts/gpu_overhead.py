@@ -227,6 +227,7 @@ def in_process(args: argparse.Namespace) -> int:
     running the plan (measured on a shared H200: 81 of 89 kept iterations after such a trip), so the active
     blocks would time a session that only watches, not the plugin's cost of running the plan.
     """
+    shape = job_shape(args)  # before the flags below: runs of any length pool
     never_trips = str(args.iters + 1)
     args.energy_args = [
         *args.energy_args,
@@ -242,7 +243,7 @@ def in_process(args: argparse.Namespace) -> int:
     print("\n".join(lines) if lines else "no overhead-check line in the log: see " + str(args.out))
     if not pairs_file.exists():
         return 1
-    record = {"code": code_digest(), "job": job_shape(args), "pairs": json.loads(pairs_file.read_text())}
+    record = {"code": code_digest(), "job": shape, "pairs": json.loads(pairs_file.read_text())}
     if args.json is not None:
         args.json.write_text(json.dumps({**record, "run": shown}, indent=1))
     if args.pool:
@@ -277,7 +278,11 @@ def print_pooled(records: list[dict], earlier: list[Path]) -> int:
             if record.get(key) != records[0][key]:
                 print(f"cannot pool {path}: its {key} differs ({record.get(key)} vs {records[0][key]})")
                 return 1
-    result = pooled([OverheadResult.from_json(record["pairs"]) for record in records])
+    try:
+        result = pooled([OverheadResult.from_json(record.get("pairs", {})) for record in records])
+    except ValueError as problem:
+        print(f"cannot pool: {problem}")
+        return 1
     print(f"pooled over {len(records)} runs: {result.describe(clocks_set=False)}")
     return 0
 

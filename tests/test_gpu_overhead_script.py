@@ -147,12 +147,16 @@ def test_in_process_runs_hold_the_safety_net_off_and_pool_only_runs_of_one_job(t
     assert command[command.index("--energy-overhead-check") + 1] == "2"
     assert len(json.loads(first.read_text())["pairs"]["time_pairs_s"]) == 10
     capsys.readouterr()
-    assert script.main([*argv, "--json", str(second), "--pool", str(first)]) == 0
+    longer = ["--in-process", "2", "--iters", "60", "--out", str(tmp_path / "o")]  # another length pools
+    assert script.main([*longer, "--json", str(second), "--pool", str(first)]) == 0
     pooled_line = capsys.readouterr().out.splitlines()[-1]
     assert pooled_line.startswith("pooled over 2 runs: ") and "20 pairs of 2-iteration blocks" in pooled_line
     assert "mean +0.40 % (95 % CI +0.28 to +0.52 %)" in pooled_line
     assert script.main([*argv, "--microbatches", "8", "--pool", str(first)]) == 1
     assert f"cannot pool {first}: its job differs" in capsys.readouterr().out
+    first.write_text(json.dumps({**json.loads(first.read_text()), "pairs": {"block_steps": 2}}))
+    assert script.main([*argv, "--pool", str(first)]) == 1
+    assert "cannot pool: not an overhead-check result" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -111,8 +111,14 @@ class SafetyNet:
     """What the last violating step broke: ``"time"`` or ``"power"`` (``None`` before any violation)."""
     excused: bool = False
     """After a trip: stock steps were as slow, so the slowdown came from outside the plan."""
-    _stock_slow: int = 0
-    _stock_normal: int = 0
+    _stock_slow: int = field(default=0, init=False, repr=False)
+    _stock_normal: int = field(default=0, init=False, repr=False)
+
+    def _slow(self, measured_s: float, target_s: float, noise_s: float) -> bool:
+        """Whether a step exceeds its target by more than the tolerance and the stock steps' own noise."""
+        return (
+            measured_s > target_s * (1.0 + self.tolerance) and measured_s - target_s > NOISE_SIGMAS * noise_s
+        )
 
     def excuse(self) -> None:
         """Record a slow step the plan is not to blame for (only this replica is slow): it ends a streak."""
@@ -137,9 +143,7 @@ class SafetyNet:
         """
         if self.tripped:
             return False
-        slow = (
-            measured_s > target_s * (1.0 + self.tolerance) and measured_s - target_s > NOISE_SIGMAS * noise_s
-        )
+        slow = self._slow(measured_s, target_s, noise_s)
         over = power_w is not None and allowed_w is not None and power_w > allowed_w * (1.0 + self.tolerance)
         if slow or over:
             self.last_cause = "time" if slow else "power"
@@ -159,7 +163,7 @@ class SafetyNet:
         """
         if not self.tripped or self.last_cause != "time" or self.rearms <= 0:
             return False
-        slow = measured_s > stock_s * (1.0 + self.tolerance) and measured_s - stock_s > NOISE_SIGMAS * noise_s
+        slow = self._slow(measured_s, stock_s, noise_s)
         self._stock_slow = self._stock_slow + 1 if slow else 0
         self._stock_normal = 0 if slow else self._stock_normal + 1
         if not self.excused:
