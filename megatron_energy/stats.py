@@ -31,9 +31,8 @@ least two counter periods) is unchanged; the drift term is computed on those sam
 * :func:`paired_relative_change`: the same for paired samples (run ``i`` without and with a plugin, side by
   side): the per-pair ratios ``t_i / b_i - 1`` and a Student-t interval of their mean, so run-to-run drift
   that hits both members of a pair cancels.
-* :func:`paired_shift_change`: the Hodges-Lehmann shift of the pairs' log ratios with its signed-rank
-  interval, for pairs of which a few are hit by disturbances from outside (another tenant of a shared
-  machine): robust like a median, nearly as narrow as the mean's interval on well-behaved noise.
+* :func:`paired_median_change`: the median of those ratios with its distribution-free (sign-test) interval,
+  for pairs of which a few are hit by disturbances from outside (another tenant of a shared machine).
 * :func:`baseline_steps`: how many stock iterations resolve a given effect, from the energy counter's period,
   the iteration time and the observed spread of per-iteration figures.
 * :func:`iterations_per_sample` and :func:`block_means`: per-iteration figures read from an energy counter
@@ -57,9 +56,6 @@ Source = Literal["measured", "modelled"]
 
 RESOLVABLE_PERIODS = 2.0
 """A window of iterations must span at least this many energy-counter periods (cf. ``dvfs.meter``)."""
-
-EXACT_SIGNED_RANK_PAIRS = 200
-"""Up to this many pairs the signed-rank interval's order comes from the exact distribution (else normal)."""
 
 ROUNDING = 1e-9
 """A relative change smaller than this is floating-point rounding (identical simulated figures), never a
@@ -336,24 +332,20 @@ def paired_relative_change(
     return RelativeChange(interval.mean, interval.halfwidth, n, n, confidence, source, method)
 
 
-def paired_shift_change(
+def paired_median_change(
     baseline_samples: Sequence[float],
     treatment_samples: Sequence[float],
     confidence: float = 0.95,
     source: Source = "measured",
 ) -> RelativeChange:
-    """Relative change from paired samples: Hodges-Lehmann shift of ``log(t_i / b_i)``, signed-rank interval.
+    """Relative change from paired samples: the median of ``t_i / b_i - 1`` with its sign-test interval.
 
-    Where the two members of a pair are exchangeable but for the treatment (measured side by side, in an
-    order that alternates), ``log(t_i / b_i)`` is symmetric about the treatment's log-ratio, whatever the
-    noise. Then the median of the Walsh averages ``(l_i + l_j) / 2`` (``i <= j``) estimates that centre, and
-    the interval between the ``k``-th smallest and the ``k``-th largest Walsh average holds it with at least
-    ``confidence`` (``k`` from the exact null distribution of Wilcoxon's signed-rank statistic). Like a
-    median, it is moved little by a few pairs hit by an outside disturbance (it tolerates about 29 % of
-    pairs off); unlike the median's sign-test interval, it uses the pairs' ranks, so on normal-like noise it
-    is about as narrow as the mean's Student-t interval (asymptotic efficiency 0.95 against the sign test's
-    0.64). Centre and bounds are taken back from logs (``exp(x) - 1``); the interval is widened to be
-    symmetric about the centre (``RelativeChange`` is): never narrower than the exact one.
+    The interval runs between the ``k``-th smallest and the ``k``-th largest ratio, with ``k`` the largest
+    order for which a binomial(n, 1/2) count below ``k`` has probability at most ``(1 - confidence) / 2``: it
+    holds the median of the ratios' distribution with at least ``confidence``, whatever that distribution
+    (distribution-free; no symmetry assumed). A few pairs hit by an outside disturbance move it by at most a
+    few order statistics, where they would set a mean's interval. The interval is widened to be symmetric
+    about the median (``RelativeChange`` is): never narrower than the exact one.
 
     Args:
         baseline_samples: One figure per pair without the treatment.
@@ -362,49 +354,25 @@ def paired_shift_change(
         source: Where the samples came from.
 
     Returns:
-        The shift as a relative change and its interval (half-width ``inf`` while the pairs are too few for
-        any interval at ``confidence``: fewer than 6 at 95 %).
+        The median per-pair change and its interval (half-width ``inf`` while the pairs are too few for any
+        interval at ``confidence``: fewer than 6 at 95 %).
 
     Raises:
         ValueError: As :func:`paired_relative_change`, or if ``confidence`` is not in (0, 1).
     """
     _check_confidence(confidence)
-    logs = np.log1p(_paired_ratios(baseline_samples, treatment_samples, "paired_shift_change"))
-    n = logs.size
-    upper = np.triu_indices(n)
-    walsh = np.sort((logs[upper[0]] + logs[upper[1]]) / 2.0)
-    centre = math.expm1(float(np.median(walsh)))
-    order = _signed_rank_order(n, (1.0 - confidence) / 2.0)
+    ratios = np.sort(_paired_ratios(baseline_samples, treatment_samples, "paired_median_change"))
+    n = ratios.size
+    median = float(np.median(ratios))
+    tail = (1.0 - confidence) / 2.0
+    order = 0  # the largest k with P(Binomial(n, 1/2) <= k - 1) <= tail
+    while order < n // 2 and special.bdtr(order, n, 0.5) <= tail:
+        order += 1
     halfwidth = math.inf
     if order >= 1:
-        low, high = math.expm1(float(walsh[order - 1])), math.expm1(float(walsh[walsh.size - order]))
-        halfwidth = max(centre - low, high - centre)
-    method = "paired, Hodges-Lehmann shift of per-pair log ratios, signed-rank interval"
-    return RelativeChange(centre, halfwidth, n, n, confidence, source, method)
-
-
-def _signed_rank_order(n: int, tail: float) -> int:
-    """The largest ``k`` with ``P(T <= k - 1) <= tail``, ``T`` the signed-rank statistic of ``n`` pairs.
-
-    ``T`` sums the ranks ``1..n`` that carry a positive sign, each sign a fair coin under the null: its
-    distribution is built exactly, one rank at a time, up to ``EXACT_SIGNED_RANK_PAIRS`` pairs; beyond, the
-    normal approximation with a continuity correction (its error there is far below one order).
-    """
-    total = n * (n + 1) // 2
-    if n > EXACT_SIGNED_RANK_PAIRS:
-        spread = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-        return max(0, math.floor(total / 2.0 - 0.5 + spread * float(special.ndtri(tail))) + 1)
-    probability = np.zeros(total + 1)
-    probability[0] = 1.0
-    for rank in range(1, n + 1):
-        shifted = np.zeros_like(probability)
-        shifted[rank:] = probability[:-rank]
-        probability = (probability + shifted) / 2.0
-    below = np.cumsum(probability)  # below[k - 1] = P(T <= k - 1)
-    order = 0
-    while order < total // 2 and below[order] <= tail:
-        order += 1
-    return order
+        halfwidth = max(median - float(ratios[order - 1]), float(ratios[n - order]) - median)
+    method = "paired, median of per-pair ratios, sign-test interval"
+    return RelativeChange(median, halfwidth, n, n, confidence, source, method)
 
 
 def baseline_steps(

@@ -27,11 +27,11 @@ writes every iteration's figures (kept or not, with the plugin's phase) and the 
     python scripts/gpu_overhead.py --pairs 6 --iters 20 --deadline-s 540 --json overhead.json
 
 ``--in-process N`` runs the plugin once with ``--energy-overhead-check N`` instead (the session suspended
-and active in alternate blocks of N iterations of one process, ``runtime.overhead_check``), which removes
-the run-to-run differences from the comparison, and prints the check's line (the Hodges-Lehmann shift of the
-pairs' changes with its signed-rank interval, then the mean with its Student-t interval), with the safety
-net held off (in a dry run it can trip only on outside noise, and would leave the plan). On a shared
-machine, short blocks pair iterations seconds apart:
+and active in alternate blocks of N iterations of one process, ``runtime.overhead_check``), which removes the
+run-to-run differences from the comparison, and prints the check's line (the median of the pairs' changes
+with its sign-test interval, then the mean with its Student-t interval), with the safety net held off (in a
+dry run it can trip only on outside noise, and would leave the plan). On a shared machine, short blocks
+pair iterations seconds apart:
 
     python scripts/gpu_overhead.py --in-process 2 --microbatches 16 --micro-batch-size 2 --iters 210
 """

@@ -91,11 +91,11 @@ def test_a_known_slowdown_is_recovered_with_an_interval_that_holds_it() -> None:
     assert result is not None and result.pairs == 8
     assert result.time.low < 0.02 < result.time.high
     assert result.time.excludes_zero and result.time.halfwidth < 0.005
-    assert result.time_shift.low < 0.02 < result.time_shift.high and result.time_shift.excludes_zero
-    assert result.energy is None and result.energy_shift is None  # the counter is not read: not measured
+    assert result.time_median.low < 0.02 < result.time_median.high and result.time_median.excludes_zero
+    assert result.energy is None and result.energy_median is None  # the counter is not read: not measured
     line = result.describe(clocks_set=False)
     assert "own overhead" in line and "8 pairs of 5-iteration blocks" in line
-    assert "iteration time shift +" in line
+    assert "iteration time median of pairs +" in line
 
 
 def test_no_change_reads_within_noise_and_too_short_a_run_gives_no_result() -> None:
@@ -184,11 +184,11 @@ def test_the_energy_counter_windows_are_compared_pair_by_pair_when_measured() ->
     result = check.result()
     assert result is not None and result.energy is not None
     assert result.energy.change == pytest.approx(-0.03)
-    assert result.energy_shift is not None and result.energy_shift.change == pytest.approx(-0.03)
-    assert "energy per iteration shift -3.00 %" in result.describe(clocks_set=True)
+    assert result.energy_median is not None and result.energy_median.change == pytest.approx(-0.03)
+    assert "energy per iteration median of pairs -3.00 %" in result.describe(clocks_set=True)
 
 
-def test_a_few_disturbed_pairs_widen_the_mean_but_the_shift_still_resolves_a_small_slowdown() -> None:
+def test_a_few_disturbed_pairs_widen_the_mean_but_the_median_still_resolves_a_small_slowdown() -> None:
     first = PLANNED_AT + 1 + 2  # as in the first test, blocks of 2
     disturbed = frozenset(first + 4 * pair + 1 for pair in (3, 8, 15, 20))  # two pairs each way
     session = FakeSession(active_s=1.003, noise=0.001, disturbed=disturbed)
@@ -196,11 +196,11 @@ def test_a_few_disturbed_pairs_widen_the_mean_but_the_shift_still_resolves_a_sma
     drive(check, session, first + 4 * 30)
     result = check.result()
     assert result is not None and result.pairs == 30
-    shift, mean = result.time_shift, result.time
-    assert shift.low < 0.003 < shift.high and shift.excludes_zero and shift.halfwidth < 0.002
+    median, mean = result.time_median, result.time
+    assert median.low < 0.003 < median.high and median.excludes_zero and median.halfwidth < 0.002
     assert not mean.excludes_zero  # four pairs off by 20 % set the mean's interval
     line = result.describe(clocks_set=False)
-    assert "iteration time shift +0.2" in line and ", mean +" in line and "within noise" in line
+    assert "iteration time median of pairs +0.2" in line and ", mean +" in line and "within noise" in line
 
 
 def test_pooled_runs_resolve_what_each_alone_cannot_and_only_runs_of_one_block_size_pool() -> None:

@@ -8,14 +8,13 @@ from scipy import stats
 from megatron_energy.runtime.log_window import compare_to_stock
 from megatron_energy.stats import (
     RelativeChange,
-    _signed_rank_order,
     baseline_drift,
     baseline_steps,
     block_means,
     iterations_per_sample,
     mean_interval,
+    paired_median_change,
     paired_relative_change,
-    paired_shift_change,
     relative_change,
 )
 
@@ -233,36 +232,14 @@ def test_baseline_drift_is_the_relative_difference_of_the_halves_means():
     assert flat.drift == pytest.approx(0.0)
 
 
-def test_the_paired_shift_is_the_median_of_walsh_averages_between_signed_rank_order_statistics() -> None:
-    logs = np.linspace(-0.01, 0.02, 20)  # 20 pairs: 210 Walsh averages; the 53rd smallest and largest bound
-    change = paired_shift_change(np.ones(20), np.exp(logs))
-    walsh = np.sort([(logs[i] + logs[j]) / 2 for i in range(20) for j in range(i, 20)])
-    assert change.change == pytest.approx(np.expm1(np.median(walsh)))
-    low, high = np.expm1(walsh[52]), np.expm1(walsh[210 - 53])
+def test_the_paired_median_interval_runs_between_the_sign_test_order_statistics() -> None:
+    ratios = np.linspace(-0.01, 0.02, 20)  # sorted already; 20 pairs: the 6th smallest and 6th largest
+    change = paired_median_change(np.ones(20), 1.0 + ratios)
+    assert change.change == pytest.approx(np.median(ratios))
+    low, high = ratios[5], ratios[14]
     assert change.halfwidth == pytest.approx(max(change.change - low, high - change.change))
-    # the tables' two-sided 5 % critical value of the signed-rank statistic for 20 pairs is 52 (6 pairs: 0)
-    assert _signed_rank_order(20, 0.025) == 53 and _signed_rank_order(6, 0.025) == 1
-    # one pair far off moves the shift's interval little
-    outlier = paired_shift_change(np.ones(20), np.exp(np.r_[logs[:-1], 5.0]))
-    assert outlier.halfwidth < 1.2 * change.halfwidth
-    assert math.isinf(paired_shift_change(np.ones(5), np.full(5, 1.1)).halfwidth)  # no 95 % interval
-    assert paired_shift_change(np.ones(6), np.full(6, 1.1)).excludes_zero
-
-
-def test_the_signed_rank_interval_covers_as_often_as_it_says_and_beats_the_mean_on_outliers() -> None:
-    rng = np.random.default_rng(7)
-    true = 0.004
-    covered = 0
-    for _ in range(400):
-        baseline = rng.uniform(1.5, 1.7, 40)
-        noise = rng.standard_t(3, 40) * 0.005  # heavy-tailed, symmetric
-        change = paired_shift_change(baseline, baseline * (1 + true) * np.exp(noise))
-        covered += change.low <= true <= change.high
-    assert 0.93 <= covered / 400 <= 0.995
-    # beyond the exact table the normal approximation gives the same orders within one
-    assert abs(_signed_rank_order(200, 0.025) - _signed_rank_order_normal(200, 0.025)) <= 1
-
-
-def _signed_rank_order_normal(n: int, tail: float) -> int:
-    spread = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-    return math.floor(n * (n + 1) / 4.0 - 0.5 + spread * stats.norm.ppf(tail)) + 1
+    assert stats.binom.cdf(5, 20, 0.5) <= 0.025 < stats.binom.cdf(6, 20, 0.5)
+    # one pair far off moves the median's interval by no more than an order statistic
+    assert paired_median_change(np.ones(20), 1.0 + np.r_[ratios[:-1], 5.0]).halfwidth == change.halfwidth
+    assert math.isinf(paired_median_change(np.ones(5), np.full(5, 1.1)).halfwidth)  # no 95 % interval
+    assert paired_median_change(np.ones(6), np.full(6, 1.1)).excludes_zero

@@ -15,25 +15,21 @@ active, active then suspended, ...), so that a drift over the run weighs on both
   the suspended iterations are not counted as its own).
 
 The first iteration of every block is left out (it pays the switch: the held step's read-out, the clock
-request); a block's figure is the mean over its other ``N - 1`` iterations of the wall time
-(``perf_counter`` from one step's start to the next's) and, on GPUs with a measured energy counter, of the
-energy (the session's meter, in a window of its own). The change is stated twice over the pairs' ratios
-``active / suspended - 1``, both *measured*: their Hodges-Lehmann shift (on the log ratios) with its
-signed-rank 95 % interval (:func:`megatron_energy.stats.paired_shift_change`), and their mean with its
-Student-t interval (:func:`megatron_energy.stats.paired_relative_change`). The shift comes first because
-shared GPU machines are disturbed from outside: on an H200 dry run, iterations of both kinds of block rose
-by 3-25 % for several iterations at a time (from outside the job, in both kinds of block alike), so a few
-pairs set the mean's interval (±1.2 % over 21 pairs) while most pairs agreed within a fraction of a per
-cent. The shift is moved little by such pairs, and its interval holds because the two blocks of a pair are
-exchangeable but for the session (run seconds apart, in alternating order), so each pair's log ratio is
-symmetric about the session's effect. It replaced the pairs' median with its sign-test interval, which needs
-no symmetry but is about 1.2 times as wide on normal-like noise (asymptotic efficiency 0.64 against the
-shift's 0.95). The mean is kept beside it, since an overhead the plugin paid only in some iterations would
-show there, not in the shift. On such a machine short blocks (``N = 2``) pair iterations seconds apart,
-where a disturbance hits both sides of most pairs. In a dry run (or wherever clocks are not set) the clocks
-are the same in both blocks, so the change is the plugin's own overhead; with clocks applied it is the
-plan's effect, overhead included. On simulated GPUs only the session drives the simulated device, so only
-the time is compared (the host's own cost of the plugin on that machine).
+request); a block's figure is the mean over its other ``N - 1`` iterations of the wall time (``perf_counter``
+from one step's start to the next's) and, on GPUs with a measured energy counter, of the energy (the session's
+meter, in a window of its own). The change is stated twice over the pairs' ratios
+``active / suspended - 1``, both *measured*: their median with its distribution-free (sign-test) 95 %
+interval (:func:`megatron_energy.stats.paired_median_change`), and their mean with its Student-t interval
+(:func:`megatron_energy.stats.paired_relative_change`). The median comes first because shared
+GPU machines are disturbed from outside: on an H200 dry run, iterations of both kinds of block rose by 3-25 %
+for several iterations at a time (from outside the job, in both kinds of block alike), so a few pairs set
+the mean's interval (±1.2 % over 21 pairs) while most pairs agreed within a fraction of a per cent. The mean
+is kept beside it, since an overhead the plugin paid only in some iterations would show there, not in the
+median. On such a machine short blocks (``N = 2``) pair iterations seconds apart, where a disturbance hits
+both sides of most pairs. In a dry run (or
+wherever clocks are not set) the clocks are the same in both blocks, so the change is the plugin's own
+overhead; with clocks applied it is the plan's effect, overhead included. On simulated GPUs only the session
+drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
 
 The session's listener writes each rank's pairs to ``--energy-dir`` (:data:`OVERHEAD_PAIRS_FILE`) when the run
 ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
@@ -49,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.stats import RelativeChange, paired_relative_change, paired_shift_change
+from megatron_energy.stats import RelativeChange, paired_median_change, paired_relative_change
 
 WINDOW = "overhead-check"
 """The name of the check's energy window on the session's meter (apart from the session's own laps)."""
@@ -117,9 +113,9 @@ class OverheadResult:
         return paired_relative_change(*_sides(self.time_pairs_s))
 
     @property
-    def time_shift(self) -> RelativeChange:
+    def time_median(self) -> RelativeChange:
         """Median change of the iteration time over the pairs."""
-        return paired_shift_change(*_sides(self.time_pairs_s))
+        return paired_median_change(*_sides(self.time_pairs_s))
 
     @property
     def energy(self) -> RelativeChange | None:
@@ -127,9 +123,9 @@ class OverheadResult:
         return None if self.energy_pairs_j is None else paired_relative_change(*_sides(self.energy_pairs_j))
 
     @property
-    def energy_shift(self) -> RelativeChange | None:
+    def energy_median(self) -> RelativeChange | None:
         """Median change of the energy per iteration; ``None`` where the counter is not measured."""
-        return None if self.energy_pairs_j is None else paired_shift_change(*_sides(self.energy_pairs_j))
+        return None if self.energy_pairs_j is None else paired_median_change(*_sides(self.energy_pairs_j))
 
     def to_json(self) -> dict[str, Any]:
         """The pairs as a JSON object (:meth:`from_json` reads it back)."""
@@ -162,11 +158,11 @@ class OverheadResult:
         """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks)."""
         what = "plan vs stock clocks" if clocks_set else "the plugin's own overhead (clocks not set)"
         energy = ""
-        if self.energy is not None and self.energy_shift is not None:
-            energy = f"; energy per iteration {_changes(self.energy_shift, self.energy)}"
+        if self.energy is not None and self.energy_median is not None:
+            energy = f"; energy per iteration {_changes(self.energy_median, self.energy)}"
         return (
             f"overhead check, {what}: {self.pairs} pairs of {self.block_steps}-iteration blocks, session "
-            f"active vs suspended in one process: iteration time {_changes(self.time_shift, self.time)}"
+            f"active vs suspended in one process: iteration time {_changes(self.time_median, self.time)}"
             f"{energy} (measured: wall clock{'' if self.energy is None else ', energy counter'})"
         )
 
@@ -207,9 +203,9 @@ def _pair(values: Sequence[float]) -> Pair:
     return suspended, active
 
 
-def _changes(shift: RelativeChange, mean: RelativeChange) -> str:
-    """Shift then mean: each point estimate, its interval, and the verdict of ``RelativeChange.format``."""
-    return f"shift {_change(shift)}, mean {_change(mean)}"
+def _changes(median: RelativeChange, mean: RelativeChange) -> str:
+    """Median then mean: each point estimate, its interval, and the verdict of ``RelativeChange.format``."""
+    return f"median of pairs {_change(median)}, mean {_change(mean)}"
 
 
 def _change(change: RelativeChange) -> str:
