@@ -188,15 +188,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=[],
         metavar="JSON",
-        help="with --in-process: earlier runs' --json files of the same job and code; also print the check"
-        " over all their pairs and this run's",
+        help="earlier runs' --json files of one job and code: with --in-process, also print the check over"
+        " all their pairs and this run's; alone, print each stored run's check and their pooled one (no run)",
     )
     parser.add_argument("energy_args", nargs="*", help="extra --energy-* flags for the plugin runs")
     args = parser.parse_args(argv)
     if args.pairs < 4 and not args.in_process:
         parser.error("--pairs must be at least 4: fewer cannot resolve a 0.5 % overhead")
-    if args.pool and not args.in_process:
-        parser.error("--pool pools in-process runs: give --in-process too")
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must exceed --warmup ({args.warmup}): nothing would be kept")
     if min(args.microbatches, args.micro_batch_size, args.gpus) < 1:
@@ -271,6 +269,21 @@ def job_shape(args: argparse.Namespace) -> dict:
     }
 
 
+def summarise_stored(paths: list[Path]) -> int:
+    """Print the check of each stored ``--json`` run, then over all their pairs (one job and code only)."""
+    records = []
+    for path in paths:
+        try:
+            record = json.loads(path.read_text())
+            result = OverheadResult.from_json(record.get("pairs", {}))
+        except (OSError, ValueError) as problem:
+            print(f"cannot read {path}: {problem}")
+            return 1
+        print(f"{path}: {result.describe(clocks_set=False)}")
+        records.append(record)
+    return print_pooled(records, paths[1:])
+
+
 def print_pooled(records: list[dict], earlier: list[Path]) -> int:
     """Print the check over this run's pairs and the ``--pool`` runs'; refuse runs of another job or code."""
     for record, path in zip(records[1:], earlier, strict=True):
@@ -289,6 +302,8 @@ def print_pooled(records: list[dict], earlier: list[Path]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pool and not args.in_process:
+        return summarise_stored(args.pool)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.in_process:
         return in_process(args)
