@@ -107,6 +107,11 @@ def test_the_report_section_states_the_stock_check_and_the_logged_savings(tmp_pa
     append_record(log, record(50, "planned (clocks not set)", 0.004, -0.011, 0.019, False))
     lines = model_vs_measured_lines(tmp_path, two_stage_plan(), log)
     assert "  energy per iteration: within noise (±1.5 %, measured)" in lines
+    # a dry run disturbed from outside: resolved, but not called a saving or a slowdown
+    append_record(log, record(60, "planned (clocks not set)", 0.078, 0.011, 0.145, True))
+    lines = model_vs_measured_lines(tmp_path, two_stage_plan(), log)
+    outside = "+7.8 % (no clock was set: a change from outside the plan; 95 % CI +1.1 % to +14.5 %, measured)"
+    assert f"  iteration time: {outside}" in lines and not any("slower" in line for line in lines)
     # without the log the report says how to get the savings
     assert "pass --log-file FILE" in model_vs_measured_lines(tmp_path, two_stage_plan(), None)[-1]
 

@@ -134,6 +134,22 @@ def test_the_same_clocks_read_within_noise_and_the_window_never_mixes_phases():
     assert scalars["energy/window_iterations"] == 9
 
 
+def test_a_resolved_change_where_no_clock_was_set_is_said_to_come_from_outside_the_plan():
+    rng = random.Random(3)
+    stock = StockSamples(tuple(_noisy(rng, 300.0, 20)), tuple(_noisy(rng, 1.1, 20)), counter_period_s=0.1)
+    slower = [_stage_energy(0, 330.0, window=_window(30, _noisy(rng, 330.0, 20)))]  # disturbed, say
+    outside = "(no clock was set: a change from outside the plan, not a saving)"
+    dry, _ = format_energy_line(50, slower, "measured", "planned (clocks not set)", stock)
+    assert re.search(
+        r"\| energy vs stock: \+\d+\.\d % ± \d+\.\d % \(measured, 95 % CI, n=20 vs 20\) "
+        + re.escape(outside),
+        dry,
+    ), dry
+    applied, _ = format_energy_line(50, slower, "measured", "planned", stock)
+    assert outside not in applied  # with clocks set, the change is the plan's
+    assert "time vs stock: within noise" in dry and dry.count(outside) == 1  # only resolved changes say it
+
+
 def test_energy_line_leaves_out_prediction_and_changes_it_cannot_compute():
     stock = StockSamples((300.0, 301.0), (1.1, 1.1))
     ranks = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.energy_log import EnergyRecord, read_records
+from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_lines
 
@@ -76,7 +76,10 @@ def savings_lines(log_file: Path | None) -> list[str]:
 
 
 def _recorded_change(record: EnergyRecord, prefix: str, saving: bool) -> str:
-    """A change as the log recorded it: ``-8.1 % (saving; 95 % CI ...)`` or ``within noise (±x %)``."""
+    """A change as the log recorded it: ``-8.1 % (saving; 95 % CI ...)`` or ``within noise (±x %)``.
+
+    Where no clock was set (the phase says so), a resolved change is not called a saving.
+    """
     scalars = record.scalars
     if prefix not in scalars:
         return "not compared"
@@ -84,6 +87,8 @@ def _recorded_change(record: EnergyRecord, prefix: str, saving: bool) -> str:
     if not scalars.get(f"{prefix}_resolved"):
         return f"within noise (±{100 * (high - low) / 2:.1f} %, {record.source})"
     what = ("saving" if change < 0 else "increase") if saving else ("faster" if change < 0 else "slower")
+    if record.phase.endswith(NOT_SET):  # stock clocks all along: not the plan's doing
+        what = "no clock was set: a change from outside the plan"
     return (
         f"{100 * change:+.1f} % ({what}; 95 % CI {100 * low:+.1f} % to {100 * high:+.1f} %, {record.source})"
     )

@@ -8,7 +8,8 @@ and, with ``--energy-log-file``, appends them to a JSON-lines file (:func:`appen
 A line speaks for one phase only. Its J/iteration figures are the means of the interval's steps (those of
 the current phase); its changes against stock clocks compare the phase's window of iterations with the stock
 baseline's iterations (``stats.relative_change`` with its 95 % interval, "within noise" when the interval
-covers zero), for energy and for iteration time alike.
+covers zero), for energy and for iteration time alike. Where no clock was set (a dry run, monitor-only), a
+resolved change is said to come from outside the plan.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock, job_window
-from megatron_energy.stats import Source
+from megatron_energy.stats import RelativeChange, Source
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,14 @@ def format_energy_line(
         energy_change = compare_to_stock(stock.energy_j, window_j, size, source)
         time_change = compare_to_stock(stock.iteration_s, window_s, size, source)
     if energy_change is not None:
-        parts.append(f"energy vs stock: {energy_change.format()}")
+        parts.append(f"energy vs stock: {_stated(energy_change, phase)}")
         scalars |= energy_change.scalars("energy/change_vs_stock")
         scalars["energy/window_iterations"] = float(len(window_j))
     iteration_s = max(r.iteration_s for r in ranks)
     parts.append(f"iter {1e3 * iteration_s:.1f} ms ({source})")
     scalars["energy/iteration_s"] = iteration_s
     if time_change is not None:
-        parts.append(f"time vs stock: {time_change.format()}")
+        parts.append(f"time vs stock: {_stated(time_change, phase)}")
         scalars |= time_change.scalars("energy/iteration_change_vs_stock")
     return " | ".join(parts), scalars
 
@@ -114,6 +115,19 @@ LOGGED_PHASE = re.compile(r"\[energy\] iteration (\d+) \| ([^|]+?)\s*\|")
 """An energy log line's iteration and phase, as :func:`format_energy_line` writes them."""
 NOT_SET = "(clocks not set)"
 """What a phase carries when the controller only recorded its clocks (dry run, monitor-only)."""
+
+
+def _stated(change: RelativeChange, phase: str) -> str:
+    """A change as ``RelativeChange.format`` states it; where no clock was set and it is resolved, why.
+
+    In a dry run (or monitor-only) the phase's clocks are the stock ones, so a change whose interval excludes
+    zero came from outside the plan (another tenant, temperature, a level the stock baseline did not see):
+    the line says so rather than let it read as the plan's saving or cost.
+    """
+    text = change.format()
+    if phase.endswith(NOT_SET) and change.excludes_zero:
+        text += " (no clock was set: a change from outside the plan, not a saving)"
+    return text
 
 
 def logged_phases(text: str) -> dict[int, str]:
