@@ -34,6 +34,13 @@ dry run it can trip only on outside noise, and would leave the plan). On a share
 pair iterations seconds apart:
 
     python scripts/gpu_overhead.py --in-process 2 --microbatches 16 --micro-batch-size 2 --iters 210
+
+``--json run.json`` keeps such a run's pairs with the job's shape and a digest of the plugin's sources;
+``--pool earlier.json ...`` beside ``--in-process`` adds the earlier runs' pairs to this run's check, and
+alone prints each stored run's check and the pooled one without running anything (runs of another job or
+code are refused):
+
+    python scripts/gpu_overhead.py --pool tests/data/h200_overhead_run{1,2,3}.json
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_a_resolved_change_where_no_clock_was_set_is_said_to_come_from_outside_t
     rng = random.Random(3)
     stock = StockSamples(tuple(_noisy(rng, 300.0, 20)), tuple(_noisy(rng, 1.1, 20)), counter_period_s=0.1)
     slower = [_stage_energy(0, 330.0, window=_window(30, _noisy(rng, 330.0, 20)))]  # disturbed, say
-    outside = "(no clock was set: a change from outside the plan, not a saving)"
+    outside = "(no clock was set: a change from outside the plan, not its effect)"
     dry, _ = format_energy_line(50, slower, "measured", "planned (clocks not set)", stock)
     assert re.search(
         r"\| energy vs stock: \+\d+\.\d % ± \d+\.\d % \(measured, 95 % CI, n=20 vs 20\) "

@@ -126,7 +126,7 @@ def _stated(change: RelativeChange, phase: str) -> str:
     """
     text = change.format()
     if phase.endswith(NOT_SET) and change.excludes_zero:
-        text += " (no clock was set: a change from outside the plan, not a saving)"
+        text += " (no clock was set: a change from outside the plan, not its effect)"
     return text
 
 
