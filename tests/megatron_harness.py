@@ -4,8 +4,9 @@
 forkserver, which imported torch and megatron-core once; against another megatron tree it imports that
 tree's megatron instead), that installs the CPU shims and forks N ranks (a free ``MASTER_PORT`` per world);
 each rank joins the gloo world (or leaves that to its worker, as a training script does), runs a worker
-function, and its (picklable) result comes back to the parent. Inside a worker, ``PipelineWorld`` builds
-megatron-core's parallel state and a tiny ``GPTModel`` split into pipeline stages and virtual-pipeline chunks.
+function, and its (picklable) result comes back to the parent; the ranks leave the world together. Inside a
+worker, ``PipelineWorld`` builds megatron-core's parallel state and a tiny ``GPTModel`` split into pipeline
+stages and virtual-pipeline chunks.
 
 The tiny GPT, its CPU shims and its pretrain script live in ``megatron_energy.demo_model`` (the demo's
 training job); this module re-exports them for the tests, and the launcher tests run that script
@@ -81,6 +82,9 @@ def _rank_main(
     try:
         result = worker(rank, world_size, payload)
         (Path(result_dir) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+        if torch.distributed.is_initialized():
+            # gloo fails a peer's group set-up when a rank tears its groups down meanwhile: leave together
+            torch.distributed.barrier()
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
