@@ -21,7 +21,7 @@ Layers (imports only run down; ``tests/test_layering.py`` checks every import):
 1. pure models: ``pipeline/`` (instruction identity, orders, DAG, workload and profile), ``sim/``, ``plan``
    (Plan v2, the one executable contract), ``dvfs.model`` and ``dvfs.calibration``.
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
-   ``stats``, ``dvfs.spec``.
+   ``stats``, ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec``.
 """
 
 __version__ = "0.1.0"

@@ -46,3 +46,38 @@ def test_the_summary_gives_the_mean_its_interval_and_the_share_of_the_iteration(
     assert "3 run-phase steps, 0.400 % of the iteration; measured" in line
     interval = cost.interval()
     assert interval is not None and interval.low < 0.002 < interval.high
+
+
+def test_the_plugins_background_threads_cpu_time_is_counted_per_run_phase_step() -> None:
+    """A thread registered as the plugin's (``plugin_threads``) burns CPU during two run-phase steps."""
+    import threading
+
+    from megatron_energy.plugin_threads import register_current_thread
+
+    cost = HostCost()
+    cost.end_step(run_phase=False)  # a profiling step: the threads' clocks are read, nothing is kept
+    burn, done, release = threading.Event(), threading.Event(), threading.Event()
+
+    def burner() -> None:
+        register_current_thread("test burner")
+        burn.wait()
+        began = time.thread_time()
+        while time.thread_time() - began < 0.05:  # 50 ms of CPU on this thread
+            pass
+        done.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=burner)
+    thread.start()
+    time.sleep(0.01)
+    cost.end_step(run_phase=False)  # the burner is registered now: its clock's start is read here
+    burn.set()
+    done.wait(10)
+    cost.end_step(run_phase=True)
+    release.set()
+    thread.join()
+    cost.end_step(run_phase=True)  # the thread has ended: its last reading stands, adding nothing
+    assert 0.05 <= cost.run_by_thread_s["test burner"] < 0.5
+    assert cost.background_s_per_step() == pytest.approx(sum(cost.run_by_thread_s.values()) / 2)
+    line = cost.summary(0, 1.0)
+    assert line is not None and "background threads' CPU time" in line and "test burner" in line

@@ -3,6 +3,7 @@ records them (the stock clock's synchronous profile steps, never the run phase) 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -120,16 +121,22 @@ def test_instruction_ranges_are_named_and_read_back() -> None:
 
 
 class _Recorder:
-    """A kernel-timeline recorder that notes when the session drives it; its timelines are fixed."""
+    """A kernel-timeline recorder that notes when the session drives it; its timelines are fixed.
 
-    def __init__(self, session_steps: list[int]) -> None:
+    While it records, the timer's instructions run ``PROFILER_SLOWDOWN`` times slower, as under
+    ``torch.profiler``, whose work on every kernel launch slows the recorded step.
+    """
+
+    def __init__(self, session_steps: list[int], timer: _Timer) -> None:
         self.session_steps = session_steps
+        self.timer = timer
         self.recording = False
         self.started_at: list[tuple[int, int]] = []
         self.instructions: list[Instruction] = []
 
     def start(self, clock_mhz: int) -> None:
         self.recording = True
+        self.timer.slowdown = PROFILER_SLOWDOWN
         self.started_at.append((self.session_steps[-1], clock_mhz))
 
     @property
@@ -145,6 +152,7 @@ class _Recorder:
 
     def stop(self) -> None:
         self.recording = False
+        self.timer.slowdown = 1.0
 
     def timelines(self) -> dict[Work, list[tuple[str, WorkProfile]]]:
         return {
@@ -156,6 +164,10 @@ class _Recorder:
         }
 
 
+PROFILER_SLOWDOWN = 1.5
+"""How much slower a step recorded under the profiler runs in these tests."""
+
+
 def _run(
     tmp_path, mode: str, steps: int, profile_iters: int = 1, can_set_clocks: bool = True
 ) -> tuple[_Recorder, list[str], EnergySession]:
@@ -163,14 +175,15 @@ def _run(
     context = JobContext(
         pipeline_rank=0, orders=pipeline_orders(1, 1), data_parallel_rank=0, data_parallel_size=1
     )
-    recorder = _Recorder(begun)
+    timer = _Timer(controller)
+    recorder = _Recorder(begun, timer)
     session = EnergySession(
         EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=profile_iters),
         context,
         optimiser=resolve(mode),
         controller=controller,
         meter=_Meter(),
-        timer=_Timer(controller),
+        timer=timer,
         comms=LocalComms(),
         clocks_mhz=[1980, 1500],
         can_set_clocks=can_set_clocks,
@@ -191,17 +204,24 @@ def _run(
 
 @pytest.mark.parametrize(
     ("profile_iters", "can_set_clocks", "recorded"),
-    [(1, True, [(5, 1980), (7, 1500)]), (2, True, [(6, 1980), (9, 1500)]), (2, False, [(6, 1980)])],
+    [(1, True, [(6, 1980), (9, 1500)]), (2, True, [(7, 1980), (11, 1500)]), (2, False, [(7, 1980)])],
 )
-def test_kernels_are_recorded_in_each_clocks_last_profile_step_only_and_feed_the_phase_planner(
+def test_kernels_are_recorded_in_a_step_of_their_own_at_each_clocks_end_and_feed_the_phase_planner_only(
     tmp_path, profile_iters: int, can_set_clocks: bool, recorded: list[tuple[int, int]]
 ) -> None:
     recorder, lines, session = _run(tmp_path, "kernel", 16, profile_iters, can_set_clocks)
-    # the stock clock: a settling step, the 4-step baseline pilot, then `profile_iters` synchronous profile
-    # steps; then 1500 MHz (a settling step and `profile_iters` profile steps) where clocks can be set; then
-    # the plan runs: only each clock's last profile step records, no run-phase step
+    # the stock clock: a settling step, the 4-step baseline pilot, `profile_iters` synchronous profile steps
+    # and the recorded step; then 1500 MHz (a settling step, `profile_iters` profile steps and the recorded
+    # step) where clocks can be set; then the plan runs: no run-phase step records
     assert session.phase == "planned"
     assert recorder.started_at == recorded
+    # the recorded steps ran slower (the profiler's cost): their figures are in no profile row
+    rows = {(row.work.kind, row.clock_mhz): row for row in session.collector.rows()}
+    assert rows[("forward", 1980)].time_s == pytest.approx(0.010)
+    assert rows[("backward", 1980)].time_s == pytest.approx(0.020)
+    assert rows[("forward", 1980)].samples == 4 + profile_iters  # baseline and profile steps only
+    if can_set_clocks:
+        assert rows[("forward", 1500)].time_s == pytest.approx(0.010 * 1980 / 1500)
     assert not recorder.recording
     assert set(recorder.instructions) == {Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")}
     response = "clock response measured (kernel timelines at 2 clocks)" if can_set_clocks else "modelled"
@@ -241,6 +261,35 @@ def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between
     assert names == [annotation(forward)]
     # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it
     assert kernels_by_annotation(trace, "energy:") == {} and recorder.timelines() == {}
+
+
+@pytest.mark.parametrize("user_value", [None, "0"])
+def test_the_profiler_stops_with_cupti_teardown_asked_for_and_the_environment_is_restored(
+    monkeypatch, user_value: str | None
+) -> None:
+    """Kineto leaves CUPTI attached after a profile unless ``TEARDOWN_CUPTI=1`` when it stops; an attached
+    CUPTI slows every later kernel launch of the run (pytorch/pytorch#144455)."""
+    import torch
+
+    from megatron_energy.runtime.kernel_timeline import TEARDOWN_CUPTI, TorchKernelTimeline
+
+    if user_value is None:
+        monkeypatch.delenv(TEARDOWN_CUPTI, raising=False)
+    else:
+        monkeypatch.setenv(TEARDOWN_CUPTI, user_value)
+    real_exit = torch.profiler.profile.__exit__
+    seen_at_stop: list[str | None] = []
+
+    def exit_noting_teardown(profile: Any, *args: Any) -> None:
+        seen_at_stop.append(os.environ.get(TEARDOWN_CUPTI))
+        real_exit(profile, *args)
+
+    monkeypatch.setattr(torch.profiler.profile, "__exit__", exit_noting_teardown)
+    recorder = TorchKernelTimeline(SPEC)
+    recorder.start(1980)
+    recorder.stop()
+    assert seen_at_stop == ["1"]
+    assert os.environ.get(TEARDOWN_CUPTI) == user_value
 
 
 def _clocked_forward(gemm_us: float, add_us: float) -> dict[str, Any]:

@@ -213,6 +213,43 @@ def test_cancel_and_a_full_queue_drop_pending_requests(switchers) -> None:
     assert controller.applied == []
 
 
+class CountingEvent(FakeEvent):
+    """An end marker that counts how often the switcher asks whether the GPU has passed it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queries = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return super().query()
+
+
+def test_the_thread_sleeps_until_a_requests_time_without_polling(switchers) -> None:
+    """Each wake-up of a plugin thread can hold up the training thread's launches (the GIL): the thread
+    wakes when a request's time comes, not every few milliseconds before it."""
+    controller = RecordingController()
+    switcher = switchers(controller)
+    end = CountingEvent()
+    switcher.begin(_instruction(0), FakeEvent(reached=True), [InsideRequest(0.3, 1200)])
+    switcher.end(_instruction(0), end)
+    time.sleep(0.2)
+    assert end.queries == 0 and controller.applied == []
+    _wait(lambda: len(controller.applied) == 1)
+    assert end.queries == 1  # the staleness check, once, when the request's time came
+
+
+def test_cancel_wakes_a_thread_waiting_for_a_requests_time(switchers) -> None:
+    controller = RecordingController()
+    switcher = switchers(controller)
+    switcher.begin(_instruction(0), FakeEvent(reached=True), [InsideRequest(30.0, 1200)])
+    _wait(lambda: not switcher._jobs)  # the thread waits for the request 30 s away
+    switcher.cancel()
+    switcher.begin(_instruction(1), FakeEvent(reached=True), [InsideRequest(0.0, 1400)])
+    _wait(lambda: len(controller.applied) == 1, timeout_s=2.0)
+    assert [clock for clock, _ in controller.applied] == [1400]
+
+
 def test_the_thread_starts_only_with_the_first_inside_request(switchers) -> None:
     switcher = switchers(RecordingController())
     switcher.begin(_instruction(0), FakeEvent(), [])

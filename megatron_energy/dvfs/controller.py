@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from megatron_energy.dvfs.backends import monitor_only_message, supported_sm_clocks_mhz
+from megatron_energy.plugin_threads import register_current_thread
 
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
@@ -385,6 +386,7 @@ class FrequencyController:
             self._done_changed.notify_all()
 
     def _run(self) -> None:
+        register_current_thread("frequency controller")
         held: _Request | _Stop | None = None
         while True:
             item = held if held is not None else self._queue.get()

@@ -1,4 +1,4 @@
-"""The plugin's own cost on the training thread: host seconds spent in its schedule hooks, per step.
+"""The plugin's own cost per step: host seconds in its hooks on the training thread, CPU on its other threads.
 
 *Measured* with ``time.perf_counter`` around every hook the session handles (:func:`host_timed`), summed
 per step. In the run phase nothing the session does waits for the GPU (``runtime.cuda_timer``), so this host
@@ -7,10 +7,16 @@ GPU (the usual case for a GPU-bound Megatron job) it is hidden, and ``host time 
 upper bound on the slowdown the plugin causes on the training thread. It also counts time a hook spends
 blocked behind a full CUDA launch queue (recording an event then waits for the GPU: ~820 µs per event
 against ~2 µs on an idle queue, measured on an H200): such a wait means the host is ahead of the GPU and
-costs the GPU nothing, so the figure is a loose bound. What it does not see: work on other threads (the
-clock controller's, which holds the GIL only between its NVML calls), and the device time of the CUDA
-events the timer records (no kernels). Profiling steps are left out: they synchronise the device on
-purpose.
+costs the GPU nothing, so the figure is a loose bound.
+
+The plugin's background threads (energy meter, frequency controller, phase switcher) are counted apart, as
+the CPU time each used per run-phase step (``megatron_energy.plugin_threads``: the kernel's per-thread CPU
+clock, *measured*). Their cost to the training thread is not their CPU time itself but the GIL: every
+torch operation the training thread launches releases the GIL and takes it back, so each time a plugin
+thread wakes and runs Python it can hold up a launch (on an H200, a thread polling a CUDA event every
+millisecond made a launch-bound loop's launches 12x slower, measured): the wake-ups these figures show
+are the thing to keep rare. What neither figure sees is the device time of the CUDA events the timer
+records (no kernels). Profiling steps are left out: they synchronise the device on purpose.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Concatenate, Protocol
 
+from megatron_energy.plugin_threads import cpu_seconds
 from megatron_energy.stats import MeanInterval, mean_interval
 
 
@@ -36,6 +43,10 @@ class HostCost:
     """Seconds per hook in the step running now."""
     run_by_hook_s: dict[str, float] = field(default_factory=dict)
     """Seconds per hook over the finished run-phase steps."""
+    run_by_thread_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds of each background thread of the plugin over the finished run-phase steps."""
+    _threads_at_s: dict[str, float] = field(default_factory=dict)
+    """The background threads' CPU seconds at the previous step's end."""
 
     def add(self, seconds: float, hook: str = "") -> None:
         """Count ``seconds`` of hook time (spent in ``hook``) to the step running now."""
@@ -43,11 +54,16 @@ class HostCost:
         self.step_by_hook_s[hook] = self.step_by_hook_s.get(hook, 0.0) + seconds
 
     def end_step(self, run_phase: bool) -> None:
-        """Close the step: keep its host time when it ran in the run phase."""
+        """Close the step: keep its host time, and its background threads' CPU time, in the run phase."""
+        threads_s = cpu_seconds()
         if run_phase:
             self.run_steps_s.append(self.step_s)
             for hook, seconds in self.step_by_hook_s.items():
                 self.run_by_hook_s[hook] = self.run_by_hook_s.get(hook, 0.0) + seconds
+            for name, seconds in threads_s.items():
+                used_s = seconds - self._threads_at_s.get(name, 0.0)
+                self.run_by_thread_s[name] = self.run_by_thread_s.get(name, 0.0) + used_s
+        self._threads_at_s = threads_s
         self.step_s = 0.0
         self.step_by_hook_s.clear()
 
@@ -67,14 +83,21 @@ class HostCost:
             f"(95 % CI {1e3 * interval.low:.3f} to {1e3 * interval.high:.3f} ms, {len(self.run_steps_s)} "
             f"run-phase steps{share}; measured, perf_counter; the run phase never waits for the GPU, so this "
             f"bounds the slowdown only when the host, not the GPU, limits the step; by hook: "
-            f"{self._by_hook()})"
+            f"{self._per_step(self.run_by_hook_s)}); its background threads' CPU time "
+            f"{1e3 * self.background_s_per_step():.3f} ms per step ({self._per_step(self.run_by_thread_s)}; "
+            "measured, per-thread CPU clocks)"
         )
 
-    def _by_hook(self) -> str:
-        """Mean ms per run-phase step in each hook, costliest first."""
+    def background_s_per_step(self) -> float:
+        """Mean CPU seconds per run-phase step over all the plugin's background threads (0 before a step)."""
         steps = len(self.run_steps_s)
-        ranked = sorted(self.run_by_hook_s.items(), key=lambda item: -item[1])
-        return ", ".join(f"{hook} {1e3 * seconds / steps:.3f} ms" for hook, seconds in ranked)
+        return sum(self.run_by_thread_s.values()) / steps if steps else 0.0
+
+    def _per_step(self, seconds_by_name: dict[str, float]) -> str:
+        """Mean ms per run-phase step of each named cost, costliest first ("none" when there is none)."""
+        steps = len(self.run_steps_s)
+        ranked = sorted(seconds_by_name.items(), key=lambda item: -item[1])
+        return ", ".join(f"{name} {1e3 * seconds / steps:.3f} ms" for name, seconds in ranked) or "none"
 
 
 class HasHostCost(Protocol):

@@ -2,18 +2,21 @@
 
 On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
 between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
-around the last synchronous profile step of each clock it profiles (the stock clock's alone when clocks are
-not set: a dry run) and never in the run phase; each instruction is a ``record_function`` range named by
-:func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and synthetic traces) turns the Chrome
-trace into phases per instruction class: the kernels of each range (``phases.kineto.kernels_by_annotation``),
-classified against the GPU spec's roofline and grouped (``phases.timeline.group_phases``); of an instruction
-class's instances (microbatches, steps), the one of median length speaks for it. Times are measured (kernel
-start and duration at the stock clock); each kernel's class rests on FLOPs and bytes estimated from its
-operator's input shapes (``phases.kineto``). Each class's response to the clock is *measured* where timelines
-at two or more clocks were recorded (the same kernels paired across clocks, ``phases.clock_response``), else
-the GPU spec's model (all compute-bound, all memory-bound or fixed); what the phase planner does with them is
-modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
-(``phases.modelled``).
+around the recorded step that ends each profiled clock's block (``runtime.profiling``; the stock clock's alone
+when clocks are not set: a dry run) and never in the run phase; each instruction is a ``record_function``
+range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and synthetic traces)
+turns the Chrome trace into phases per instruction class: the kernels of each range
+(``phases.kineto.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
+(``phases.timeline.group_phases``); of an instruction class's instances (microbatches, steps), the one of
+median length speaks for it. Times are measured (kernel start and duration at the stock clock); each kernel's
+class rests on FLOPs and bytes estimated from its operator's input shapes (``phases.kineto``). Each class's
+response to the clock is *measured* where timelines at two or more clocks were recorded (the same kernels
+paired across clocks, ``phases.clock_response``), else the GPU spec's model (all compute-bound, all
+memory-bound or fixed); what the phase planner does with them is modelled. On simulated GPUs there is no
+kernel timeline: the session keeps the modelled per-class split (``phases.modelled``). The step recorded under
+the profiler runs slower than the others (the profiler's work on every kernel launch), so its instruction
+times and energy feed the phase timelines only, never the profile rows or the stock baseline
+(``runtime.profiling``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from megatron_energy.pipeline.instruction import Instruction, Work
 
 PREFIX = "energy:"
 """The start of every range name the session records."""
+TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
+"""Kineto's switch: ``1`` finalises CUPTI when a profile stops, so no profiler is left attached to the run."""
 
 Timelines = dict[Work, list[tuple[str, WorkProfile]]]
 """Per instruction class, its phases in order: (class, work at the stock clock)."""
@@ -164,6 +169,7 @@ class TorchKernelTimeline:
         self._ranges: dict[Instruction, Any] = {}
         self._traces: dict[int, list[dict[str, Any]]] = {}  # per clock, the first one the reference
         self._clock_mhz = 0
+        self._teardown_before: str | None = None
 
     @property
     def recording(self) -> bool:
@@ -171,8 +177,17 @@ class TorchKernelTimeline:
         return self._profiler is not None
 
     def start(self, clock_mhz: int) -> None:
-        """Start the profiler (the device is idle: a synchronous profiling step at ``clock_mhz`` begins)."""
+        """Start the profiler (the device is idle: a synchronous profiling step at ``clock_mhz`` begins).
+
+        CUPTI is torn down when the profiler stops (``TEARDOWN_CUPTI=1`` while it runs; the environment is
+        restored at :meth:`stop`): Kineto leaves CUPTI attached after a profile unless told otherwise, and
+        an attached CUPTI taxes every later kernel launch of the run (PyTorch reports 10-20 % slower
+        training after a finished profile, pytorch/pytorch#144455). torch itself turns teardown off again
+        for jobs with CUDA graphs on CUDA < 12.6, where it crashes.
+        """
         self._clock_mhz = clock_mhz
+        self._teardown_before = os.environ.get(TEARDOWN_CUPTI)
+        os.environ[TEARDOWN_CUPTI] = "1"
         activities = [self._torch.profiler.ProfilerActivity.CPU, self._torch.profiler.ProfilerActivity.CUDA]
         self._profiler = self._torch.profiler.profile(activities=activities, record_shapes=True)
         self._profiler.__enter__()
@@ -195,7 +210,13 @@ class TorchKernelTimeline:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
-        profiler.__exit__(None, None, None)
+        try:
+            profiler.__exit__(None, None, None)
+        finally:
+            if self._teardown_before is None:
+                os.environ.pop(TEARDOWN_CUPTI, None)
+            else:
+                os.environ[TEARDOWN_CUPTI] = self._teardown_before
         handle, path = tempfile.mkstemp(suffix=".json", prefix="energy-kernels-")
         os.close(handle)
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.plugin_threads import register_current_thread
 from megatron_energy.runtime.parts import Meter
 
 
@@ -33,7 +34,16 @@ class MeterThread:
 
     def __init__(self, meter: Meter, synchronous: bool) -> None:
         self._meter = meter
-        self._executor = None if synchronous else ThreadPoolExecutor(1, thread_name_prefix="energy-meter")
+        self._executor = (
+            None
+            if synchronous
+            else ThreadPoolExecutor(
+                1,
+                thread_name_prefix="energy-meter",
+                initializer=register_current_thread,
+                initargs=("energy meter",),
+            )
+        )
 
     def lap_later(self, name: str = "iteration") -> Future[EnergyWindow | None]:
         """Queue a lap; its window is the future's result (at once when synchronous)."""

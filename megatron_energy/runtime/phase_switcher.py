@@ -8,12 +8,20 @@ daemon started at the first instruction with phase clocks, takes the instruction
 the start event has completed (``event.synchronize()``, which releases the GIL; on a GPU the switcher records
 its own anchor beside the timer's, a blocking-sync CUDA event (``anchor_event``), so the thread sleeps in the
 driver instead of spinning a core or polling for the GIL while the host runs ahead), takes that moment as
-the anchor, then for each request sleeps until ``anchor +
-offset`` and asks the session's ``FrequencyController`` for the clock (``request_inside``: the controller
-applies it, or records it in a dry run, under the same lock as every other clock change).
+the anchor, then for each request sleeps until ``anchor + offset`` in one wait and asks the session's
+``FrequencyController`` for the clock (``request_inside``: the controller applies it, or records it in a dry
+run, under the same lock as every other clock change).
+
+**Few wake-ups.** The thread wakes once per instruction start and once per request, never in between: it
+does not poll. Every torch operation the training thread launches releases the GIL and takes it back, so a
+thread that wakes often to run Python holds up launches each time it holds the GIL (on an H200, a thread
+querying a CUDA event every millisecond made a launch-bound loop's launches 12x slower, measured;
+``runtime.host_cost`` counts this thread's CPU time per step). A wait ends early only when the session
+cancels or closes the switcher.
 
 Ordering: the session also gives the switcher each instruction's end marker (its end event). A request whose
-instruction has ended on the GPU is *stale* and dropped, checked under the controller's lock, so a phase
+instruction has ended on the GPU is *stale* and dropped, checked (one event query) under the controller's
+lock when the request's time comes, so a phase
 clock never lands after the next instruction's boundary clock (that one is applied only once the GPU has
 reached the next instruction, after this one's end). The timer reuses its events two steps later; the
 thread keeps within milliseconds of the GPU and Megatron keeps the host within a step of it, so an event is
@@ -26,11 +34,13 @@ instruction clocks; so does a controller that turned monitor-only.
 Limits: a request goes out after the anchor by its offset plus the driver's wake-up after the anchor event
 (tens of µs), the host's sleep overshoot (~0.1 ms on Linux) and the wait for the GIL, which the training
 thread hands over every ``sys.getswitchinterval()`` (5 ms by default) at worst; then the NVML call takes its
-own time (~1 ms) before the GPU's switch latency starts. The offsets themselves are the plan's: phase starts
-from a modelled per-class split or a measured kernel timeline at the planned clocks, not observed at run
-time. The plan requests a switch up one switch latency early, so lateness of a few ms shifts where a
-switch lands within its window rather than making a phase slower than planned, as long as it is well below
-that latency.
+own time (~1 ms) before the GPU's switch latency starts. An instruction that ends before its last request's
+time holds the thread until that time (the request is then found stale), so the next instruction's first
+requests can go out late by as much as the instruction ended early. The offsets themselves are the
+plan's: phase starts from a modelled per-class split or a measured kernel timeline at the planned clocks,
+not observed at run time. The plan requests a switch up one switch latency early, so lateness of a few ms
+shifts where a switch lands within its window rather than making a phase slower than planned, as long as it
+is well below that latency.
 """
 
 from __future__ import annotations
@@ -43,11 +53,9 @@ from dataclasses import dataclass, field
 
 from megatron_energy.dvfs.controller import BoundaryEvent
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.plugin_threads import register_current_thread
 from megatron_energy.runtime.parts import InsideController, SwitchCounts, inactive_reason
 from megatron_energy.runtime.plan_runner import InsideRequest
-
-MAX_SLEEP_S = 0.005
-"""Longest single sleep while waiting for a request's time: the thread rechecks staleness and stopping."""
 
 
 @dataclass
@@ -71,7 +79,6 @@ class PhaseSwitcher:
         anchor_event: Records a fresh marker on the current stream at an instruction's start (a blocking-sync
             CUDA event); ``None``: the marker the session gives is waited on.
         clock: The host clock (seconds).
-        sleep: Sleeps the calling thread (seconds).
     """
 
     def __init__(
@@ -81,17 +88,16 @@ class PhaseSwitcher:
         max_pending: int = 64,
         anchor_event: Callable[[], BoundaryEvent] | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.controller = controller
         self.counts = SwitchCounts()
         self._max_pending = max_pending
         self._anchor_event = anchor_event
         self._clock = clock
-        self._sleep = sleep
         self._jobs: collections.deque[_Job] = collections.deque()
         self._open: dict[Instruction, _Job] = {}
         self._changed = threading.Condition()
+        self._interrupted = threading.Condition()  # wakes a wait for a request's time: cancel or close
         self._generation = 0
         self._stopping = False
         self._error: BaseException | None = None
@@ -134,6 +140,8 @@ class PhaseSwitcher:
             self._open.clear()
             self.counts.dropped += sum(len(job.requests) for job in self._jobs)
             self._jobs.clear()
+        with self._interrupted:
+            self._interrupted.notify_all()
 
     def take_error(self) -> BaseException | None:
         """The error that stopped phase switching (once; ``None`` if none)."""
@@ -146,6 +154,8 @@ class PhaseSwitcher:
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
+        with self._interrupted:
+            self._interrupted.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -153,7 +163,7 @@ class PhaseSwitcher:
 
     def _stale(self, job: _Job) -> bool:
         """Whether the job's moment has passed: cancelled, stopping, or its instruction ended on the GPU."""
-        if job.generation != self._generation or self._stopping:
+        if self._cancelled(job):
             return True
         end = job.end
         return end is not None and end.query()
@@ -164,6 +174,7 @@ class PhaseSwitcher:
             return None if self._stopping else self._jobs.popleft()
 
     def _run(self) -> None:
+        register_current_thread("phase switcher")
         try:
             while (job := self._next_job()) is not None:
                 self._switch(job)
@@ -171,13 +182,21 @@ class PhaseSwitcher:
             self._error = error
             self._stopping = True
 
+    def _wait_until(self, at_s: float, job: _Job) -> None:
+        """Sleep until ``at_s`` (host clock) in one wait, unless the job is cancelled or the switcher ends."""
+        with self._interrupted:
+            while (left_s := at_s - self._clock()) > 0 and not self._cancelled(job):
+                self._interrupted.wait(left_s)
+
+    def _cancelled(self, job: _Job) -> bool:
+        return job.generation != self._generation or self._stopping
+
     def _switch(self, job: _Job) -> None:
         """Wait for the instruction's start, then make each of its requests at its offset."""
         job.anchor.synchronize()
         anchor_s = self._clock()
         for done, request in enumerate(job.requests):
-            while (left_s := anchor_s + request.offset_s - self._clock()) > 0 and not self._stale(job):
-                self._sleep(min(left_s, MAX_SLEEP_S))
+            self._wait_until(anchor_s + request.offset_s, job)
             applied = self.controller.request_inside(request.clock_mhz, lambda: self._stale(job))
             if not self.controller.active:
                 raise RuntimeError(f"the frequency controller stopped: {inactive_reason(self.controller)}")

@@ -16,6 +16,11 @@ this order (:meth:`ProfileCollector.begin_step` says which kind each step is):
    span's energy from the rest of the iteration. They alone give the profile rows and the measured
    iteration tail, which stay exact; they are never part of the comparison baseline.
 
+With a kernel-timeline recorder (``record_kernels``: the phase planner's measured timelines on CUDA), each
+clock's block ends with one more synchronous step, a **recorded step**, run under ``torch.profiler``. The
+profiler's work on every launch makes that step slower than the others, so its figures feed the kernel
+timeline only: never the profile rows, the measured tail or the stock baseline.
+
 Per instruction class (``Work``: stage, chunk, kind) the instruction time is the mean over microbatches and
 steps (device events are exact in both kinds). Energy per instruction comes from the backend when it can
 attribute it (simulated GPUs); otherwise the energy of the step's pipeline span, less the blocked and idle
@@ -61,8 +66,9 @@ class PlannedStep:
 
     clock_mhz: int
     """The clock the step runs at."""
-    kind: Literal["settling", "baseline", "profile"]
-    """``settling`` (discarded), ``baseline`` (lagged, no sync) or ``profile`` (synchronous)."""
+    kind: Literal["settling", "baseline", "profile", "recorded"]
+    """``settling`` (discarded), ``baseline`` (lagged, no sync), ``profile`` (synchronous) or ``recorded``
+    (synchronous, under the kernel-timeline recorder; discarded here)."""
 
     @property
     def synchronised(self) -> bool:
@@ -115,6 +121,7 @@ class ProfileCollector:
         blocked_power_w: Power while blocked on communication (for energy attribution on real GPUs).
         idle_power_w: Power while idle at the end of the step.
         stock_iters: Baseline steps at the stock clock until :meth:`set_stock_steps` says otherwise.
+        record_kernels: End each clock's block with a recorded step (module docstring).
     """
 
     clocks_mhz: Sequence[int]
@@ -122,6 +129,7 @@ class ProfileCollector:
     blocked_power_w: float
     idle_power_w: float
     stock_iters: int = 0
+    record_kernels: bool = False
     _begun: int = 0
     _added: int = 0
     _times: dict[tuple[Work, int], list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -137,12 +145,12 @@ class ProfileCollector:
     @property
     def steps_needed(self) -> int:
         """Steps the whole grid takes (the stock clock's baseline as decided so far)."""
-        return (
-            1
-            + self.stock_iters
-            + self.steps_per_clock
-            + (len(self.clocks_mhz) - 1) * (self.steps_per_clock + 1)
-        )
+        return 1 + self.stock_iters + self._block_steps * len(self.clocks_mhz) - 1
+
+    @property
+    def _block_steps(self) -> int:
+        """Steps of one clock's block after its baseline: settling, profile steps, the recorded step."""
+        return 1 + self.steps_per_clock + int(self.record_kernels)
 
     @property
     def done(self) -> bool:
@@ -172,30 +180,16 @@ class ProfileCollector:
     def planned(self, index: int) -> PlannedStep:
         """The clock and kind of the step numbered ``index`` (the last step's once the grid is done)."""
         index = min(index, self.steps_needed - 1)
-        baseline_end = self.stock_iters
         if index == 0:
             return PlannedStep(self.clocks_mhz[0], "settling")
-        if index <= baseline_end:
+        if index <= self.stock_iters:
             return PlannedStep(self.clocks_mhz[0], "baseline")
-        if index <= baseline_end + self.steps_per_clock:
-            return PlannedStep(self.clocks_mhz[0], "profile")
-        block, within = divmod(index - (baseline_end + self.steps_per_clock + 1), self.steps_per_clock + 1)
-        return PlannedStep(self.clocks_mhz[1 + block], "settling" if within == 0 else "profile")
-
-    def begun_last_profile_step_clock(self) -> int | None:
-        """The clock whose last synchronous profile step is the step begun last; ``None`` for another step.
-
-        The step after it is the next clock's settling step (discarded) or the first planned step (left out of
-        every comparison), so host work at its end (a profiler's) disturbs no measured figure.
-        """
-        index = self._begun - 1
-        if index < 1 or index >= self.steps_needed:
-            return None
-        if index == self.stock_iters + self.steps_per_clock:
-            return self.clocks_mhz[0]
-        planned = self.planned(index)
-        last = self.planned(index + 1).kind == "settling" or index == self.steps_needed - 1
-        return planned.clock_mhz if planned.kind == "profile" and index > self.stock_iters and last else None
+        # the stock block's settling step is the grid's first, before the baseline: its block resumes after it
+        block, within = divmod(index - self.stock_iters, self._block_steps)
+        clock = self.clocks_mhz[block]
+        if within == 0:
+            return PlannedStep(clock, "settling")
+        return PlannedStep(clock, "profile" if within <= self.steps_per_clock else "recorded")
 
     def begin_step(self) -> PlannedStep:
         """The next step begins: what it is (its clock, and whether it is synchronised)."""
@@ -216,7 +210,7 @@ class ProfileCollector:
         planned = self.planned(self._added)
         self._added += 1
         timing = figures.timing
-        if planned.kind == "settling" or not timing.samples:
+        if planned.kind in ("settling", "recorded") or not timing.samples:
             return
         synchronised = planned.synchronised
         outside_j = figures.outside_j if figures.outside_j is not None and synchronised else 0.0

@@ -113,9 +113,10 @@ class EnergySession:
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
         kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
-            only) in the last synchronous profile step of each profiled clock (their clock response is then
+            only) in a recorded step that ends each profiled clock's block (their clock response is then
             measured; a dry run profiles the stock clock alone), when the optimiser asks for phases; never in
-            the run phase. ``None``: the phase planner uses the modelled per-class split.
+            the run phase, and the recorded steps' figures feed nothing else (``runtime.profiling``).
+            ``None``: the phase planner uses the modelled per-class split.
         phase_switcher: Requests a plan's clocks inside instructions (``runtime.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
     """
@@ -164,6 +165,7 @@ class EnergySession:
             blocked_power_w=spec.blocked_power_w,
             idle_power_w=spec.idle_power_w,
             stock_iters=pilot_steps(config.profile_iters),
+            record_kernels=self.kernel_timeline is not None,
         )
         self._stock_decided = False
         self._step_lagged = False  # whether the step running now is timed without a device sync
@@ -213,9 +215,8 @@ class EnergySession:
             self.timer.wait_for_device()
             self._outside = self.laps.lap()
             self.collector.add_outside_phases(self.timer.outside_durations())
-            clock = None if self.kernel_timeline is None else self.collector.begun_last_profile_step_clock()
-            if self.kernel_timeline is not None and clock is not None:
-                self.kernel_timeline.start(clock)
+            if self.kernel_timeline is not None and planned is not None and planned.kind == "recorded":
+                self.kernel_timeline.start(planned.clock_mhz)
         boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
