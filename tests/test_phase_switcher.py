@@ -226,8 +226,8 @@ class CountingEvent(FakeEvent):
 
 
 def test_the_thread_sleeps_until_a_requests_time_without_polling(switchers) -> None:
-    """Each wake-up of a plugin thread can hold up the training thread's launches (the GIL): the thread
-    wakes when a request's time comes, not every few milliseconds before it."""
+    """A plugin thread's work competes with the training thread's launches (the GIL, the driver): the
+    thread wakes when a request's time comes, not every few milliseconds before it."""
     controller = RecordingController()
     switcher = switchers(controller)
     end = CountingEvent()

@@ -11,11 +11,11 @@ costs the GPU nothing, so the figure is a loose bound.
 
 The plugin's background threads (energy meter, frequency controller, phase switcher) are counted apart, as
 the CPU time each used per run-phase step (``megatron_energy.plugin_threads``: the kernel's per-thread CPU
-clock, *measured*). Their cost to the training thread is not their CPU time itself but the GIL: every
-torch operation the training thread launches releases the GIL and takes it back, so each time a plugin
-thread wakes and runs Python it can hold up a launch (on an H200, a thread polling a CUDA event every
-millisecond made a launch-bound loop's launches 12x slower, measured): the wake-ups these figures show
-are the thing to keep rare. What neither figure sees is the device time of the CUDA events the timer
+clock, *measured*). Their cost to the training thread is not their CPU time itself: every torch operation
+the training thread launches releases the GIL and takes it back, so a plugin thread's Python work competes
+with the launches, and CUDA calls from another thread can contend with them in the driver (on an H200, a
+thread recording and querying an event every millisecond made a launch-bound loop's launches 14-21x
+slower, measured). What neither figure sees is the device time of the CUDA events the timer
 records (no kernels). Profiling steps are left out: they synchronise the device on purpose.
 """
 

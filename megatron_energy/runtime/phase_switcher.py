@@ -13,11 +13,13 @@ the anchor, then for each request sleeps until ``anchor + offset`` in one wait a
 run, under the same lock as every other clock change).
 
 **Few wake-ups.** The thread wakes once per instruction start and once per request, never in between: it
-does not poll. Every torch operation the training thread launches releases the GIL and takes it back, so a
-thread that wakes often to run Python holds up launches each time it holds the GIL (on an H200, a thread
-querying a CUDA event every millisecond made a launch-bound loop's launches 12x slower, measured;
-``runtime.host_cost`` counts this thread's CPU time per step). A wait ends early only when the session
-cancels or closes the switcher.
+does not poll, and it asks the instruction's end marker only when a request's time has come. Every torch
+operation the training thread launches releases the GIL and takes it back, so a plugin thread's Python
+work competes with the launches, and CUDA calls from another thread can contend with them in the driver
+(on an H200, a thread recording and querying an event every millisecond beside a launch-bound loop made
+its launches 14-21x slower; one querying one event every 5 ms, or sleeping in 1-5 ms steps, changed
+nothing measurable; ``runtime.host_cost`` counts this thread's CPU time per step). A wait ends early only
+when the session cancels or closes the switcher.
 
 Ordering: the session also gives the switcher each instruction's end marker (its end event). A request whose
 instruction has ended on the GPU is *stale* and dropped, checked (one event query) under the controller's
