@@ -63,6 +63,15 @@ def unregister(name: str) -> None:
     _FACTORIES.pop(name, None)
 
 
+def registered() -> dict[str, Factory]:
+    """Every optimiser registered in this process, the built-in ones included (a copy).
+
+    A planner process registers them again (``runtime.planner_process``), so it resolves ``--energy-mode``
+    as this process does; each factory travels by import path, or pickled by reference.
+    """
+    return dict(_FACTORIES)
+
+
 @cache
 def _plugin_factories() -> dict[str, Factory]:
     """Optimisers installed packages declare as entry points (read once per process)."""

@@ -18,6 +18,8 @@ with ``optimizer_step`` each step is followed by an optimizer step inside Megatr
 from __future__ import annotations
 
 import statistics
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,9 +27,10 @@ from typing import Any
 
 from megatron_harness import PipelineWorld, spawn_world
 
-from megatron_energy.config import EnergyConfig, EnergyTarget, PhaseSwitching
+from megatron_energy.config import EnergyConfig, EnergyTarget, PhaseSwitching, Planning
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.events import ListenerFanout
+from megatron_energy.runtime.policies import PLANNING_PHASE
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class SessionSettings:
     """Profiled clocks; ``None`` for the automatic grid."""
 
     run_steps: int = 10
-    """Steps run with the plan after profiling."""
+    """Steps run after profiling and planning (with the plan, or at stock clocks when planning failed)."""
 
     log_interval: int = 5
     """Steps between energy log lines."""
@@ -97,6 +100,12 @@ class SessionSettings:
     phase_switching: PhaseSwitching = "auto"
     """``--energy-phase-switching``."""
 
+    planning: Planning = "auto"
+    """``--energy-planning`` (``auto`` waits for the planner on simulated GPUs)."""
+
+    sys_path: tuple[Path, ...] = ()
+    """Folders put first on every rank's ``sys.path`` (a plugin optimiser's, ``plugin_site``)."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -111,6 +120,7 @@ class SessionSettings:
             safety_tolerance=self.safety_tolerance,
             dry_run=self.dry_run,
             phase_switching=self.phase_switching,
+            planning=self.planning,
         )
 
 
@@ -125,6 +135,8 @@ class StepReport:
     exact_energy_j: float
     """The simulated GPU's exact modelled energy over the step (from the previous step's end), whatever its
     energy counter showed."""
+    wall_s: float = 0.0
+    """The step's host wall time on this rank (measured, ``perf_counter``), the session's hooks included."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     from megatron_energy.pipeline.workload import TransformerShape
     from megatron_energy.runtime.assembly import build_session
 
+    sys.path[:0] = [str(folder) for folder in settings.sys_path]
     if settings.ddp:
         from ddp_world import DdpWorld
 
@@ -213,16 +226,18 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     losses: list[float] = []
     step = 0
     try:
-        while sum(report.phase != "profiling" for report in steps) < settings.run_steps:
+        while sum(report.phase not in ("profiling", PLANNING_PHASE) for report in steps) < settings.run_steps:
             _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
             phase, exact_before_mj = session.phase, gpu.energy_mj
+            began_s = time.perf_counter()
             losses += run_schedule(settings.num_microbatches, seed=step)
             if settings.optimizer_step:
                 _optimizer_step(world)
             world.zero_grads()
+            wall_s = time.perf_counter() - began_s
             figures = session.history[-1]
             exact_j = (gpu.energy_mj - exact_before_mj) / 1000
-            steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j, exact_j))
+            steps.append(StepReport(step, phase, figures.iteration_s, figures.energy_j, exact_j, wall_s))
             instructions += [
                 (step, phase, s.instruction.kind, s.instruction.microbatch, s.duration_s, s.energy_j)
                 for s in figures.timing.samples

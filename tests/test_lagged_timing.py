@@ -8,12 +8,13 @@ the lagged timer removes. Reading an incomplete event's time raises, as CUDA doe
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import torch
 
-from megatron_energy.config import EnergyConfig
+from megatron_energy.config import EnergyConfig, Planning
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -26,6 +27,7 @@ from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.parts import SwitchCounts
+from megatron_energy.runtime.policies import PLANNING_PHASE
 from megatron_energy.runtime.session import EnergySession
 
 
@@ -132,7 +134,9 @@ def _run_step(session: EnergySession, device: FakeDevice, step: int) -> None:
     device.complete_all()  # the optimizer step's host reads (grad norm, loss) wait for the device
 
 
-def _session(tmp_path, device: FakeDevice, log_interval: int = 1000) -> tuple[EnergySession, list[str]]:
+def _session(
+    tmp_path, device: FakeDevice, log_interval: int = 1000, planning: Planning = "wait"
+) -> tuple[EnergySession, list[str]]:
     spec = load_gpu_spec("h100-sxm")
     context = JobContext(
         pipeline_rank=0,
@@ -143,7 +147,8 @@ def _session(tmp_path, device: FakeDevice, log_interval: int = 1000) -> tuple[En
     )
     lines: list[str] = []
     session = EnergySession(
-        EnergyConfig(optimise=True, dir=tmp_path, profile_iters=1),
+        # by default the plan is adopted as profiling ends (as on simulated GPUs): most tests time steps
+        EnergyConfig(optimise=True, dir=tmp_path, profile_iters=1, planning=planning),
         context,
         optimiser=resolve("perseus"),
         controller=_Controller(),
@@ -290,6 +295,38 @@ def test_the_stock_baseline_is_made_of_steps_timed_as_the_run_phase_times_its_ow
     for step in range(first_run_step, first_run_step + 3):
         _run_step(session, device, step)
     assert device.device_syncs[syncs:] == [] and device.waits[waits:] == []
+
+
+def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_phase_policy(
+    tmp_path, device, monkeypatch
+) -> None:
+    session, lines = _session(tmp_path, device, planning="auto")  # CUDA events: in the background
+    checked: list[str] = []  # the phase of every step the safety net was given
+    check_safety = session._check_safety
+    monkeypatch.setattr(
+        session,
+        "_check_safety",
+        lambda figures, slow_alone, phase: checked.append(phase) or check_safety(figures, slow_alone, phase),
+    )
+    step = _profile(session, device)
+    assert session.phase == PLANNING_PHASE
+    syncs, waits = len(device.device_syncs), len(device.waits)
+    deadline = time.monotonic() + 60
+    while session.phase == PLANNING_PHASE and time.monotonic() < deadline:
+        _run_step(session, device, step)
+        step += 1
+        time.sleep(0.01)
+    assert session.phase == "planned"
+    planned_from = step
+    for _ in range(2):  # the last planning step is reported one step late, in the first planned one
+        _run_step(session, device, step)
+        step += 1
+    assert device.device_syncs[syncs:] == [] and device.waits[waits:] == []  # timed as the run phase
+    assert checked == ["planned"]  # the first planned step, reported in the second; no planning step
+    (line,) = [line for line in lines if line.startswith("[energy] plan took effect")]
+    ran = planned_from - session.collector.steps_needed
+    assert line.startswith(f"[energy] plan took effect at iteration {planned_from + 1}: computed in ")
+    assert line.endswith(f" s while {ran} iteration(s) ran at stock clocks")
 
 
 class _FailedSwitcher:

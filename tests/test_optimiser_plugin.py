@@ -1,19 +1,20 @@
 """A second optimiser plugs in as an installed plugin, without touching the session, and runs end to end.
 
 The toy optimiser (``tests/optimiser_plugin/toy_fixed_clocks.py``) is "installed" the way a pip package
-would be: a ``.dist-info`` folder on the ranks' path (``sys.path``, where ``PYTHONPATH`` puts it) declares it
-in the ``megatron_energy.optimisers`` entry-point group. Megatron then trains a 2-stage pipeline through the
-launcher with ``--energy-mode toy`` (``launcher_world``).
+would be (``plugin_site``): a ``.dist-info`` folder on the ranks' path (``sys.path``, where ``PYTHONPATH``
+puts it) declares it in the ``megatron_energy.optimisers`` entry-point group. Megatron then trains a 2-stage
+pipeline through the launcher with ``--energy-mode toy`` (``launcher_world``); the toy plans in a planner
+process, which finds it on the same path.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from launcher_world import LauncherRun, run_launcher
 from megatron_harness import TINY_GPT_SCRIPT
+from plugin_site import PLUGIN_SOURCE, install_plugin
 
 from megatron_energy import registry
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -21,7 +22,6 @@ from megatron_energy.plan import Plan
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
-PLUGIN_SOURCE = Path(__file__).resolve().parent / "optimiser_plugin"
 # 8 profiling steps (stock: settling + 4-step baseline pilot + 1 synchronous; 1005 MHz: 1 + 1), 2 planned
 TRAIN_ITERS = 10
 MEGATRON_ARGS = [
@@ -34,21 +34,11 @@ MEGATRON_ARGS = [
 GRID_MHZ = (1980, 1005)
 
 
-def install_plugin(site: Path) -> None:
-    """Declare the toy optimiser in an installed-distribution folder under ``site``."""
-    dist_info = site / "toy_fixed_clocks-0.1.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-fixed-clocks\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(
-        "[megatron_energy.optimisers]\ntoy = toy_fixed_clocks:FixedClockPerKind\n"
-    )
-
-
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory: pytest.TempPathFactory) -> LauncherRun:
     """The launcher with ``--energy-mode toy`` on 2 ranks, the plugin installed on their path."""
     root = tmp_path_factory.mktemp("toy_plugin")
-    install_plugin(root / "site")
+    install_plugin(root / "site", {"toy": "toy_fixed_clocks:FixedClockPerKind"})
     argv = [
         str(TINY_GPT_SCRIPT), *MEGATRON_ARGS,
         "--energy-optimise", "--energy-mode", "toy", "--energy-backend", "simulated",

@@ -13,8 +13,14 @@ two sides were measured; the **synchronous profile steps** (like every measured 
 wait for the device at their begin and end, so the counter laps separate the pipeline span's energy from
 what ran between two schedules (``runtime.step_figures``): they give the profile rows and the measured
 iteration tail, exact, and never enter a comparison.
-Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, the
-optimiser plans, rank 0 writes the plan file and broadcasts its text (no server); every rank parses it.
+Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, and
+the optimiser plans there in a process of its own (``runtime.planner_process``). On real GPUs
+(``--energy-planning``) training goes on meanwhile at stock clocks, in the planning phase (``stock
+(planning)``, where no run-phase policy acts): at each of its step ends rank 0 asks the planner without
+waiting and broadcasts "not yet" or the decision, so every rank adopts the plan (or falls back) at the same
+step. On simulated GPUs, whose virtual clock stands still while the host plans, rank 0 waits for the planner
+at the step profiling ends, so their runs stay deterministic. Rank 0 writes the plan file and broadcasts its
+text (no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
 instruction at its boundary on the GPU timeline, a tail phase's at its outside-phase hook); the clocks of
 phases inside an instruction go, with the instruction's start marker, to a phase switcher that requests
@@ -44,10 +50,12 @@ cache write error) all run the uncached plan. Each rank logs why; no exception r
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from megatron_energy import registry
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
@@ -68,20 +76,20 @@ from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.plan_runner import PlanRunner
+from megatron_energy.runtime.planner_process import PlannerInput, PlannerProcess
 from megatron_energy.runtime.planning import (
     Fallback,
     PlanRelease,
     StockBaseline,
     baseline_from_profiling,
     load_release,
-    plan_on_root,
     plan_summary,
     profile_from_rows,
     store_release,
     tail_from_profiling,
     tail_phases_from_profiling,
 )
-from megatron_energy.runtime.policies import SAFETY_PHASE, SafetyNet, StragglerPolicy
+from megatron_energy.runtime.policies import PLANNING_PHASE, SAFETY_PHASE, SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_budget import allowed_power_w
 from megatron_energy.runtime.profiling import (
     ProfileCollector,
@@ -172,6 +180,13 @@ class EnergySession:
         self.phase = "profiling"
         self.plan: Plan | None = None
         self._buckets: tuple[MeasuredBucket, ...] | None = None  # every pipeline rank's, gathered to plan
+        self.background_planning = config.planning == "background" or (
+            config.planning == "auto" and timer.source == "measured"
+        )
+        """Whether training goes on at stock clocks while the plan is computed (``--energy-planning``)."""
+        self._planner: PlannerProcess | Fallback | None = None
+        """Rank 0, from the end of profiling to the decision: the planner process, or why it did not start."""
+        self._planning_began = (0, 0.0)  # the step profiling ended at, and when (time.monotonic)
         self.baseline = StockBaseline()
         self.runner: PlanRunner | None = None
         self.straggler: StragglerPolicy | None = None
@@ -296,6 +311,8 @@ class EnergySession:
     def _seal_step(self, step: int) -> None:
         """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
 
+        A step that ran in the planning phase ends with the planner's decision (:meth:`_take_decision`).
+
         A synchronous profiling step waits for the device and returns this step. In a baseline step and in
         the run phase nothing here waits for the GPU: the timer returns the previous step
         (``runtime.cuda_timer``; simulated GPUs still return this one), whose figures the straggler policy,
@@ -303,6 +320,7 @@ class EnergySession:
         ~3 ms), taken while the GPU still runs the backward pass queued before it, so it costs the GPU no
         idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
+        planning = self.phase == PLANNING_PHASE
         timings = self.timer.finish_step(lagged=self._step_lagged)
         if self.kernel_timeline is not None and self.kernel_timeline.recording:
             self.kernel_timeline.stop()  # the synchronous step's kernels have run
@@ -319,6 +337,8 @@ class EnergySession:
         )
         for timing in timings:
             self._finish(self._sealed.pop(0), timing)
+        if planning:
+            self._take_decision(step, wait=False)
 
     def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
         """One step's figures: the profile or the run-phase policies, then the energy log."""
@@ -329,8 +349,8 @@ class EnergySession:
             if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:
                 self._decide_stock_steps(figures.exact)  # at the pilot's end, before another step begins
             if self.collector.done:
-                self._plan()
-        else:
+                self._plan(sealed.step)
+        elif sealed.phase != PLANNING_PHASE:  # a step at stock clocks while planning: no plan to police
             # every run-phase rank joins the straggler all-reduce, the safety-netted ones too: a replica
             # that skipped it would leave the others waiting in the collective
             alone = self._follow_stragglers(figures)
@@ -368,8 +388,10 @@ class EnergySession:
         ran a plan then logs the stock plan's prediction against the measured stock steps
         (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
         its own host time in the hooks (``runtime.host_cost``), and what became of the requests inside
-        instructions (``runtime.phase_switcher``).
+        instructions (``runtime.phase_switcher``). A planner process still running is terminated first.
         """
+        if isinstance(self._planner, PlannerProcess):
+            self._planner.terminate()
         if self.phase_switcher is not None:
             self.phase_switcher.close()
             counts = self.phase_switcher.counts
@@ -473,11 +495,12 @@ class EnergySession:
             "delete when done); profiling again"
         )
 
-    def _plan(self) -> None:
-        """Gather every rank's profile on rank 0, plan there, broadcast one decision, adopt it everywhere.
+    def _plan(self, step: int) -> None:
+        """At the end of profiling (``step``): gather the ranks' profiles on rank 0, start the planner there.
 
-        Rank 0 caches the plan only once every rank has adopted it: a plan some rank cannot run is never
-        cached.
+        With background planning every rank then trains at stock clocks in the planning phase and takes the
+        decision at a later step's end (:meth:`_take_decision`); otherwise rank 0 waits for the planner and
+        every rank takes the decision at this step's end.
         """
         self._buckets = self._gather_buckets()
         gathered = self.comms.gather_to_root(self._profile_contribution())
@@ -486,16 +509,45 @@ class EnergySession:
             if self.optimiser.request.phases
             else None
         )
-        decision: PlanRelease | Fallback | None = None
+        self._planning_began = (step, time.monotonic())
         if gathered is not None:
-            decision = self._decide_on_root(gathered, merge_timelines(timelines or []))
-        decision = self.comms.broadcast_from_root(decision)
+            self._planner = self._start_planner(gathered, merge_timelines(timelines or []))
+        if not self.background_planning:
+            self._take_decision(step, wait=True)
+            return
+        self.controller.request(RESET)  # the last profiled clock need not be the stock one
+        self.phase = PLANNING_PHASE
+
+    def _take_decision(self, step: int, *, wait: bool) -> None:
+        """At the end of ``step``: rank 0 broadcasts the planner's outcome, or ``None`` while it runs.
+
+        Every rank adopts the plan (from the next step on) or falls back together. Rank 0 caches the plan
+        only once every rank has adopted it (a plan some rank cannot run is never cached), and logs after how
+        many steps and seconds it took effect.
+        """
+        outcome: PlannerProcess | PlanRelease | Fallback | None = self._planner
+        if isinstance(outcome, PlannerProcess):
+            outcome = outcome.wait() if wait else outcome.poll()
+        decision: PlanRelease | Fallback | None = self.comms.broadcast_from_root(outcome)
+        if decision is None:
+            return
+        self._planner = None
         if isinstance(decision, Fallback):
             self._fall_back(decision.reason)
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
         elif self.context.global_rank == 0:
             self._store(decision)
+            self.printer(self._took_effect_line(step))
+
+    def _took_effect_line(self, step: int) -> str:
+        """Rank 0's line: at which iteration the plan took effect, and how long planning took (wall clock)."""
+        began_step, began_s = self._planning_began
+        took = f"plan took effect at iteration {step + 2}: computed in {time.monotonic() - began_s:.1f} s"
+        if self.background_planning:
+            return f"[energy] {took} while {step - began_step} iteration(s) ran at stock clocks"
+        why = "--energy-planning wait" if self.config.planning == "wait" else "simulated GPUs"
+        return f"[energy] {took} while training waited for it ({why})"
 
     def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
         """This rank's rows and measured stock steps for the gather, or why it has none."""
@@ -514,8 +566,8 @@ class EnergySession:
             self.printer(f"[energy] rank {self.context.global_rank}: kernel timeline not read: {problem}")
             return {}
 
-    def _decide_on_root(self, gathered: list[Any], timelines: Timelines) -> PlanRelease | Fallback:
-        """Plan on rank 0; any failure becomes a fallback every rank takes (never an exception)."""
+    def _start_planner(self, gathered: list[Any], timelines: Timelines) -> PlannerProcess | Fallback:
+        """Start the planner process on rank 0; a failure becomes the fallback every rank takes (no raise)."""
         failures = [entry for entry in gathered if isinstance(entry, Fallback)]
         if failures:
             return failures[0]
@@ -523,7 +575,7 @@ class EnergySession:
             clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
             self.printer(f"[energy] {timelines_line(timelines, self.timer.source, clocks)}")
         try:
-            return self._plan_profile(gathered, timelines)
+            return PlannerProcess(self._planner_input(gathered, timelines))
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 
@@ -537,9 +589,10 @@ class EnergySession:
                 "the next run profiles again"
             )
 
-    def _plan_profile(
+    def _planner_input(
         self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]], timelines: Timelines
-    ) -> PlanRelease:
+    ) -> PlannerInput:
+        """What the planner process plans from; its optimiser is built from ``--energy-mode`` again."""
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
             rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
@@ -562,7 +615,7 @@ class EnergySession:
             phase_timelines=timelines or None,
         )
         baseline = baseline_from_profiling(gathered, source=self.timer.source)
-        return plan_on_root(self.optimiser, profile, job, baseline)
+        return PlannerInput(self.config.mode, registry.registered(), profile, job, baseline)
 
     def _gather_buckets(self) -> tuple[MeasuredBucket, ...] | None:
         """Every pipeline rank's measured DDP bucket layout (one all-gather over the pipeline), or ``None``.
