@@ -28,6 +28,9 @@ BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
 PhaseSwitching = Literal["auto", "off"]
 PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
 """Choices of ``--energy-phase-switching``."""
+Planning = Literal["auto", "background", "wait"]
+PLANNING: tuple[str, ...] = ("auto", "background", "wait")
+"""Choices of ``--energy-planning``."""
 MIN_GRID_MHZ = 100
 MAX_GRID_MHZ = 4000
 
@@ -287,12 +290,20 @@ class EnergyConfig:
     overhead_check: int = 0
     """``--energy-overhead-check``: once the plan runs, alternate blocks of this many iterations with the
     session suspended and active, and log the measured difference with its interval
-    (``runtime.overhead_check``); 0: off."""
+    (``runtime.overhead_check``: the training-thread hooks' cost; the background threads run in both kinds of
+    block); 0: off."""
 
     phase_switching: PhaseSwitching = "auto"
     """``--energy-phase-switching``: ``auto`` applies a plan's clocks of phases inside instructions
     (time-anchored to each instruction's start on the GPU, ``runtime.phase_switcher``); ``off`` keeps each
     instruction at its own clock (the plan's phase saving there is then not realised)."""
+
+    planning: Planning = "auto"
+    """``--energy-planning``: ``background`` computes the plan in a planner process while training goes on
+    at stock clocks, and every rank adopts it at the first step end after it is ready
+    (``runtime.planner_process``); ``wait`` has training wait for the planner process at the step profiling
+    ends; ``auto``: background on real GPUs, wait on simulated ones (their virtual clock stands still while
+    the host plans, so waiting keeps their runs deterministic)."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EnergyConfig:
@@ -419,7 +430,9 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         ("--energy-overhead-check",),
         "Once the plan runs, alternate blocks of N iterations with the plugin suspended (stock clocks, its "
         "hooks idle) and active, and log the measured change in iteration time and energy with its 95 %% "
-        "interval at the end (0: off; with --energy-dry-run the change is the plugin's own overhead).",
+        "interval at the end (0: off; with --energy-dry-run the change is the cost of the plugin's hooks on "
+        "the training thread: its background threads run in both kinds of block, so compare against "
+        "Megatron itself with scripts/bench_overhead.py).",
         {"type": _block_steps, "metavar": "N"},
     ),
     EnergyFlag(
@@ -429,6 +442,14 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
         "offset from the instruction's start on the GPU, from a background thread; off keeps every "
         "instruction at its own clock.",
         {"choices": PHASE_SWITCHING},
+    ),
+    EnergyFlag(
+        "planning",
+        ("--energy-planning",),
+        "background computes the plan in a separate process while training goes on at stock clocks (every "
+        "rank adopts it at one step end once it is ready); wait has training wait for it; auto: background "
+        "on real GPUs, wait on simulated ones (deterministic runs).",
+        {"choices": PLANNING},
     ),
 )
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
@@ -526,6 +547,7 @@ OPTIMISATION_FLAGS = {
     "energy_safety_tolerance": "--energy-safety-tolerance",
     "energy_safety_steps": "--energy-safety-steps",
     "energy_phase_switching": "--energy-phase-switching",
+    "energy_planning": "--energy-planning",
     "energy_log_file": "--energy-log-file",
     "energy_overhead_check": "--energy-overhead-check",
 }

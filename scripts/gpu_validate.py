@@ -12,7 +12,8 @@ Steps, each under its own time limit, every output under ``$OUT`` (or ``--out``)
    ``--train-iters`` iterations (default 32: the stock baseline takes up to 21 profiling iterations, so 20
    would leave no planned one);
 4. ``megatron-energy report`` on the dry run's energy folder;
-5. optionally (``--overhead-s S``), ``scripts/gpu_overhead.py`` with as many pairs as fit in ``S`` seconds;
+5. optionally (``--overhead-s S``), ``scripts/bench_overhead.py`` (plugin loaded vs not, separate processes,
+   ``--energy-mode perseus``, ``--script`` as above) with as many pairs as fit in ``S`` seconds;
 6. prints the key figures (each labelled measured or modelled) and writes them to ``key_figures.json``.
 
 Nothing on the GPU is changed: the calibration only reads NVML, the training runs in ``--energy-dry-run``.
@@ -285,16 +286,10 @@ def validate(args: argparse.Namespace) -> int:
         report += ["--log-file", str(work / "energy-log.jsonl")]
         steps.run("report", report, 120, log=args.out / "report.txt")
     if args.overhead_s > 0:
-        # gpu_overhead starts no pair past its deadline; the margin lets the pair in flight finish
+        # bench_overhead starts no pair past its deadline; the margin lets the pair in flight finish
         deadline_s = min(args.overhead_s, args.budget_s - steps.elapsed_s() - PACKING_S - 60)
-        command = [
-            sys.executable,
-            "scripts/gpu_overhead.py",
-            "--pairs",
-            "6",
-            "--deadline-s",
-            f"{deadline_s:.0f}",
-        ]
+        command = [sys.executable, "scripts/bench_overhead.py", "--modes", "perseus"]
+        command += ["--script", str(args.script), "--deadline-s", f"{deadline_s:.0f}"]
         command += ["--out", str(work / "overhead"), "--json", str(args.out / "overhead.json")]
         steps.run("overhead", command, deadline_s + 60, log=work / "overhead.log")
     calibration_log = work / "calibrate.log"

@@ -86,7 +86,7 @@ def test_steps_commands_and_out_files(tmp_path, monkeypatch, capsys):
     assert dry_run[dry_run.index("--pipeline-model-parallel-size") + 1] == "1"
     report = next(command for command in fake.commands if "report" in command)
     assert report[report.index("--energy-dir") + 1] == str(work / "energy")
-    assert not any("gpu_overhead.py" in name for name in names)  # only with --overhead-s
+    assert not any("bench_overhead.py" in name for name in names)  # only with --overhead-s
     files = sorted(path.name for path in out.iterdir())
     assert files == [
         "energy.tar.gz",

@@ -1,11 +1,18 @@
 """The in-process overhead check (``--energy-overhead-check N``): the session suspended vs active, paired.
 
+**What it measures: the training-thread hooks' cost**, session active vs suspended in one process. The
+plugin's background threads (the energy meter, the frequency controller, the phase switcher) keep running in
+the suspended blocks too, and so would a profiler left running, so what they cost (host time, the GIL, the
+GPU's queue) is on both sides and not in the change. ``scripts/bench_overhead.py`` measures the plugin
+against Megatron itself (the same job in separate processes, the plugin loaded or not), which includes them.
+
 Comparing a run with the plugin against a separate run without it mixes the plugin's cost with what differs
 from one process to the next (allocator state, cuBLAS choices, GPU temperature): on one H200 those moved an
 iteration by several per cent, more than the overhead to resolve. The check compares inside one process.
-Once the plan runs (the session's phase is no longer ``profiling``) and one more block of ``N`` active
-iterations has settled it, iterations go in blocks of ``N``, in pairs whose order alternates (suspended then
-active, active then suspended, ...), so that a drift over the run weighs on both sides alike:
+Once the plan runs (the session's phase is neither ``profiling`` nor ``stock (planning)``) and one more
+block of ``N`` active iterations has settled it, iterations go in blocks of ``N``, in pairs whose order
+alternates (suspended then active, active then suspended, ...), so that a drift over the run weighs on both
+sides alike:
 
 - **suspended**: the session is told to stand aside (:meth:`EnergySession.suspend`: clocks back to stock,
   the step its timer holds read out) and no schedule event reaches it; the hooks themselves still fire and
@@ -27,13 +34,13 @@ the mean's interval (±1.2 % over 21 pairs) while most pairs agreed within a fra
 is kept beside it, since an overhead the plugin paid only in some iterations would show there, not in the
 median. On such a machine short blocks (``N = 2``) pair iterations seconds apart, where a disturbance hits
 both sides of most pairs. In a dry run (or
-wherever clocks are not set) the clocks are the same in both blocks, so the change is the plugin's own
-overhead; with clocks applied it is the plan's effect, overhead included. On simulated GPUs only the session
+wherever clocks are not set) the clocks are the same in both blocks, so the change is the hooks' cost; with
+clocks applied it is the plan's effect, that cost included. On simulated GPUs only the session
 drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
 
 The session's listener writes each rank's pairs to ``--energy-dir`` (:data:`OVERHEAD_PAIRS_FILE`) when the run
 ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
-``scripts/gpu_overhead.py --pool``), since a pair is compared only with itself.
+``scripts/bench_overhead.py --pool``), since a pair is compared only with itself.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from megatron_energy.dvfs.meter import EnergyWindow
+from megatron_energy.runtime.policies import PLANNING_PHASE
 from megatron_energy.stats import RelativeChange, paired_median_change, paired_relative_change
 
 WINDOW = "overhead-check"
@@ -155,14 +163,20 @@ class OverheadResult:
         return cls(block_steps, times, energy)
 
     def describe(self, clocks_set: bool) -> str:
-        """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks)."""
-        what = "plan vs stock clocks" if clocks_set else "the plugin's own overhead (clocks not set)"
+        """One log line (``clocks_set``: whether the plan's clocks were really applied in active blocks).
+
+        It names what the check measures (the training-thread hooks' cost, or the plan's effect) and what it
+        cannot see (the background threads, running in both kinds of block).
+        """
+        what = "plan vs stock clocks" if clocks_set else "the training-thread hooks' cost (clocks not set)"
         energy = ""
         if self.energy is not None and self.energy_median is not None:
             energy = f"; energy per iteration {_changes(self.energy_median, self.energy)}"
         return (
-            f"overhead check, {what}: {self.pairs} pairs of {self.block_steps}-iteration blocks, session "
-            f"active vs suspended in one process: iteration time {_changes(self.time_median, self.time)}"
+            f"overhead check, in process, {what}: session active vs suspended in {self.pairs} pairs of "
+            f"{self.block_steps}-iteration blocks (the plugin's background threads keep running in both; "
+            "scripts/bench_overhead.py compares against Megatron itself): "
+            f"iteration time {_changes(self.time_median, self.time)}"
             f"{energy} (measured: wall clock{'' if self.energy is None else ', energy counter'})"
         )
 
@@ -252,7 +266,7 @@ class OverheadCheck:
         The same on every rank (it depends on the step number and the phase, which every rank shares).
         """
         now = self._clock()
-        if self._first_step is None and session.phase != "profiling":
+        if self._first_step is None and session.phase not in ("profiling", PLANNING_PHASE):
             self._first_step = step + self.block_steps  # one active block lets the plan settle
         self._record(step, now, session)
         placed = self._block_of(step)
