@@ -17,7 +17,8 @@ Layers (imports only run down; ``tests/test_layering.py`` checks every import):
    ``dvfs/`` (GPU backends, controller, guard, lease, meter, simulated GPUs; the only room importing zeus and
    pynvml).
 2. the optimiser seam and the optimisers: ``optimiser`` (the interface), ``registry`` and ``composition``
-   (``--energy-mode``), ``config`` (the flags that choose them), ``perseus/``. Pure Python, no torch.
+   (``--energy-mode``), ``config`` (the flags that choose them), ``config_checks`` (what each of their
+   values may be), ``plan_outcome`` (why a plan saves nothing), ``perseus/``. Pure Python, no torch.
 1. pure models: ``pipeline/`` (instruction identity, orders, DAG, workload and profile), ``sim/``, ``plan``
    (Plan v2, the one executable contract), ``dvfs.model`` and ``dvfs.calibration``.
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,

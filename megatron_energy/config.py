@@ -19,7 +19,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from megatron_energy.config_checks import (
+    Check,
+    block_problem,
+    choice_check,
+    clock_grid_problem,
+    fraction_problem,
+    power_floor_problem,
+    power_target_problem,
+    whole_number_problem,
+)
 from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.registry import mode_problem
 
 Backend = Literal["auto", "zeus", "simulated"]
@@ -31,8 +42,6 @@ PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
 Planning = Literal["auto", "background", "wait"]
 PLANNING: tuple[str, ...] = ("auto", "background", "wait")
 """Choices of ``--energy-planning``."""
-MIN_GRID_MHZ = 100
-MAX_GRID_MHZ = 4000
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,29 @@ class EnergyTarget:
 
     peak_w: float | None = None
     """The optional cap on any instruction's predicted power per GPU for ``power``; ``None`` for no cap."""
+
+    def deadline_s(self, fastest_s: float) -> float:
+        """The longest iteration this target allows; the one target -> deadline rule of every optimiser.
+
+        Args:
+            fastest_s: The iteration time at stock clocks (every instruction at its fastest clock).
+
+        Returns:
+            ``fastest_s`` for ``iso-time``, ``(1 + X)`` times it for ``slowdown:X``, ``inf`` for
+            ``min-energy`` (no bound).
+
+        Raises:
+            EnergyValueError: For a ``power`` target, which has no deadline: it picks the fastest point of the
+                clock frontier within its budget (``perseus.power_budget``).
+        """
+        if self.kind == "power":
+            raise EnergyValueError(
+                f"--energy-target {self}: a power budget picks the fastest frontier point within it and has "
+                "no deadline; plan it with --energy-mode perseus or all"
+            )
+        if self.kind == "min-energy":
+            return math.inf
+        return fastest_s * (1.0 + self.slowdown)
 
     def __str__(self) -> str:
         if self.kind == "slowdown":
@@ -141,22 +173,24 @@ def parse_freq_grid(text: str) -> tuple[int, ...] | None:
         return None
     parts = [part.strip() for part in text.split(",") if part.strip()]
     try:
-        clocks = sorted({int(part) for part in parts}, reverse=True)
+        clocks = tuple(sorted({int(part) for part in parts}, reverse=True))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not a clock list; give 'auto' or comma-separated MHz values such as 1980,1605,1410"
         ) from None
-    if len(clocks) < 2:
-        raise argparse.ArgumentTypeError(
-            f"'{text}' has fewer than two distinct clocks; a frontier needs at least two, or use 'auto'"
-        )
-    bad = [c for c in clocks if not MIN_GRID_MHZ <= c <= MAX_GRID_MHZ]
-    if bad:
-        raise argparse.ArgumentTypeError(
-            f"clock(s) {bad} MHz are outside {MIN_GRID_MHZ}-{MAX_GRID_MHZ} MHz; give SM clocks in MHz "
-            "(see `nvidia-smi -q -d SUPPORTED_CLOCKS`) or 'auto'"
-        )
-    return tuple(clocks)
+    return _checked(text, clocks, clock_grid_problem)
+
+
+def _checked[T](text: str, value: T, check: Check) -> T:
+    """``value`` parsed from ``text``, if ``check`` finds nothing wrong with it (an ``argparse`` type's end).
+
+    Raises:
+        argparse.ArgumentTypeError: What ``check`` found, quoting ``text``.
+    """
+    problem = check(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"'{text}' {problem}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -169,9 +203,7 @@ def positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' must be a whole number >= 1")
-    return value
+    return _checked(text, value, whole_number_problem)
 
 
 def _block_steps(text: str) -> int:
@@ -180,11 +212,7 @@ def _block_steps(text: str) -> int:
         value = int(text)
     except ValueError:
         value = -1
-    if value != 0 and value < 2:
-        raise argparse.ArgumentTypeError(
-            f"'{text}' must be 0 (off) or a block of at least 2 iterations (the first of a block is left out)"
-        )
-    return value
+    return _checked(text, value, block_problem)
 
 
 def _fraction(text: str) -> float:
@@ -192,9 +220,7 @@ def _fraction(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"'{text}' must be a fraction strictly between 0 and 1, e.g. 0.05")
-    return value
+    return _checked(text, value, fraction_problem)
 
 
 def known_gpu_spec(text: str) -> str:
@@ -239,6 +265,10 @@ def unwritable_folder_reason(folder: Path) -> str | None:
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+class EnergyConfigError(EnergyValueError):
+    """An ``EnergyConfig`` with a value no flag would accept; the message names the field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -304,6 +334,22 @@ class EnergyConfig:
     (``runtime.planner_process``); ``wait`` has training wait for the planner process at the step profiling
     ends; ``auto``: background on real GPUs, wait on simulated ones (their virtual clock stands still while
     the host plans, so waiting keeps their runs deterministic)."""
+
+    def __post_init__(self) -> None:
+        """Hold a config built in code to the rules the flags are parsed by.
+
+        Raises:
+            EnergyConfigError: A value out of range, an unknown mode or choice, or a target the mode cannot
+                plan; the message names each field, its flag and what to give instead.
+        """
+        problems = [
+            f"{name}={getattr(self, name)!r} ({_FLAG_OF[name]}) {problem}"
+            for name, check in _VALUE_CHECKS.items()
+            if (problem := check(getattr(self, name))) is not None
+        ]
+        problems += _planning_problems(self.mode, self.target, self.gpu_spec)
+        if problems:
+            raise EnergyConfigError("EnergyConfig: " + "; ".join(problems))
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EnergyConfig:
@@ -455,6 +501,21 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
 (patched path) and ``megatron-energy demo`` share."""
 
+_FLAG_OF: dict[str, str] = {flag.config_field: flag.options[0] for flag in ENERGY_FLAGS}
+"""The canonical flag of each ``EnergyConfig`` field."""
+
+_VALUE_CHECKS: dict[str, Check] = {
+    "backend": choice_check(BACKENDS),
+    "profile_iters": whole_number_problem,
+    "freq_grid": clock_grid_problem,
+    "safety_tolerance": fraction_problem,
+    "safety_steps": whole_number_problem,
+    "overhead_check": block_problem,
+    "phase_switching": choice_check(PHASE_SWITCHING),
+    "planning": choice_check(PLANNING),
+}
+"""The check of each field with a range or choices; the flags' ``argparse`` types call the same ones."""
+
 
 def _shown(flag: EnergyFlag, value: object) -> str:
     """A default as ``--help`` shows it."""
@@ -576,11 +637,12 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
                 "or drop them (--energy-trace alone is fine)"
             )
         return None
-    mode = getattr(args, "energy_mode", None)
-    if mode is not None and (problem := mode_problem(mode)) is not None:
-        return problem
-    backend = getattr(args, "energy_backend", None)
     spec = getattr(args, "energy_gpu_spec", None)
+    mode = getattr(args, "energy_mode", None) or EnergyConfig.mode
+    problems = _planning_problems(mode, getattr(args, "energy_target", None), spec)
+    if problems:
+        return problems[0]
+    backend = getattr(args, "energy_backend", None)
     if backend == "zeus" and spec is not None:
         return (
             "--energy-gpu-spec describes a simulated GPU, but --energy-backend zeus drives real GPUs; "
@@ -589,6 +651,35 @@ def check_energy_args(args: argparse.Namespace) -> str | None:
     if backend == "simulated" and spec is None:
         return "--energy-backend simulated needs --energy-gpu-spec NAME (e.g. h100-sxm, h200, a100-sxm-80gb)"
     return None
+
+
+def _planning_problems(mode: str, target: EnergyTarget | None, spec_name: str | None) -> list[str]:
+    """What keeps ``mode`` from planning ``target``; empty when nothing does.
+
+    An unknown mode, a power budget the mode cannot plan, or one no GPU of ``spec_name`` can meet. The flag
+    parser and ``EnergyConfig`` both ask.
+    """
+    found = (
+        mode_problem(mode),
+        power_target_problem(mode, str(target)),
+        _power_floor_problem(target, spec_name),
+    )
+    return [problem for problem in found if problem is not None]
+
+
+def _power_floor_problem(target: EnergyTarget | None, spec_name: str | None) -> str | None:
+    """A power budget below what the named GPU spec draws at any clock (``config_checks``).
+
+    Without a spec (real GPUs, named at start) or with one that does not load (its own check says so),
+    nothing is known yet.
+    """
+    if target is None or target.kind != "power" or spec_name is None:
+        return None
+    try:
+        spec = load_gpu_spec(spec_name)
+    except (ValueError, OSError):
+        return None
+    return power_floor_problem(str(target), target.power_w, spec.name, spec.idle_power_w)
 
 
 def _unwritable_output(args: argparse.Namespace) -> str | None:

@@ -12,7 +12,7 @@ before, which it receives as ``base``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
 from megatron_energy.config import EnergyTarget
@@ -41,6 +41,12 @@ class ProfileRequest:
 
     collectives: bool = False
     """Launch and completion times of collectives."""
+
+    def lacking(self, other: ProfileRequest) -> list[str]:
+        """The fields ``other`` asks for that this request did not (what a profile made for it lacks)."""
+        return [
+            spec.name for spec in fields(self) if getattr(other, spec.name) and not getattr(self, spec.name)
+        ]
 
     def union(self, other: ProfileRequest) -> ProfileRequest:
         """Everything either request asks for."""

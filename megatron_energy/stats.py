@@ -150,13 +150,16 @@ class RelativeChange:
 
         Returns:
             ``"-12.1 % ± 0.8 % (measured, 95 % CI, n=20 vs 20)"`` when the change is resolved,
-            ``"within noise (±1.3 %)"`` when its interval covers zero, ``"too few samples yet (n=2 vs 20)"``
+            ``"within noise (±1.3 %)"`` when its interval covers zero, ``"no change"`` when nothing varies
+            (identical figures, zero spread), ``"too few samples yet (n=2 vs 20)"``
             when a side has fewer than ``MIN_SAMPLES_TO_RESOLVE``; two decimals when the half-width is below
             0.1 %.
         """
         digits = 2 if self.halfwidth < 0.001 else 1
         if self.too_few:
             return f"too few samples yet (n={self.n_baseline} vs {self.n_treatment})"
+        if self.halfwidth <= ROUNDING and abs(self.change) <= ROUNDING:
+            return "no change"
         if not self.excludes_zero:
             return f"within noise (±{_percent(self.halfwidth, digits)} %)"
         return (

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
 from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX
 
 PROFILE = "stage,instruction,frequency,time,energy\n0,forward,1980,0.0125,12.5\n0,backward,1980,0.025,25.0\n"
@@ -180,3 +180,58 @@ def test_concurrent_jobs_sharing_an_energy_dir_never_see_a_partial_set(tmp_path:
     assert [worker.exitcode for worker in workers] == [0] * 4
     folder = JobCache(tmp_path, _job()).folder
     assert not [path for path in folder.iterdir() if path.name.startswith(QUARANTINE_PREFIX)]
+
+
+def _planned(target: str, **changes: object) -> dict[str, object]:
+    return _job(**changes) | {PLANNING_PARTS: {"mode": "perseus", "target": target}}
+
+
+def test_a_changed_planning_input_re_plans_from_the_verified_run_and_names_the_input(tmp_path: Path) -> None:
+    JobCache(tmp_path, _planned("iso-time")).store(_artefacts("first"))
+    JobCache(tmp_path, _planned("iso-time", num_microbatches=4)).store(_artefacts("other job"))
+    seen: list[tuple[str, str]] = []
+
+    def replan(artefacts: Mapping[str, bytes], fingerprint: str) -> dict[str, str]:
+        seen.append((artefacts["profile.csv"].decode(), fingerprint))
+        return _artefacts("re-planned")
+
+    cache = JobCache(tmp_path, _planned("power:400"), replan=replan)
+    loaded = cache.load()
+    assert seen == [(PROFILE + "first", cache.fingerprint)], "planned from the same job's verified profile"
+    assert loaded.hit and "energy cache hit" not in loaded.message
+    assert "planning.target: 'iso-time' -> 'power:400'" in loaded.message
+    assert "without profiling again" in loaded.message and "num_microbatches" not in loaded.message
+    assert json.loads(loaded.artefacts["plan.json"])["tag"] == "re-planned"
+    assert JobCache(tmp_path, _planned("power:400")).load().hit, "stored under its own key"
+    assert not JobCache(tmp_path, _planned("min-energy")).load().hit, "without a replan, a miss"
+
+
+def test_a_re_plan_that_fails_is_a_miss_that_says_why(tmp_path: Path) -> None:
+    JobCache(tmp_path, _planned("iso-time")).store(_artefacts())
+
+    def replan(artefacts: Mapping[str, bytes], fingerprint: str) -> dict[str, str]:
+        raise ValueError("it holds no measured.json")
+
+    loaded = JobCache(tmp_path, _planned("slowdown:0.05"), replan=replan).load()
+    assert not loaded.hit
+    assert "cannot re-plan from its profile (it holds no measured.json); profiling again" in loaded.message
+
+
+def test_a_hit_makes_its_job_the_most_recent_one(tmp_path: Path) -> None:
+    first, second = JobCache(tmp_path, _job()), JobCache(tmp_path, _job(num_microbatches=4))
+    first.store(_artefacts())
+    second.store(_artefacts())
+    assert first.load().hit
+    assert json.loads((tmp_path / "last_job.json").read_text())["fingerprint"] == first.fingerprint
+    assert not JobCache(tmp_path, _job(num_microbatches=2)).load().hit
+    assert json.loads((tmp_path / "last_job.json").read_text())["fingerprint"] == first.fingerprint, (
+        "a miss leaves the record to the job that stores"
+    )
+
+
+def test_a_miss_names_only_what_changed_not_tuples_read_back_as_lists(tmp_path: Path) -> None:
+    spec = {PLANNING_PARTS: {"gpu_spec": {"sm_clocks_mhz": (1980, 1500)}}}
+    JobCache(tmp_path, _job() | spec).store(_artefacts())
+    miss = JobCache(tmp_path, _job(num_microbatches=4) | spec).load()
+    assert not miss.hit and "num_microbatches: 8 -> 4" in miss.message
+    assert "sm_clocks_mhz" not in miss.message

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from megatron_energy import launch
-from megatron_energy.config import EnergyConfig, add_energy_args, unwritable_folder_reason
+from megatron_energy.config import (
+    EnergyConfig,
+    EnergyConfigError,
+    add_energy_args,
+    parse_target,
+    unwritable_folder_reason,
+)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -104,3 +110,46 @@ def test_the_launcher_reports_bad_input_once_before_running_the_script(
         err = capsys.readouterr().err
         assert err.count("error:") == 1 and "Traceback" not in err
     assert not marker.exists()
+
+
+def test_a_config_built_in_code_is_checked_naming_each_field_its_flag_and_the_fix() -> None:
+    with pytest.raises(EnergyConfigError) as error:
+        EnergyConfig(mode="bogus", safety_tolerance=-3, profile_iters=0)
+    message = str(error.value)
+    assert "safety_tolerance=-3 (--energy-safety-tolerance) must be a fraction strictly between 0 and 1" in (
+        message
+    )
+    assert "profile_iters=0 (--energy-profile-iters) must be a whole number >= 1" in message
+    assert "unknown --energy-mode 'bogus'; use one of perseus" in message
+    with pytest.raises(EnergyConfigError, match=r"freq_grid=\(1980,\) .* fewer than two distinct clocks"):
+        EnergyConfig(freq_grid=(1980,))
+
+
+def test_the_parser_and_the_config_share_one_check_per_value(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["--energy-optimise", "--energy-safety-tolerance", "1.5"], capsys)
+    with pytest.raises(EnergyConfigError) as error:
+        EnergyConfig(safety_tolerance=1.5)
+    problem = str(error.value).split("(--energy-safety-tolerance) ", 1)[1]
+    assert f"'1.5' {problem}" in err
+
+
+@pytest.mark.parametrize("mode", ["kareus", "kernel"])
+def test_a_power_budget_for_a_mode_that_keeps_stock_clocks_is_refused_before_profiling(
+    mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(["--energy-optimise", "--energy-mode", mode, "--energy-target", "power:400"], capsys)
+    assert f"--energy-mode {mode} alone keeps stock clocks; use --energy-mode perseus or all" in err
+    with pytest.raises(EnergyConfigError, match="needs a planner that trades time for power"):
+        EnergyConfig(mode=mode, target=parse_target("power:400"))
+
+
+def test_a_power_budget_below_the_gpus_idle_power_is_refused_before_profiling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    simulated = ["--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm"]
+    err = _refused([*simulated, "--energy-target", "power:50"], capsys)
+    assert "power:50: no plan can meet it: a GPU draws at least its idle power at any clock, 115 W" in err
+    assert err.count("error:") == 1
+    with pytest.raises(EnergyConfigError, match="115 W for h100-sxm"):
+        EnergyConfig(target=parse_target("power:50"), backend="simulated", gpu_spec="h100-sxm")
+    assert EnergyConfig.from_args(_parse([*simulated, "--energy-target", "power:400"])).target.power_w == 400

@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from reductions import over_ranks
 
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.energy_log import EnergyRecord, append_record, read_records
+from megatron_energy.runtime.job_stock import job_stock, stock_vectors
 from megatron_energy.runtime.planning import StockBaseline, baseline_from_profiling, tail_from_profiling
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
 
@@ -41,13 +43,24 @@ def test_the_stock_baseline_keeps_each_steps_job_figures() -> None:
     rank1 = [
         StepRecord(1980, 0.125, 70.0, synchronised=False),
         StepRecord(1980, 0.121, 71.0, synchronised=False),
+        StepRecord(1980, 0.121, 72.0, synchronised=False),  # a step rank 0 did not measure: left out
     ]
+    rank2 = [synchronous]  # no baseline step at all: the other ranks' steps still count
     rank0, rank1 = [*rank0, synchronous], [*rank1, synchronous]
-    baseline = baseline_from_profiling([([], rank0), ([], rank1)])
-    assert baseline.step_iteration_s == (0.125, 0.124)  # the slowest rank, step by step
-    assert baseline.step_energy_j == (120.0, 123.0)  # every rank's energy, step by step
-    assert baseline.iteration_s == pytest.approx(0.123)  # the slowest rank's mean, as before
-    assert baseline.energy_by_rank == pytest.approx({0: 51.0, 1: 70.5})
+    # the reductions over every rank (runtime.job_stock), three baseline steps agreed
+    stock = job_stock(*over_ranks([stock_vectors(steps, 3) for steps in (rank0, rank1, rank2)]))
+    assert stock.step_iteration_s == (0.125, 0.124)  # the slowest rank, step by step
+    assert stock.step_energy_j == (120.0, 123.0)  # every rank's energy, step by step
+    assert stock.iteration_s == pytest.approx(0.1223333)  # the slowest rank's mean
+    # the planning replica: one rank per stage, here ranks 0 and 1 of a two-stage pipeline
+    rows = [[ProfileRow(Work(stage, 0, "forward"), 1980, 0.01, 1.0, 2)] for stage in (0, 1)]
+    baseline = baseline_from_profiling([(rows[0], rank0), (rows[1], rank1)], [0, 1], stock)
+    assert (
+        baseline.step_iteration_s == stock.step_iteration_s and baseline.step_energy_j == stock.step_energy_j
+    )
+    assert baseline.iteration_s == stock.iteration_s
+    assert baseline.energy_by_rank == pytest.approx({0: 51.0, 1: 71.0})
+    assert baseline.stage_by_rank == {0: 0, 1: 1}
     assert StockBaseline.from_json(baseline.to_json()) == baseline
 
 

@@ -153,7 +153,7 @@ def _session(
         optimiser=resolve("perseus"),
         controller=_Controller(),
         meter=_Meter(device),
-        timer=CudaEventTimer(LocalComms()),
+        timer=CudaEventTimer(),
         comms=LocalComms(),
         clocks_mhz=[1980, 1500],
         can_set_clocks=False,
@@ -223,7 +223,7 @@ def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
 
 
 def test_lagged_steps_use_alternate_event_pools_and_are_read_only_once_complete(device):
-    timer = CudaEventTimer(LocalComms())
+    timer = CudaEventTimer()
     starts, returned = [], []
     for step in range(4):
         device.host_step = step
@@ -243,7 +243,7 @@ def test_lagged_steps_use_alternate_event_pools_and_are_read_only_once_complete(
 
 
 def test_a_step_after_a_flush_has_no_cycle_rather_than_the_pause_before_it(device):
-    timer = CudaEventTimer(LocalComms())
+    timer = CudaEventTimer()
     timings = []
     for step in range(5):
         if step == 2:
@@ -259,7 +259,7 @@ def test_a_step_after_a_flush_has_no_cycle_rather_than_the_pause_before_it(devic
 
 
 def test_an_exact_step_after_a_lagged_one_returns_both_in_order(device):
-    timer = CudaEventTimer(LocalComms())
+    timer = CudaEventTimer()
     for step, lagged in ((0, True), (1, False)):
         device.host_step = step
         timer.step_begin()
@@ -306,7 +306,7 @@ def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_pha
     monkeypatch.setattr(
         session,
         "_check_safety",
-        lambda figures, slow_alone, phase: checked.append(phase) or check_safety(figures, slow_alone, phase),
+        lambda figures, alone, at, phase: checked.append(phase) or check_safety(figures, alone, at, phase),
     )
     step = _profile(session, device)
     assert session.phase == PLANNING_PHASE

@@ -140,7 +140,7 @@ def test_baseline_steps_rejects_nonsense():
 
 def test_identical_figures_up_to_rounding_are_not_a_change():
     same = relative_change([0.1 + 1e-17, 0.1, 0.1], [0.1, 0.1 - 1e-17, 0.1])
-    assert not same.excludes_zero and same.format() == "within noise (±0.00 %)"
+    assert not same.excludes_zero and same.format() == "no change"  # nothing varies: no noise band to quote
 
 
 def test_exact_energies_need_no_counter_span():

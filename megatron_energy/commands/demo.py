@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             "modelled"
         )
         print_comparison(console, comparison)
-    console.print(f"frontier plot (modelled): {report.frontier_png}")
+    console.print(report.frontier_line)
     console.print(
         f"Perfetto timeline of the plan (modelled; open in ui.perfetto.dev): {report.timeline_json}"
     )

@@ -17,7 +17,6 @@ import argparse
 import hashlib
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.accounting import Accounting, format_gap, row_warning_lines
@@ -38,6 +37,7 @@ from megatron_energy.perseus.optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
+from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
 
 
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0 on success, 2 on invalid input.
     """
-    console = Console()
+    console = output_console()
     try:
         profile, job, source, accounting = _planning_inputs(args)
         plan = PerseusOptimiser().plan(profile, job)

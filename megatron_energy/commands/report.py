@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
-
 from megatron_energy.commands.arguments import fail, output_folder
+from megatron_energy.report.console import output_console
 from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
 
 
@@ -36,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     A missing, truncated or corrupt file, or a GPU spec this installation does not know, is such a job.
     """
-    console = Console()
+    console = output_console()
     try:
         folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
         report = write_job_report(folder, args.out, args.log_file)
@@ -50,6 +49,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(report.table)
     for line in report.model_vs_measured:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(f"frontier plot: {report.frontier_png}")
+    console.print(report.frontier_line)
     console.print(f"Perfetto timeline (ui.perfetto.dev): {report.timeline_json}")
     return 0

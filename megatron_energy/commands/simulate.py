@@ -28,6 +28,7 @@ from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
+from megatron_energy.report.console import output_console
 from megatron_energy.sim.simulator import SimResult, Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
@@ -90,13 +91,13 @@ def run(args: argparse.Namespace) -> int:
     Returns:
         0 on success, 2 on an invalid config or plan.
     """
-    console = Console()
+    console = output_console()
     if args.switch_latency_sweep is not None:
         return _run_latency_sweep(args)
     if args.config is None:
         return fail("simulate", "--config is required (only --switch-latency-sweep runs without it)")
     if args.compare:
-        return _run_comparison(args, Console(width=max(console.width, 150)))
+        return _run_comparison(args, output_console(min_width=150))
     try:
         job = JobConfig.load(args.config)
         spec = job.spec()

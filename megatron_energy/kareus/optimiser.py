@@ -7,7 +7,8 @@ only for the instructions a class overlaps (``kareus.schedule``), and the collec
 For the target point it searches (``kareus.search``), stage by stage, the choices of every collective class
 of the stage (:func:`class_space`) for the least *modelled* energy (``sim.overlap``) whose iteration is no
 slower than the deadline: the base point's deadline, or (alone) the stock iteration under megatron-core's
-default collective schedule for ``iso-time`` and its slowdown for ``slowdown:X``. Where the base point's own
+default collective schedule, as the target allows it (``EnergyTarget.deadline_s``; a ``power`` budget needs
+the clock frontier, so Kareus alone refuses one). Where the base point's own
 choices (megatron-core's defaults) already miss its deadline under the overlap model (a model that prices
 collectives the clock planner's DAG does not), the deadline is that default iteration's time, so a Kareus
 point is never slower than its base point as this model prices both. The other points get the target's
@@ -121,7 +122,7 @@ class KareusOptimiser:
         stock = model.evaluate(None, defaults)
         if base is None:
             base_clocks: list[Mapping[Instruction, int] | None] = [None]
-            deadlines = [_deadline(job, stock.iteration_time_s)]
+            deadlines = [job.target.deadline_s(stock.iteration_time_s)]
             lower_bounds = [math.inf]
             labels = [str(job.target)]
             target_index = 0
@@ -311,15 +312,6 @@ def _spec(job: PlanningJob, profile: Profile) -> GpuSpec:
             f"the collective scheduler needs the GPU spec of {profile.gpu_name!r} (SMs, interconnect): "
             f"{error}"
         ) from None
-
-
-def _deadline(job: PlanningJob, stock_s: float) -> float:
-    target = job.target
-    if target.kind == "slowdown":
-        return stock_s * (1 + target.slowdown)
-    if target.kind == "min-energy":
-        return math.inf
-    return stock_s
 
 
 def _clocks(point: PlanPoint) -> dict[Instruction, int]:

@@ -23,8 +23,9 @@ from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.collective_points import CollectivePlanError
-from megatron_energy.runtime.comms import TorchComms, control_plane_comms
+from megatron_energy.runtime.comms import Group, TorchComms
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.control_plane import control_plane_comms
 from megatron_energy.runtime.overhead_check import OVERHEAD_PAIRS_FILE, OverheadCheck, OverheadResult
 
 
@@ -77,8 +78,9 @@ def parallel_job_context(
         collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
 
     Returns:
-        The context and the collectives: over gloo (CPU) groups of the job's world and pipelines, created
-        here once, so that no message of the session waits for the GPU (``runtime.comms``).
+        The context and the collectives: over this rank's pipeline, tensor(-and-context) and data-parallel
+        groups, as gloo (CPU) groups of the same ranks created here once under an NCCL job, so that no
+        message of the session waits for the GPU (``runtime.control_plane``); no group spans the world.
     """
     import torch
     import torch.distributed as dist
@@ -106,7 +108,12 @@ def parallel_job_context(
         log_sinks=log_sinks,
     )
     warn = functools.partial(print, file=sys.stderr)
-    return context, control_plane_comms(ps.get_pipeline_model_parallel_group(), device, warn)
+    groups: dict[Group, Any] = {
+        "pipeline": ps.get_pipeline_model_parallel_group(),
+        "tensor": ps.get_tensor_and_context_parallel_group(),
+        "data": ps.get_data_parallel_group(),
+    }
+    return context, control_plane_comms(groups, device, warn)
 
 
 def megatron_job_context(

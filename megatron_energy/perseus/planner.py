@@ -110,6 +110,4 @@ class Planner:
         target = parse_target(target) if isinstance(target, str) else target
         if target.kind == "power":
             return fastest_within_budget(self.executable_points(), self.profile, target)
-        if target.kind == "min-energy":
-            return self.executable(self.min_energy_point)
-        return self.point_for_time(self.solver.baseline.iteration_time_s * (1.0 + target.slowdown))
+        return self.point_for_time(target.deadline_s(self.solver.baseline.iteration_time_s))

@@ -22,7 +22,7 @@ from megatron_energy.plan import Plan
 from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.runtime.energy_log import EnergyRecord, read_records
 from megatron_energy.runtime.planning import StockBaseline
-from megatron_energy.stats import relative_change
+from megatron_energy.stats import ROUNDING, relative_change
 
 
 class SummaryError(EnergyValueError):
@@ -103,8 +103,9 @@ def _change(stock: tuple[float, ...], planned: tuple[float, ...], source: str) -
 
 
 def _plain_change(stock: float, planned: float) -> str:
-    """A predicted relative change (no samples, no interval)."""
-    return f"{100 * (planned / stock - 1):+.2f} % (modelled)"
+    """A predicted relative change (no samples, no interval); ``no change`` where the figures are equal."""
+    change = planned / stock - 1
+    return "no change (modelled)" if abs(change) <= ROUNDING else f"{100 * change:+.2f} % (modelled)"
 
 
 def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.plan import Plan
+from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.report.frontier_plot import plot_frontier
 from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.report.model_vs_measured import model_vs_measured_lines
@@ -33,14 +34,27 @@ class JobReport:
     table: Table
     """Stock clocks against the plan (modelled)."""
 
-    frontier_png: Path
-    """The frontier plot."""
+    frontier_png: Path | None
+    """The frontier plot; ``None`` when the plan swept no frontier (nothing to draw)."""
 
     timeline_json: Path
     """The plan's simulated iteration as a Perfetto / Chrome trace."""
 
     model_vs_measured: tuple[str, ...] = ()
     """The "model vs measured at stock clocks" section, line by line."""
+
+    nothing_found: str | None = None
+    """Why the plan saves nothing (``plan_outcome.why_nothing_found``); ``None`` when it saves."""
+
+    @property
+    def frontier_line(self) -> str:
+        """The line that names the frontier plot, or says why none was drawn."""
+        if self.frontier_png is not None:
+            return f"frontier plot (modelled): {self.frontier_png}"
+        why = "" if self.nothing_found is None else f"; {self.nothing_found}"
+        return (
+            f"frontier plot: none drawn (the plan swept no frontier: its instruction clocks are stock{why})"
+        )
 
 
 def latest_job_folder(energy_dir: Path) -> Path:
@@ -80,7 +94,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     out_dir = out_dir or folder
     job = read_job_folder(folder)
     plan, profile = job.plan, job.profile
-    frontier_png = plot_frontier(plan, out_dir / "frontier.png")
+    frontier_png = plot_frontier(plan, out_dir / "frontier.png") if plan.frontier else None
     clocks = {
         instruction: clock
         for stage in range(plan.num_stages)
@@ -91,7 +105,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
     timeline_json = write_trace(result, powers, out_dir / "timeline.json")
     section = tuple(model_vs_measured_lines(folder, plan, log_file))
-    return JobReport(plan_table(plan), frontier_png, timeline_json, section)
+    return JobReport(plan_table(plan), frontier_png, timeline_json, section, why_nothing_found(plan))
 
 
 def plan_table(plan: Plan) -> Table:

@@ -18,6 +18,7 @@ from megatron_energy.plan import Plan
 from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_lines
+from megatron_energy.stats import ROUNDING
 
 RUN_PHASES = ("planned",)
 """Log records whose window measures the plan (not profiling, a straggler's pace or the safety net)."""
@@ -84,6 +85,8 @@ def _recorded_change(record: EnergyRecord, prefix: str, saving: bool) -> str:
     if prefix not in scalars:
         return "not compared"
     change, low, high = scalars[prefix], scalars[f"{prefix}_low"], scalars[f"{prefix}_high"]
+    if high - low <= ROUNDING and abs(change) <= ROUNDING:
+        return f"no change ({record.source})"
     if not scalars.get(f"{prefix}_resolved"):
         return f"within noise (±{100 * (high - low) / 2:.1f} %, {record.source})"
     what = ("saving" if change < 0 else "increase") if saving else ("faster" if change < 0 else "slower")

@@ -18,13 +18,15 @@ from megatron_energy.phases.modelled import modelled_phases
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.registry import resolve
-from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
 from megatron_energy.runtime.comms import RankComms
-from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.context import JobContext, planning_parts
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
+from megatron_energy.runtime.group_chain import reduce_everywhere
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, TorchKernelTimeline
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
 from megatron_energy.runtime.phase_switcher import PhaseSwitcher
+from megatron_energy.runtime.replanning import Replanner
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
@@ -81,7 +83,7 @@ def build_timer(
     plan's phase offsets fall on the phases they were planned for.
     """
     if handle.backend != "simulated":
-        return CudaEventTimer(comms)
+        return CudaEventTimer()
     if context.shape is None:
         raise ValueError(
             "simulated GPUs time instructions from a transformer shape; the job context has none"
@@ -182,7 +184,10 @@ def _open_parts(
         if guard is not None:
             guard.close()
         raise
-    parts = context.fingerprint_parts(handle.spec.name) | {"grid_mhz": grid, "mode": config.mode}
+    parts = context.fingerprint_parts(handle.spec.name) | {
+        "grid_mhz": grid,
+        PLANNING_PARTS: planning_parts(config, handle.spec),
+    }
     return _RankParts(handle, handle.spec, guard, controller, grid, timer, meter, optimiser, parts)
 
 
@@ -198,7 +203,8 @@ def build_session(
 
     Every rank first opens its own parts (GPU, clock guard, controller, grid, timer), which may fail on one
     rank only (a full disk, a GPU without spec, an unsupported clock). Before the session's first
-    collective the ranks then agree in one small all-reduce: if any rank failed, no rank starts a session
+    collective the ranks then agree in one small reduction over the job's groups
+    (``runtime.group_chain.reduce_everywhere``): if any rank failed, no rank starts a session
     (each raises; the failing rank its own error, the others :class:`SessionStartError`), so no rank waits
     in a collective the others never join. If any rank cannot set clocks (monitor-only: no permission, its
     GPU held by another job), every rank profiles like it, at stock clocks only, so all profile for the
@@ -226,8 +232,8 @@ def build_session(
     except Exception as error:  # agreed on below, then raised
         problem = error
     controlled = parts is not None and parts.can_set_clocks
-    failed_anywhere, uncontrolled_anywhere = comms.all_reduce_max(
-        [0.0 if parts is not None else 1.0, 0.0 if controlled else 1.0]
+    failed_anywhere, uncontrolled_anywhere = reduce_everywhere(
+        comms, [0.0 if parts is not None else 1.0, 0.0 if controlled else 1.0]
     )
     if parts is None:
         assert problem is not None
@@ -251,7 +257,11 @@ def build_session(
         comms=comms,
         clocks_mhz=parts.grid,
         can_set_clocks=can_set_clocks,
-        cache=JobCache(config.dir, parts.fingerprint_parts | {"clock_control": can_set_clocks}),
+        cache=JobCache(
+            config.dir,
+            parts.fingerprint_parts | {"clock_control": can_set_clocks},
+            replan=Replanner(config, context, parts.spec, parts.optimiser),
+        ),
         spec=parts.spec,
         guard=parts.guard,
         printer=printer,

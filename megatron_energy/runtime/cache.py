@@ -1,19 +1,27 @@
 """Profiles and plans under ``--energy-dir``, keyed by a fingerprint of the job; atomic and verified.
 
 Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,baseline.json,manifest.json}``
-plus ``<dir>/last_job.json``, the facts of the most recent job, so that a miss can say what changed.
+plus ``<dir>/last_job.json``, the facts of the job that ran most recently (stored or loaded), so that a miss
+can say what changed and ``megatron-energy report`` finds that job.
 
 :meth:`JobCache.store` writes every artefact atomically under the folder's exclusive lock, then the manifest
 (checksum and size per artefact, the job fingerprint). :meth:`JobCache.load` reads under a shared lock and
 verifies everything; a folder that fails is moved aside (never deleted) and the load is a miss that says so;
 :meth:`JobCache.set_aside` does the same for a verified folder whose content the caller cannot use.
 Jobs sharing an ``--energy-dir`` therefore never see a partial set of files.
+
+The job facts hold the planning inputs apart, under :data:`PLANNING_PARTS` (mode, target, switch latency,
+phase switching, GPU spec: ``runtime.context.planning_parts``), so they are part of the fingerprint. A job
+whose folder is empty but whose profile facts match a cached run with other planning inputs is re-planned
+from that run's verified artefacts (the ``replan`` a cache is given, ``runtime.replanning.Replanner``) and
+stored in its own folder: the line says which input changed, and nothing is profiled again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +60,10 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
 
 
 JOB_RECORD = "job.json"
+LAST_JOB = "last_job.json"
+"""The record, in the ``--energy-dir``, of the job that ran most recently."""
+PLANNING_PARTS = "planning"
+"""The key of the job facts that hold the planning inputs (the rest are the profile's facts)."""
 REQUIRED_ARTEFACTS: tuple[str, ...] = ("plan.json", "baseline.json", "profile.csv")
 """What a cached job must hold to skip profiling and planning: the plan that runs, the stock baseline it is
 measured against, and the profile it was planned from (for reports)."""
@@ -82,12 +94,21 @@ class JobCache:
 
     Args:
         root: The ``--energy-dir``.
-        parts: The job facts (``JobContext.fingerprint_parts``).
+        parts: The job facts (``JobContext.fingerprint_parts``, the planning inputs under
+            :data:`PLANNING_PARTS`).
+        replan: Given another run's verified artefacts and this job's fingerprint, this job's artefacts
+            planned from them; ``None``: a job with an empty folder profiles.
     """
 
-    def __init__(self, root: Path, parts: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        parts: Mapping[str, Any],
+        replan: Callable[[Mapping[str, bytes], str], Mapping[str, bytes | str]] | None = None,
+    ) -> None:
         self.root = Path(root)
         self.parts = dict(parts)
+        self.replan = replan
         self.full_fingerprint = fingerprint(**self.parts)
         self.fingerprint = self.full_fingerprint[:FINGERPRINT_DIGITS]
         self.folder = self.root / self.fingerprint
@@ -128,7 +149,7 @@ class JobCache:
             for name, content in contents.items():
                 write_atomically(self.folder / name, content)
             write_atomically(self.folder / MANIFEST_NAME, manifest_for(contents, self.full_fingerprint))
-        write_atomically(self.root / "last_job.json", record)
+        write_atomically(self.root / LAST_JOB, record)
 
     def load(self, required: tuple[str, ...] = REQUIRED_ARTEFACTS) -> CacheLoad:
         """Read and verify this job's cached artefacts; move a folder that fails verification aside.
@@ -138,6 +159,10 @@ class JobCache:
         moves into ``<folder>/quarantine-<UTC time>-<pid>/`` (never deleted) and the load is a miss whose
         message names the failure and the quarantine folder.
 
+        A job whose folder is empty is re-planned from a cached run of it with other planning inputs, when
+        there is one (see the module docstring). A hit (re-planned or not) makes this job the most recent one
+        (``<dir>/last_job.json``), so the summary and ``megatron-energy report`` describe the job that runs.
+
         Args:
             required: Artefacts the caller needs to skip profiling.
 
@@ -145,7 +170,15 @@ class JobCache:
             A hit with the verified contents, or a miss explaining itself.
         """
         if not has_cached_files(self.folder):
-            return CacheLoad(self.folder, False, self._explain_miss())
+            return self._replanned(required) or CacheLoad(self.folder, False, self._explain_miss())
+        loaded = self._verified(required)
+        if loaded.hit:
+            with contextlib.suppress(OSError):  # a read-only record costs the report its default, not the hit
+                write_atomically(self.root / LAST_JOB, self._job_record())
+        return loaded
+
+    def _verified(self, required: tuple[str, ...]) -> CacheLoad:
+        """Read and verify the artefacts of a folder that holds some (see :meth:`load`)."""
         with folder_lock(self.folder, "shared"):
             try:
                 contents = read_verified(self.folder, self.full_fingerprint, required)
@@ -182,6 +215,53 @@ class JobCache:
                 return None
             return quarantine(self.folder)
 
+    def _replanned(self, required: tuple[str, ...]) -> CacheLoad | None:
+        """This job planned and stored from a cached run with other planning inputs; ``None`` without one.
+
+        A re-plan that fails is a miss that says why (the job then profiles).
+        """
+        if self.replan is None or (found := self._planning_sibling()) is None:
+            return None
+        parts, sibling = found
+        changed = "; ".join(describe_changes(_planning_of(parts), _planning_of(self.parts)))
+        try:
+            self.store(self.replan(sibling.artefacts, self.fingerprint))
+            stored = self._verified(required)
+        except Exception as problem:  # any failure means: profile again
+            return CacheLoad(
+                self.folder,
+                False,
+                f"energy cache miss: planning inputs changed since {sibling.folder} ({changed}); cannot "
+                f"re-plan from its profile ({problem}); profiling again",
+            )
+        if not stored.hit:
+            return stored
+        message = (
+            f"energy cache: planning inputs changed since {sibling.folder} ({changed}); re-planned from its "
+            f"verified profile without profiling again, stored in {self.folder}"
+        )
+        return CacheLoad(self.folder, True, message, stored.artefacts)
+
+    def _planning_sibling(self) -> tuple[dict[str, Any], CacheLoad] | None:
+        """The most recent verified run of this job, profiled alike, with other planning inputs."""
+        mine = _canonical(_profile_facts(self.parts))
+        candidates = []
+        for record in self.root.glob(f"*/{JOB_RECORD}"):
+            try:
+                parts = json.loads(record.read_text(encoding="utf-8"))["parts"]
+                written_s = record.stat().st_mtime
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # not a job record (or removed meanwhile): no run to re-plan from
+            if not isinstance(parts, dict) or record.parent == self.folder:
+                continue
+            if _canonical(_profile_facts(parts)) == mine:
+                candidates.append((written_s, parts))
+        for _, parts in sorted(candidates, key=lambda candidate: candidate[0], reverse=True):
+            sibling = JobCache(self.root, parts)._verified(REQUIRED_ARTEFACTS)
+            if sibling.hit:
+                return parts, sibling
+        return None
+
     def _hit(self, contents: Mapping[str, bytes]) -> CacheLoad:
         return CacheLoad(self.folder, True, f"energy cache hit: reusing verified {self.folder}", contents)
 
@@ -190,19 +270,40 @@ class JobCache:
 
     def _explain_miss(self) -> str:
         """A first run for this job, or what changed since the most recent job in this ``--energy-dir``."""
-        last = self.root / "last_job.json"
+        last = self.root / LAST_JOB
         try:
             previous = json.loads(last.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             previous = None
         if isinstance(previous, dict) and previous.get("fingerprint") != self.fingerprint:
-            changes = describe_changes(previous.get("parts", {}), self.parts)
+            changes = describe_changes(previous.get("parts", {}), _as_read_back(self.parts))
             return (
                 "energy cache miss, profiling again: the job changed since the cached one ("
                 + "; ".join(changes or ["unknown change"])
                 + ")"
             )
         return "energy cache empty for this job: profiling"
+
+
+def _profile_facts(parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The job facts a profile depends on: all but the planning inputs."""
+    return {key: value for key, value in parts.items() if key != PLANNING_PARTS}
+
+
+def _planning_of(parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The planning inputs among the job facts, as read back from JSON."""
+    return _as_read_back({PLANNING_PARTS: parts.get(PLANNING_PARTS, {})})
+
+
+def _as_read_back(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts as a job record holds them once read back (tuples as lists), so only real changes differ."""
+    result: dict[str, Any] = json.loads(_canonical(facts))
+    return result
+
+
+def _canonical(facts: Mapping[str, Any]) -> str:
+    """Facts as canonical JSON, so facts read back from a file compare equal to the ones in memory."""
+    return json.dumps(facts, sort_keys=True, default=str)
 
 
 def _bytes(content: bytes | str) -> bytes:

@@ -1,165 +1,198 @@
-"""The few collectives the session needs, over the job's own ranks (no extra server).
+"""The few collectives the session needs, over the job's own groups: never one that spans the world.
 
-``TorchComms`` uses ``torch.distributed``; ``control_plane_comms`` gives it gloo (CPU) process groups for the
-job's world and pipelines when the job's groups are NCCL: an NCCL collective, even of a few bytes, is queued
-on the GPU's compute stream and its result read back on the host, so the host would wait for every kernel
-queued before it. ``LocalComms`` is the single-process stand-in for one-rank jobs and tools.
+Every collective of the session runs over one of three groups of the job (``Group``): this rank's
+**pipeline** (the stages of one replica, as one tensor-parallel rank sees them), its **tensor** group (the
+tensor- and context-parallel peers of one stage of one replica) and its **data**-parallel group (one stage's
+rank in every replica). Together the three reach every rank, so a job-wide figure is a chain of reductions
+over them (``runtime.group_chain``), and each link costs the hops of its own group, not of the world:
+``runtime.exchange_period`` models it.
+
+A collective's figures are a fixed-size float vector (an all-reduce: ``max`` or ``sum``), started without
+waiting (:meth:`RankComms.start_all_reduce`; ``Pending.wait`` reads it, a later step if need be), or one
+picklable object (a broadcast from the group's first rank, a gather on it, an all-gather), which only
+set-up, planning and the simulated GPUs use. A group of one rank has nothing to exchange: its collectives
+run no message at all (``Pending.local`` says so). Group ranks are Megatron's: the pipeline rank, the
+data-parallel rank and the tensor-parallel rank, so every group's first rank belongs to the replica and
+tensor-parallel rank of global rank 0.
+
+``TorchComms`` uses ``torch.distributed`` over the groups it is given (gloo groups of the same ranks under an
+NCCL job: ``runtime.control_plane``); ``LocalComms`` is the single-process stand-in for one-rank jobs and
+tools.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+Group = Literal["pipeline", "tensor", "data"]
+"""One of the job's groups this rank belongs to (see the module docstring)."""
+GROUPS: tuple[Group, ...] = ("pipeline", "tensor", "data")
+"""The three groups, in the order a job-wide chain of reductions takes them."""
+Op = Literal["max", "sum"]
+"""The element-wise reduction of an all-reduce."""
+
+
+class Pending(Protocol):
+    """An all-reduce started and not read yet."""
+
+    local: bool
+    """``True`` when no message was needed (a group of one rank): its result is known at once."""
+
+    def wait(self) -> list[float]:
+        """The reduced vector (waits for the collective to complete)."""
+        ...
 
 
 class RankComms(Protocol):
-    """Collectives between the ranks of one training job."""
+    """Collectives over the groups of one rank (see the module docstring)."""
 
-    def gather_to_root(self, obj: Any) -> list[Any] | None:
-        """Gather one picklable object per rank on global rank 0 (``None`` elsewhere)."""
+    def size(self, group: Group) -> int:
+        """Ranks in ``group``."""
         ...
 
-    def broadcast_from_root(self, obj: Any) -> Any:
-        """Send global rank 0's object to every rank and return it."""
+    def rank(self, group: Group) -> int:
+        """This rank's place in ``group`` (0: the group's first rank)."""
         ...
 
-    def all_gather_pipeline(self, obj: Any) -> list[Any]:
-        """Gather one object per pipeline stage of this replica, in stage order, on every stage."""
+    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+        """Start an element-wise reduction of a small float vector over ``group``; read it with ``wait``."""
         ...
 
-    def all_reduce_max(self, values: list[float]) -> list[float]:
-        """Element-wise maximum of a small float vector over all ranks."""
+    def broadcast(self, obj: Any, group: Group) -> Any:
+        """Send the group's first rank's picklable object to every rank of ``group`` and return it."""
         ...
+
+    def gather(self, obj: Any, group: Group) -> list[Any] | None:
+        """One picklable object per rank of ``group``, in group order, on its first rank (else ``None``)."""
+        ...
+
+    def all_gather(self, obj: Any, group: Group) -> list[Any]:
+        """One picklable object per rank of ``group``, in group order, on every rank of it."""
+        ...
+
+
+class Known:
+    """A reduction over a group of one rank: the values themselves, no message."""
+
+    local = True
+
+    def __init__(self, values: Sequence[float]) -> None:
+        self._values = list(values)
+
+    def wait(self) -> list[float]:
+        """The values."""
+        return list(self._values)
 
 
 class LocalComms:
-    """Collectives of a job with one rank."""
+    """Collectives of a job with one rank: every group is this rank alone."""
 
-    def gather_to_root(self, obj: Any) -> list[Any] | None:
-        """Return ``[obj]``: this rank is the root."""
-        return [obj]
+    def size(self, group: Group) -> int:
+        """1."""
+        return 1
 
-    def broadcast_from_root(self, obj: Any) -> Any:
-        """Return ``obj`` unchanged."""
+    def rank(self, group: Group) -> int:
+        """0."""
+        return 0
+
+    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+        """The values themselves."""
+        return Known(values)
+
+    def broadcast(self, obj: Any, group: Group) -> Any:
+        """``obj`` unchanged."""
         return obj
 
-    def all_gather_pipeline(self, obj: Any) -> list[Any]:
-        """Return ``[obj]``: the pipeline has one stage."""
+    def gather(self, obj: Any, group: Group) -> list[Any] | None:
+        """``[obj]``: this rank is the group's first."""
         return [obj]
 
-    def all_reduce_max(self, values: list[float]) -> list[float]:
-        """Return ``values`` unchanged."""
-        return list(values)
+    def all_gather(self, obj: Any, group: Group) -> list[Any]:
+        """``[obj]``."""
+        return [obj]
+
+
+class _TorchPending:
+    """A ``torch.distributed`` all-reduce started with ``async_op=True``."""
+
+    local = False
+
+    def __init__(self, work: Any, tensor: Any) -> None:
+        self._work = work
+        self._tensor = tensor
+
+    def wait(self) -> list[float]:
+        self._work.wait()
+        return self._tensor.tolist()
 
 
 class TorchComms:
-    """Collectives through ``torch.distributed``.
+    """Collectives through ``torch.distributed`` over the given process groups.
 
     A group of one rank has nothing to exchange: its collectives return at once (over gloo, an object
     all-gather on a one-rank group still costs ~0.8 ms of pickling and messaging, measured on this project's
-    2-core CI machine; a single-GPU job ran three such collectives every logged step).
+    2-core CI machine).
 
     Args:
-        pipeline_group: The process group of this rank's pipeline (Megatron's, or a gloo group of its ranks).
-        device: Device for the all-reduce tensor (``cuda`` under NCCL, ``cpu`` under gloo).
-        world_group: The group of every rank; ``None``: the default group.
+        groups: The process group of each ``Group`` (Megatron's, or gloo groups of the same ranks).
+        device: Device for the all-reduce tensors (``cpu`` under gloo; ``cuda`` when the job's NCCL groups
+            must be used).
     """
 
-    def __init__(self, pipeline_group: Any, device: str = "cpu", world_group: Any = None) -> None:
+    def __init__(self, groups: Mapping[Group, Any], device: str = "cpu") -> None:
         import torch.distributed as dist
 
         self._dist = dist
-        self._pipeline_group = pipeline_group
+        self._groups = dict(groups)
         self._device = device
-        self._world_group = world_group
-        self._alone = dist.get_world_size(world_group) == 1
-        self._pipeline_alone = dist.get_world_size(pipeline_group) == 1
+        self._sizes = {name: dist.get_world_size(group) for name, group in self._groups.items()}
+        self._ranks = {name: dist.get_rank(group) for name, group in self._groups.items()}
 
-    @property
-    def pipeline_group(self) -> Any:
-        """The group ``all_gather_pipeline`` runs over."""
-        return self._pipeline_group
+    def process_group(self, group: Group) -> Any:
+        """The ``torch.distributed`` group behind ``group``."""
+        return self._groups[group]
 
-    @property
-    def world_group(self) -> Any:
-        """The group of every rank (``None``: the default group)."""
-        return self._world_group
+    def size(self, group: Group) -> int:
+        """Ranks in ``group``."""
+        return self._sizes[group]
 
-    def gather_to_root(self, obj: Any) -> list[Any] | None:
-        """Gather one picklable object per rank on global rank 0."""
-        if self._alone:
-            return [obj]
-        is_root = self._dist.get_rank() == 0
-        gathered: list[Any] | None = [None] * self._dist.get_world_size() if is_root else None
-        self._dist.gather_object(obj, gathered, dst=0, group=self._world_group)
-        return gathered
+    def rank(self, group: Group) -> int:
+        """This rank's place in ``group``."""
+        return self._ranks[group]
 
-    def broadcast_from_root(self, obj: Any) -> Any:
-        """Send global rank 0's object to every rank."""
-        if self._alone:
-            return obj
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=0, group=self._world_group)
-        return box[0]
-
-    def all_gather_pipeline(self, obj: Any) -> list[Any]:
-        """Gather one object per stage of this rank's pipeline, in stage order."""
-        if self._pipeline_alone:
-            return [obj]
-        size = self._dist.get_world_size(self._pipeline_group)
-        gathered: list[Any] = [None] * size
-        self._dist.all_gather_object(gathered, obj, group=self._pipeline_group)
-        return gathered
-
-    def all_reduce_max(self, values: list[float]) -> list[float]:
-        """Element-wise maximum over all ranks, in one small all-reduce."""
-        if self._alone:
-            return list(values)
+    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+        """Start the reduction (``async_op``): gloo runs it on its own threads while training goes on."""
+        if self._sizes[group] == 1:
+            return Known(values)
         import torch
 
-        tensor = torch.tensor(values, dtype=torch.float64, device=self._device)
-        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX, group=self._world_group)
-        return tensor.tolist()
+        tensor = torch.tensor(list(values), dtype=torch.float64, device=self._device)
+        reduce_op = self._dist.ReduceOp.MAX if op == "max" else self._dist.ReduceOp.SUM
+        work = self._dist.all_reduce(tensor, op=reduce_op, group=self._groups[group], async_op=True)
+        return _TorchPending(work, tensor)
 
+    def broadcast(self, obj: Any, group: Group) -> Any:
+        """The group's first rank's object."""
+        if self._sizes[group] == 1:
+            return obj
+        box = [obj]
+        self._dist.broadcast_object_list(box, group=self._groups[group], group_src=0)
+        return box[0]
 
-def control_plane_comms(pipeline_group: Any, device: str, warn: Callable[[str], Any]) -> TorchComms:
-    """The session's collectives, kept off the GPU: over gloo groups of the job's world and pipelines.
+    def gather(self, obj: Any, group: Group) -> list[Any] | None:
+        """Every rank's object on the group's first rank."""
+        if self._sizes[group] == 1:
+            return [obj]
+        first = self._ranks[group] == 0
+        gathered: list[Any] | None = [None] * self._sizes[group] if first else None
+        self._dist.gather_object(obj, gathered, group=self._groups[group], group_dst=0)
+        return gathered
 
-    Under a gloo job (CPU) the job's own groups already are; otherwise a gloo group of every rank and one of
-    each pipeline's ranks are created, once, by every rank in the same order (``new_group`` is collective,
-    as in megatron-core's own gloo groups): each rank sends the ranks of its pipeline to all over the new
-    world group, and every rank creates the pipelines' groups in sorted order. Where gloo is missing or a
-    group cannot be created, the job's own groups are used and ``warn`` says so once.
-
-    Args:
-        pipeline_group: Megatron's pipeline-parallel group of this rank.
-        device: The job's device (``cuda`` or ``cpu``).
-        warn: Where the one line goes when the job's own groups must be used.
-
-    Returns:
-        The collectives.
-    """
-    import torch.distributed as dist
-
-    backend = str(dist.get_backend())
-    if backend == "gloo":
-        return TorchComms(pipeline_group, device="cpu")
-    try:
-        if not dist.is_gloo_available():
-            raise RuntimeError("this torch has no gloo backend")
-        world: Any = dist.new_group(backend="gloo")
-        mine = dist.get_process_group_ranks(pipeline_group)
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine, group=world)
-        own: Any = None
-        for ranks in sorted({tuple(ranks) for ranks in everyone}):
-            group = dist.new_group(list(ranks), backend="gloo")
-            if dist.get_rank() in ranks:
-                own = group
-        return TorchComms(own, device="cpu", world_group=world)
-    except Exception as problem:  # same on every rank: no gloo, or no group could be made
-        warn(
-            f"[energy] rank {dist.get_rank()}: no gloo groups ({problem}); the session's messages go over "
-            f"the job's {backend} groups, and each waits for the GPU's queued work"
-        )
-        return TorchComms(pipeline_group, device=device)
+    def all_gather(self, obj: Any, group: Group) -> list[Any]:
+        """Every rank's object on every rank of the group."""
+        if self._sizes[group] == 1:
+            return [obj]
+        gathered: list[Any] = [None] * self._sizes[group]
+        self._dist.all_gather_object(gathered, obj, group=self._groups[group])
+        return gathered

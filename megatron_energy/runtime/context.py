@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
@@ -99,3 +101,22 @@ class JobContext:
             # every rank computes the same fingerprint: the setup without this rank's own bucket layout
             "collectives": None if self.collectives is None else asdict(self.collectives) | {"buckets": None},
         }
+
+
+def planning_parts(config: EnergyConfig, spec: GpuSpec) -> dict[str, Any]:
+    """The planning inputs a cached plan depends on besides the job: a change to any of them re-plans.
+
+    Args:
+        config: The ``--energy-*`` configuration (mode, target, phase switching).
+        spec: The GPU spec the plan is modelled with (its switch latency and every other figure).
+
+    Returns:
+        A JSON-serialisable mapping, one entry per input, so a miss can name the one that changed.
+    """
+    return {
+        "mode": config.mode,
+        "target": str(config.target),
+        "switch_latency_s": spec.switch_latency_s,
+        "phase_switching": config.phase_switching,
+        "gpu_spec": {name: value for name, value in asdict(spec).items() if name != "sources"},
+    }

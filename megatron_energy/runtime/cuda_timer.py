@@ -21,8 +21,11 @@ any stretch), and a single step's host time may differ from its device time by t
 lead (tens of ms). The step's energy is the counter lap the session takes at the same seal, so a step's
 time and energy cover the same host window and stay paired.
 
-The instruction samples and the pipeline span are always on the device timeline (event to event), exact
-in both modes.
+The instruction samples and the span are always on the device timeline (event to event), exact in both
+modes. The span is this stage's own (its last instruction's end); the session takes the replica's, the
+maximum over the pipeline, where it needs it: one fixed-size max over the pipeline group per profiling step,
+and in the run phase inside the straggler exchange every K steps (``runtime.staged_exchange``), so the timer
+itself runs no collective.
 
 **Outside phases** (gradient sync, optimizer step, parameter all-gather) get a start and an end event from
 the same pools; the session reads their durations (:meth:`CudaEventTimer.outside_durations`) only at a
@@ -36,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.timing import InstructionSample, StepTiming
 
 
@@ -58,18 +60,14 @@ class CudaEventTimer:
     """Times instructions with CUDA events recorded on the current stream (measured).
 
     See the module docstring for the exact and lagged modes and what the iteration time means under each.
-
-    Args:
-        comms: Collectives of the job, used to take the maximum of the pipeline's stage ends.
     """
 
     source: Literal["measured", "modelled"] = "measured"
 
-    def __init__(self, comms: RankComms) -> None:
+    def __init__(self) -> None:
         import torch
 
         self._torch = torch
-        self._comms = comms
         self._pools: tuple[list[Any], list[Any]] = ([], [])
         self._parity = 1  # the first step_begin flips it to pool 0
         self._used = 0
@@ -170,20 +168,19 @@ class CudaEventTimer:
         if not lagged:
             ready.append(step)
             self._sealed = None
-        return tuple(self._read(sealed, gather=True) for sealed in ready)
+        return tuple(self._read(sealed) for sealed in ready)
 
     def flush(self) -> tuple[StepTiming, ...]:
-        """The step still held by a lagged call (at close or suspension), read now; no collective runs.
+        """The step still held by a lagged call (at close or suspension), read now.
 
-        Without the pipeline's other stages, its span is this stage's own last end. The last step's end is
-        forgotten: steps run without the timer after a suspension, so the next step's cycle is unknown
-        (``None``, its iteration time is its span), not the whole pause.
+        The last step's end is forgotten: steps run without the timer after a suspension, so the next step's
+        cycle is unknown (``None``, its iteration time is its span), not the whole pause.
         """
         held, self._sealed = self._sealed, None
         self._last_end_s = None
-        return () if held is None else (self._read(held, gather=False),)
+        return () if held is None else (self._read(held),)
 
-    def _read(self, sealed: _SealedStep, gather: bool) -> StepTiming:
+    def _read(self, sealed: _SealedStep) -> StepTiming:
         """Turn a sealed step's events into samples (its last event has completed or is waited for)."""
         origin = sealed.start
         if origin is None or not sealed.marks:
@@ -197,6 +194,4 @@ class CudaEventTimer:
             )
             for instruction, start, end in sealed.marks
         )
-        stage_end_s = samples[-1].end_s
-        span_s = max(self._comms.all_gather_pipeline(stage_end_s)) if gather else stage_end_s
-        return StepTiming(samples, span_s, "measured", cycle_s=sealed.cycle_s)
+        return StepTiming(samples, samples[-1].end_s, "measured", cycle_s=sealed.cycle_s)

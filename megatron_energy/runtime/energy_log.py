@@ -1,9 +1,11 @@
 """The energy log line: J/iteration per stage and in total, measured next to predicted, and the change.
 
-Each rank keeps its own per-step figures (``runtime.log_window``); at a log interval the session gathers one
-``StageEnergy`` per rank on rank 0, which formats the line and hands scalars to TensorBoard / W&B writers
-and, with ``--energy-log-file``, appends them to a JSON-lines file (:func:`append_record`,
-:func:`read_records`).
+Each rank keeps its own per-step figures (``runtime.log_window``); at a log interval each rank's
+``StageEnergy`` is reduced over the job into one :class:`JobInterval` on every rank
+(``runtime.log_aggregate``: fixed-size vectors, no gather); rank 0 formats and prints the line and, with
+``--energy-log-file``, appends its scalars to a JSON-lines file (:func:`append_record`,
+:func:`read_records`); a rank with metric writers (TensorBoard / W&B, on Megatron's last rank) formats the
+same scalars from the same figures and writes them.
 
 A line speaks for one phase only. Its J/iteration figures are the means of the interval's steps (those of
 the current phase); its changes against stock clocks compare the phase's window of iterations with the stock
@@ -21,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock, job_window
+from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
 
 
 @dataclass(frozen=True)
 class StageEnergy:
-    """One rank's figures for a log line."""
+    """One rank's figures for a log line (``runtime.log_aggregate`` reduces them over the job)."""
 
     stage: int
     """Pipeline stage of the rank."""
@@ -47,6 +49,24 @@ class StageEnergy:
 
 
 @dataclass(frozen=True)
+class JobInterval:
+    """One log interval over every GPU of the job (``source`` as the line says: measured or modelled)."""
+
+    stage_j: tuple[float, ...]
+    """Per stage: the interval's mean energy per iteration summed over the stage's GPUs."""
+    predicted_j: float | None
+    """The plan's prediction summed over every GPU; ``None`` unless every GPU has one."""
+    iteration_s: float
+    """The slowest GPU's mean iteration time over the interval."""
+    window_j: tuple[float, ...]
+    """Per iteration of the window every GPU holds, oldest first: energy summed over the GPUs."""
+    window_s: tuple[float, ...]
+    """Per iteration of that window: the slowest GPU's time."""
+    gpus: int
+    """GPUs the figures sum over."""
+
+
+@dataclass(frozen=True)
 class StockSamples:
     """The stock baseline's per-iteration job figures, as the log compares with them."""
 
@@ -62,7 +82,7 @@ class StockSamples:
 
 def format_energy_line(
     iteration: int,
-    ranks: Sequence[StageEnergy],
+    job: JobInterval,
     source: Source,
     phase: str,
     stock: StockSamples | None = None,
@@ -71,7 +91,7 @@ def format_energy_line(
 
     Args:
         iteration: The interval's last training iteration, 1-based as in Megatron's log.
-        ranks: Every rank's figures (any order).
+        job: The interval over every GPU of the job.
         source: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
         phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
         stock: The stock baseline's iterations, once measured.
@@ -79,32 +99,27 @@ def format_energy_line(
     Returns:
         The line, and ``{scalar name: value}`` for metric writers.
     """
-    stages = sorted({rank.stage for rank in ranks})
-    per_stage = {s: sum(r.measured_j_per_iter for r in ranks if r.stage == s) for s in stages}
+    per_stage = dict(enumerate(job.stage_j))
     total = sum(per_stage.values())
     parts = [f"[energy] iteration {iteration} | {phase}"]
-    parts.append("J/iter " + source + ": " + " ".join(f"s{s}={per_stage[s]:.1f}" for s in stages))
+    parts.append("J/iter " + source + ": " + " ".join(f"s{s}={value:.1f}" for s, value in per_stage.items()))
     parts.append(f"total={total:.1f}")
     scalars = {"energy/j_per_iter_total": total}
     scalars |= {f"energy/j_per_iter_stage{s}": value for s, value in per_stage.items()}
-    predicted = [r.predicted_j_per_iter for r in ranks if r.predicted_j_per_iter is not None]
-    if len(predicted) == len(ranks):
-        predicted_total = sum(predicted)
-        parts.append(f"predicted (modelled)={predicted_total:.1f}")
-        scalars["energy/j_per_iter_predicted"] = predicted_total
-    window_j, window_s = job_window([rank.window for rank in ranks])
+    if job.predicted_j is not None:
+        parts.append(f"predicted (modelled)={job.predicted_j:.1f}")
+        scalars["energy/j_per_iter_predicted"] = job.predicted_j
     energy_change = time_change = None
-    if stock is not None and window_j:
+    if stock is not None and job.window_j:
         size = block_size(stock.iteration_s, stock.counter_period_s)
-        energy_change = compare_to_stock(stock.energy_j, window_j, size, source)
-        time_change = compare_to_stock(stock.iteration_s, window_s, size, source)
+        energy_change = compare_to_stock(stock.energy_j, job.window_j, size, source)
+        time_change = compare_to_stock(stock.iteration_s, job.window_s, size, source)
     if energy_change is not None:
         parts.append(f"energy vs stock: {_stated(energy_change, phase)}")
         scalars |= energy_change.scalars("energy/change_vs_stock")
-        scalars["energy/window_iterations"] = float(len(window_j))
-    iteration_s = max(r.iteration_s for r in ranks)
-    parts.append(f"iter {1e3 * iteration_s:.1f} ms ({source})")
-    scalars["energy/iteration_s"] = iteration_s
+        scalars["energy/window_iterations"] = float(len(job.window_j))
+    parts.append(f"iter {1e3 * job.iteration_s:.1f} ms ({source})")
+    scalars["energy/iteration_s"] = job.iteration_s
     if time_change is not None:
         parts.append(f"time vs stock: {_stated(time_change, phase)}")
         scalars |= time_change.scalars("energy/iteration_change_vs_stock")

@@ -1,9 +1,12 @@
-"""One rank's part of the energy log: its phase window, the gather on rank 0, the line, scalars and records.
+"""One rank's part of the energy log: its phase window, the job's reductions, the line, scalars and records.
 
-Every ``log_interval`` steps each rank sends rank 0 its interval means and its window of the current phase
-(``runtime.log_window``); rank 0 formats the line (``runtime.energy_log``), prints it, writes the scalars to
-Megatron's TensorBoard / W&B writers and appends the record to ``--energy-log-file``; the scalars also go to
-the last rank, where Megatron keeps its writers.
+Every ``log_interval`` steps each rank puts its interval means and its window of the current phase
+(``runtime.log_window``) into two fixed-size vectors, reduced over the job's pipeline, tensor and
+data-parallel groups (``runtime.log_aggregate``, ``runtime.group_chain.reduce_over``: a sum and a max in
+flight together over each group, no gather, no broadcast): every rank then holds the job's interval. Rank 0
+formats the line (``runtime.energy_log``), prints it and appends the record to ``--energy-log-file``; a rank
+with metric writers (Megatron keeps its TensorBoard and W&B writers on the last rank) formats the same
+scalars from the same figures and writes them, so nothing is sent to it but the reductions' results.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.config import EnergyTarget
-from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import (
     EnergyRecord,
@@ -24,6 +27,8 @@ from megatron_energy.runtime.energy_log import (
     publish,
     write_scalars,
 )
+from megatron_energy.runtime.group_chain import reduce_over
+from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.log_window import PhaseWindow
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.power_budget import with_power_budget
@@ -72,7 +77,7 @@ class EnergyLogger:
         predicted_j: float | None,
         baseline: StockBaseline,
     ) -> None:
-        """Record a finished step; at the end of a log interval, log it (a collective of every rank).
+        """Record a finished step; at the end of a log interval, log it (every rank joins the reductions).
 
         Args:
             step: The step (0-based).
@@ -93,22 +98,24 @@ class EnergyLogger:
             window=self.window.rank_window(),
         )
         iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
-        gathered = self.comms.gather_to_root(mine)
-        scalars: dict[str, float] | None = None
-        if gathered is not None:
-            stock = self._stock(baseline, figures.exact)
-            line, scalars = format_energy_line(iteration, gathered, self.source, phase, stock)
-            if self.power_target is not None:
-                line, scalars = with_power_budget(
-                    line, scalars, gathered, self.power_target, self._period(figures.exact), self.source
-                )
-            publish(line, scalars, iteration, self.context.log_sinks, self.printer)
-            self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
-        # Megatron keeps its TensorBoard and W&B writers on the last rank: it gets the scalars too
-        if self.context.world_size > 1:
-            scalars = self.comms.broadcast_from_root(scalars)
-            if gathered is None and scalars is not None:
-                write_scalars(scalars, iteration, self.context.log_sinks)
+        stages = self.context.pipeline_size
+        maxima, sums = reduce_over(self.comms, GROUPS, *interval_vectors(mine, stages, step))
+        root = self.context.global_rank == 0
+        if not root and not self.context.log_sinks:
+            return
+        job = job_interval(maxima, sums, stages)
+        line, scalars = format_energy_line(
+            iteration, job, self.source, phase, self._stock(baseline, figures.exact)
+        )
+        if self.power_target is not None:
+            line, scalars = with_power_budget(
+                line, scalars, job, self.power_target, self._period(figures.exact), self.source
+            )
+        if not root:
+            write_scalars(scalars, iteration, self.context.log_sinks)
+            return
+        publish(line, scalars, iteration, self.context.log_sinks, self.printer)
+        self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
 
     def _period(self, exact: bool) -> float:
         """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""

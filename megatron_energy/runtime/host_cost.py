@@ -72,7 +72,13 @@ class HostCost:
         return mean_interval(self.run_steps_s) if len(self.run_steps_s) >= 2 else None
 
     def summary(self, rank: int, iteration_s: float | None) -> str | None:
-        """Rank ``rank``'s closing line: host ms per step, share of ``iteration_s`` (None: < 2 steps)."""
+        """Rank ``rank``'s closing line: host ms per step, its share of ``iteration_s`` (None: < 2 steps).
+
+        Args:
+            rank: The global rank.
+            iteration_s: The measured stock iteration time; ``None`` leaves the share out (on simulated GPUs
+                the iteration time is modelled, and host time over a modelled time is no figure).
+        """
         interval = self.interval()
         if interval is None:
             return None

@@ -8,8 +8,9 @@ Each rank keeps, for the phase it runs in (``profiling``, ``planned``, ``followi
   the most recent ``WINDOW_ITERS`` of them, whose per-iteration figures are compared with the stock
   baseline's (``stats.relative_change``).
 
-Rank 0 aligns the ranks' windows on the steps every rank ran in its current phase (:func:`job_window`) and
-sums energies over ranks, takes the slowest rank's time, per iteration, as the stock baseline does. Before a
+The ranks' windows are aligned on the steps every rank ran in its current phase, with energies summed over
+ranks and the slowest rank's time per iteration, as the stock baseline does (``runtime.log_aggregate``: one
+slot per iteration in fixed-size reductions). Before a
 comparison, per-iteration figures read from an energy counter are grouped into samples spanning at least
 two counter periods (``stats.iterations_per_sample``, ``stats.block_means``); the interval includes the drift
 the stock baseline shows between its halves (``stats.baseline_drift``), as everywhere a change is stated.
@@ -31,7 +32,7 @@ enough to follow what changes within a phase (a throttled GPU, drift)."""
 
 @dataclass(frozen=True)
 class RankWindow:
-    """One rank's window as rank 0 gathers it."""
+    """One rank's window, as its log vectors carry it (``runtime.log_aggregate``)."""
 
     first_step: int
     """The step of the window's first iteration (0-based)."""
@@ -67,7 +68,7 @@ class PhaseWindow:
         return steps
 
     def rank_window(self) -> RankWindow:
-        """The window as rank 0 gathers it."""
+        """The window, as the log vectors carry it."""
         if not self.window:
             return RankWindow(first_step=-1)
         return RankWindow(
@@ -75,29 +76,6 @@ class PhaseWindow:
             tuple(figures.energy_j for _, figures in self.window),
             tuple(figures.iteration_s for _, figures in self.window),
         )
-
-
-def job_window(windows: Sequence[RankWindow]) -> tuple[list[float], list[float]]:
-    """Per-iteration job figures over the steps every rank's window holds.
-
-    Args:
-        windows: Every rank's window (windows end at the same step: the line's).
-
-    Returns:
-        Energy summed over ranks and the slowest rank's time, per iteration, oldest first; empty when a rank
-        has no window.
-    """
-    if not windows or any(window.first_step < 0 for window in windows):
-        return [], []
-    first = max(window.first_step for window in windows)
-    energies, times = [], []
-    for window in windows:
-        skip = first - window.first_step
-        energies.append(window.energy_j[skip:])
-        times.append(window.iteration_s[skip:])
-    return [sum(values) for values in zip(*energies, strict=True)], [
-        max(values) for values in zip(*times, strict=True)
-    ]
 
 
 def compare_to_stock(

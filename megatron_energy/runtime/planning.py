@@ -1,8 +1,9 @@
-"""Phase 2 on rank 0: merged profile rows → ``Profile`` → the optimiser(s) → a ``Plan`` file, cached.
+"""Phase 2 on rank 0: the planning replica's profile rows → ``Profile`` → the optimiser(s) → a ``Plan`` file.
 
-Rank 0 plans (or, on a cache hit, loads the cached plan file) and broadcasts a :class:`PlanRelease`: the
-plan file's exact text and the stock-clock baseline measured while profiling. Every rank parses the same
-text, so what runs is exactly what the file says.
+Rank 0 plans from the planning replica's rows (``runtime.replica_profile``; or, on a cache hit, loads the
+cached plan file) and sends every rank a :class:`PlanRelease` down the job's groups
+(``runtime.group_chain.broadcast_from_root``): the plan file's exact text and the stock-clock baseline
+measured while profiling. Every rank parses the same text, so what runs is exactly what the file says.
 
 The plan is anchored to what profiling measured at stock clocks: the profile's rows there are the measured
 instruction times and energies, and the measured iteration tail (:func:`tail_from_profiling`: the time and
@@ -28,7 +29,10 @@ from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
+from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
+from megatron_energy.runtime.job_stock import JobStock
+from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
 from megatron_energy.runtime.profiling import (
     ProfileRow,
     StepRecord,
@@ -50,7 +54,8 @@ class StockBaseline:
     """Iteration time (the slowest rank's), ``None`` if not measured."""
 
     energy_by_rank: dict[int, float] = field(default_factory=dict)
-    """Energy per iteration of each global rank's GPU."""
+    """Energy per iteration of each planning-replica rank's GPU (one per stage: the replica and tensor rank of
+    global rank 0, whose profiles the plan is made from), by global rank."""
 
     step_iteration_s: tuple[float, ...] = ()
     """Each measured stock step's iteration time (the slowest rank's), in the order the steps ran."""
@@ -127,6 +132,10 @@ class PlanRelease:
     """The plan's instant-switch frontier curve (CSV text, :func:`frontier_csv_text`); empty when the release
     was loaded from the cache, which already holds it."""
 
+    measured_json: str = ""
+    """What profiling measured besides the profile and the baseline (``runtime.measured_inputs``), so the
+    cache can re-plan from it; empty when the release was loaded from the cache, which already holds it."""
+
 
 @dataclass(frozen=True)
 class Fallback:
@@ -168,7 +177,10 @@ def plan_on_root(
         The release to broadcast (and to cache with :func:`store_release`).
     """
     plan = optimiser.plan(profile, job)
-    return PlanRelease(plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan))
+    measured = MeasuredInputs.of_job(job, optimiser.request)
+    return PlanRelease(
+        plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
+    )
 
 
 def frontier_csv_text(plan: Plan) -> str:
@@ -193,11 +205,11 @@ def frontier_csv_text(plan: Plan) -> str:
     return out.getvalue()
 
 
-def store_release(cache: JobCache, release: PlanRelease) -> None:
-    """Cache the plan file, the baseline, the profile it was planned from and its frontier (atomic, verified).
+def release_artefacts(release: PlanRelease) -> dict[str, str]:
+    """The cache artefacts of a release.
 
-    Raises:
-        OSError: The cache cannot be written.
+    The plan file, the baseline, the profile, and (when the release has them) its frontier and the measured
+    planning inputs.
     """
     artefacts = {
         "plan.json": release.plan_text,
@@ -206,7 +218,18 @@ def store_release(cache: JobCache, release: PlanRelease) -> None:
     }
     if release.frontier_csv:
         artefacts["frontier.csv"] = release.frontier_csv
-    cache.store(artefacts)
+    if release.measured_json:
+        artefacts[MEASURED_NAME] = release.measured_json
+    return artefacts
+
+
+def store_release(cache: JobCache, release: PlanRelease) -> None:
+    """Cache the release's artefacts (:func:`release_artefacts`), atomic and verified.
+
+    Raises:
+        OSError: The cache cannot be written.
+    """
+    cache.store(release_artefacts(release))
 
 
 def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
@@ -228,26 +251,34 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
 
 
 def baseline_from_profiling(
-    gathered: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]], source: str = "measured"
+    replica: Sequence[tuple[Sequence[ProfileRow], Sequence[StepRecord]]],
+    ranks: Sequence[int],
+    stock: JobStock,
+    source: str = "measured",
 ) -> StockBaseline:
-    """The stock-clock baseline from every rank's baseline steps (rank = position).
+    """The stock-clock baseline: the job's baseline steps, and each planning-replica rank's mean.
 
     Only the steps timed as the run phase times its steps (lagged, no device sync; ``runtime.profiling``)
     count, so every comparison with the planned windows is between steps measured the same way; the
-    synchronous profile steps are left out. Per rank, the mean over its baseline steps and its stage (from its
-    profile rows); per step, the slowest rank's time and the energy of all ranks (over the steps every rank
-    measured). ``source`` says whether the figures are measured or modelled (simulated GPUs).
+    synchronous profile steps are left out. The job's figures (per step, the slowest rank's time and the
+    energy of every GPU; the slowest rank's mean time) come from the reductions over every rank
+    (``runtime.job_stock``); per rank of the planning replica (``replica`` by stage, ``ranks`` their global
+    ranks), the mean energy over its baseline steps and its stage (from its profile rows). ``source`` says
+    whether the figures are measured or modelled (simulated GPUs).
     """
-    stock = [(rank, baseline_records(steps)) for rank, (_, steps) in enumerate(gathered)]
-    stock = [(rank, steps) for rank, steps in stock if steps]
-    means = {rank: mean_record(steps) for rank, steps in stock}
-    per_step = list(zip(*(steps for _, steps in stock), strict=False))
+    means = {
+        rank: mean_record(steps)
+        for rank, (_, records) in zip(ranks, replica, strict=True)
+        if (steps := baseline_records(records))
+    }
     return StockBaseline(
-        iteration_s=max((record.iteration_s for record in means.values()), default=None),
+        iteration_s=stock.iteration_s,
         energy_by_rank={rank: record.energy_j for rank, record in means.items()},
-        step_iteration_s=tuple(max(record.iteration_s for record in step) for step in per_step),
-        step_energy_j=tuple(sum(record.energy_j for record in step) for step in per_step),
-        stage_by_rank={rank: rows[0].work.stage for rank, (rows, _) in enumerate(gathered) if rows},
+        step_iteration_s=stock.step_iteration_s,
+        step_energy_j=stock.step_energy_j,
+        stage_by_rank={
+            rank: rows[0].work.stage for rank, (rows, _) in zip(ranks, replica, strict=True) if rows
+        },
         source=source,
     )
 
@@ -331,11 +362,13 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
         if plan.frontier
         else "no frontier swept (the plan's instruction clocks are stock)"
     )
+    why = why_nothing_found(plan)
+    saving = f"{100 * (1 - target.energy_j / stock_j):.1f}% less" if why is None else f"no saving: {why}"
     return (
         f"[energy] plan for {plan.target} ({', '.join(plan.optimisers)}): iteration "
         f"{1e3 * target.iteration_time_s:.1f} ms vs {1e3 * plan.baseline.iteration_time_s:.1f} ms at stock "
         f"clocks; energy {target.energy_j:.1f} J vs {stock_j:.1f} J per pipeline iteration "
-        f"({100 * (1 - target.energy_j / stock_j):.1f}% less){outside}, modelled from a {plan.provenance} "
+        f"({saving}){outside}, modelled from a {plan.provenance} "
         "profile on "
         f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {bound}; plan sha256 "
         f"{plan_digest(plan_text)}"

@@ -1,6 +1,8 @@
 """Run-phase policies: follow a straggling data-parallel replica, and fall back to stock clocks when slow.
 
 Both are pure bookkeeping over per-step iteration times; the session feeds them and acts on their answers.
+With several data-parallel replicas the safety net holds a trip until the next exchange of the replicas'
+paces says whether the other replicas are slow too (``SafetyNet.observe``'s ``hold``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ STRAGGLER_TOLERANCE = 0.03
 class StragglerPolicy:
     """Decides the pace the data-parallel replicas should plan for.
 
-    Every replica contributes one number per step to a MAX all-reduce: its measured intrinsic iteration time
-    when it runs more than ``tolerance`` slower than its current plan predicts (an extrinsic slowdown:
-    throttling, a slow node), else the nominal plan time. The maximum is the pace of the slowest replica; the
-    others move to the frontier point at that pace, and back once it recovers.
+    Every replica contributes one number to each exchange of paces (every K steps,
+    ``runtime.staged_exchange.pace_stages``), a max over the data-parallel group: its measured intrinsic
+    iteration time when it runs more than ``tolerance`` slower than its current plan predicts (an extrinsic
+    slowdown: throttling, a slow node), else the nominal plan time. The maximum is the pace of the slowest
+    replica; the others move to the frontier point at that pace, and back once it recovers.
 
     Args:
         nominal_time_s: The iteration time of the plan chosen for the target (predicted).
@@ -133,6 +136,8 @@ class SafetyNet:
         power_w: float | None = None,
         allowed_w: float | None = None,
         noise_s: float = 0.0,
+        *,
+        hold: bool = False,
     ) -> bool:
         """Record one step; return ``True`` exactly once, on the step that trips the net.
 
@@ -142,6 +147,8 @@ class SafetyNet:
             power_w: The step's average power on this GPU, when a power budget applies (NaN: unknown).
             allowed_w: The power this GPU may draw under the budget (``runtime.power_budget``).
             noise_s: Standard deviation of a stock step's iteration time (0: unknown).
+            hold: A streak that reaches the patience does not trip yet: :meth:`confirm` trips it once the
+                replicas' exchange says the other replicas are slow too (else :meth:`excuse` ends it).
         """
         if self.tripped:
             return False
@@ -150,10 +157,19 @@ class SafetyNet:
         if slow or over:
             self.last_cause = "time" if slow else "power"
         self.violations = self.violations + 1 if slow or over else 0
-        if self.violations >= self.patience:
-            self.tripped = True
-            return True
-        return False
+        return not hold and self.confirm()
+
+    def confirm(self, since: int = 0) -> bool:
+        """Trip the net if a streak of violations has reached the patience; return whether it tripped now.
+
+        Args:
+            since: Steps since the step the confirming verdict is about: it confirms the streak only if that
+                step lies within it (a verdict about an earlier step says nothing about the streak's steps).
+        """
+        if self.tripped or self.violations < self.patience or self.violations <= since:
+            return False
+        self.tripped = True
+        return True
 
     def observe_stock(self, measured_s: float, stock_s: float, noise_s: float = 0.0) -> bool:
         """Record one stock step after a trip; return ``True`` exactly once, on the step that re-arms the net.

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 from megatron_energy.config import EnergyTarget
 from megatron_energy.plan import PlanPoint
-from megatron_energy.runtime.energy_log import StageEnergy
-from megatron_energy.runtime.log_window import job_window
+from megatron_energy.runtime.energy_log import JobInterval
 from megatron_energy.stats import MeanInterval, Source, block_means, iterations_per_sample, mean_interval
 
 
@@ -93,7 +92,7 @@ def allowed_power_w(target: EnergyTarget, point: PlanPoint, stage: int) -> float
 def with_power_budget(
     line: str,
     scalars: dict[str, float],
-    ranks: Sequence[StageEnergy],
+    job: JobInterval,
     target: EnergyTarget,
     counter_period_s: float,
     source: Source,
@@ -103,16 +102,15 @@ def with_power_budget(
     Args:
         line: The energy line (``runtime.energy_log.format_energy_line``).
         scalars: Its scalars.
-        ranks: Every rank's figures, as gathered for the line.
+        job: The interval over every GPU of the job, as the line was made from.
         target: The ``power`` target.
         counter_period_s: The energy counter's period (0: exact energies).
         source: ``measured`` or ``modelled``.
     """
-    window_j, window_s = job_window([rank.window for rank in ranks])
-    if not window_j:
+    if not job.window_j:
         return line, scalars
-    block = iterations_per_sample(sum(window_s) / len(window_s), counter_period_s)
-    power = measured_power_w(window_j, window_s, len(ranks), block)
+    block = iterations_per_sample(sum(job.window_s) / len(job.window_s), counter_period_s)
+    power = measured_power_w(job.window_j, job.window_s, job.gpus, block)
     if power is None:
         return line, scalars
     part, extra = power_budget_part(power, target, source)

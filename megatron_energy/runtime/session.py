@@ -13,14 +13,18 @@ two sides were measured; the **synchronous profile steps** (like every measured 
 wait for the device at their begin and end, so the counter laps separate the pipeline span's energy from
 what ran between two schedules (``runtime.step_figures``): they give the profile rows and the measured
 iteration tail, exact, and never enter a comparison.
-Phase 2, plan: every rank's profile rows are gathered on rank 0 over the job's own process groups, and
-the optimiser plans there in a process of its own (``runtime.planner_process``). On real GPUs
-(``--energy-planning``) training goes on meanwhile at stock clocks, in the planning phase (``stock
-(planning)``, where no run-phase policy acts): at each of its step ends rank 0 asks the planner without
-waiting and broadcasts "not yet" or the decision, so every rank adopts the plan (or falls back) at the same
-step. On simulated GPUs, whose virtual clock stands still while the host plans, rank 0 waits for the planner
-at the step profiling ends, so their runs stay deterministic. Rank 0 writes the plan file and broadcasts its
-text (no server); every rank parses it.
+Phase 2, plan: the profile rows of one replica (global rank 0's replica and tensor-parallel rank: its
+peers run the same instructions) are gathered on rank 0 over that replica's pipeline alone; every other
+rank takes part in fixed-size reductions only: a check that the stages' ranks agree, whether any rank
+failed, and the job's stock steps over every GPU (``runtime.replica_profile``). The optimiser plans on rank
+0 in a process of its own (``runtime.planner_process``). On real GPUs (``--energy-planning``) training goes
+on meanwhile at stock clocks, in the planning phase (``stock (planning)``, where no run-phase policy acts):
+every K steps the ranks ask, one group a step, whether rank 0's planner has ended (``runtime.staged_exchange
+.ready_stages``); once it has, the decision goes to every rank at the same step, so every rank adopts the
+plan (or falls back) together. On simulated GPUs, whose virtual clock stands still while the host plans,
+rank 0 waits for the planner at the step profiling ends, so their runs stay deterministic. Rank 0 writes the
+plan file and sends its text down a tree of the job's groups (``runtime.group_chain.broadcast_from_root``;
+no server); every rank parses it.
 Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
 instruction at its boundary on the GPU timeline, a tail phase's at its outside-phase hook); the clocks of
 phases inside an instruction go, with the instruction's start marker, to a phase switcher that requests
@@ -30,26 +34,31 @@ thread anchored on the start's CUDA event, its timing as precise as a host threa
 with a log line and the run goes on at the instruction clocks; ``--energy-phase-switching off`` never
 starts it. Energy keeps being measured and logged next to the
 prediction, with its change against the stock baseline over a window of the phase's iterations
-(``runtime.log_window``); data-parallel replicas follow a straggler's pace to another point of the same
-plan; a safety net reverts to stock clocks if the plan is slow. Nothing the session does at a run-phase
-step's end waits for the GPU: a real GPU's timing is read one step later (``runtime.cuda_timer``), paired
-with the energy lapped at that step's own end, and the session's messages go over gloo (CPU) groups
-(``runtime.comms.control_plane_comms``); so the policies and the log see each step one step late.
+(``runtime.log_window``; fixed-size reductions, ``runtime.log_aggregate``); data-parallel replicas follow a
+straggler's pace to another point of the same plan, exchanged every K steps over the pipeline, tensor and
+data-parallel groups one group a step, asynchronously (``runtime.staged_exchange.pace_stages``, K from
+``runtime.exchange_period``); a safety net reverts to stock clocks if the plan is slow (with several
+replicas once an exchange says the others are slow too). No collective of the run phase spans more than a
+data-parallel or pipeline group. Nothing the session does at a run-phase step's end waits for the GPU: a
+real GPU's timing is read one step later (``runtime.cuda_timer``), paired with the energy lapped at that
+step's own end, and the session's messages go over gloo (CPU) groups of the job's own groups
+(``runtime.control_plane``); so the policies and the log see each step one step late.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 
 One decision, every rank: whatever fails before or during planning on any rank (an unreadable or tampered
 cache, a rank that cannot summarise its profile, a solver error, a cache write error, a plan a rank cannot
 run) is caught, and every rank reaches the same outcome through the collectives every rank joins anyway
-(the gather, the broadcast, one small all-reduce): all re-profile, all fall back to stock clocks, or (a
-cache write error) all run the uncached plan. Each rank logs why; no exception reaches Megatron's step.
-(Whatever stops a rank from starting its session is agreed on before the first of these collectives, by
-``runtime.assembly.build_session``.)
+(the replica's reductions, the broadcast, one small reduction): all re-profile, all fall back to stock
+clocks, or (a cache write error) all run the uncached plan. Each rank logs why; no exception reaches
+Megatron's step. (Whatever stops a rank from starting its session is agreed on before the first of these
+collectives, by ``runtime.assembly.build_session``.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -60,18 +69,22 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.kareus.collectives import CollectiveWorkload, MeasuredBucket
-from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.kareus.collectives import MeasuredBucket
+from megatron_energy.optimiser import Optimiser
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache
-from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_logger import EnergyLogger
+from megatron_energy.runtime.exchange_period import HOP_S, exchange_cost_s, exchange_period
 from megatron_energy.runtime.extrapolation import extrapolate_rows
+from megatron_energy.runtime.group_chain import broadcast_from_root, gather_replica, reduce_everywhere
 from megatron_energy.runtime.host_cost import HostCost, host_timed
+from megatron_energy.runtime.job_stock import JobStock
 from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
+from megatron_energy.runtime.measured_inputs import MeasuredInputs
 from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
@@ -97,6 +110,9 @@ from megatron_energy.runtime.profiling import (
     StepRecord,
     merge_rows,
 )
+from megatron_energy.runtime.replanning import planning_job
+from megatron_energy.runtime.replica_profile import ReplicaProfile, StageProfile, replica_profile
+from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, pace_stages, ready_stages
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
@@ -184,12 +200,17 @@ class EnergySession:
             config.planning == "auto" and timer.source == "measured"
         )
         """Whether training goes on at stock clocks while the plan is computed (``--energy-planning``)."""
-        self._planner: PlannerProcess | Fallback | None = None
-        """Rank 0, from the end of profiling to the decision: the planner process, or why it did not start."""
+        self._planner: PlannerProcess | PlanRelease | Fallback | None = None
+        """Rank 0, from the end of profiling to the decision: the planner process, or why it did not start,
+        or (in the background, once polled) its outcome."""
         self._planning_began = (0, 0.0)  # the step profiling ended at, and when (time.monotonic)
         self.baseline = StockBaseline()
         self.runner: PlanRunner | None = None
         self.straggler: StragglerPolicy | None = None
+        self._paces: StagedExchange[PaceVerdict] | None = None
+        """The replicas' exchange of paces, every K run-phase steps (several replicas, once a plan runs)."""
+        self._polls: StagedExchange[bool] | None = None
+        """While the planner runs in the background: whether rank 0 has its outcome, every K steps."""
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.history: list[StepFigures] = []
         self.host_cost = HostCost()
@@ -311,7 +332,8 @@ class EnergySession:
     def _seal_step(self, step: int) -> None:
         """Seal the step's measurements; handle every step whose timing is complete, and advance the phase.
 
-        A step that ran in the planning phase ends with the planner's decision (:meth:`_take_decision`).
+        A step that ran in the planning phase ends with a step of the poll for the planner's outcome
+        (:meth:`_poll_planner`).
 
         A synchronous profiling step waits for the device and returns this step. In a baseline step and in
         the run phase nothing here waits for the GPU: the timer returns the previous step
@@ -338,10 +360,18 @@ class EnergySession:
         for timing in timings:
             self._finish(self._sealed.pop(0), timing)
         if planning:
-            self._take_decision(step, wait=False)
+            self._poll_planner(step)
 
     def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
-        """One step's figures: the profile or the run-phase policies, then the energy log."""
+        """One step's figures: the profile or the run-phase policies, then the energy log.
+
+        A profiling step's span is the replica's: the maximum of the stages' spans, one fixed-size max over
+        the pipeline group (a real GPU's timer knows its own stage only; the run phase leaves this to the
+        straggler exchange every K steps).
+        """
+        if sealed.phase == "profiling":
+            (span_s,) = self.comms.start_all_reduce([timing.intrinsic_s], "max", "pipeline").wait()
+            timing = dataclasses.replace(timing, intrinsic_s=span_s)
         figures = sealed.figures(timing)
         self.history.append(figures)
         if sealed.phase == "profiling":
@@ -351,10 +381,10 @@ class EnergySession:
             if self.collector.done:
                 self._plan(sealed.step)
         elif sealed.phase != PLANNING_PHASE:  # a step at stock clocks while planning: no plan to police
-            # every run-phase rank joins the straggler all-reduce, the safety-netted ones too: a replica
-            # that skipped it would leave the others waiting in the collective
-            alone = self._follow_stragglers(figures)
-            self._check_safety(figures, slow_alone=alone, phase=sealed.phase)
+            # every run-phase rank takes each step of the straggler exchange, the safety-netted ones too: a
+            # replica that skipped one would leave the others waiting in its collective
+            alone = self._follow_stragglers(sealed.step, figures)
+            self._check_safety(figures, alone, sealed.step, sealed.phase)
         self.energy_logger.add(
             sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
         )
@@ -405,7 +435,8 @@ class EnergySession:
         except Exception as problem:  # a failing flush must not mask how the run ended
             self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
         self.laps.close()
-        host_line = self.host_cost.summary(self.context.global_rank, self.baseline.iteration_s)
+        measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
+        host_line = self.host_cost.summary(self.context.global_rank, measured_s)
         if host_line is not None:
             self.printer(host_line)
         if self.context.global_rank == 0 and self.plan is not None:
@@ -456,7 +487,7 @@ class EnergySession:
             )
         except Exception:  # a rank that cannot tell keeps the pilot; the others decide
             mine = collector.stock_iters
-        (agreed,) = self.comms.all_reduce_max([float(mine)])
+        (agreed,) = reduce_everywhere(self.comms, [float(mine)])
         self.collector.set_stock_steps(int(agreed))
 
     def _start_from_cache(self) -> None:
@@ -473,7 +504,7 @@ class EnergySession:
             except Exception as problem:  # any unreadable cache means: profile again
                 decision, message = None, self._set_cache_aside(f"unusable ({problem})")
             self.printer(f"[energy] {message}")
-        decision = self.comms.broadcast_from_root(decision)
+        decision = broadcast_from_root(self.comms, decision)
         if decision is not None and not self._adopt_everywhere(decision):
             if self.context.global_rank == 0:
                 self.printer(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
@@ -496,42 +527,69 @@ class EnergySession:
         )
 
     def _plan(self, step: int) -> None:
-        """At the end of profiling (``step``): gather the ranks' profiles on rank 0, start the planner there.
+        """At the end of profiling (``step``): the planning replica's profiles on rank 0, its planner started.
 
-        With background planning every rank then trains at stock clocks in the planning phase and takes the
-        decision at a later step's end (:meth:`_take_decision`); otherwise rank 0 waits for the planner and
-        every rank takes the decision at this step's end.
+        The other ranks take part in fixed-size reductions only (``runtime.replica_profile``). With background
+        planning every rank then trains at stock clocks in the planning phase and asks every K steps whether
+        the outcome has come (:meth:`_poll_planner`); otherwise rank 0 waits for the planner and every rank
+        takes the decision at this step's end.
         """
         self._buckets = self._gather_buckets()
-        gathered = self.comms.gather_to_root(self._profile_contribution())
+        replica = replica_profile(
+            self.comms,
+            self._profile_contribution(),
+            self.collector.stock_iters,
+            self.stock_clock_mhz,
+            self.context.global_rank,
+        )
         timelines = (
-            self.comms.gather_to_root(self._timeline_contribution())
+            gather_replica(self.comms, self._timeline_contribution())
             if self.optimiser.request.phases
             else None
         )
         self._planning_began = (step, time.monotonic())
-        if gathered is not None:
-            self._planner = self._start_planner(gathered, merge_timelines(timelines or []))
+        if replica.stages is not None:
+            self._planner = self._start_planner(replica, merge_timelines(timelines or []))
         if not self.background_planning:
-            self._take_decision(step, wait=True)
+            self._take_decision(step)
             return
+        sizes = [self.comms.size(group) for group in GROUPS]
+        self._polls = StagedExchange(exchange_period(sizes, replica.stock.iteration_s))
         self.controller.request(RESET)  # the last profiled clock need not be the stock one
         self.phase = PLANNING_PHASE
 
-    def _take_decision(self, step: int, *, wait: bool) -> None:
-        """At the end of ``step``: rank 0 broadcasts the planner's outcome, or ``None`` while it runs.
+    def _poll_planner(self, step: int) -> None:
+        """A planning-phase step: every K steps, whether rank 0 has the planner's outcome, one link a step.
 
-        Every rank adopts the plan (from the next step on) or falls back together. Rank 0 caches the plan
-        only once every rank has adopted it (a plan some rank cannot run is never cached), and logs after how
-        many steps and seconds it took effect.
+        Once the exchange (``runtime.staged_exchange.ready_stages``) says so, every rank takes the decision
+        at the same step.
+        """
+        polls = self._polls
+        if polls is not None and polls.step(lambda: ready_stages(self.comms, self._outcome_ready())):
+            self._take_decision(step)
+
+    def _outcome_ready(self) -> bool:
+        """Rank 0: whether the planner has ended (its outcome is kept for the decision); others: ``False``."""
+        if isinstance(self._planner, PlannerProcess):
+            outcome = self._planner.poll()
+            if outcome is None:
+                return False
+            self._planner = outcome
+        return self._planner is not None
+
+    def _take_decision(self, step: int) -> None:
+        """At the end of ``step``: rank 0's planner outcome reaches every rank down the groups' tree.
+
+        Rank 0 waits for the planner if it has not ended (simulated GPUs, ``--energy-planning wait``). Every
+        rank adopts the plan (from the next step on) or falls back together. Rank 0 caches the plan only once
+        every rank has adopted it (a plan some rank cannot run is never cached), and logs after how many steps
+        and seconds it took effect.
         """
         outcome: PlannerProcess | PlanRelease | Fallback | None = self._planner
         if isinstance(outcome, PlannerProcess):
-            outcome = outcome.wait() if wait else outcome.poll()
-        decision: PlanRelease | Fallback | None = self.comms.broadcast_from_root(outcome)
-        if decision is None:
-            return
-        self._planner = None
+            outcome = outcome.wait()
+        decision: PlanRelease | Fallback = broadcast_from_root(self.comms, outcome)
+        self._planner = self._polls = None
         if isinstance(decision, Fallback):
             self._fall_back(decision.reason)
         elif not self._adopt_everywhere(decision):
@@ -550,11 +608,13 @@ class EnergySession:
         return f"[energy] {took} while training waited for it ({why})"
 
     def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
-        """This rank's rows and measured stock steps for the gather, or why it has none."""
+        """This rank's rows and measured stock steps, or why it has none (logged here too)."""
         try:
             return self.collector.rows(), self.collector.stock_steps()
-        except Exception as problem:  # reported to rank 0, which decides for every rank
-            return Fallback(f"rank {self.context.global_rank} could not summarise its profile: {problem}")
+        except Exception as problem:  # agreed on in the reductions: rank 0 decides for every rank
+            reason = f"rank {self.context.global_rank} could not summarise its profile: {problem}"
+            self.printer(f"[energy] {reason}")
+            return Fallback(reason)
 
     def _timeline_contribution(self) -> Timelines:
         """This rank's measured phases per instruction class (none without a kernel timeline, or on error)."""
@@ -566,16 +626,21 @@ class EnergySession:
             self.printer(f"[energy] rank {self.context.global_rank}: kernel timeline not read: {problem}")
             return {}
 
-    def _start_planner(self, gathered: list[Any], timelines: Timelines) -> PlannerProcess | Fallback:
+    def _start_planner(self, replica: ReplicaProfile, timelines: Timelines) -> PlannerProcess | Fallback:
         """Start the planner process on rank 0; a failure becomes the fallback every rank takes (no raise)."""
-        failures = [entry for entry in gathered if isinstance(entry, Fallback)]
+        stages = replica.stages or []
+        failures = [stage for stage in stages if isinstance(stage, Fallback)]
         if failures:
             return failures[0]
+        if replica.failed:
+            return Fallback("a rank could not summarise its profile (its log says why)")
+        profiles = [stage for stage in stages if isinstance(stage, StageProfile)]
+        self._report_spread(profiles)
         if self.optimiser.request.phases:
             clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
             self.printer(f"[energy] {timelines_line(timelines, self.timer.source, clocks)}")
         try:
-            return PlannerProcess(self._planner_input(gathered, timelines))
+            return PlannerProcess(self._planner_input(profiles, replica.stock, timelines))
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 
@@ -589,10 +654,22 @@ class EnergySession:
                 "the next run profiles again"
             )
 
+    def _report_spread(self, profiles: list[StageProfile]) -> None:
+        """Rank 0 says which stages' ranks differ at stock clocks beyond the tolerance (``StageSpread``)."""
+        for stage, profile in enumerate(profiles):
+            spread = profile.spread.disagreement()
+            if spread is not None:
+                self.printer(
+                    f"[energy] stage {stage}: its tensor- and data-parallel ranks differ at stock clocks "
+                    f"({self.timer.source}): {spread}; the plan is made from rank {profile.global_rank}'s "
+                    "profile, and a slower replica is followed as a straggler"
+                )
+
     def _planner_input(
-        self, gathered: list[tuple[list[ProfileRow], list[StepRecord]]], timelines: Timelines
+        self, profiles: list[StageProfile], stock: JobStock, timelines: Timelines
     ) -> PlannerInput:
         """What the planner process plans from; its optimiser is built from ``--energy-mode`` again."""
+        gathered = [(profile.rows, profile.steps) for profile in profiles]
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
             rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
@@ -603,18 +680,17 @@ class EnergySession:
             blocked_power_w=self.spec.blocked_power_w,
             idle_power_w=self.spec.idle_power_w,
         )
-        job = PlanningJob(
-            orders=self.context.orders,
-            fingerprint=self.cache.fingerprint,
-            target=self.config.target,
-            switch_latency_s=self.spec.switch_latency_s,
-            tail=tail_from_profiling(gathered),
-            collectives=self._collective_workload(),
-            gpu=self.spec,
-            tail_phases=tail_phases_from_profiling(gathered),
-            phase_timelines=timelines or None,
+        request = self.optimiser.request
+        measured = MeasuredInputs(
+            request,
+            tail_from_profiling(gathered),
+            tail_phases_from_profiling(gathered),
+            timelines or None,
+            self._buckets,
         )
-        baseline = baseline_from_profiling(gathered, source=self.timer.source)
+        job = planning_job(self.config, self.context, self.spec, self.cache.fingerprint, request, measured)
+        ranks = [profile.global_rank for profile in profiles]
+        baseline = baseline_from_profiling(gathered, ranks, stock, source=self.timer.source)
         return PlannerInput(self.config.mode, registry.registered(), profile, job, baseline)
 
     def _gather_buckets(self) -> tuple[MeasuredBucket, ...] | None:
@@ -626,21 +702,17 @@ class EnergySession:
         setup = self.context.collectives
         if not self.optimiser.request.collectives or setup is None:
             return None
-        layouts = self.comms.all_gather_pipeline(setup.buckets)
+        layouts = self.comms.all_gather(setup.buckets, "pipeline")
         if any(layout is None for layout in layouts):
             return None
         return tuple(bucket for layout in layouts for bucket in layout)
 
-    def _collective_workload(self) -> CollectiveWorkload | None:
-        """The job's collectives on this GPU, when the optimiser asks for them and the context knows them."""
-        setup, shape = self.context.collectives, self.context.shape
-        if not self.optimiser.request.collectives or setup is None or shape is None:
-            return None
-        setup = dataclasses.replace(setup, buckets=self._buckets)
-        return setup.workload(shape, self.context.orders, self.spec)
-
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
-        """Every rank parses the same plan text; all run it only if every rank could (one all-reduce)."""
+        """Every rank parses the same plan text; all run it only if every rank could (one small reduction).
+
+        With several data-parallel replicas the straggler exchange starts with the plan
+        (:meth:`_pace_exchange`).
+        """
         try:
             plan = Plan.from_json_text(
                 release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
@@ -652,7 +724,7 @@ class EnergySession:
         except Exception as error:  # agreed on below, never raised into the step
             problem = error
             self.printer(f"[energy] rank {self.context.global_rank}: cannot run the plan: {error}")
-        failed_anywhere, _ = self.comms.all_reduce_max([0.0 if problem is None else 1.0, 0.0])
+        (failed_anywhere,) = reduce_everywhere(self.comms, [0.0 if problem is None else 1.0])
         if failed_anywhere:
             return False
         if self.context.global_rank == 0:
@@ -664,8 +736,29 @@ class EnergySession:
         self.baseline = release.baseline
         self.runner = runner
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
+        self._paces = self._pace_exchange(plan)
         self.phase = "planned"
         return True
+
+    def _pace_exchange(self, plan: Plan) -> StagedExchange[PaceVerdict] | None:
+        """The replicas' exchange of paces every K steps (``runtime.exchange_period``); none with one replica.
+
+        K follows from the job's group sizes and the plan's iteration time, the same on every rank; rank 0
+        says what it is and what an exchange costs (modelled).
+        """
+        if self.context.data_parallel_size == 1:
+            return None
+        sizes = [self.comms.size(group) for group in GROUPS]
+        period = exchange_period(sizes, plan.target_point.iteration_time_s)
+        if self.context.global_rank == 0:
+            cost_s = exchange_cost_s(sizes)
+            self.printer(
+                f"[energy] the data-parallel replicas exchange their pace every {period} step(s) over their "
+                f"pipeline, tensor and data-parallel groups (sizes {'/'.join(map(str, sizes))}): "
+                f"{1e3 * cost_s:.2f} ms per exchange at {1e6 * HOP_S:.0f} µs per hop, "
+                f"{1e3 * cost_s / period:.3f} ms per step (modelled)"
+            )
+        return StagedExchange(period)
 
     def _fall_back(self, reason: str) -> None:
         """Run the rest of the job at stock clocks; every rank comes here together."""
@@ -677,29 +770,35 @@ class EnergySession:
             f"{reason}"
         )
 
-    def _follow_stragglers(self, figures: StepFigures) -> bool:
-        """Exchange the replicas' paces and follow the slowest; return whether this replica alone is slow.
+    def _follow_stragglers(self, step: int, figures: StepFigures) -> tuple[bool, int] | None:
+        """A step of the replicas' exchange of paces; when one completes, follow the slowest replica.
 
-        A replica that is slow while another replica keeps its plan's pace is slowed by something outside
-        the plan (throttling, a slow node): the plan, the same on every replica, is not to blame.
+        Returns, on the steps an exchange completes, whether this replica alone was slow and at which step
+        (the one the exchange compared); ``None`` on the others. A replica that is slow while another replica
+        keeps its plan's pace is slowed by something outside the plan (throttling, a slow node): the plan,
+        the same on every replica, is not to blame.
         """
-        plan = self.plan
-        if self.context.data_parallel_size == 1 or plan is None or self.straggler is None:
-            return False
-        nominal_s = self.straggler.nominal_time_s
+        plan, paces, straggler = self.plan, self._paces, self.straggler
+        if plan is None or paces is None or straggler is None:
+            return None
+        tail_s = 0.0 if plan.measured_tail is None else plan.measured_tail.time_s
+        # this stage's span (its pipeline's maximum is the replica's, which a slower replica does not
+        # lengthen on this one), plus the measured tail, against what the point running at this step predicts
+        span_s = figures.timing.intrinsic_s + tail_s
         runner = self.runner
         predicted_s = plan.baseline.iteration_time_s if runner is None else runner.predicted_time_s
-        tail_s = 0.0 if plan.measured_tail is None else plan.measured_tail.time_s
-        # the pipeline span, which a slower replica does not lengthen on this one, plus the measured tail
-        mine = self.straggler.contribution(figures.timing.intrinsic_s + tail_s, predicted_s)
-        slowest_s, negated_fastest_s = self.comms.all_reduce_max([mine, -mine])
-        straggling = mine != nominal_s
-        slow_alone = straggling and -negated_fastest_s == nominal_s
+        contribution = functools.partial(straggler.contribution, predicted_s=predicted_s)
+        verdict = paces.step(lambda: pace_stages(self.comms, step, span_s, contribution))
+        if verdict is None:
+            return None
+        straggling = verdict.mine_s != straggler.nominal_time_s
+        alone = (straggling and verdict.fastest_s == straggler.nominal_time_s, verdict.step)
+        runner = self.runner  # the point may have changed since: a trip, a re-arm
         if self.safety.tripped or runner is None:
-            return slow_alone
-        pace_s = self.straggler.update(slowest_s, straggling=straggling)
+            return alone
+        pace_s = straggler.update(verdict.slowest_s, straggling=straggling)
         if pace_s is None:
-            return slow_alone
+            return alone
         runner.select(plan.index_for_time(pace_s))
         following = not runner.on_target
         self.phase = "following straggler" if following else "planned"
@@ -712,7 +811,7 @@ class EnergySession:
                 else "straggler recovered; back to the target plan"
             )
         )
-        return slow_alone
+        return alone
 
     def allowed_time_s(self, predicted_s: float) -> float:
         """The measured iteration time a plan point predicted at ``predicted_s`` may take.
@@ -725,20 +824,31 @@ class EnergySession:
             return predicted_s
         return stock_s * predicted_s / self.plan.baseline.iteration_time_s
 
-    def _check_safety(self, figures: StepFigures, slow_alone: bool, phase: str) -> None:
-        """Feed the safety net one run-phase step (``phase``: the one it ran in); revert or re-arm."""
+    def _check_safety(
+        self, figures: StepFigures, alone: tuple[bool, int] | None, step: int, phase: str
+    ) -> None:
+        """Feed the safety net run-phase step ``step`` (``phase``: the one it ran in); revert or re-arm.
+
+        ``alone`` is the replicas' verdict, on the steps an exchange of paces completes: whether this
+        replica alone was slow, and at which step. With several replicas a trip waits for a verdict about a
+        step of the slow streak that says the other replicas were slow too.
+        """
         if self.runner is None:
             if phase == SAFETY_PHASE:
                 self._rearm_after(figures)
             return
-        if slow_alone:
+        if alone is not None and alone[0]:
             self.safety.excuse()
             return
         allowed_s = self.allowed_time_s(self.runner.predicted_time_s)
         allowed_w = allowed_power_w(self.config.target, self.runner.point, self.context.pipeline_rank)
         power_w = None if allowed_w is None else figures.energy_j / figures.iteration_s
         noise_s = self.baseline.iteration_noise_s
-        if self.safety.observe(figures.iteration_s, allowed_s, power_w, allowed_w, noise_s):
+        replicas = self.context.data_parallel_size > 1
+        observed = self.safety.observe(
+            figures.iteration_s, allowed_s, power_w, allowed_w, noise_s, hold=replicas
+        )
+        if observed or (alone is not None and self.safety.confirm(since=step - alone[1])):
             self.runner = None
             if self.phase_switcher is not None:
                 self.phase_switcher.cancel()  # no phase clock lands after the reset

@@ -52,7 +52,9 @@ class StepTiming:
     """The step's instructions in execution order."""
 
     intrinsic_s: float
-    """Step begin to the end of this replica's pipeline, on the device timeline (no data-parallel wait)."""
+    """Step begin to the end of this replica's pipeline, on the device timeline (no data-parallel wait). A
+    real GPU's timer knows its own stage's end only: the session takes the pipeline's maximum of it where it
+    needs the replica's (``runtime.cuda_timer``)."""
 
     source: Literal["measured", "modelled"]
     """``measured`` (CUDA events) or ``modelled`` (simulated GPU)."""
@@ -165,7 +167,9 @@ class SimulatedTimer:
         gpus: The simulated GPUs (``SimulatedGPUs``).
         gpu_index: This rank's GPU.
         work: Modelled work per instruction class (``Work``); this stage's classes at least.
-        comms: Collectives of the job.
+        comms: Collectives of the job: the stages' durations go round the pipeline group at each step's end
+            (the simulated GPUs' own exchange, standing in for the pipeline itself; a real GPU's timer runs
+            none).
         dag: The replica's pipeline DAG (``PipelineDag``).
         phases: Each instruction class's work as its phases in order (their sum is ``work``'s); needed for
             :meth:`schedule_inside` only.
@@ -290,7 +294,7 @@ class SimulatedTimer:
     def _finish(self) -> StepTiming:
         mine = [(instruction, time_s) for instruction, time_s, _ in self._runs]
         durations: dict[Any, float] = {}
-        for stage_runs in self._comms.all_gather_pipeline(mine):
+        for stage_runs in self._comms.all_gather(mine, "pipeline"):
             durations.update(stage_runs)
         schedule = self._dag.schedule(durations)
         exact = self._gpus.emulation.exact_energy
