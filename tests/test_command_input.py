@@ -138,3 +138,33 @@ def test_report_explains_a_damaged_job_in_one_line(
     status, err = _status_and_err(["report", "--energy-dir", str(job.parent)], capsys)
     line = _one_error_line(err, "report")
     assert status == 2 and f"cannot report on {job}" in line and "rerun the job" in line
+
+
+@pytest.mark.world
+def test_the_energy_log_is_strict_json_naming_its_job_and_report_refuses_another_jobs_log(
+    demo: DemoRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.status == 0, demo.out[-3000:]  # the session's one demo run (conftest.demo)
+    job = _copy_latest_job(demo.energy_dir, tmp_path)
+    log = demo.energy_dir / "demo" / "energy_log.jsonl"
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    records = [json.loads(line, parse_constant=no_constants) for line in log.read_text().splitlines()]
+    assert records and all(record["job"] == job.name for record in records)
+    assert all(record["time_utc"].endswith("+00:00") for record in records)
+
+    foreign = tmp_path / "other_job_log.jsonl"
+    other = [json.dumps({**record, "job": "0123456789abcdef"}) for record in records]
+    foreign.write_text("\n".join(other) + "\n")
+    capsys.readouterr()
+    status, err = _status_and_err(
+        ["report", "--energy-dir", str(job.parent), "--job", job.name, "--log-file", str(foreign)], capsys
+    )
+    line = _one_error_line(err, "report")
+    assert status == 2 and "0123456789abcdef" in line and job.name in line
+    status, _ = _status_and_err(
+        ["report", "--energy-dir", str(job.parent), "--job", job.name, "--log-file", str(log)], capsys
+    )
+    assert status == 0

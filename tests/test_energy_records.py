@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ def test_energy_records_are_appended_and_read_back_in_order(tmp_path: Path) -> N
     second = EnergyRecord(2, "planned", "modelled", scalars)
     append_record(path, first)
     append_record(path, second)
-    assert read_records(path) == [first, second]
+    read = read_records(path)
+    assert [dataclasses.replace(record, time_utc="") for record in read] == [first, second]
+    assert all(record.time_utc for record in read)  # stamped when written
 
 
 def test_a_line_that_is_not_a_record_is_named(tmp_path: Path) -> None:
@@ -89,3 +92,21 @@ def test_the_measured_tail_is_the_slowest_ranks_time_and_each_stages_mean_energy
     # nothing ran between the schedules (exact simulated GPUs): no tail, not a zero-length one
     nothing = [StepRecord(1980, 1.2, 500.0, 0.0, 0.0)] * 2
     assert tail_from_profiling([(rows(0), nothing)]) is None
+
+
+def test_records_are_strict_json_with_their_job_and_time_and_unbounded_figures_read_back_as_nan(
+    tmp_path: Path,
+) -> None:
+    import json
+    import math
+
+    path = tmp_path / "energy.jsonl"
+    scalars = {"energy/change_vs_stock": -0.1, "energy/change_vs_stock_high": math.inf}
+    append_record(path, EnergyRecord(3, "planned", "measured", scalars, job="ab12"))
+    (line,) = path.read_text().splitlines()
+    data = json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert data["scalars"]["energy/change_vs_stock_high"] is None and data["job"] == "ab12"
+    assert data["time_utc"].endswith("+00:00")
+    (record,) = read_records(path)
+    assert record.job == "ab12" and math.isnan(record.scalars["energy/change_vs_stock_high"])
+    assert record.scalars["energy/change_vs_stock"] == -0.1

@@ -8,6 +8,7 @@ from pathlib import Path
 from megatron_energy.commands.arguments import fail, output_folder
 from megatron_energy.report.console import output_console
 from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
+from megatron_energy.runtime.energy_log import ForeignLogError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
         report = write_job_report(folder, args.out, args.log_file)
-    except ReportError as problem:  # says what to do itself
+    except (ReportError, ForeignLogError) as problem:  # says what to do itself
         return fail("report", problem)
     except (ValueError, OSError) as problem:  # a truncated or corrupt file, an unknown GPU spec
         return fail(

@@ -20,7 +20,7 @@ from rich.table import Table
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
 from megatron_energy.report.tables import ComparisonRow, comparison_table
-from megatron_energy.runtime.energy_log import EnergyRecord, read_records
+from megatron_energy.runtime.energy_log import EnergyRecord, read_job_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.stats import ROUNDING, relative_change
 
@@ -74,7 +74,7 @@ def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
     """
     baseline = StockBaseline.from_json((job_folder / "baseline.json").read_text(encoding="utf-8"))
     plan = Plan.load(job_folder / "plan.json", expected_fingerprint=job_folder.name)
-    records = [record for record in read_records(log_file) if record.phase == "planned"]
+    records = [record for record in read_job_records(log_file, job_folder.name) if record.phase == "planned"]
     if len(records) < 2:
         raise SummaryError(
             f"{len(records)} iteration(s) ran the plan (see {log_file}); the first settles, so give "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_records
+from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_job_records
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_lines
 from megatron_energy.stats import ROUNDING
@@ -36,6 +36,7 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
         The lines, starting with the section's title.
 
     Raises:
+        ForeignLogError: The log file is another job's (``runtime.energy_log``).
         ValueError: ``baseline.json`` or the log file is malformed.
         OSError: A file cannot be read.
     """
@@ -52,17 +53,24 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
             if comparison is not None
             else [f"{TITLE}: the stock baseline holds no measured time or energy"]
         )
-    return lines + savings_lines(log_file)
+    return lines + savings_lines(log_file, folder.name)
 
 
-def savings_lines(log_file: Path | None) -> list[str]:
-    """The run's measured changes against stock clocks, from the last planned record of its energy log."""
+def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
+    """The run's measured changes against stock clocks, from the last planned record of its energy log.
+
+    The log must be job ``fingerprint``'s (``runtime.energy_log.read_job_records``).
+    """
     if log_file is None:
         return [
             "measured savings: not shown; run the job with --energy-log-file FILE and pass --log-file FILE "
             "to the report"
         ]
-    records = [record for record in read_records(log_file) if record.phase.split(" (")[0] in RUN_PHASES]
+    records = [
+        record
+        for record in read_job_records(log_file, fingerprint)
+        if record.phase.split(" (")[0] in RUN_PHASES
+    ]
     windowed = [record for record in records if "energy/change_vs_stock" in record.scalars]
     if not windowed:
         return [f"measured savings: {log_file} holds no planned iteration compared with stock clocks yet"]

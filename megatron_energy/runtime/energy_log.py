@@ -17,12 +17,15 @@ resolved change is said to come from outside the plan.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
 
@@ -193,14 +196,30 @@ class EnergyRecord:
     scalars: dict[str, float]
     """The line's scalars: interval means (``energy/j_per_iter_total``, ``energy/iteration_s``, ...) and the
     window's changes against stock clocks with their intervals (``energy/change_vs_stock`` and its ``_low``,
-    ``_high``, ``_resolved``; ``energy/iteration_change_vs_stock`` likewise)."""
+    ``_high``, ``_resolved``; ``energy/iteration_change_vs_stock`` likewise). A figure that is not finite (an
+    interval without bounds) is ``null`` in the file and NaN when read back."""
+
+    job: str = ""
+    """The job's fingerprint (its folder's name under ``--energy-dir``); empty in records of older runs."""
+
+    time_utc: str = ""
+    """When the record was written (ISO 8601, UTC, seconds); empty in records of older runs."""
 
 
 def append_record(path: Path, record: EnergyRecord) -> None:
-    """Append ``record`` to the JSON-lines file ``path`` (created with its folder if missing)."""
+    """Append ``record`` to the JSON-lines file ``path`` (created with its folder if missing) as strict JSON.
+
+    Non-finite scalars are written as ``null`` (``NaN`` and ``Infinity`` are not JSON); a record without a
+    time gets the time of writing.
+    """
+    data = asdict(record)
+    data["scalars"] = {
+        name: value if math.isfinite(value) else None for name, value in record.scalars.items()
+    }
+    data["time_utc"] = record.time_utc or datetime.now(UTC).isoformat(timespec="seconds")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(asdict(record)) + "\n")
+        handle.write(json.dumps(data, allow_nan=False) + "\n")
 
 
 def read_records(path: Path) -> list[EnergyRecord]:
@@ -209,7 +228,7 @@ def read_records(path: Path) -> list[EnergyRecord]:
     Raises:
         ValueError: A line is not such a record.
     """
-    records = []
+    records: list[EnergyRecord] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
             data = json.loads(line)
@@ -218,9 +237,37 @@ def read_records(path: Path) -> list[EnergyRecord]:
                     int(data["iteration"]),
                     str(data["phase"]),
                     str(data["source"]),
-                    {str(name): float(value) for name, value in data["scalars"].items()},
+                    {
+                        str(name): math.nan if value is None else float(value)
+                        for name, value in data["scalars"].items()
+                    },
+                    str(data.get("job", "")),
+                    str(data.get("time_utc", "")),
                 )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as problem:
             raise ValueError(f"{path}:{number} is not an energy log record ({problem})") from None
+    return records
+
+
+class ForeignLogError(EnergyValueError):
+    """An energy log holds records of another job than the one asked about; the message names both."""
+
+
+def read_job_records(path: Path, fingerprint: str) -> list[EnergyRecord]:
+    """The records of ``path``, which must be the log of job ``fingerprint``.
+
+    Records of older runs, which name no job, are taken as they are.
+
+    Raises:
+        ForeignLogError: A record names another job.
+        ValueError: A line is not a record.
+    """
+    records = read_records(path)
+    others = sorted({record.job for record in records if record.job and record.job != fingerprint})
+    if others:
+        raise ForeignLogError(
+            f"{path} is the energy log of job {', '.join(others)}, not of job {fingerprint}: pass the "
+            f"--energy-log-file of the run that wrote {fingerprint}, or --job {others[0]} for that job"
+        )
     return records

@@ -50,6 +50,7 @@ class EnergyLogger:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
         power_target: ``--energy-target`` when it is a power budget: the line then shows the measured power
             per GPU against it (``runtime.power_budget``); ``None`` otherwise.
+        job: The job's fingerprint, written into every record (``EnergyRecord.job``).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class EnergyLogger:
         self.window = PhaseWindow()
         self.log_file: Path | None = None
         self.power_target: EnergyTarget | None = None
+        self.job = ""
 
     def add(
         self,
@@ -115,7 +117,7 @@ class EnergyLogger:
             write_scalars(scalars, iteration, self.context.log_sinks)
             return
         publish(line, scalars, iteration, self.context.log_sinks, self.printer)
-        self._write_record(EnergyRecord(iteration, phase, self.source, scalars))
+        self._write_record(EnergyRecord(iteration, phase, self.source, scalars, self.job))
 
     def _period(self, exact: bool) -> float:
         """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""

@@ -219,6 +219,7 @@ class EnergySession:
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
+        self.energy_logger.job = cache.fingerprint
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self._start_from_cache()
 
