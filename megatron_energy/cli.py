@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 
 COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch")
+INTERRUPTED_STATUS = 130
+"""Exit status of a command ended by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         The process exit status.
     """
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # Ctrl-C anywhere: one line, not a traceback
+        print(f"megatron-energy {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED_STATUS
 
 
 if __name__ == "__main__":

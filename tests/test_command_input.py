@@ -168,3 +168,17 @@ def test_the_energy_log_is_strict_json_naming_its_job_and_report_refuses_another
         ["report", "--energy-dir", str(job.parent), "--job", job.name, "--log-file", str(log)], capsys
     )
     assert status == 0
+
+
+def test_ctrl_c_in_a_command_ends_with_one_line_and_status_130(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megatron_energy.commands import report
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "latest_job_folder", interrupted)  # Ctrl-C while the report is made
+    status, err = _status_and_err(["report", "--energy-dir", str(tmp_path)], capsys)
+    assert status == 130
+    assert err.strip().splitlines()[-1] == "megatron-energy report: interrupted"

@@ -164,7 +164,11 @@ def test_the_report_files_are_written_and_named_on_one_line_each(demo: DemoRun) 
     assert f"Perfetto timeline of the plan (modelled; open in ui.perfetto.dev): {timeline}" in demo.lines
     assert frontier.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert timeline.stat().st_size > 0
-    assert any(line.startswith("TensorBoard scalars: ") for line in demo.lines)
+    (scalars_line,) = [line for line in demo.lines if line.startswith("TensorBoard scalars: ")]
+    runs = Path(scalars_line.removeprefix("TensorBoard scalars: "))
+    # a folder of this run's own under the demo's TensorBoard runs, so a second run never adds to it
+    assert runs.parent == demo.energy_dir / "demo" / "tensorboard" and runs.name.endswith("Z")
+    assert any(path.name.startswith("events.out.tfevents") for path in runs.rglob("*"))
 
 
 def test_an_indivisible_pipeline_is_refused_before_anything_runs(

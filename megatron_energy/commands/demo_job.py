@@ -13,7 +13,8 @@ through the launcher's session; the training script runs a tiny CPU stand-in wit
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from megatron_energy.config import EnergyConfig, energy_argv
@@ -49,6 +50,9 @@ class DemoJob:
     tensorboard: bool = True
     """Whether Megatron writes TensorBoard scalars (the launcher's energy scalars among them)."""
 
+    run_tag: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    """This run's name among the demo's TensorBoard runs (when it started, UTC), so runs never mix."""
+
     @property
     def shape(self) -> TransformerShape:
         """The model's shape."""
@@ -71,8 +75,8 @@ class DemoJob:
 
     @property
     def tensorboard_dir(self) -> Path:
-        """Megatron's ``--tensorboard-dir``."""
-        return self.folder / "tensorboard"
+        """Megatron's ``--tensorboard-dir``: a folder of this run's own under the demo's TensorBoard runs."""
+        return self.folder / "tensorboard" / self.run_tag
 
     @property
     def profiling_iters(self) -> int:
