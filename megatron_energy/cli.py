@@ -11,9 +11,9 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from megatron_energy.commands.arguments import INTERRUPTED_STATUS
+
 COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch")
-INTERRUPTED_STATUS = 130
-"""Exit status of a command ended by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

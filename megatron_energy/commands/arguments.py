@@ -15,6 +15,8 @@ from pathlib import Path
 from megatron_energy.config import unwritable_folder_reason
 
 INPUT_ERROR_STATUS = 2
+INTERRUPTED_STATUS = 130
+"""Exit status of a command ended by Ctrl-C (128 + SIGINT, as a shell reports it)."""
 
 
 def non_negative_float(text: str) -> float:

@@ -20,7 +20,7 @@ import shlex
 from pathlib import Path
 
 import megatron_energy
-from megatron_energy.commands.arguments import fail
+from megatron_energy.commands.arguments import INTERRUPTED_STATUS, fail
 from megatron_energy.commands.comparison_output import print_comparison
 from megatron_energy.commands.demo_job import DemoJob
 from megatron_energy.commands.optimiser_comparison import compare_job_folder
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         status = run_ranks(command, rank_environment(), job.ranks_log, _echo)
     except KeyboardInterrupt:
         fail("demo", f"interrupted; the ranks were stopped (their output: {job.ranks_log})")
-        return 130
+        return INTERRUPTED_STATUS
     if status != 0:
         fail("demo", f"the ranks exited with status {status}; every rank's output is in {job.ranks_log}")
         return status
