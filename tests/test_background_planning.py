@@ -5,7 +5,7 @@ background (``--energy-planning background``: simulated GPUs would wait for the 
 optimisers installed as an entry-point plugin (``plugin_site``, ``tests/optimiser_plugin/toy_planners.py``),
 which the planner process finds on the ranks' path: one plans for a few seconds, while the steps keep
 their pace at stock clocks, and every rank switches to the plan at the same step; the other's process exits
-with status 3, and every rank trains on at stock clocks. The unit tests start ``PlannerProcess`` directly,
+with status 3, and every rank trains on at stock clocks. The unit tests start the planner's ``ChildProcess`` directly,
 with the toys registered by import path: the plan it computes is the one planned in process, every way its
 process can fail is a fallback that says why, and it ends (and cleans up) when its parent dies.
 """
@@ -33,7 +33,8 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
-from megatron_energy.runtime.planner_process import PlannerInput, PlannerProcess
+from megatron_energy.runtime.child_process import ChildProcess
+from megatron_energy.runtime.planner_process import PlannerInput
 from megatron_energy.runtime.planning import Fallback, PlanRelease, StockBaseline, plan_on_root
 from megatron_energy.runtime.policies import PLANNING_PHASE
 
@@ -166,7 +167,7 @@ def _inputs(mode: str) -> PlannerInput:
 
 def test_the_planner_process_plans_exactly_what_planning_in_process_would(toys) -> None:
     inputs = _inputs("perseus")
-    outcome = PlannerProcess(inputs).wait()
+    outcome = ChildProcess(inputs).wait()
     assert isinstance(outcome, PlanRelease)
     expected = plan_on_root(registry.resolve("perseus"), inputs.profile, inputs.job, inputs.baseline)
     assert outcome == expected
@@ -183,7 +184,7 @@ def test_the_planner_process_plans_exactly_what_planning_in_process_would(toys) 
     ],
 )
 def test_every_way_the_planner_process_fails_is_a_fallback_that_says_why(toys, mode, reason) -> None:
-    planner = PlannerProcess(_inputs(mode))
+    planner = ChildProcess(_inputs(mode))
     outcome = planner.wait()
     assert isinstance(outcome, Fallback)
     assert outcome.reason.startswith(f"planning failed: {reason}"), outcome.reason
@@ -191,7 +192,7 @@ def test_every_way_the_planner_process_fails_is_a_fallback_that_says_why(toys, m
 
 
 def test_a_planner_still_running_is_terminated_and_its_folder_removed(toys) -> None:
-    planner = PlannerProcess(_inputs("toy-hangs"))
+    planner = ChildProcess(_inputs("toy-hangs"))
     assert planner.poll() is None  # at once, while it plans
     planner.terminate()
     assert not planner.folder.exists()
@@ -201,9 +202,9 @@ def test_a_planner_still_running_is_terminated_and_its_folder_removed(toys) -> N
 
 PARENT = """
 import os, pickle, sys
-from megatron_energy.runtime.planner_process import PlannerProcess
+from megatron_energy.runtime.child_process import ChildProcess
 
-planner = PlannerProcess(pickle.loads(open(sys.argv[1], "rb").read()))
+planner = ChildProcess(pickle.loads(open(sys.argv[1], "rb").read()))
 print(planner.folder, planner._child.pid, flush=True)
 os._exit(0)  # as a SIGKILL ends a rank: no close, no cleanup
 """

@@ -18,7 +18,7 @@ from megatron_energy.runtime.comms import GROUPS, Group, LocalComms, Op
 from megatron_energy.runtime.exchange_period import BUDGET_S, HOP_S, exchange_cost_s, exchange_period
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
 from megatron_energy.runtime.replica_profile import FIGURES, replica_profile
-from megatron_energy.runtime.staged_exchange import StagedExchange, Stages, pace_stages, ready_stages
+from megatron_energy.runtime.staged_exchange import StagedExchange, Stages, any_rank_stages, pace_stages
 
 
 def test_k_keeps_the_exchange_within_a_millisecond_per_step_at_16k_ranks():
@@ -48,7 +48,7 @@ def test_an_exchange_takes_a_link_a_step_and_begins_every_k_steps():
 
     def begin(step: int) -> Stages[bool]:
         begun.append(step)
-        return ready_stages(comms, ready=step == 5)
+        return any_rank_stages(comms, raised=step == 5)
 
     exchange: StagedExchange[bool] = StagedExchange(period=5)
     outcomes = [exchange.step(lambda step=step: begin(step)) for step in range(12)]
@@ -60,7 +60,7 @@ def test_an_exchange_takes_a_link_a_step_and_begins_every_k_steps():
 
 def test_links_over_groups_of_one_rank_take_no_step():
     exchange: StagedExchange[bool] = StagedExchange(period=1)
-    assert [exchange.step(lambda: ready_stages(LocalComms(), ready=True)) for _ in range(3)] == [True] * 3
+    assert [exchange.step(lambda: any_rank_stages(LocalComms(), raised=True)) for _ in range(3)] == [True] * 3
 
 
 def test_the_pace_exchange_compares_the_replicas_of_the_step_it_began_at():

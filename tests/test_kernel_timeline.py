@@ -3,7 +3,9 @@ records them (the stock clock's synchronous profile steps, never the run phase) 
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +18,19 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.kernel_timeline import annotation, parse_annotation, phase_timelines
+from megatron_energy.runtime.kernel_timeline import (
+    PendingTimelines,
+    ReadTimelines,
+    TimelineReading,
+    annotation,
+    parse_annotation,
+    phase_timelines,
+    timelines_at_clocks,
+)
+from megatron_energy.runtime.policies import PLANNING_PHASE
 from megatron_energy.runtime.session import EnergySession
 
 SPEC = load_gpu_spec("h100-sxm")
@@ -133,6 +145,7 @@ class _Recorder:
         self.recording = False
         self.started_at: list[tuple[int, int]] = []
         self.instructions: list[Instruction] = []
+        self.closed = False
 
     def start(self, clock_mhz: int) -> None:
         self.recording = True
@@ -154,14 +167,41 @@ class _Recorder:
         self.recording = False
         self.timer.slowdown = 1.0
 
-    def timelines(self) -> dict[Work, list[tuple[str, WorkProfile]]]:
-        return {
-            Work(0, 0, kind): [
-                ("memory", WorkProfile(0.0, 0.4 * seconds)),
-                ("compute", WorkProfile(0.6 * seconds, 0.0)),
-            ]
-            for kind, seconds in (("forward", 0.010), ("backward", 0.020))
-        }
+    def read(self) -> PendingTimelines:
+        return ReadTimelines(
+            {
+                Work(0, 0, kind): [
+                    ("memory", WorkProfile(0.0, 0.4 * seconds)),
+                    ("compute", WorkProfile(0.6 * seconds, 0.0)),
+                ]
+                for kind, seconds in (("forward", 0.010), ("backward", 0.020))
+            }
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _TraceFileRecorder(_Recorder):
+    """Leaves a Chrome trace file per recorded step (``trace`` gives its text), read as the torch recorder's
+    are: by a ``TimelineReading`` in a child process."""
+
+    def __init__(self, session_steps: list[int], timer: _Timer, folder: Path, trace: str) -> None:
+        super().__init__(session_steps, timer)
+        self.folder, self.trace = folder, trace
+        self.files: dict[int, list[str]] = {}
+        self.reading: ChildProcess | None = None
+
+    def stop(self) -> None:
+        super().stop()
+        clock = self.started_at[-1][1]
+        path = self.folder / f"{clock}-{len(self.files.get(clock, []))}.json"
+        path.write_text(self.trace)
+        self.files.setdefault(clock, []).append(str(path))
+
+    def read(self) -> PendingTimelines:
+        self.reading = ChildProcess(TimelineReading(SPEC, self.files))
+        return self.reading
 
 
 PROFILER_SLOWDOWN = 1.5
@@ -169,16 +209,23 @@ PROFILER_SLOWDOWN = 1.5
 
 
 def _run(
-    tmp_path, mode: str, steps: int, profile_iters: int = 1, can_set_clocks: bool = True
+    tmp_path,
+    mode: str,
+    steps: int,
+    profile_iters: int = 1,
+    can_set_clocks: bool = True,
+    trace: str | None = None,
+    planning: str = "auto",
 ) -> tuple[_Recorder, list[str], EnergySession]:
+    """Train ``steps`` steps of a one-stage job; ``trace``: the recorder leaves trace files of that text."""
     controller, lines, begun = _Controller(), [], []
     context = JobContext(
         pipeline_rank=0, orders=pipeline_orders(1, 1), data_parallel_rank=0, data_parallel_size=1
     )
     timer = _Timer(controller)
-    recorder = _Recorder(begun, timer)
+    recorder = _Recorder(begun, timer) if trace is None else _TraceFileRecorder(begun, timer, tmp_path, trace)
     session = EnergySession(
-        EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=profile_iters),
+        EnergyConfig(optimise=True, mode=mode, dir=tmp_path, profile_iters=profile_iters, planning=planning),
         context,
         optimiser=resolve(mode),
         controller=controller,
@@ -193,13 +240,17 @@ def _run(
         kernel_timeline=recorder,
     )
     for step in range(steps):
-        begun.append(step)
-        session.on_step_begin(step)
-        for kind in ("forward", "backward"):
-            session.on_instruction_begin(kind, 0, 0)
-            session.on_instruction_end(kind, 0, 0)
-        session.on_step_end(step)
+        _step(session, begun, step)
     return recorder, lines, session
+
+
+def _step(session: EnergySession, begun: list[int], step: int) -> None:
+    begun.append(step)
+    session.on_step_begin(step)
+    for kind in ("forward", "backward"):
+        session.on_instruction_begin(kind, 0, 0)
+        session.on_instruction_end(kind, 0, 0)
+    session.on_step_end(step)
 
 
 @pytest.mark.parametrize(
@@ -256,11 +307,14 @@ def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between
     recorder.instruction_end(forward)
     recorder.stop()
     assert not recorder.recording
-    ((trace,),) = recorder._traces.values()
+    ((path,),) = recorder._trace_files.values()
+    trace = json.loads(Path(path).read_text())
     names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
     assert names == [annotation(forward)]
-    # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it
-    assert kernels_by_annotation(trace, "energy:") == {} and recorder.timelines() == {}
+    # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it (read by a child)
+    assert kernels_by_annotation(trace, "energy:") == {} and recorder.read().wait() == {}
+    recorder.close()
+    assert not Path(path).exists()
 
 
 @pytest.mark.parametrize("user_value", [None, "0"])
@@ -302,20 +356,73 @@ def _clocked_forward(gemm_us: float, add_us: float) -> dict[str, Any]:
 
 
 def test_timelines_at_two_clocks_give_each_class_its_measured_clock_response() -> None:
-    from megatron_energy.runtime.kernel_timeline import TorchKernelTimeline
-
-    recorder = TorchKernelTimeline(SPEC)
-    recorder._traces = {1980: [_clocked_forward(200, 300)]}  # the stock clock alone: the classes' own law
-    ((_, gemm), (_, add)) = recorder.timelines()[Work(0, 0, "forward")]
-    assert recorder.response_clocks == 0 and add.memory_s == pytest.approx(300e-6) and add.compute_s == 0
+    traces = {1980: [_clocked_forward(200, 300)]}  # the stock clock alone: the classes' own law
+    ((_, gemm), (_, add)) = timelines_at_clocks(traces, SPEC)[Work(0, 0, "forward")]
+    assert add.memory_s == pytest.approx(300e-6) and add.compute_s == 0
     # at 990 MHz the add slowed down as much as the GEMM did (as compute-bound work does under the model,
     # power cap included): measured, it is priced like compute
     model = GpuPowerModel(SPEC)
     compute = WorkProfile(1.0, 0.0)
     slower = model.time_s(compute, 990) / model.time_s(compute, 1980)
-    recorder._traces[990] = [_clocked_forward(200 * slower, 300 * slower)]
-    ((gemm_kind, gemm), (add_kind, add)) = recorder.timelines()[Work(0, 0, "forward")]
-    assert (gemm_kind, add_kind) == ("compute", "memory") and recorder.response_clocks == 2
+    traces[990] = [_clocked_forward(200 * slower, 300 * slower)]
+    ((gemm_kind, gemm), (add_kind, add)) = timelines_at_clocks(traces, SPEC)[Work(0, 0, "forward")]
+    assert (gemm_kind, add_kind) == ("compute", "memory")
     for work in (gemm, add):
         assert model.time_s(work, 990) / model.time_s(work, 1980) == pytest.approx(slower, rel=1e-3)
     assert add.compute_s > 0.9 * (add.compute_s + add.memory_s + add.fixed_s)
+
+
+# --------------------------------------------------------------- reading the traces off the training thread
+
+
+def _train_while(session: EnergySession, recorder: _Recorder, phase: str, limit_s: float = 60.0) -> list[str]:
+    """Train on while the session is in ``phase``; the phase each step ran in."""
+    import time
+
+    steps = recorder.session_steps
+    phases, step, deadline = [], len(steps), time.monotonic() + limit_s
+    while session.phase == phase and time.monotonic() < deadline:
+        phases.append(session.phase)
+        _step(session, steps, step)
+        step += 1
+        time.sleep(0.01)
+    return phases
+
+
+READ_LINE = "measured kernel timelines (torch.profiler"
+
+
+def test_kernel_timelines_are_read_in_a_child_process_while_training_goes_on(tmp_path) -> None:
+    """The H200's `all` run stalled the step profiling ended at 1.87 s (against 0.3 s): the training thread
+    parsed the traces and grouped their kernels. Now it only starts a child process that does."""
+    trace = json.dumps(_step_trace(forward_gemm_us=200))
+    recorder, lines, session = _run(tmp_path, "kernel", 0, trace=trace, planning="background")
+    _train_while(session, recorder, "profiling")
+    assert session.phase == PLANNING_PHASE  # profiling has ended; the traces are not read on this thread
+    assert isinstance(recorder, _TraceFileRecorder) and isinstance(recorder.reading, ChildProcess)
+    assert not any(READ_LINE in line for line in lines)
+    phases = _train_while(session, recorder, PLANNING_PHASE)
+    assert session.phase == "planned" and len(phases) >= 2
+    recorded = {clock: [json.loads(trace)] * len(paths) for clock, paths in recorder.files.items()}
+    assert len(recorded) == 2 and recorder.reading.poll() == timelines_at_clocks(recorded, SPEC)
+    assert any(READ_LINE in line and "2 instruction classes" in line for line in lines)
+    session.close()
+    assert recorder.closed
+
+
+def test_kernel_timelines_that_cannot_be_read_leave_the_split_modelled_with_one_line(tmp_path) -> None:
+    recorder, lines, session = _run(tmp_path, "kernel", 0, trace="{not json", planning="background")
+    _train_while(session, recorder, "profiling")
+    _train_while(session, recorder, PLANNING_PHASE)
+    assert session.phase == "planned"
+    unread = [line for line in lines if "kernel timeline not read" in line]
+    assert len(unread) == 1 and "JSONDecodeError" in unread[0], lines
+    assert any("phases inside instructions: modelled per-class split" in line for line in lines)
+
+
+def test_planning_that_waits_reads_the_kernel_timelines_at_the_step_profiling_ends(tmp_path) -> None:
+    trace = json.dumps(_step_trace(forward_gemm_us=200))
+    recorder, lines, session = _run(tmp_path, "kernel", 0, trace=trace, planning="wait")
+    _train_while(session, recorder, "profiling")
+    assert session.phase == "planned"
+    assert any(READ_LINE in line for line in lines)

@@ -17,15 +17,23 @@ kernel timeline: the session keeps the modelled per-class split (``phases.modell
 the profiler runs slower than the others (the profiler's work on every kernel launch), so its instruction
 times and energy feed the phase timelines only, never the profile rows or the stock baseline
 (``runtime.profiling``).
+
+Off the training thread: when the profiler stops, the training thread only has it write its Chrome trace to a
+file (Kineto's own writer); reading the traces and turning them into phases (:class:`TimelineReading`) runs in
+a child process at lower CPU priority (``runtime.child_process``), started at the end of profiling
+(:meth:`TorchKernelTimeline.read`), which the session polls while training goes on at stock clocks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
@@ -34,6 +42,7 @@ from megatron_energy.phases.clock_response import class_response, fit_class_spli
 from megatron_energy.phases.kineto import kernels_by_annotation
 from megatron_energy.phases.timeline import Phase, PhaseClass, group_phases
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.runtime.child_process import ChildProcess
 
 PREFIX = "energy:"
 """The start of every range name the session records."""
@@ -86,11 +95,117 @@ def phase_timelines(
     return {work: [(p.kind, p.work) for p in _median(found)] for work, found in instances.items()}
 
 
+def timelines_at_clocks(traces: Mapping[int, Sequence[Mapping[str, Any]]], spec: GpuSpec) -> Timelines:
+    """The phases per instruction class at the reference clock (median instance), from traces per clock.
+
+    Args:
+        traces: Per clock (MHz), the parsed Chrome traces recorded at it; the first clock is the reference
+            (the stock clock).
+        spec: The GPU whose roofline classifies the kernels.
+
+    Returns:
+        The phases per instruction class; with traces at other clocks too, each class's work is split by its
+        measured clock response.
+    """
+    if not traces:
+        return {}
+    reference_mhz, *others = traces
+    split = None
+    if others:
+        ranges = {
+            clock: [kernels_by_annotation(trace, PREFIX) for trace in found]
+            for clock, found in traces.items()
+        }
+        response = class_response(ranges[reference_mhz], {c: ranges[c] for c in others}, reference_mhz, spec)
+        model = GpuPowerModel(spec)
+        split = {kind: fit_class_split(r, reference_mhz, model) for kind, r in response.items()}
+    return phase_timelines(traces[reference_mhz], spec, split)
+
+
 def _median(instances: list[list[Phase]]) -> list[Phase]:
     """The instance whose total length is the (lower) median of all."""
     lengths = [sum(phase.duration_s for phase in phases) for phases in instances]
     middle = statistics.median_low(lengths)
     return instances[lengths.index(middle)]
+
+
+@dataclass(frozen=True)
+class TimelinesUnread:
+    """The kernel timelines could not be read; the phase planner models the split instead."""
+
+    reason: str
+    """Why, for the rank's log line."""
+
+
+type TimelinesRead = Timelines | TimelinesUnread
+"""What reading a rank's kernel timelines comes to."""
+
+
+@dataclass(frozen=True)
+class TimelineReading:
+    """Reading recorded Chrome traces into phases, in a child process (a ``child_process.ChildTask``)."""
+
+    spec: GpuSpec
+    """The GPU whose roofline classifies the kernels."""
+
+    trace_files: dict[int, list[str]]
+    """Per clock (MHz, the reference clock first), the recorded steps' Chrome trace files."""
+
+    @property
+    def process_name(self) -> str:
+        """``kernel-timeline``: what a failure's reason calls the process."""
+        return "kernel-timeline"
+
+    def run(self) -> Timelines:
+        """Read every trace and group its kernels into phases (:func:`timelines_at_clocks`)."""
+        traces = {
+            clock: [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
+            for clock, paths in self.trace_files.items()
+        }
+        return timelines_at_clocks(traces, self.spec)
+
+    def failed(self, reason: str) -> TimelinesUnread:
+        """The stage's split is modelled, the log says ``reason``."""
+        return TimelinesUnread(reason)
+
+    def accepts(self, outcome: object) -> bool:
+        """Whether the child left timelines or why it could not."""
+        return isinstance(outcome, dict | TimelinesUnread)
+
+
+class PendingTimelines(Protocol):
+    """Kernel timelines being read (a ``ChildProcess`` of a :class:`TimelineReading`, or ready at once)."""
+
+    def poll(self) -> TimelinesRead | None:
+        """The timelines once read; ``None`` at once while they are being read."""
+        ...
+
+    def wait(self) -> TimelinesRead:
+        """The timelines, once read (waits)."""
+        ...
+
+    def terminate(self) -> None:
+        """Stop reading (nothing is left behind)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReadTimelines:
+    """Kernel timelines there was nothing to read for, or that were read already."""
+
+    outcome: TimelinesRead
+    """The timelines."""
+
+    def poll(self) -> TimelinesRead:
+        """The timelines."""
+        return self.outcome
+
+    def wait(self) -> TimelinesRead:
+        """The timelines."""
+        return self.outcome
+
+    def terminate(self) -> None:
+        """Nothing runs."""
 
 
 class KernelTimeline(Protocol):
@@ -117,13 +232,17 @@ class KernelTimeline(Protocol):
         """Stop recording (the step's device work is done)."""
         ...
 
-    def timelines(self) -> Timelines:
-        """The phases per instruction class of every recorded step."""
+    def read(self) -> PendingTimelines:
+        """Start reading the phases per instruction class of every recorded step, off the training thread."""
         ...
 
     @property
     def response_clocks(self) -> int:
         """Clocks the kernel classes' clock response was measured at (0: modelled)."""
+        ...
+
+    def close(self) -> None:
+        """Remove what was recorded (the session ends)."""
         ...
 
 
@@ -167,7 +286,8 @@ class TorchKernelTimeline:
         self.spec = spec
         self._profiler: Any = None
         self._ranges: dict[Instruction, Any] = {}
-        self._traces: dict[int, list[dict[str, Any]]] = {}  # per clock, the first one the reference
+        self._folder: Path | None = None  # the trace files', made at the first stop
+        self._trace_files: dict[int, list[str]] = {}  # per clock, the first one the reference
         self._clock_mhz = 0
         self._teardown_before: str | None = None
 
@@ -217,38 +337,28 @@ class TorchKernelTimeline:
                 os.environ.pop(TEARDOWN_CUPTI, None)
             else:
                 os.environ[TEARDOWN_CUPTI] = self._teardown_before
-        handle, path = tempfile.mkstemp(suffix=".json", prefix="energy-kernels-")
-        os.close(handle)
-        try:
-            profiler.export_chrome_trace(path)
-            with open(path, encoding="utf-8") as file:
-                self._traces.setdefault(self._clock_mhz, []).append(json.load(file))
-        finally:
-            os.unlink(path)
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="megatron_energy-kernels-"))
+        paths = self._trace_files.setdefault(self._clock_mhz, [])
+        path = self._folder / f"{self._clock_mhz}-{len(paths)}.json"
+        profiler.export_chrome_trace(str(path))  # Kineto writes it: no parsing on the training thread
+        paths.append(str(path))
 
     @property
     def response_clocks(self) -> int:
         """Clocks recorded: with two or more, the kernel classes' clock response is measured."""
-        return len(self._traces) if len(self._traces) > 1 else 0
+        return len(self._trace_files) if len(self._trace_files) > 1 else 0
 
-    def timelines(self) -> Timelines:
-        """The phases per instruction class at the reference clock (median instance).
+    def read(self) -> PendingTimelines:
+        """Start reading the recorded traces in a child process (nothing recorded: no timelines, at once)."""
+        if not self._trace_files:
+            return ReadTimelines({})
+        files = {clock: list(paths) for clock, paths in self._trace_files.items()}
+        return ChildProcess(TimelineReading(self.spec, files))
 
-        With timelines at other clocks too, each class's work is split by its measured clock response.
-        """
-        if not self._traces:
-            return {}
-        reference_mhz, *others = self._traces
-        reference = self._traces[reference_mhz]
-        split = None
-        if others:
-            ranges = {
-                clock: [kernels_by_annotation(trace, PREFIX) for trace in traces]
-                for clock, traces in self._traces.items()
-            }
-            response = class_response(
-                ranges[reference_mhz], {c: ranges[c] for c in others}, reference_mhz, self.spec
-            )
-            model = GpuPowerModel(self.spec)
-            split = {kind: fit_class_split(r, reference_mhz, model) for kind, r in response.items()}
-        return phase_timelines(reference, self.spec, split)
+    def close(self) -> None:
+        """Remove the recorded trace files."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+            self._trace_files = {}

@@ -19,9 +19,12 @@ rank takes part in fixed-size reductions only: a check that the stages' ranks ag
 failed, and the job's stock steps over every GPU (``runtime.replica_profile``). The optimiser plans on rank
 0 in a process of its own (``runtime.planner_process``). On real GPUs (``--energy-planning``) training goes
 on meanwhile at stock clocks, in the planning phase (``stock (planning)``, where no run-phase policy acts):
-every K steps the ranks ask, one group a step, whether rank 0's planner has ended (``runtime.staged_exchange
-.ready_stages``); once it has, the decision goes to every rank at the same step, so every rank adopts the
-plan (or falls back) together. On simulated GPUs, whose virtual clock stands still while the host plans,
+where the optimiser plans phases inside instructions, each rank of the planning replica first reads its
+recorded kernel timelines in a process of its own (``runtime.kernel_timeline``), and once every rank has,
+the timelines join the planner's input; every K steps the ranks ask, one group a step, whether that has
+happened and then whether rank 0's planner has ended (``runtime.staged_exchange.any_rank_stages``); once it
+has, the decision goes to every rank at the same step, so every rank adopts the plan (or falls back)
+together. On simulated GPUs, whose virtual clock stands still while the host plans,
 rank 0 waits for the planner at the step profiling ends, so their runs stay deterministic. Rank 0 writes the
 plan file and sends its text down a tree of the job's groups (``runtime.group_chain.broadcast_from_root``;
 no server); every rank parses it.
@@ -75,21 +78,35 @@ from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache
+from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_logger import EnergyLogger
 from megatron_energy.runtime.exchange_period import HOP_S, exchange_cost_s, exchange_period
 from megatron_energy.runtime.extrapolation import extrapolate_rows
-from megatron_energy.runtime.group_chain import broadcast_from_root, gather_replica, reduce_everywhere
+from megatron_energy.runtime.group_chain import (
+    broadcast_from_root,
+    gather_replica,
+    in_planning_replica,
+    reduce_everywhere,
+)
 from megatron_energy.runtime.host_cost import HostCost, host_timed
 from megatron_energy.runtime.job_stock import JobStock
-from megatron_energy.runtime.kernel_timeline import KernelTimeline, Timelines, merge_timelines, timelines_line
+from megatron_energy.runtime.kernel_timeline import (
+    KernelTimeline,
+    PendingTimelines,
+    ReadTimelines,
+    Timelines,
+    TimelinesUnread,
+    merge_timelines,
+    timelines_line,
+)
 from megatron_energy.runtime.measured_inputs import MeasuredInputs
 from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.plan_runner import PlanRunner
-from megatron_energy.runtime.planner_process import PlannerInput, PlannerProcess
+from megatron_energy.runtime.planner_process import PlannerInput
 from megatron_energy.runtime.planning import (
     Fallback,
     PlanRelease,
@@ -112,7 +129,7 @@ from megatron_energy.runtime.profiling import (
 )
 from megatron_energy.runtime.replanning import planning_job
 from megatron_energy.runtime.replica_profile import ReplicaProfile, StageProfile, replica_profile
-from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, pace_stages, ready_stages
+from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, any_rank_stages, pace_stages
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
@@ -200,9 +217,13 @@ class EnergySession:
             config.planning == "auto" and timer.source == "measured"
         )
         """Whether training goes on at stock clocks while the plan is computed (``--energy-planning``)."""
-        self._planner: PlannerProcess | PlanRelease | Fallback | None = None
-        """Rank 0, from the end of profiling to the decision: the planner process, or why it did not start,
+        self._planner: ChildProcess[PlanRelease | Fallback] | PlanRelease | Fallback | None = None
+        """Rank 0, from the start of planning to the decision: the planner process, or why it did not start,
         or (in the background, once polled) its outcome."""
+        self._replica: ReplicaProfile | None = None
+        """From the end of profiling until the planner starts: the planning replica's profile."""
+        self._timelines: PendingTimelines | None = None
+        """Likewise, where the optimiser plans phases: this rank's kernel timelines being read."""
         self._planning_began = (0, 0.0)  # the step profiling ended at, and when (time.monotonic)
         self.baseline = StockBaseline()
         self.runner: PlanRunner | None = None
@@ -419,10 +440,15 @@ class EnergySession:
         ran a plan then logs the stock plan's prediction against the measured stock steps
         (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
         its own host time in the hooks (``runtime.host_cost``), and what became of the requests inside
-        instructions (``runtime.phase_switcher``). A planner process still running is terminated first.
+        instructions (``runtime.phase_switcher``). A planner or kernel-timeline process still running is
+        terminated first.
         """
-        if isinstance(self._planner, PlannerProcess):
+        if isinstance(self._planner, ChildProcess):
             self._planner.terminate()
+        if self._timelines is not None:
+            self._timelines.terminate()
+        if self.kernel_timeline is not None:
+            self.kernel_timeline.close()
         if self.phase_switcher is not None:
             self.phase_switcher.close()
             counts = self.phase_switcher.counts
@@ -528,50 +554,89 @@ class EnergySession:
         )
 
     def _plan(self, step: int) -> None:
-        """At the end of profiling (``step``): the planning replica's profiles on rank 0, its planner started.
+        """At the end of profiling (``step``): the planning replica's profiles on rank 0, planning begun.
 
-        The other ranks take part in fixed-size reductions only (``runtime.replica_profile``). With background
-        planning every rank then trains at stock clocks in the planning phase and asks every K steps whether
-        the outcome has come (:meth:`_poll_planner`); otherwise rank 0 waits for the planner and every rank
-        takes the decision at this step's end.
+        The other ranks take part in fixed-size reductions only (``runtime.replica_profile``). Where the
+        optimiser plans phases, each rank of the planning replica starts reading its kernel timelines in a
+        child process. With background planning every rank then trains at stock clocks in the planning phase
+        and asks every K steps whether every rank has read its timelines, then whether the outcome has come
+        (:meth:`_poll_planner`); otherwise the timelines and rank 0's planner are waited for here and every
+        rank takes the decision at this step's end.
         """
         self._buckets = self._gather_buckets()
-        replica = replica_profile(
+        self._replica = replica_profile(
             self.comms,
             self._profile_contribution(),
             self.collector.stock_iters,
             self.stock_clock_mhz,
             self.context.global_rank,
         )
-        timelines = (
-            gather_replica(self.comms, self._timeline_contribution())
-            if self.optimiser.request.phases
-            else None
-        )
         self._planning_began = (step, time.monotonic())
-        if replica.stages is not None:
-            self._planner = self._start_planner(replica, merge_timelines(timelines or []))
+        self._timelines = self._read_timelines() if self.optimiser.request.phases else None
         if not self.background_planning:
+            self._start_planning()
             self._take_decision(step)
             return
         sizes = [self.comms.size(group) for group in GROUPS]
-        self._polls = StagedExchange(exchange_period(sizes, replica.stock.iteration_s))
+        self._polls = StagedExchange(exchange_period(sizes, self._replica.stock.iteration_s))
         self.controller.request(RESET)  # the last profiled clock need not be the stock one
         self.phase = PLANNING_PHASE
+        if self._timelines is None:
+            self._start_planning()
+
+    def _read_timelines(self) -> PendingTimelines:
+        """Start reading this rank's kernel timelines (none outside the planning replica, or unrecorded)."""
+        if self.kernel_timeline is None or not in_planning_replica(self.comms):
+            return ReadTimelines({})
+        try:
+            return self.kernel_timeline.read()
+        except Exception as problem:  # the phase planner then models this stage's split
+            return ReadTimelines(TimelinesUnread(f"{type(problem).__name__}: {problem}"))
+
+    def _start_planning(self) -> None:
+        """The replica's kernel timelines (if asked for) on rank 0, and rank 0's planner started."""
+        replica, self._replica = self._replica, None
+        assert replica is not None  # set at the end of profiling
+        timelines = None
+        if self._timelines is not None:
+            timelines = gather_replica(self.comms, self._own_timelines(self._timelines.wait()))
+            self._timelines = None
+        if replica.stages is not None:
+            self._planner = self._start_planner(replica, merge_timelines(timelines or []))
+
+    def _own_timelines(self, outcome: Timelines | TimelinesUnread) -> Timelines:
+        """This rank's phases per instruction class; none, with a log line, where they could not be read."""
+        if isinstance(outcome, TimelinesUnread):
+            rank = self.context.global_rank
+            self.printer(f"[energy] rank {rank}: kernel timeline not read: {outcome.reason}")
+            return {}
+        return outcome
 
     def _poll_planner(self, step: int) -> None:
-        """A planning-phase step: every K steps, whether rank 0 has the planner's outcome, one link a step.
+        """A planning-phase step: every K steps, one link a step, whether planning may go on.
 
-        Once the exchange (``runtime.staged_exchange.ready_stages``) says so, every rank takes the decision
-        at the same step.
+        While kernel timelines are read, the exchange asks whether any rank still reads its own; once none
+        does, every rank gathers them at that step and rank 0 starts the planner. Then it asks whether rank 0
+        has the planner's outcome; once the exchange (``runtime.staged_exchange.any_rank_stages``) says so,
+        every rank takes the decision at the same step.
         """
         polls = self._polls
-        if polls is not None and polls.step(lambda: ready_stages(self.comms, self._outcome_ready())):
+        if polls is None:
+            return
+        if self._replica is not None:
+            still_reading = polls.step(lambda: any_rank_stages(self.comms, not self._timelines_read()))
+            if still_reading is False:
+                self._start_planning()
+        elif polls.step(lambda: any_rank_stages(self.comms, self._outcome_ready())):
             self._take_decision(step)
+
+    def _timelines_read(self) -> bool:
+        """Whether this rank's kernel timelines have been read (or there were none to read)."""
+        return self._timelines is None or self._timelines.poll() is not None
 
     def _outcome_ready(self) -> bool:
         """Rank 0: whether the planner has ended (its outcome is kept for the decision); others: ``False``."""
-        if isinstance(self._planner, PlannerProcess):
+        if isinstance(self._planner, ChildProcess):
             outcome = self._planner.poll()
             if outcome is None:
                 return False
@@ -586,8 +651,8 @@ class EnergySession:
         every rank has adopted it (a plan some rank cannot run is never cached), and logs after how many steps
         and seconds it took effect.
         """
-        outcome: PlannerProcess | PlanRelease | Fallback | None = self._planner
-        if isinstance(outcome, PlannerProcess):
+        outcome = self._planner
+        if isinstance(outcome, ChildProcess):
             outcome = outcome.wait()
         decision: PlanRelease | Fallback = broadcast_from_root(self.comms, outcome)
         self._planner = self._polls = None
@@ -617,17 +682,9 @@ class EnergySession:
             self.printer(f"[energy] {reason}")
             return Fallback(reason)
 
-    def _timeline_contribution(self) -> Timelines:
-        """This rank's measured phases per instruction class (none without a kernel timeline, or on error)."""
-        if self.kernel_timeline is None:
-            return {}
-        try:
-            return self.kernel_timeline.timelines()
-        except Exception as problem:  # the phase planner then models this stage's split
-            self.printer(f"[energy] rank {self.context.global_rank}: kernel timeline not read: {problem}")
-            return {}
-
-    def _start_planner(self, replica: ReplicaProfile, timelines: Timelines) -> PlannerProcess | Fallback:
+    def _start_planner(
+        self, replica: ReplicaProfile, timelines: Timelines
+    ) -> ChildProcess[PlanRelease | Fallback] | Fallback:
         """Start the planner process on rank 0; a failure becomes the fallback every rank takes (no raise)."""
         stages = replica.stages or []
         failures = [stage for stage in stages if isinstance(stage, Fallback)]
@@ -641,7 +698,7 @@ class EnergySession:
             clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
             self.printer(f"[energy] {timelines_line(timelines, self.timer.source, clocks)}")
         try:
-            return PlannerProcess(self._planner_input(profiles, replica.stock, timelines))
+            return ChildProcess(self._planner_input(profiles, replica.stock, timelines))
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 

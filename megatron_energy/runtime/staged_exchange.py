@@ -15,9 +15,10 @@ each link at the same step and takes the outcome at the same step. The session r
 - :func:`pace_stages`, in the run phase when the job has several data-parallel replicas: the replica's
   span (a max over its pipeline, then over its tensor group), then each replica's contribution to the
   straggler policy over the data-parallel group (max and min in one max);
-- :func:`ready_stages`, while the planner runs in the background: whether rank 0 has the planner's outcome
-  (a max over the three groups), after which every rank receives it down a tree
-  (``runtime.group_chain.broadcast_from_root``) and adopts it at the same step.
+- :func:`any_rank_stages`, while planning runs in the background: whether every rank has read its kernel
+  timelines (whether any rank has not), then whether rank 0 has the planner's outcome (a max over the three
+  groups), after which every rank receives it down a tree (``runtime.group_chain.broadcast_from_root``) and
+  adopts it at the same step.
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def pace_stages(
     return PaceVerdict(step, mine_s, slowest_s, -negated_fastest_s)
 
 
-def ready_stages(comms: RankComms, ready: bool) -> Stages[bool]:
-    """Whether global rank 0 said ``ready`` (every other rank says not): one max over each group in turn."""
-    flag = [1.0 if ready else 0.0]
+def any_rank_stages(comms: RankComms, raised: bool) -> Stages[bool]:
+    """Whether any rank of the job ``raised`` its flag: one max over each group in turn."""
+    flag = [1.0 if raised else 0.0]
     for group in GROUPS:
         flag = yield comms.start_all_reduce(flag, "max", group)
     return flag[0] > 0
