@@ -16,9 +16,13 @@ in the figures either: what remains is the cost of having the plugin in the job.
 
 **Schedule.** One priming plugin run per mode comes first (``--prime-iters``; unmeasured, its log kept): it
 profiles and caches the plan in the mode's ``--energy-dir``, so every measured plugin run is a cache hit
-from its first iteration (the summary counts the hits). Then ``--pairs`` rounds (at least 6): round ``r``
-holds pair ``r`` of every mode, the modes rotated by ``r``, the order inside each pair alternating with
-``r`` (off-on, on-off, ...), so that a drift over the session hits every mode, and both sides, alike.
+from its first iteration (the summary counts the hits); a mode whose energy dir already holds a plan (an
+earlier call on the same machine, ``--resume``) is not primed again. Then ``--pairs`` rounds (at least 6):
+round ``r`` holds pair ``r`` of every mode, the modes rotated by ``r``, two plugin runs after each plain
+run (``off, a, b, off, c, d, ..., off``). Each plugin run is paired with the plain run next to it, the first
+of the two with the one before it (off-on), the second with the one after it (on-off), so a plain run is a
+side of two pairs (``run_order``): 6 pairs of 4 modes take 37 processes instead of 48, each mode's order
+alternates from round to round, and a drift over the session hits every mode, and both sides, alike.
 
 **Figures (all measured).** Megatron's own per-iteration log (``--log-interval 1 --log-energy``, read by
 ``megatron_energy.megatron.training_log``): "elapsed time per iteration (ms)" and "energy per GPU
@@ -39,13 +43,14 @@ last line); per mode the report gives the median over off runs and over on runs 
 power, utilisation and SM clock, and their difference. Without a GPU (or pynvml) the trace is absent and
 one line says so.
 
-**Cost.** On one H200 a run spends ~30 s outside its iterations (torchrun, imports, Megatron's
-initialisation, exit) and ~0.25 s per iteration of the default 4 microbatches of one sequence, so a pair of
-20-iteration runs takes ~75 s: the default four modes of six pairs take ~30 min with the primes, more than
-one 10-minute device call. ``--deadline-s`` starts no pair (nor priming run) that the time left cannot fit,
-judged by the slowest run so far, and still prints the summary of what completed; ``--json`` is rewritten
-after every run, and ``--resume`` goes on from such a file (the same job and code only; its primes run
-again, since a fresh machine holds no cached plan):
+**Cost.** On one H200 a run spends ~27 s outside its iterations (torchrun, imports ~12 s, Megatron's
+initialisation ~10 s, exit) and ~0.3 s per iteration of the default 4 microbatches of one sequence
+(measured 2026-12-04), so a 14-iteration run takes ~32 s and the default four modes of six pairs (37 runs)
+~20 min, with the primes ~23 min: more than one 10-minute device call. ``--deadline-s`` starts no run (nor
+priming run) that the time left cannot fit, judged by the slowest run so far, and still prints the summary
+of what completed; ``--json`` is rewritten after every run, and ``--resume`` goes on from such a file (the
+same job and code only; a mode is primed again unless its energy dir, under ``--out``, still holds the
+plan):
 
     python scripts/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 --json bench.json
     python scripts/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 \
@@ -127,47 +132,74 @@ class RunFailedError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One measured run of the schedule.
-
-    Attributes:
-        mode: The ``--energy-mode`` the pair measures.
-        pair: The pair's index within its mode.
-        plugin: Whether the plugin is loaded.
-    """
+class Side:
+    """One side of a pair that a run is: the pair's mode and index, and which of its runs came first."""
 
     mode: str
+    """The ``--energy-mode`` the pair measures."""
     pair: int
+    """The pair's index within its mode."""
+    order: str
+    """``off-on`` or ``on-off``."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run of the schedule: a plugin run is one side of one pair, a plain run of one or two pairs.
+
+    Attributes:
+        plugin: Whether the plugin is loaded.
+        sides: The pairs the run is a side of: one for a plugin run; for a plain run, the plugin runs next
+            to it (the one just before it and the one just after it).
+    """
+
     plugin: bool
+    sides: tuple[Side, ...]
 
     @property
-    def order(self) -> str:
-        """``off-on`` or ``on-off``: which side of the pair ran first."""
-        return "off-on" if self.pair % 2 == 0 else "on-off"
+    def mode(self) -> str | None:
+        """The plugin's ``--energy-mode``; None for a plain run."""
+        return self.sides[0].mode if self.plugin else None
 
     @property
     def tag(self) -> str:
         """A name for the run's log file."""
-        return f"{self.mode}-{self.pair}-{'on' if self.plugin else 'off'}"
+        if self.plugin:
+            return f"{self.sides[0].mode}-{self.sides[0].pair}-on"
+        return "off-" + "+".join(f"{side.mode}-{side.pair}" for side in self.sides)
 
 
-def run_order(modes: Sequence[str], pairs: int) -> list[tuple[Planned, Planned]]:
-    """The pairs in the order they run: round ``r`` holds pair ``r`` of every mode.
+def run_order(modes: Sequence[str], pairs: int) -> list[Planned]:
+    """The runs in the order they run: round ``r`` holds pair ``r`` of every mode.
+
+    A round is the modes rotated left by ``r``, two at a time, each two after a plain run: ``off, a, b, off,
+    c, d``; one more plain run ends the schedule. Every plugin run is paired with the plain run next to it:
+    the first of each two with the plain run before it (``off-on``), the second with the one after it
+    (``on-off``), so every plain run but the first and the last is a side of two pairs, and the rotation
+    alternates each mode's order from round to round. 6 pairs of 4 modes take 37 runs instead of 48.
 
     Args:
         modes: The modes measured.
         pairs: Pairs per mode.
 
     Returns:
-        One tuple per pair, its two runs in order: off then on in even rounds, on then off in odd ones; the
-        modes of round ``r`` rotated left by ``r``.
+        The runs, in order.
     """
-    order = []
+    order: list[Planned] = []
+    waiting: Side | None = None  # the plugin run before the next plain run, which is its pair's other side
     for pair in range(pairs):
         shift = pair % len(modes)
-        for mode in [*modes[shift:], *modes[:shift]]:
-            off, on = Planned(mode, pair, False), Planned(mode, pair, True)
-            order.append((off, on) if pair % 2 == 0 else (on, off))
+        rotated = [*modes[shift:], *modes[:shift]]
+        for start in range(0, len(rotated), 2):
+            first, *second = rotated[start : start + 2]
+            after = Side(first, pair, "off-on")
+            order.append(Planned(False, (*([waiting] if waiting else []), after)))
+            order.append(Planned(True, (after,)))
+            waiting = Side(second[0], pair, "on-off") if second else None
+            if waiting:
+                order.append(Planned(True, (waiting,)))
+    if waiting:
+        order.append(Planned(False, (waiting,)))
     return order
 
 
@@ -280,6 +312,11 @@ def child_env(script: Path) -> dict[str, str]:
 def energy_dir(args: argparse.Namespace, mode: str) -> Path:
     """The mode's ``--energy-dir``: its priming run caches the plan there for the measured runs."""
     return args.out / f"energy-{mode}"
+
+
+def primed(args: argparse.Namespace, mode: str) -> bool:
+    """Whether the mode's energy dir holds a cached plan (an earlier call on the same machine primed it)."""
+    return any(energy_dir(args, mode).glob("*/plan.json"))
 
 
 def job_command(
@@ -680,16 +717,21 @@ class Session:
         )
         print(f"primed {mode}: {wall_s:.0f} s (measured wall clock; not one of the pairs)", flush=True)
 
-    def measure(self, planned: Planned) -> None:
-        """Run one side of a pair, keep its figures and rewrite the JSON file."""
-        command = job_command(self.args, planned.mode if planned.plugin else None, self.args.iters)
+    def measure(self, planned: Planned, done: set[tuple[str, int]]) -> None:
+        """Run one side of one or two pairs, keep its figures and rewrite the JSON file.
+
+        A plain run that is a side of two pairs is kept once per pair still to do, with the same figures.
+        """
+        command = job_command(self.args, planned.mode, self.args.iters)
         finished = launch(self.args, self.harness, command, planned.tag)
         try:
             figures = run_figures(finished, self.args.warmup, self.harness.trace)
         except RunFailedError as problem:
             raise RunFailedError(f"run {planned.tag}: {problem}") from problem
-        run = {"mode": planned.mode, "pair": planned.pair, "plugin": planned.plugin, "order": planned.order}
-        self.runs.append({**run, **figures})
+        for side in planned.sides:
+            if (side.mode, side.pair) not in done:
+                run = {"mode": side.mode, "pair": side.pair, "plugin": planned.plugin, "order": side.order}
+                self.runs.append({**run, "run": planned.tag, **figures})
         energy = figures["median_energy_j_per_iter_per_gpu"]
         print(
             f"{planned.tag}: median {figures['median_iteration_ms']:.1f} ms"
@@ -709,26 +751,32 @@ class Session:
 
 
 def run_session(session: Session) -> None:
-    """Prime every mode with pairs left, then run the pairs left, round by round, while they fit.
+    """Prime every mode with pairs left, then run the runs left, in order, while they fit.
 
     Raises:
         RunFailedError: If a run fails (what completed is kept).
     """
     args = session.args
     done = {(run["mode"], run["pair"]) for run in session.runs}
-    left = [pair for pair in run_order(args.modes, args.pairs) if (pair[0].mode, pair[0].pair) not in done]
+    left = [
+        planned
+        for planned in run_order(args.modes, args.pairs)
+        if any((side.mode, side.pair) not in done for side in planned.sides)
+    ]
     if args.prime_iters > 0:
-        for mode in dict.fromkeys(first.mode for first, _ in left):
+        for mode in dict.fromkeys(planned.mode for planned in left if planned.mode):
+            if primed(args, mode):
+                print(f"{mode}: its energy dir holds a plan already; not primed again", flush=True)
+                continue
             if not session.fits(1):
                 print(f"deadline: {mode} not primed; no pair run", flush=True)
                 return
             session.prime(mode)
-    for count, pair in enumerate(left):
-        if not session.fits(2):
-            print(f"deadline: {count} of the {len(left)} pairs left were run", flush=True)
+    for count, planned in enumerate(left):
+        if not session.fits(1):
+            print(f"deadline: {count} of the {len(left)} runs left were run", flush=True)
             return
-        for planned in pair:
-            session.measure(planned)
+        session.measure(planned, done)
 
 
 def benchmark(args: argparse.Namespace, harness: Harness) -> int:

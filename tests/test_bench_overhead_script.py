@@ -58,16 +58,28 @@ def test_megatron_lines_parse_with_and_without_energy():
 
 def test_two_modes_three_pairs_run_in_rotated_rounds_with_the_order_alternated():
     order = [
-        (p.mode, p.pair, "on" if p.plugin else "off")
-        for pair in script.run_order(["a", "b"], 3)
-        for p in pair
+        ("on" if p.plugin else "off", [(side.mode, side.pair, side.order) for side in p.sides])
+        for p in script.run_order(["a", "b"], 3)
     ]
     assert order == [
-        ("a", 0, "off"), ("a", 0, "on"), ("b", 0, "off"), ("b", 0, "on"),  # round 0: off-on
-        ("b", 1, "on"), ("b", 1, "off"), ("a", 1, "on"), ("a", 1, "off"),  # round 1: rotated, on-off
-        ("a", 2, "off"), ("a", 2, "on"), ("b", 2, "off"), ("b", 2, "on"),
+        ("off", [("a", 0, "off-on")]), ("on", [("a", 0, "off-on")]), ("on", [("b", 0, "on-off")]),
+        ("off", [("b", 0, "on-off"), ("b", 1, "off-on")]),  # round 1: rotated
+        ("on", [("b", 1, "off-on")]), ("on", [("a", 1, "on-off")]),
+        ("off", [("a", 1, "on-off"), ("a", 2, "off-on")]),
+        ("on", [("a", 2, "off-on")]), ("on", [("b", 2, "on-off")]),
+        ("off", [("b", 2, "on-off")]),
     ]  # fmt: skip
-    assert {p.order for pair in script.run_order(["a"], 2) for p in pair} == {"off-on", "on-off"}
+    # each mode's order alternates; four modes of six pairs take 37 runs, every plugin run next to its pair
+    runs = script.run_order(["a", "b", "c", "d"], 6)
+    assert len(runs) == 37 and sum(not p.plugin for p in runs) == 13
+    for mode in "abcd":
+        orders = [p.sides[0].order for p in runs if p.plugin and p.mode == mode]
+        assert orders == ["off-on", "on-off"] * 3 or orders == ["on-off", "off-on"] * 3
+    for index, planned in enumerate(runs):
+        if planned.plugin:
+            (side,) = planned.sides
+            neighbour = runs[index - 1] if side.order == "off-on" else runs[index + 1]
+            assert not neighbour.plugin and side in neighbour.sides
 
 
 def test_the_kept_window_runs_from_the_last_warm_up_line_and_only_its_samples_count():
@@ -189,7 +201,7 @@ def test_modes_alternate_and_the_summary_finds_each_mode_s_overhead(tmp_path, ca
     fake = FakeJobs()
     assert bench(tmp_path, fake) == 0
     primes, measured = fake.commands[:2], fake.commands[2:]
-    assert len(measured) == 2 * 2 * 6
+    assert len(measured) == 6 * 3 + 1  # an off run, then each mode's on run, per round; a last off run
     # one unmeasured priming run per mode first, in the mode's energy dir, which its measured runs reuse
     assert [c[c.index("--energy-mode") + 1] for c in primes] == ["perseus", "kareus"]
     assert all(c[c.index("--train-iters") + 1] == "28" for c in primes)
@@ -201,12 +213,12 @@ def test_modes_alternate_and_the_summary_finds_each_mode_s_overhead(tmp_path, ca
         c[c.index("--energy-dir") + 1].endswith(f"energy-{c[c.index('--energy-mode') + 1]}") for c in plugin
     )
     plain = [c for c in measured if "megatron_energy.launch" not in c]
-    assert len(plain) == 12 and not any(arg.startswith("--energy") for c in plain for arg in c)
+    assert len(plain) == 7 and not any(arg.startswith("--energy") for c in plain for arg in c)
     assert all(c[c.index("torch.distributed.run") + 1 :][2] == "scripts/pretrain_gpt.py" for c in plain)
-    assert ["launch" in " ".join(c) for c in measured[:8]] == [False, True] * 2 + [True, False] * 2
+    assert ["launch" in " ".join(c) for c in measured[:7]] == [False, True, True] * 2 + [False]
 
     document = json.loads((tmp_path / "bench.json").read_text())
-    assert len(document["runs"]) == 24 and len(document["primes"]) == 2
+    assert len(document["runs"]) == 24 and len(document["primes"]) == 2  # a shared off run kept per pair
     assert (tmp_path / "o" / "log-prime-perseus.txt").exists()  # kept, not measured
     first = document["runs"][0]
     assert [r["iteration"] for r in first["iterations"]] == list(range(1, 21))
@@ -243,24 +255,24 @@ def test_modes_alternate_and_the_summary_finds_each_mode_s_overhead(tmp_path, ca
     assert any(line.startswith(trace_line) for line in lines)
 
 
-def test_the_deadline_stops_between_pairs_and_resume_completes_only_what_is_left(tmp_path, capsys):
+def test_the_deadline_stops_between_runs_and_resume_completes_only_what_is_left(tmp_path, capsys):
     fake = FakeJobs()
-    # primes take 42 s each (30 s start-up, 28 iterations, 5 s exit); a pair needs two of the slowest run
+    # primes take 42 s each (30 s start-up, 28 iterations, 5 s exit); a run needs the slowest run's time
     assert bench(tmp_path, fake, "--deadline-s", "300") == 0
-    assert len(fake.commands) == 2 + 4  # 84 s of primes, two pairs of ~80 s; a third would end past 300 s
+    assert len(fake.commands) == 2 + 5  # 84 s of primes, five runs of ~40 s; a sixth would end past 300 s
     out = capsys.readouterr().out
-    assert "deadline: 2 of the 12 pairs left were run" in out
+    assert "deadline: 5 of the 19 runs left were run" in out
     assert "perseus (measured, 1 pairs;" in out and "no 95 % interval from 1 pairs: it needs 6" in out
     stored = json.loads((tmp_path / "bench.json").read_text())
     assert stored["summary"]["modes"]["perseus"]["iteration_time"]["low"] is None
+    assert stored["summary"]["modes"]["kareus"]["pairs"] == 2  # its pair 1 shares the second off run
 
     resumed = FakeJobs()
     assert bench(tmp_path, resumed, "--resume", str(tmp_path / "bench.json")) == 0
-    assert len(resumed.commands) == 2 + 20  # primed again (a fresh machine), then only the pairs left
+    assert len(resumed.commands) == 2 + 14  # primed again (no plan in the energy dirs), then the runs left
     document = json.loads((tmp_path / "bench.json").read_text())
-    assert (
-        sorted((r["mode"], r["pair"]) for r in document["runs"][:4])
-        == [("kareus", 0)] * 2 + [("perseus", 0)] * 2
+    assert sorted((r["mode"], r["pair"]) for r in document["runs"][:6]) == (
+        [("kareus", 0)] * 2 + [("kareus", 1)] * 2 + [("perseus", 0)] * 2
     )
     assert document["summary"]["modes"]["perseus"]["pairs"] == 6
     with pytest.raises(SystemExit, match="cannot resume"):
@@ -270,7 +282,7 @@ def test_the_deadline_stops_between_pairs_and_resume_completes_only_what_is_left
 def test_without_priming_the_first_plugin_run_of_each_mode_profiles_and_the_summary_says_so(tmp_path, capsys):
     fake = FakeJobs()
     assert bench(tmp_path, fake, "--prime-iters", "0") == 0
-    assert len(fake.commands) == 24  # no priming run
+    assert len(fake.commands) == 19  # no priming run
     document = json.loads((tmp_path / "bench.json").read_text())
     first_on = next(run for run in document["runs"] if run["plugin"] and run["mode"] == "perseus")
     assert not first_on["cache_hit"] and first_on["kept_phases"] == {"profiling": 15}
@@ -279,12 +291,12 @@ def test_without_priming_the_first_plugin_run_of_each_mode_profiles_and_the_summ
 
 
 def test_a_failed_run_stops_the_session_with_the_summary_of_the_completed_pairs(tmp_path, capsys):
-    fake = FakeJobs(fail_at=2 + 4 + 1)  # the first run of the third pair
+    fake = FakeJobs(fail_at=2 + 4 + 1)  # the fifth measured run: kareus's second plugin run
     assert bench(tmp_path, fake) == 1
     out = capsys.readouterr().out
     assert "run perseus-1-on failed (1)" not in out and "run kareus-1-on failed (1)" in out
     document = json.loads((tmp_path / "bench.json").read_text())
-    assert len(document["runs"]) == 4 and set(document["summary"]["modes"]) == {"perseus", "kareus"}
+    assert {m: s["pairs"] for m, s in document["summary"]["modes"].items()} == {"perseus": 1, "kareus": 1}
 
 
 class FakeNvml:
