@@ -342,6 +342,7 @@ def test_the_profiler_stops_with_cupti_teardown_asked_for_and_the_environment_is
     recorder = TorchKernelTimeline(SPEC)
     recorder.start(1980)
     recorder.stop()
+    recorder.close()
     assert seen_at_stop == ["1"]
     assert os.environ.get(TEARDOWN_CUPTI) == user_value
 
