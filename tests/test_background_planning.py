@@ -5,9 +5,9 @@ background (``--energy-planning background``: simulated GPUs would wait for the 
 optimisers installed as an entry-point plugin (``plugin_site``, ``tests/optimiser_plugin/toy_planners.py``),
 which the planner process finds on the ranks' path: one plans for a few seconds, while the steps keep
 their pace at stock clocks, and every rank switches to the plan at the same step; the other's process exits
-with status 3, and every rank trains on at stock clocks. The unit tests start the planner's ``ChildProcess`` directly,
-with the toys registered by import path: the plan it computes is the one planned in process, every way its
-process can fail is a fallback that says why, and it ends (and cleans up) when its parent dies.
+with status 3, and every rank trains on at stock clocks. The unit tests start the planner's ``ChildProcess``
+directly, with the toys registered by import path: the plan it computes is the one planned in process, every
+way its process can fail is a fallback that says why, and it ends (and cleans up) when its parent dies.
 """
 
 from __future__ import annotations
