@@ -5,7 +5,7 @@ times, on the session's own comms object (``runtime.comms.TorchComms``) over a d
 ranks, the median over ``--repeats`` barrier-aligned rounds (measured, ``perf_counter`` on rank 0):
 
 - ``pace link``: one link of the exchange of paces, a 2-float max all-reduce (``runtime.staged_exchange``);
-- ``energy line``: the energy line's two fixed-size vectors, a sum and a max in flight together
+- ``energy line``: one link of the energy line, its two fixed-size vectors, a sum and a max in flight together
   (``runtime.log_aggregate``, ``runtime.group_chain.reduce_over``);
 - ``before: world gather+broadcast``: what the energy line ran before (every rank's figures and window
   gathered on rank 0 as objects, the scalars broadcast back), with ``torch.distributed`` directly.
@@ -17,10 +17,12 @@ few floats takes every hop of the ring (a 2-float one skips most: gloo splits a 
 rank). The modelled table prices the control plane at 1k, 4k and 16k ranks (Megatron-like shapes) with the
 hop costs fitted here and with the 75 µs per hop the session assumes for K
 (``runtime.exchange_period.HOP_S``): an exchange of paces is one link over each of the pipeline, tensor and
-data-parallel groups every K steps (K by the session's rule at that hop cost and ``--iteration-s``), so its
-cost per step is the exchange's over K; the energy line takes the same three groups once per log interval.
-Before, each step ran one all-reduce over the world and each log interval a world gather and broadcast.
-Every figure says measured or modelled.
+data-parallel groups every K steps (K by the session's rule at that hop cost and ``--iteration-s``, each
+exchange held to half the millisecond), so its cost per step is the exchange's over K; the energy line's
+chain over the same three groups costs more than its half at these sizes, so it runs staged too, at most
+every K steps of its own (``runtime.energy_logger``), whatever the log interval. The table's last column of
+ours is the control plane's cost per step, both exchanges together. Before, each step ran one all-reduce
+over the world and each log interval a world gather and broadcast. Every figure says measured or modelled.
 
     python scripts/bench_control_plane.py [--ranks 2,4,8,16,32] [--repeats 30] [--iteration-s 1.0]
 """
@@ -45,7 +47,13 @@ import torch.multiprocessing as mp
 
 from megatron_energy.runtime.comms import GROUPS, TorchComms
 from megatron_energy.runtime.energy_log import StageEnergy
-from megatron_energy.runtime.exchange_period import HOP_S, all_reduce_hops, exchange_cost_s, exchange_period
+from megatron_energy.runtime.exchange_period import (
+    EXCHANGE_BUDGET_S,
+    HOP_S,
+    all_reduce_hops,
+    exchange_cost_s,
+    exchange_period,
+)
 from megatron_energy.runtime.group_chain import reduce_over
 from megatron_energy.runtime.log_aggregate import interval_vectors
 from megatron_energy.runtime.log_window import WINDOW_ITERS, RankWindow
@@ -150,12 +158,17 @@ def modelled_rows(hops_s: dict[str, float], iteration_s: float) -> list[str]:
             exchange_s = exchange_cost_s(sizes, hop_of["pace link"])
             period = exchange_period(sizes, iteration_s, hop_s=hop_of["pace link"])
             line_s = exchange_cost_s(sizes, hop_of["energy line"])
+            # at a log interval of 1: every step when the chain fits its share, else staged every K steps
+            staged = line_s > EXCHANGE_BUDGET_S
+            line_period = exchange_period(sizes, iteration_s, hop_s=hop_of["energy line"]) if staged else 1
+            per_step_s = exchange_s / period + line_s / line_period
             before_step_s = exchange_cost_s([world], hop_of["pace link"])
             before_line_s = exchange_cost_s([world], hop_of[OPERATIONS[2]])
             rows.append(
                 f"  {world:>6} PP{pipeline:<2} TP{tensor} DP{data:<4} {label:>11} | "
                 f"{1e3 * exchange_s:8.2f} ms {period:>4} {1e3 * exchange_s / period:8.3f} ms | "
-                f"{1e3 * line_s:8.2f} ms | "
+                f"{1e3 * line_s:8.2f} ms {line_period:>4} {1e3 * line_s / line_period:8.3f} ms | "
+                f"{1e3 * per_step_s:8.3f} ms | "
                 f"{1e3 * before_step_s:9.1f} ms {1e3 * before_line_s:9.1f} ms"
             )
     return rows
@@ -186,11 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"modelled at scale ({args.iteration_s:g} s iterations; K by the session's rule, "
         f"runtime.exchange_period, at that hop cost: the session assumes {1e6 * HOP_S:.0f} µs; the energy "
-        "line once per log interval):"
+        "line at --log-interval 1; all modelled):"
     )
     print(
-        "   ranks shape             hop cost |    exchange    K per step | line/int.   | before: per step, "
-        "per log interval"
+        "   ranks shape             hop cost |  paces: exchange K  per step | energy line: chain K  per step"
+        " | ours per step | before: per step, per log interval"
     )
     for row in modelled_rows(hops_s, args.iteration_s):
         print(row)

@@ -89,6 +89,7 @@ def format_energy_line(
     source: Source,
     phase: str,
     stock: StockSamples | None = None,
+    first_iteration: int | None = None,
 ) -> tuple[str, dict[str, float]]:
     """Build the log line and the scalars for one interval.
 
@@ -98,13 +99,18 @@ def format_energy_line(
         source: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
         phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
         stock: The stock baseline's iterations, once measured.
+        first_iteration: The interval's first iteration, when the line names the range it covers (a line
+            of a staged exchange that covers several log intervals, ``runtime.energy_logger``).
 
     Returns:
         The line, and ``{scalar name: value}`` for metric writers.
     """
     per_stage = dict(enumerate(job.stage_j))
     total = sum(per_stage.values())
-    parts = [f"[energy] iteration {iteration} | {phase}"]
+    covered = f"iteration {iteration}"
+    if first_iteration is not None:
+        covered = f"iterations {first_iteration}-{iteration}"
+    parts = [f"[energy] {covered} | {phase}"]
     parts.append("J/iter " + source + ": " + " ".join(f"s{s}={value:.1f}" for s, value in per_stage.items()))
     parts.append(f"total={total:.1f}")
     scalars = {"energy/j_per_iter_total": total}

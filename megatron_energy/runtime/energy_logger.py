@@ -2,16 +2,27 @@
 
 Every ``log_interval`` steps each rank puts its interval means and its window of the current phase
 (``runtime.log_window``) into two fixed-size vectors, reduced over the job's pipeline, tensor and
-data-parallel groups (``runtime.log_aggregate``, ``runtime.group_chain.reduce_over``: a sum and a max in
+data-parallel groups (``runtime.log_aggregate``, ``runtime.group_chain.reduction_stages``: a sum and a max in
 flight together over each group, no gather, no broadcast): every rank then holds the job's interval. Rank 0
 formats the line (``runtime.energy_log``), prints it and appends the record to ``--energy-log-file``; a rank
 with metric writers (Megatron keeps its TensorBoard and W&B writers on the last rank) formats the same
 scalars from the same figures and writes them, so nothing is sent to it but the reductions' results.
+
+How the reductions run depends on what they cost (``runtime.exchange_period``, modelled): when the chain over
+the three groups costs at most one exchange's share of the control plane's budget per step
+(``EXCHANGE_BUDGET_S``, 0.5 ms), it runs at the interval's end and the line follows at once. On a larger job
+(e.g. 16,384 ranks: 22 ms) the training thread never waits for it: the chain runs as a staged exchange
+(``runtime.staged_exchange``), one link a step, begun at an interval's end at most every K steps, and the
+line is printed when its last link completes (a few steps later, naming the iteration its interval ended
+at). An interval's end that comes before K steps have passed begins nothing: its steps join the next
+interval, and that line names the iterations it covers. No collective runs at close: rank 0 says which
+iterations no line covered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +38,40 @@ from megatron_energy.runtime.energy_log import (
     publish,
     write_scalars,
 )
-from megatron_energy.runtime.group_chain import reduce_over
+from megatron_energy.runtime.exchange_period import EXCHANGE_BUDGET_S, exchange_cost_s, exchange_period
+from megatron_energy.runtime.group_chain import reduction_stages, run_at_once
 from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.log_window import PhaseWindow
 from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.power_budget import with_power_budget
+from megatron_energy.runtime.staged_exchange import StagedExchange, Stages
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.stats import Source
+
+
+@dataclass(frozen=True)
+class _IntervalEnd:
+    """What a line says besides the job's figures, taken when its interval ended."""
+
+    first_iteration: int
+    """The first iteration the line covers, 1-based."""
+    iteration: int
+    """The last, 1-based as in Megatron's log."""
+    phase: str
+    """What ran."""
+    stock: StockSamples | None
+    """The stock baseline to compare with."""
+    period_s: float
+    """The energy counter's period (0: exact energies)."""
+
+
+@dataclass(frozen=True)
+class _ReducedInterval:
+    """An interval's end and the job's reduced vectors for it."""
+
+    end: _IntervalEnd
+    maxima: list[float]
+    sums: list[float]
 
 
 class EnergyLogger:
@@ -70,6 +108,14 @@ class EnergyLogger:
         self.log_file: Path | None = None
         self.power_target: EnergyTarget | None = None
         self.job = ""
+        sizes = [comms.size(group) for group in GROUPS]
+        self._staged: StagedExchange[_ReducedInterval] | None = None
+        """Where the chain costs more than its share of the budget: the staged exchange that runs it."""
+        if exchange_cost_s(sizes) > EXCHANGE_BUDGET_S:
+            self._staged = StagedExchange(exchange_period(sizes, None))
+        self._first_step: int | None = None  # the first step no line covers yet
+        self._in_flight_first = 0  # the first step of the interval whose exchange is in flight
+        self._last_step = -1
 
     def add(
         self,
@@ -89,9 +135,37 @@ class EnergyLogger:
             baseline: The stock baseline to compare with (empty: no comparison, as while profiling).
         """
         self.window.add(step, phase, figures)
-        if (step + 1) % self.context.log_interval != 0:
+        self._last_step = step
+        if self._first_step is None:
+            self._first_step = step
+        due = (step + 1) % self.context.log_interval == 0
+        if self._staged is None:
+            if due:
+                self._log(run_at_once(self._reduction(step, phase, predicted_j, baseline, figures.exact)))
             return
+        begin = (lambda: self._reduction(step, phase, predicted_j, baseline, figures.exact)) if due else None
+        reduced = self._staged.step(begin)
+        if reduced is not None:
+            self._log(reduced)
+
+    def close(self) -> None:
+        """At the end of the run (no collective may start): rank 0 names the iterations no line covered."""
+        if self.context.global_rank != 0 or self._staged is None:
+            return
+        first = self._in_flight_first if self._staged.in_flight else self._first_step
+        if first is not None and first <= self._last_step:
+            self.printer(
+                f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
+                "reductions had not completed when the run ended, and no collective runs at close)"
+            )
+
+    def _reduction(
+        self, step: int, phase: str, predicted_j: float | None, baseline: StockBaseline, exact: bool
+    ) -> Stages[_ReducedInterval]:
+        """The interval that ends at ``step``: this rank's vectors, reduced over the job's groups."""
         steps = self.window.take_interval()
+        first = step if self._first_step is None else self._first_step
+        self._in_flight_first, self._first_step = first, None
         mine = StageEnergy(
             stage=self.context.pipeline_rank,
             measured_j_per_iter=sum(s.energy_j for s in steps) / len(steps),
@@ -99,25 +173,30 @@ class EnergyLogger:
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
             window=self.window.rank_window(),
         )
-        iteration = step + 1  # 1-based, as Megatron counts iterations in its log and scalars
+        end = _IntervalEnd(first + 1, step + 1, phase, self._stock(baseline, exact), self._period(exact))
         stages = self.context.pipeline_size
-        maxima, sums = reduce_over(self.comms, GROUPS, *interval_vectors(mine, stages, step))
+        maxima, sums = yield from reduction_stages(self.comms, GROUPS, *interval_vectors(mine, stages, step))
+        return _ReducedInterval(end, maxima, sums)
+
+    def _log(self, reduced: _ReducedInterval) -> None:
+        """Rank 0 prints the line and writes the record; a rank with metric writers writes the scalars."""
         root = self.context.global_rank == 0
         if not root and not self.context.log_sinks:
             return
-        job = job_interval(maxima, sums, stages)
+        end = reduced.end
+        job = job_interval(reduced.maxima, reduced.sums, self.context.pipeline_size)
+        merged = end.first_iteration < end.iteration - self.context.log_interval + 1
         line, scalars = format_energy_line(
-            iteration, job, self.source, phase, self._stock(baseline, figures.exact)
+            end.iteration, job, self.source, end.phase, end.stock, end.first_iteration if merged else None
         )
         if self.power_target is not None:
-            line, scalars = with_power_budget(
-                line, scalars, job, self.power_target, self._period(figures.exact), self.source
-            )
+            target = self.power_target
+            line, scalars = with_power_budget(line, scalars, job, target, end.period_s, self.source)
         if not root:
-            write_scalars(scalars, iteration, self.context.log_sinks)
+            write_scalars(scalars, end.iteration, self.context.log_sinks)
             return
-        publish(line, scalars, iteration, self.context.log_sinks, self.printer)
-        self._write_record(EnergyRecord(iteration, phase, self.source, scalars, self.job))
+        publish(line, scalars, end.iteration, self.context.log_sinks, self.printer)
+        self._write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
 
     def _period(self, exact: bool) -> float:
         """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""

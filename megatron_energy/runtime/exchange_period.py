@@ -7,11 +7,12 @@ job's groups (``runtime.staged_exchange``) costs the sum over its links. The rul
 - each link is read one step after it starts, so it must complete within an iteration: a link longer than
   ``iteration_s`` is read ``ceil(link / iteration_s)`` steps later, and an exchange takes the sum of its
   links' steps (its *cycle*); K is at least the cycle, so exchanges never overlap;
-- the exchange's modelled cost amortised over K steps is at most ``BUDGET_S`` (1 ms): K is at least
-  ``ceil(cost / BUDGET_S)``.
+- the control plane's modelled cost amortised over the steps is at most ``BUDGET_S`` (1 ms a step), shared
+  by the ``EXCHANGES`` exchanges a run-phase step may carry (the replicas' paces and the energy line,
+  ``runtime.energy_logger``): K is at least ``ceil(cost / (BUDGET_S / EXCHANGES))``.
 
-So ``K = max(cycle, ceil(cost / BUDGET_S))``. Every rank computes the same K from the same figures (the
-group sizes, and an iteration time every rank holds: the plan's, or the job's stock one).
+So ``K = max(cycle, ceil(cost / EXCHANGE_BUDGET_S))``. Every rank computes the same K from the same figures
+(the group sizes, and an iteration time every rank holds: the plan's, or the job's stock one).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ HOP_S = 75e-6
 datacenter network takes (modelled); this machine's loopback measures its own (the benchmark's fit)."""
 
 BUDGET_S = 1e-3
-"""The most an exchange may cost per step, amortised over the K steps between two (modelled)."""
+"""The most the control plane's exchanges may cost per step together, amortised (modelled)."""
+
+EXCHANGES = 2
+"""Exchanges that share the budget: the replicas' paces and the energy line."""
+
+EXCHANGE_BUDGET_S = BUDGET_S / EXCHANGES
+"""The most one exchange may cost per step, amortised over the K steps between two (modelled)."""
 
 
 def all_reduce_hops(ranks: int) -> int:
@@ -38,7 +45,10 @@ def exchange_cost_s(group_sizes: Sequence[int], hop_s: float = HOP_S) -> float:
 
 
 def exchange_period(
-    group_sizes: Sequence[int], iteration_s: float | None, hop_s: float = HOP_S, budget_s: float = BUDGET_S
+    group_sizes: Sequence[int],
+    iteration_s: float | None,
+    hop_s: float = HOP_S,
+    budget_s: float = EXCHANGE_BUDGET_S,
 ) -> int:
     """K, the steps between two exchanges over ``group_sizes`` (the module docstring's rule).
 
@@ -46,7 +56,7 @@ def exchange_period(
         group_sizes: The sizes of the groups the exchange reduces over, in turn.
         iteration_s: The job's iteration time; ``None`` or not positive: unknown, each link takes one step.
         hop_s: Seconds per hop.
-        budget_s: The most an exchange may cost per step, amortised.
+        budget_s: The most the exchange may cost per step, amortised.
     """
     links = [exchange_cost_s([size], hop_s) for size in group_sizes if size > 1]
     step_s = iteration_s if iteration_s is not None and iteration_s > 0 else math.inf

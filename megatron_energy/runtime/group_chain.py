@@ -4,7 +4,8 @@ No group spans the world (``runtime.comms``), yet the three groups of a rank rea
 
 - :func:`reduce_over` / :func:`reduce_everywhere`: a fixed-size vector reduced over the pipeline, then the
   tensor, then the data-parallel group is reduced over the whole job (max and sum alike: each link reduces
-  over ranks the previous links have already combined), at the cost of the three groups' hops;
+  over ranks the previous links have already combined), at the cost of the three groups' hops; the same
+  chain as stages (:func:`reduction_stages`) runs a link a step in a ``runtime.staged_exchange``;
 - :func:`broadcast_from_root`: global rank 0's object goes down a tree: over the pipeline of its replica
   and tensor-parallel rank, then over each stage's data-parallel group, then over each tensor group;
 - :func:`gather_replica`: one object per stage of global rank 0's replica and tensor-parallel rank (the
@@ -18,16 +19,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from megatron_energy.runtime.comms import GROUPS, Group, RankComms
+from megatron_energy.runtime.comms import GROUPS, Group, Pending, RankComms
+from megatron_energy.runtime.staged_exchange import Stages
 
 
-def reduce_over(
+def run_at_once[T](stages: Stages[T]) -> T:
+    """Run an exchange's links one after the other now, each read as soon as it is started."""
+    try:
+        pending = next(stages)
+        while True:
+            pending = stages.send(pending.wait())
+    except StopIteration as done:
+        return done.value
+
+
+class _PendingPair:
+    """A max and a sum started together over one group: one link, read as one vector (maxima, then sums)."""
+
+    def __init__(self, high: Pending | None, total: Pending | None) -> None:
+        self.high, self.total = high, total
+        self.local = all(pending is None or pending.local for pending in (high, total))
+
+    def wait(self) -> list[float]:
+        """The reduced maxima followed by the reduced sums."""
+        high = self.high.wait() if self.high is not None else []
+        return high + (self.total.wait() if self.total is not None else [])
+
+
+def reduction_stages(
     comms: RankComms, groups: Sequence[Group], maxima: Sequence[float], sums: Sequence[float] = ()
-) -> tuple[list[float], list[float]]:
-    """Reduce ``maxima`` (element-wise max) and ``sums`` (element-wise sum) over ``groups`` in turn.
+) -> Stages[tuple[list[float], list[float]]]:
+    """Reduce ``maxima`` (element-wise max) and ``sums`` (element-wise sum) over ``groups`` in turn, by links.
 
-    Over each group both vectors are started before either is read, so they take one round trip together;
-    an empty vector runs no collective.
+    Over each group both vectors are started before either is read, so they take one round trip together
+    (one link); an empty vector runs no collective.
 
     Returns:
         The reduced maxima and sums.
@@ -36,9 +61,16 @@ def reduce_over(
     for group in groups:
         pending_high = comms.start_all_reduce(high, "max", group) if high else None
         pending_total = comms.start_all_reduce(total, "sum", group) if total else None
-        high = pending_high.wait() if pending_high is not None else high
-        total = pending_total.wait() if pending_total is not None else total
+        both = yield _PendingPair(pending_high, pending_total)
+        high, total = both[: len(high)], both[len(high) :]
     return high, total
+
+
+def reduce_over(
+    comms: RankComms, groups: Sequence[Group], maxima: Sequence[float], sums: Sequence[float] = ()
+) -> tuple[list[float], list[float]]:
+    """:func:`reduction_stages`, each link read as soon as it is started (waits for the whole chain)."""
+    return run_at_once(reduction_stages(comms, groups, maxima, sums))
 
 
 def reduce_everywhere(comms: RankComms, maxima: Sequence[float]) -> list[float]:

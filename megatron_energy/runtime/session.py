@@ -461,6 +461,7 @@ class EnergySession:
             self._flush()
         except Exception as problem:  # a failing flush must not mask how the run ended
             self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
+        self.energy_logger.close()
         self.laps.close()
         measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
         host_line = self.host_cost.summary(self.context.global_rank, measured_s)

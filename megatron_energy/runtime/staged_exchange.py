@@ -45,23 +45,29 @@ class StagedExchange[T]:
         self._stages: Stages[T] | None = None
         self._pending: Pending | None = None
 
-    def step(self, begin: Callable[[], Stages[T]]) -> T | None:
+    def step(self, begin: Callable[[], Stages[T]] | None) -> T | None:
         """One step: read the link in flight and start the next; begin an exchange if one is due.
 
         Args:
-            begin: Makes the exchange to begin (called only when one begins, with this step's figures).
+            begin: Makes the exchange to begin (called only when one begins, with this step's figures);
+                ``None``: none may begin at this step.
 
         Returns:
             The exchange's outcome on the step it completes; ``None`` on every other step.
         """
         self._since += 1
         outcome = None if self._stages is None else self._advance(self._pending)
-        if self._stages is None and self._since >= self.period:
+        if begin is not None and self._stages is None and self._since >= self.period:
             self._since = 0
             self._stages = begin()
             begun = self._advance(None)  # an exchange of local links only completes at once
             outcome = outcome if begun is None else begun
         return outcome
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether an exchange has begun and not completed."""
+        return self._stages is not None
 
     def _advance(self, pending: Pending | None) -> T | None:
         """Send the link's result on, through every link that needs no message, up to the next one started."""
