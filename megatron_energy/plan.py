@@ -189,6 +189,8 @@ class Plan:
         points: Executable points, ascending iteration time.
         target_index: The point chosen for ``target``.
         frontier: The instant-switch frontier curve the points were picked from.
+        notes: What the optimisers want the log to say about how the plan was chosen (e.g. ``all`` left a
+            part's refinement out); written to the file only when there are some.
         measured_tail: The measured time and energy outside the pipeline instructions that the predictions
             include; ``None`` when the profile had none (a CSV, a modelled job, an older plan).
         created_by: Name and version of the software that wrote the plan.
@@ -206,6 +208,7 @@ class Plan:
     target_index: int
     frontier: tuple[FrontierSample, ...] = ()
     measured_tail: MeasuredTail | None = None
+    notes: tuple[str, ...] = ()
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
@@ -438,7 +441,7 @@ def _content(plan: Plan) -> dict[str, Any]:
         "measured_tail": None
         if plan.measured_tail is None
         else {"time_s": plan.measured_tail.time_s, "stage_energy_j": list(plan.measured_tail.stage_energy_j)},
-    }
+    } | ({"notes": list(plan.notes)} if plan.notes else {})
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -591,6 +594,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
         target_index=target_index,
         frontier=frontier,
         measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
+        notes=tuple(_require(note, str, "notes") for note in _require(body.get("notes", []), list, "notes")),
         created_by=_require(body["created_by"], str, "created_by"),
         schema_version=SCHEMA_VERSION,
     )

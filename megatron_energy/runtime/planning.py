@@ -370,6 +370,7 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
         f"clocks; energy {target.energy_j:.1f} J vs {stock_j:.1f} J per pipeline iteration "
         f"({saving}){outside}, modelled from a {plan.provenance} "
         "profile on "
-        f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {bound}; plan sha256 "
-        f"{plan_digest(plan_text)}"
+        f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {bound}; "
+        + "".join(f"{note}; " for note in plan.notes)
+        + f"plan sha256 {plan_digest(plan_text)}"
     )
