@@ -15,5 +15,13 @@ class EnergyValueError(EnergyError, ValueError):
     """Bad input (a flag, a file, a job description); the message names it and the fix."""
 
 
+class TargetUnreachableError(EnergyValueError):
+    """No plan meets the target, though the job's profile is sound; the message names what can be reached.
+
+    For example a power budget below the lowest reachable power: the profile is worth keeping for another
+    target.
+    """
+
+
 class EnergyRuntimeError(EnergyError, RuntimeError):
     """The environment refuses (a GPU, a Megatron mode, a source tree); the message says what to do."""

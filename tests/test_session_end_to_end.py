@@ -128,6 +128,48 @@ def retargeted_runs(first_run, tmp_path_factory) -> tuple[list[RankReport], list
 
 
 @pytest.fixture(scope="module")
+def unreachable_budget_runs(first_run, tmp_path_factory) -> tuple[Path, list[list[RankReport]]]:
+    """The job with a power budget no plan meets, then with one it can meet, then the first budget again."""
+    demo, _ = first_run
+    energy_dir = tmp_path_factory.mktemp("budget") / "energy"
+    runs = []
+    for target in (UNREACHABLE_W, "power:400", UNREACHABLE_W):
+        job = replace(demo, energy_dir=energy_dir, target=parse_target(target))
+        runs.append(run_world(job, tmp_path_factory.mktemp("results")))
+    return energy_dir, runs
+
+
+UNREACHABLE_W = "power:120"
+"""A budget above the H100 spec's idle power (115 W, so the flag is accepted) that no plan meets."""
+
+
+def test_a_budget_no_plan_meets_is_said_once_on_rank_0_and_its_profile_is_kept_for_another(
+    first_run, unreachable_budget_runs
+):
+    demo, _ = first_run
+    energy_dir, (impossible, reachable, again) = unreachable_budget_runs
+    said = printed(impossible, "no plan fits; the lowest predicted average power is")
+    assert said[0] == 1 and sum(said.values()) == 1, "once, on rank 0"
+    (line,) = [line for line in impossible[0].lines if "no plan fits" in line]
+    assert line.startswith("[energy] not optimising, training continues at stock clocks on every rank: ")
+    assert "W per GPU (modelled" in line and "the profile is cached in " in line
+    for report in impossible:
+        assert phases(report)[profiling_steps(demo) :] == ["stock (planning failed)"] * RUN_STEPS
+    kept = job_folder(energy_dir)  # the unreachable budget's (its last run was the third)
+    assert {"profile.csv", "baseline.json", "measured.json"} <= {path.name for path in kept.iterdir()}
+    assert not (kept / "plan.json").exists()
+    # another budget: planned from the kept profile, no profiling
+    for report in reachable:
+        assert phases(report) == ["planned"] * RUN_STEPS
+    (replanned,) = [line for line in reachable[0].lines if "planning inputs changed" in line]
+    assert f"planning.target: '{UNREACHABLE_W}' -> 'power:400'" in replanned
+    assert "without profiling" in replanned
+    # the same unreachable budget again: planning from the kept profile fails again, so it profiles
+    (retry,) = [line for line in again[0].lines if "holds this job's profile but no plan" in line]
+    assert "no plan fits" in retry and "profiling again" in retry
+
+
+@pytest.fixture(scope="module")
 def kernel_after_perseus(first_run, tmp_path_factory) -> list[RankReport]:
     """The first run's job in --energy-mode kernel (in a copy of its energy dir): phases were not profiled."""
     demo, _ = first_run

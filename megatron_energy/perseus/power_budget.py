@@ -15,12 +15,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.config import EnergyTarget
-from megatron_energy.errors import EnergyValueError
+from megatron_energy.errors import TargetUnreachableError
 from megatron_energy.perseus.frontier import FrontierPoint
 from megatron_energy.pipeline.profile import Profile
 
 
-class PowerBudgetError(EnergyValueError):
+class PowerBudgetError(TargetUnreachableError):
     """No frontier point fits the power budget; the message names the lowest achievable power."""
 
 

@@ -20,6 +20,7 @@ stored in its own folder: the line says which input changed, and nothing is prof
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ PLANNING_PARTS = "planning"
 REQUIRED_ARTEFACTS: tuple[str, ...] = ("plan.json", "baseline.json", "profile.csv")
 """What a cached job must hold to skip profiling and planning: the plan that runs, the stock baseline it is
 measured against, and the profile it was planned from (for reports)."""
+PROFILE_ARTEFACTS: tuple[str, ...] = ("baseline.json", "profile.csv")
+"""What a cached run must hold to be planned again without profiling (with its measured inputs, which the
+re-planner checks): a run whose target could not be met holds these and no plan."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,8 @@ class JobCache:
         """
         if not has_cached_files(self.folder):
             return self._replanned(required) or CacheLoad(self.folder, False, self._explain_miss())
+        if "plan.json" in required and not (self.folder / "plan.json").exists():
+            return self._replanned_from_own_profile(required)
         loaded = self._verified(required)
         if loaded.hit:
             with contextlib.suppress(OSError):  # a read-only record costs the report its default, not the hit
@@ -215,6 +221,29 @@ class JobCache:
                 return None
             return quarantine(self.folder)
 
+    def _replanned_from_own_profile(self, required: tuple[str, ...]) -> CacheLoad:
+        """This job planned again from the profile its folder holds without a plan (its target was unmet)."""
+        own = self._verified(PROFILE_ARTEFACTS)
+        if not own.hit:
+            return own
+        if self.replan is None:
+            return CacheLoad(self.folder, False, self._explain_miss())
+        try:
+            self.store(self.replan(own.artefacts, self.fingerprint))
+            stored = self._verified(required)
+        except Exception as problem:  # e.g. the same target, still out of reach: profile again
+            return CacheLoad(
+                self.folder,
+                False,
+                f"energy cache at {self.folder} holds this job's profile but no plan; planning from it "
+                f"failed again ({problem}); profiling again",
+            )
+        if stored.hit:
+            return dataclasses.replace(
+                stored, message=f"energy cache: planned from the profile cached in {self.folder}"
+            )
+        return stored
+
     def _replanned(self, required: tuple[str, ...]) -> CacheLoad | None:
         """This job planned and stored from a cached run with other planning inputs; ``None`` without one.
 
@@ -257,7 +286,7 @@ class JobCache:
             if _canonical(_profile_facts(parts)) == mine:
                 candidates.append((written_s, parts))
         for _, parts in sorted(candidates, key=lambda candidate: candidate[0], reverse=True):
-            sibling = JobCache(self.root, parts)._verified(REQUIRED_ARTEFACTS)
+            sibling = JobCache(self.root, parts)._verified(PROFILE_ARTEFACTS)
             if sibling.hit:
                 return parts, sibling
         return None

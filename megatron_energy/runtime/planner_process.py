@@ -46,14 +46,23 @@ class PlannerInput:
         """``planner``: what a failure's reason calls the process."""
         return "planner"
 
-    def run(self) -> PlanRelease:
-        """Build the optimiser from ``mode`` and plan (in the child)."""
+    def run(self) -> PlanRelease | Fallback:
+        """Build the optimiser from ``mode`` and plan (in the child).
+
+        A target no plan meets is a fallback that carries the profile's artefacts, for rank 0 to cache.
+        """
         from megatron_energy import registry
-        from megatron_energy.runtime.planning import plan_on_root
+        from megatron_energy.errors import TargetUnreachableError
+        from megatron_energy.runtime.planning import Fallback, plan_on_root, profile_artefacts
 
         for name, factory in self.registered.items():
             registry.register(name, factory)
-        return plan_on_root(registry.resolve(self.mode), self.profile, self.job, self.baseline)
+        optimiser = registry.resolve(self.mode)
+        try:
+            return plan_on_root(optimiser, self.profile, self.job, self.baseline)
+        except TargetUnreachableError as problem:
+            artefacts = profile_artefacts(self.profile, self.job, self.baseline, optimiser.request)
+            return Fallback(f"the target cannot be met: {problem}", artefacts)
 
     def failed(self, reason: str) -> Fallback:
         """Every rank falls back to stock clocks, saying ``planning failed:`` and why."""

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.events import OUTSIDE_PHASES
-from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
@@ -144,6 +144,11 @@ class Fallback:
     reason: str
     """One line for every rank's log."""
 
+    profile_artefacts: dict[str, str] | None = None
+    """Set when the target cannot be met from a sound profile (``errors.TargetUnreachableError``): the
+    profile, the baseline and the measured inputs, for rank 0 to cache, so that the job with another target
+    plans from them without profiling (``runtime.replanning``); the reason is then rank 0's to say, once."""
+
 
 def profile_from_rows(
     merged: Mapping[Work, Mapping[int, tuple[float, float]]],
@@ -181,6 +186,17 @@ def plan_on_root(
     return PlanRelease(
         plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
     )
+
+
+def profile_artefacts(
+    profile: Profile, job: PlanningJob, baseline: StockBaseline, request: ProfileRequest
+) -> dict[str, str]:
+    """The cache artefacts of a profiled job without a plan: what re-planning it needs (``Replanner``)."""
+    return {
+        "baseline.json": baseline.to_json(),
+        "profile.csv": profile.to_csv_text(),
+        MEASURED_NAME: MeasuredInputs.of_job(job, request).to_json(),
+    }
 
 
 def frontier_csv_text(plan: Plan) -> str:

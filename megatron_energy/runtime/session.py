@@ -658,7 +658,7 @@ class EnergySession:
         decision: PlanRelease | Fallback = broadcast_from_root(self.comms, outcome)
         self._planner = self._polls = None
         if isinstance(decision, Fallback):
-            self._fall_back(decision.reason)
+            self._fall_back(decision)
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
         elif self.context.global_rank == 0:
@@ -819,14 +819,37 @@ class EnergySession:
             )
         return StagedExchange(period)
 
-    def _fall_back(self, reason: str) -> None:
-        """Run the rest of the job at stock clocks; every rank comes here together."""
+    def _fall_back(self, decision: Fallback | str) -> None:
+        """Run the rest of the job at stock clocks; every rank comes here together.
+
+        Each rank says why, except where the target cannot be met from a sound profile: rank 0 then caches
+        the profile for a run with another target (``runtime.replanning``) and says it, once.
+        """
+        fallback = Fallback(decision) if isinstance(decision, str) else decision
         self.runner = None
         self.controller.request(RESET)
         self.phase = "stock (planning failed)"
-        self.printer(
-            f"[energy] rank {self.context.global_rank}: not optimising, training continues at stock clocks: "
-            f"{reason}"
+        rank = self.context.global_rank
+        if fallback.profile_artefacts is None:
+            self.printer(
+                f"[energy] rank {rank}: not optimising, training continues at stock clocks: {fallback.reason}"
+            )
+        elif rank == 0:
+            kept = self._keep_profile(fallback.profile_artefacts)
+            self.printer(
+                "[energy] not optimising, training continues at stock clocks on every rank: "
+                f"{fallback.reason}; {kept}"
+            )
+
+    def _keep_profile(self, artefacts: dict[str, str]) -> str:
+        """Cache the profile without a plan (rank 0); what the log says of it."""
+        try:
+            self.cache.store(artefacts)
+        except OSError as problem:
+            return f"the profile could not be cached in {self.cache.folder} ({problem})"
+        return (
+            f"the profile is cached in {self.cache.folder}: run again with another --energy-target and it "
+            "is planned without profiling"
         )
 
     def _follow_stragglers(self, step: int, figures: StepFigures) -> tuple[bool, int] | None:
