@@ -13,19 +13,22 @@ and CTA budget per collective), and prices the point with the overlap model (``s
 optimiser adds clocks inside instructions and in the iteration tail.
 
 Composition never loses: a part's refinement is kept only if the plan's target point then predicts no
-slower an iteration than the target allows (the point's deadline, or the base point's own time where that is
-longer) and no more energy (both modelled, with the plan's switch latency); otherwise the base plan goes on
-unchanged. The result is then set against each part's plan alone (a part that cannot plan alone is
-skipped), and the one whose target point uses the least modelled energy within the target wins. The plan's
+slower an iteration than the target allows (or than the base point's, where that is longer) and no smaller a
+saving of energy, each relative to the plan's own stock iteration (an optimiser that prices with another
+model, as Kareus's overlap model adds the collectives, prices stock with it too), with the plan's switch
+latency; otherwise the base plan goes on unchanged. The result is then set against each part's plan alone (a
+part that cannot plan alone is skipped), and the one that saves the most within the target wins. The plan's
 ``notes`` say what was left out and why, and its ``optimisers`` name only the parts whose work it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megatron_energy.config import EnergyTarget
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.profile import Profile
@@ -65,7 +68,7 @@ class ComposedOptimiser:
         plan, notes = base, []
         for part in self.parts:
             refined = part.plan(profile, job, plan)
-            loss = None if plan is None else _loss(refined, plan)
+            loss = None if plan is None else _loss(refined, plan, job.target)
             if loss is not None:
                 notes.append(f"{part.name}'s refinement left out ({loss})")
                 continue
@@ -77,30 +80,44 @@ class ComposedOptimiser:
                 alone = part.plan(profile, job, None)
             except EnergyValueError:  # e.g. no collective to schedule and no base plan: it cannot plan alone
                 continue
-            if _loss(alone, plan) is None and _energy_j(alone) < _energy_j(plan) * (1 - TOLERANCE):
+            if _loss(alone, plan, job.target) is None and _ratios(alone)[1] < _ratios(plan)[1] * (
+                1 - TOLERANCE
+            ):
                 plan = alone
         if plan is not composed:
             notes.append(
-                f"{plan.optimisers[-1]} alone is the plan: {_energy_j(plan):.1f} J against the composition's "
-                f"{_energy_j(composed):.1f} J (modelled)"
+                f"{plan.optimisers[-1]} alone is the plan: it saves {100 * (1 - _ratios(plan)[1]):.2f} % of "
+                f"stock energy against the composition's {100 * (1 - _ratios(composed)[1]):.2f} % (modelled)"
             )
         return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
 
 
-def _energy_j(plan: Plan) -> float:
-    """The target point's predicted energy per iteration (modelled)."""
-    return plan.target_point.energy_j
+def _ratios(plan: Plan) -> tuple[float, float]:
+    """The target point's iteration time and energy over the plan's own stock iteration's (one model's)."""
+    point, stock = plan.target_point, plan.baseline
+    return point.iteration_time_s / stock.iteration_time_s, point.energy_j / stock.energy_j
 
 
-def _loss(candidate: Plan, base: Plan) -> str | None:
-    """Why ``candidate`` loses to ``base`` at the target (slower than allowed, or costlier); else None."""
-    point, reference = candidate.target_point, base.target_point
-    allowed_s = max(reference.deadline_s, reference.iteration_time_s)
-    if point.iteration_time_s > allowed_s * (1 + TOLERANCE):
+def _loss(candidate: Plan, base: Plan, target: EnergyTarget) -> str | None:
+    """Why ``candidate`` loses to ``base`` at ``target``; else None.
+
+    Each plan's prediction is set against its own stock iteration (an optimiser that prices with another
+    model prices stock with it too): the candidate loses if its iteration is longer, relative to its stock,
+    than the target allows (or than the base's, where that is longer), or if it saves less energy.
+    """
+    time_c, energy_c = _ratios(candidate)
+    time_b, energy_b = _ratios(base)
+    allowed = math.inf if target.kind == "power" else target.deadline_s(1.0)
+    if time_c > max(allowed, time_b) * (1 + TOLERANCE):
+        point_s, stock_s = candidate.target_point.iteration_time_s, candidate.baseline.iteration_time_s
         return (
-            f"it predicts {1e3 * point.iteration_time_s:.1f} ms where the target allows "
-            f"{1e3 * allowed_s:.1f} ms (modelled, {1e3 * base.switch_latency_s:g} ms clock switches)"
+            f"it predicts {1e3 * point_s:.1f} ms against {1e3 * stock_s:.1f} ms at stock clocks, where "
+            f"{target} allows {100 * (max(allowed, time_b) - 1):+.2f} % "
+            f"(modelled, {1e3 * candidate.switch_latency_s:g} ms clock switches)"
         )
-    if point.energy_j > reference.energy_j * (1 + TOLERANCE):
-        return f"it predicts {point.energy_j:.1f} J against {reference.energy_j:.1f} J (modelled)"
+    if energy_c > energy_b * (1 + TOLERANCE):
+        return (
+            f"it saves {100 * (1 - energy_c):.2f} % of stock energy against {100 * (1 - energy_b):.2f} % "
+            "(modelled)"
+        )
     return None

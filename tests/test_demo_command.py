@@ -135,7 +135,7 @@ def test_all_mode_prints_perseus_kareus_and_both_planned_from_the_measured_profi
     # point with its overlap model slower than iso-time allows: `all` leaves that refinement out, and says so
     assert plan.optimisers == ("perseus", "kernel")
     (note,) = plan.notes
-    assert note.startswith("kareus's refinement left out (it predicts ") and "where the target allows" in note
+    assert note.startswith("kareus's refinement left out (it predicts ") and "where iso-time allows" in note
     assert any(note in line for line in demo.lines if line.startswith("[energy] plan for iso-time"))
     assert not any(isinstance(a, CollectiveAction) for rank in plan.target_point.ranks for a in rank.actions)
     start = demo.lines.index(

@@ -29,8 +29,11 @@ def test_all_modes_plan_with_phases_and_log_power_against_the_budget(tmp_path) -
     reports = run_world(demo, tmp_path / "results")
     fingerprint = json.loads((demo.energy_dir / "last_job.json").read_text())["fingerprint"]
     plan = Plan.load(demo.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
-    # the session describes the job's collectives, so Kareus plans its part too
-    assert plan.optimisers == ("perseus", "kareus", "kernel") and plan.target == "power:2000"
+    # the session describes the job's collectives, so Kareus plans its part too; where its model prices the
+    # point slower than the target allows, `all` leaves it out and says so
+    assert plan.optimisers in (("perseus", "kareus", "kernel"), ("perseus", "kernel"))
+    assert plan.target == "power:2000"
+    assert ("kareus" in plan.optimisers) == (not plan.notes)
     phase_actions = [
         a
         for rank in plan.target_point.ranks

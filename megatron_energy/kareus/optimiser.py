@@ -146,7 +146,7 @@ class KareusOptimiser:
             if slower or result.total_energy_j > default_result.total_energy_j:
                 choices, result = defaults, default_result
             points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
-        baseline = base.baseline if base is not None else _baseline(stock)
+        baseline = _baseline(stock)  # the same model's stock iteration, which its points are set against
         return Plan(
             fingerprint=job.fingerprint,
             gpu_name=profile.gpu_name,

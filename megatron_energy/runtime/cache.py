@@ -175,7 +175,7 @@ class JobCache:
         """
         if not has_cached_files(self.folder):
             return self._replanned(required) or CacheLoad(self.folder, False, self._explain_miss())
-        if "plan.json" in required and not (self.folder / "plan.json").exists():
+        if self._holds_profile_only(required):
             return self._replanned_from_own_profile(required)
         loaded = self._verified(required)
         if loaded.hit:
@@ -220,6 +220,11 @@ class JobCache:
             if not has_cached_files(self.folder):
                 return None
             return quarantine(self.folder)
+
+    def _holds_profile_only(self, required: tuple[str, ...]) -> bool:
+        """Whether the folder holds a profile and no plan, as a run whose target was unmet leaves it."""
+        names = {path.name for path in self.folder.iterdir()}
+        return "plan.json" in required and "plan.json" not in names and set(PROFILE_ARTEFACTS) <= names
 
     def _replanned_from_own_profile(self, required: tuple[str, ...]) -> CacheLoad:
         """This job planned again from the profile its folder holds without a plan (its target was unmet)."""
