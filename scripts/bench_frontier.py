@@ -1,11 +1,12 @@
-"""Benchmark our time–energy frontier against lowtime's Phillips–Dessouky solver on a family of profiles.
+"""Benchmark our time–energy frontier against lowtime's Phillips–Dessouky solver on families of profiles.
 
-Profiles come from :mod:`megatron_energy.perseus.profile_family` (issue 13's family: per-stage imbalance,
-per-instruction clock sensitivity and power drawn at random, the A100 grid 1410→900 MHz in 30 MHz steps, 85 W
-blocked and idle power), one per seed. Both solvers get the SAME pipeline DAG (megatron-core's 1F1B order,
-pipeline transfers as fixed-duration nodes timed over the A100 spec's P2P link) and the SAME profile, under
-the same energy accounting: with blocked power = idle power, lowtime's cost (energy − p2p power · time, p2p
-power = the blocked power) is exactly our objective.
+Profiles come from :mod:`megatron_energy.perseus.profile_family`, one per seed and family: ``imbalanced``
+(issue 13's family: stages ±25 % apart, per-instruction clock sensitivity and power drawn at random, the A100
+grid 1410→900 MHz in 30 MHz steps, 85 W blocked and idle power) and ``balanced`` (the same, but stages within
+±2.5 % and a heavier first and last stage: ``balanced_family``). Both solvers get the SAME pipeline DAG
+(megatron-core's 1F1B order, pipeline transfers as fixed-duration nodes timed over the A100 spec's P2P link)
+and the SAME profile, under the same energy accounting: with blocked power = idle power, lowtime's cost
+(energy − p2p power · time, p2p power = the blocked power) is exactly our objective.
 
 lowtime is run as zeus' ``examples/pipeline_frequency_optimizer/run_optimization.py`` drives it: 1 ms unit
 time, Pareto filtering (0.95 noise factor when three or fewer options survive), ``ExponentialModel(
@@ -26,8 +27,8 @@ Every plan of both solvers is evaluated in OUR simulator (modelled). Per seed it
 energy difference at matched times: at each of our deadlines, our point vs. the best lowtime plan within it,
 and at up to 100 lowtime plans' times, our plan for that time as ``Planner.point_for_time`` picks it vs. that
 plan; and whether the iso-time plan (our plan for the all-maximum-clocks time) is no slower than all-maximum
-clocks. Then the median and worst ratio over seeds and, unless ``--skip-large``, our time on S=16 M=256
-VPP=2.
+clocks. Then the median and worst ratio over seeds, per family, and, unless ``--skip-large``, our time on
+S=16 M=256 VPP=2.
 
 Run it pinned to one core, e.g.::
 
@@ -47,6 +48,7 @@ import os
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +64,7 @@ from lowtime.solver import PhillipsDessouky
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.perseus.profile_family import ProfileFamily, family_profile
+from megatron_energy.perseus.profile_family import ProfileFamily, balanced_family, family_profile
 from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.pipeline.profile import CSV_COLUMNS, Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator
@@ -79,6 +81,11 @@ QUICK_CASE = (4, 16, 1)
 LARGE_CASE = (16, 256, 2)
 CACHE_LAYOUT = 1
 """Bump when the lowtime adapter below changes what it computes."""
+FAMILIES: dict[str, Callable[[int, int, float], ProfileFamily]] = {
+    "imbalanced": lambda stages, chunks, noise: ProfileFamily(stages, chunks, noise=noise),
+    "balanced": balanced_family,
+}
+"""The profile families, by name: each builds its family from the stages, chunks and noise."""
 
 
 @dataclass
@@ -89,6 +96,7 @@ class Case:
     microbatches: int
     chunks: int
     seed: int
+    family: str
     dag: PipelineDag
     profile: Profile
     simulator: Simulator
@@ -97,17 +105,19 @@ class Case:
     def label(self) -> str:
         """Human-readable case name."""
         vpp = f" VPP={self.chunks}" if self.chunks > 1 else ""
-        return f"S={self.stages} M={self.microbatches}{vpp} seed {self.seed}"
+        return f"S={self.stages} M={self.microbatches}{vpp} {self.family} seed {self.seed}"
 
 
-def build_case(stages: int, microbatches: int, chunks: int, seed: int, noise: float) -> Case:
-    """The family profile of ``seed`` on the 1F1B DAG, transfers of GPT-3 1.3B activations (mbs 4)."""
+def build_case(
+    stages: int, microbatches: int, chunks: int, seed: int, noise: float, family: str = "imbalanced"
+) -> Case:
+    """The profile of ``seed`` in ``family`` on the 1F1B DAG, transfers of GPT-3 1.3B activations (mbs 4)."""
     spec = load_gpu_spec(GPU)
-    profile = family_profile(ProfileFamily(stages, chunks, noise=noise), seed)
+    profile = family_profile(FAMILIES[family](stages, chunks, noise), seed)
     shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=4)
     comm = CommSpec(spec.p2p_latency_s, spec.p2p_bandwidth_gbps, shape.activation_bytes())
     dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks), comm=comm)
-    return Case(stages, microbatches, chunks, seed, dag, profile, Simulator(dag, profile))
+    return Case(stages, microbatches, chunks, seed, family, dag, profile, Simulator(dag, profile))
 
 
 class ConstantCost(CostModel):
@@ -358,54 +368,76 @@ def bench_large(noise: float) -> tuple[Timing, bool]:
     return elapsed, iso is not None and iso.time_s <= frontier.baseline.iteration_time_s
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seeds", type=int, default=5, help="profiles of the family (seeds 0..N-1)")
-    parser.add_argument("--quick", action="store_true", help="the small case S=4 M=16 instead of S=8 M=64")
-    parser.add_argument("--skip-large", action="store_true", help="skip timing S=16 M=256 VPP=2")
-    parser.add_argument("--lowtime-cache", type=Path, help="folder that keeps lowtime's results")
-    parser.add_argument("--noise", type=float, default=0.0, help="the family's relative profile noise")
-    args = parser.parse_args()
-    logging.getLogger("lowtime").setLevel(logging.WARNING)
-    stages, microbatches, chunks = QUICK_CASE if args.quick else MAIN_CASE
-    print(
-        f"family profiles (modelled): S={stages} M={microbatches}, clocks 1410-900 MHz step 30, "
-        f"blocked = idle = 85 W, noise {args.noise:g}; lowtime unit time {1e3 * UNIT_TIME_S:g} ms; "
-        f"ours {NUM_DEADLINES} deadlines; CPU affinity {sorted(os.sched_getaffinity(0))}, "
-        f"load {os.getloadavg()[0]:.1f}"
-    )
+def bench_family(family: str, shape: tuple[int, int, int], args: argparse.Namespace) -> list[SeedResult]:
+    """Run both solvers on ``args.seeds`` profiles of ``family``; print a line per seed and the ratios."""
+    stages, microbatches, _ = shape
+    print(f"\n{family} family, S={stages} M={microbatches}")
     print(
         "seed  plans  lowtime CPU/wall s  ours CPU/wall s  ratio CPU/wall  worst ΔE%  median ΔE%  match  "
         "iso-time s  all-max s  save%   gap%"
     )
-    results = [
-        bench_seed(build_case(stages, microbatches, chunks, seed, args.noise), args.lowtime_cache)
-        for seed in range(args.seeds)
-    ]
-    ratios = [result.ratio for result in results if math.isfinite(result.ratio)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    cases = (build_case(*shape, seed, args.noise, family) for seed in seeds)
+    results = [bench_seed(case, args.lowtime_cache) for case in cases]
+    ratios = [result.ratio for result in results if math.isfinite(result.ratio)] or [math.nan]
     wall_ratios = [result.wall_ratio for result in results]
-    known = len(ratios)
-    if not ratios:
-        ratios = [math.nan]
+    print(
+        f"{family}: speed ratio (CPU time, {len(results)} seeds): median {statistics.median(ratios):.1f}x, "
+        f"worst {min(ratios):.1f}x; (wall time): median {statistics.median(wall_ratios):.1f}x, worst "
+        f"{min(wall_ratios):.1f}x; worst ΔE {100 * max(r.worst_excess for r in results):+.3f} %"
+    )
+    return results
+
+
+def family_checks(family: str, results: list[SeedResult]) -> dict[str, bool]:
+    """The acceptance checks of one family's results."""
+    ratios = [result.ratio for result in results if math.isfinite(result.ratio)] or [math.nan]
+    return {
+        f"{family}: median ratio >= {MEDIAN_RATIO:g}x": statistics.median(ratios) >= MEDIAN_RATIO,
+        f"{family}: worst ratio >= {WORST_RATIO:g}x": min(ratios) >= WORST_RATIO,
+        f"{family}: energy <= lowtime + {100 * ENERGY_TOLERANCE:g} % at every matched time": all(
+            result.worst_excess <= ENERGY_TOLERANCE for result in results
+        ),
+        f"{family}: iso-time plans no slower than all-max": all(r.iso_time_s <= r.all_max_s for r in results),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, default=5, help="profiles of each family (seeds 0..N-1)")
+    parser.add_argument("--first-seed", type=int, default=0, help="start there (to share seeds among runs)")
+    parser.add_argument("--quick", action="store_true", help="the small case S=4 M=16 instead of S=8 M=64")
+    parser.add_argument(
+        "--microbatches", type=int, help="microbatches instead of the case's (64, or 16 quick)"
+    )
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        action="append",
+        help="a family (repeatable; default all)",
+    )
+    parser.add_argument("--skip-large", action="store_true", help="skip timing S=16 M=256 VPP=2")
+    parser.add_argument("--lowtime-cache", type=Path, help="folder that keeps lowtime's results")
+    parser.add_argument("--noise", type=float, default=0.0, help="the families' relative profile noise")
+    args = parser.parse_args()
+    logging.getLogger("lowtime").setLevel(logging.WARNING)
+    stages, microbatches, chunks = QUICK_CASE if args.quick else MAIN_CASE
+    shape = (stages, args.microbatches or microbatches, chunks)
+    print(
+        f"profiles (modelled): S={shape[0]} M={shape[1]}, clocks 1410-900 MHz step 30, "
+        f"blocked = idle = 85 W, noise {args.noise:g}; lowtime unit time {1e3 * UNIT_TIME_S:g} ms; "
+        f"ours {NUM_DEADLINES} deadlines; CPU affinity {sorted(os.sched_getaffinity(0))}, "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    checks: dict[str, bool] = {}
+    for family in args.family or FAMILIES:
+        checks |= family_checks(family, bench_family(family, shape, args))
     print(
         "(* lowtime's times from the cache: measured by an earlier run on this machine; CPU = the process's "
         "CPU time on its one core; ΔE = ours / lowtime − 1 at matched times, modelled)"
     )
-    print(
-        f"speed ratio (CPU time, {known} seeds with lowtime's CPU time): median "
-        f"{statistics.median(ratios):.1f}x, worst {min(ratios):.1f}x; "
-        f"(wall time): median {statistics.median(wall_ratios):.1f}x, worst {min(wall_ratios):.1f}x"
-    )
-    checks = {
-        f"median ratio >= {MEDIAN_RATIO:g}x": statistics.median(ratios) >= MEDIAN_RATIO,
-        f"worst ratio >= {WORST_RATIO:g}x": min(ratios) >= WORST_RATIO,
-        f"energy <= lowtime + {100 * ENERGY_TOLERANCE:g} % at every matched time": all(
-            result.worst_excess <= ENERGY_TOLERANCE for result in results
-        ),
-        "iso-time plans no slower than all-max": all(r.iso_time_s <= r.all_max_s for r in results),
-    }
     if not args.skip_large and not args.quick:
         elapsed, iso_ok = bench_large(args.noise)
         checks[f"S=16 M=256 VPP=2 in <= {LARGE_LIMIT_S:g} s (CPU time)"] = elapsed.cpu_s <= LARGE_LIMIT_S

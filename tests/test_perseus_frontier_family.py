@@ -10,7 +10,12 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import FrontierSolver, PlanClocks, all_max_clocks
 from megatron_energy.perseus.local_search import LocalSearch
 from megatron_energy.perseus.planner import Planner
-from megatron_energy.perseus.profile_family import A100_CLOCKS_MHZ, ProfileFamily, family_profile
+from megatron_energy.perseus.profile_family import (
+    A100_CLOCKS_MHZ,
+    ProfileFamily,
+    balanced_family,
+    family_profile,
+)
 from megatron_energy.perseus.relaxation import lower_convex_hull
 from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
@@ -63,6 +68,25 @@ def test_family_varies_stages_sensitivity_and_power_within_its_ranges():
     assert profile.row_warnings() == []
 
 
+def test_balanced_family_stages_lie_within_5_percent_but_a_heavier_first_and_last():
+    family = balanced_family(8)
+    first, middle, last = [], [], []
+    for seed in range(10):
+        profile = family_profile(family, seed)
+        forward_s = [
+            profile.option_at(Work(stage, 0, "forward"), 1410).time_s / family.forward_s for stage in range(8)
+        ]
+        assert (max(forward_s[1:-1]) - min(forward_s[1:-1])) / statistics.mean(forward_s[1:-1]) <= 0.05
+        assert all(0.975 <= factor <= 1.025 for factor in forward_s[1:-1])
+        assert 0.975 * 1.02 <= forward_s[0] <= 1.025 * 1.08  # the embedding
+        assert 0.975 * 1.05 <= forward_s[-1] <= 1.025 * 1.15  # the LM head and loss
+        first.append(forward_s[0])
+        middle.extend(forward_s[1:-1])
+        last.append(forward_s[-1])
+    assert statistics.mean(middle) < statistics.mean(first) < statistics.mean(last)
+    assert family_profile(family, 3).row_warnings() == []
+
+
 def test_family_rejects_nonsense():
     with pytest.raises(ValueError, match="stage_imbalance"):
         ProfileFamily(2, stage_imbalance=1.5)
@@ -70,6 +94,8 @@ def test_family_rejects_nonsense():
         ProfileFamily(2, sensitivity=(0.5, 1.5))
     with pytest.raises(ValueError, match="distinct"):
         ProfileFamily(2, clocks_mhz=(1410, 1410))
+    with pytest.raises(ValueError, match="last_stage_extra"):
+        ProfileFamily(2, last_stage_extra=(0.2, 0.1))
 
 
 # ----- row warnings -----------------------------------------------------------------------------------------
@@ -195,12 +221,20 @@ def test_sweep_against_brute_force_on_small_family_profiles():
     assert max(excesses) <= 0.015
 
 
-@pytest.mark.parametrize(("stages", "microbatches", "chunks"), [(4, 8, 1), (4, 8, 2), (2, 6, 1)])
-def test_sweep_is_close_to_the_lp_bound_on_family_profiles(stages, microbatches, chunks):
+@pytest.mark.parametrize(
+    ("family", "stages", "microbatches", "chunks"),
+    [
+        (ProfileFamily, 4, 8, 1),
+        (ProfileFamily, 4, 8, 2),
+        (ProfileFamily, 2, 6, 1),
+        (balanced_family, 4, 8, 1),
+    ],
+)
+def test_sweep_is_close_to_the_lp_bound_on_family_profiles(family, stages, microbatches, chunks):
     dag = PipelineDag.build(pipeline_orders(stages, microbatches, chunks))
     gaps = []
     for seed in range(3):
-        profile = family_profile(ProfileFamily(stages, chunks), seed)
+        profile = family_profile(family(stages, chunks), seed)
         frontier = FrontierSolver(dag, profile).sweep(20)
         simulator = Simulator(dag, profile)
         for point in frontier.points:
