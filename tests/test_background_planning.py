@@ -50,7 +50,7 @@ TOYS = {
 FALLBACK_LINE = "not optimising, training continues at stock clocks: planning failed: "
 TOOK_EFFECT = re.compile(
     r"^\[energy\] plan took effect at iteration (\d+): computed in ([\d.]+) s while (\d+) iteration\(s\) ran "
-    r"at stock clocks$"
+    r"at stock clocks; adopting it took ([\d.]+) ms of the training thread \(measured\)$"
 )
 
 

@@ -20,6 +20,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.registry import resolve
+from megatron_energy.runtime import cache as cache_module
 from megatron_energy.runtime.baseline_length import MIN_STOCK_STEPS
 from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.comms import LocalComms
@@ -326,7 +327,8 @@ def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_pha
     (line,) = [line for line in lines if line.startswith("[energy] plan took effect")]
     ran = planned_from - session.collector.steps_needed
     assert line.startswith(f"[energy] plan took effect at iteration {planned_from + 1}: computed in ")
-    assert line.endswith(f" s while {ran} iteration(s) ran at stock clocks")
+    assert f" s while {ran} iteration(s) ran at stock clocks; adopting it took " in line
+    assert line.endswith(" ms of the training thread (measured)")
 
 
 class _FailedSwitcher:
@@ -366,3 +368,25 @@ def test_a_phase_switching_error_turns_it_off_with_a_log_line_and_training_goes_
     ) in lines
     _run_step(session, device, 1)  # the next steps run without it
     assert sum("phase switching turned off" in line for line in lines) == 1
+
+
+def test_the_plan_is_cached_off_the_training_thread_so_slow_disks_do_not_slow_the_adopting_step(
+    tmp_path, device, monkeypatch
+) -> None:
+    # an fsync on a busy network file system can take a second: the adopting step must not wait for it
+    write_s = 1.0
+    durable_write = cache_module.write_atomically
+
+    def slow_write(path, data, **kwargs) -> None:
+        time.sleep(write_s / 4)
+        durable_write(path, data, **kwargs)
+
+    monkeypatch.setattr(cache_module, "write_atomically", slow_write)
+    session, lines = _session(tmp_path, device)  # waits for the planner: the decision is at profiling's end
+    _profile(session, device)
+    assert session.phase == "planned"
+    (line,) = [line for line in lines if line.startswith("[energy] plan took effect")]
+    adopting_ms = float(line.split("adopting it took ")[1].split(" ms")[0])
+    assert adopting_ms < 1e3 * write_s / 4  # not even one of the cache's writes
+    session.close()  # waits for the cache writer
+    assert len(list(tmp_path.glob("*/plan.json"))) == 1

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -225,6 +226,8 @@ class EnergySession:
         self._timelines: PendingTimelines | None = None
         """Likewise, where the optimiser plans phases: this rank's kernel timelines being read."""
         self._planning_began = (0, 0.0)  # the step profiling ended at, and when (time.monotonic)
+        self._cache_writer: threading.Thread | None = None
+        """Rank 0, once a plan is adopted: the thread caching it (``close`` waits for it)."""
         self.baseline = StockBaseline()
         self.runner: PlanRunner | None = None
         self.straggler: StragglerPolicy | None = None
@@ -445,6 +448,8 @@ class EnergySession:
         """
         if isinstance(self._planner, ChildProcess):
             self._planner.terminate()
+        if self._cache_writer is not None:
+            self._cache_writer.join()
         if self._timelines is not None:
             self._timelines.terminate()
         if self.kernel_timeline is not None:
@@ -655,6 +660,7 @@ class EnergySession:
         outcome = self._planner
         if isinstance(outcome, ChildProcess):
             outcome = outcome.wait()
+        began_s = time.perf_counter()
         decision: PlanRelease | Fallback = broadcast_from_root(self.comms, outcome)
         self._planner = self._polls = None
         if isinstance(decision, Fallback):
@@ -662,17 +668,25 @@ class EnergySession:
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
         elif self.context.global_rank == 0:
-            self._store(decision)
-            self.printer(self._took_effect_line(step))
+            self._cache_writer = threading.Thread(
+                target=self._store, args=(decision,), name="megatron_energy cache writer", daemon=True
+            )
+            self._cache_writer.start()
+            self.printer(self._took_effect_line(step, time.perf_counter() - began_s))
 
-    def _took_effect_line(self, step: int) -> str:
-        """Rank 0's line: at which iteration the plan took effect, and how long planning took (wall clock)."""
+    def _took_effect_line(self, step: int, adopting_s: float) -> str:
+        """Rank 0's line: when the plan took effect, how long planning and adopting took (measured).
+
+        Planning: wall clock since profiling ended; adopting: the training thread's time in the decision's
+        broadcast, the plan's parsing and the runner's set-up.
+        """
         began_step, began_s = self._planning_began
         took = f"plan took effect at iteration {step + 2}: computed in {time.monotonic() - began_s:.1f} s"
+        adopting = f"adopting it took {1e3 * adopting_s:.1f} ms of the training thread (measured)"
         if self.background_planning:
-            return f"[energy] {took} while {step - began_step} iteration(s) ran at stock clocks"
+            return f"[energy] {took} while {step - began_step} iteration(s) ran at stock clocks; {adopting}"
         why = "--energy-planning wait" if self.config.planning == "wait" else "simulated GPUs"
-        return f"[energy] {took} while training waited for it ({why})"
+        return f"[energy] {took} while training waited for it ({why}); {adopting}"
 
     def _profile_contribution(self) -> tuple[list[ProfileRow], list[StepRecord]] | Fallback:
         """This rank's rows and measured stock steps, or why it has none (logged here too)."""
@@ -704,7 +718,10 @@ class EnergySession:
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 
     def _store(self, release: PlanRelease) -> None:
-        """Cache the release every rank runs (rank 0); a write error only costs the next run a profile."""
+        """Cache the release every rank runs; a write error only costs the next run a profile.
+
+        Rank 0 runs it on the cache writer thread, so the writes' fsyncs stay off the training thread.
+        """
         try:
             store_release(self.cache, release)
         except OSError as problem:
