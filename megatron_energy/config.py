@@ -514,8 +514,16 @@ _VALUE_CHECKS: dict[str, Check] = {
 """The check of each field with a range or choices; the flags' ``argparse`` types call the same ones."""
 
 
-def _shown(flag: EnergyFlag, value: object) -> str:
-    """A default as ``--help`` shows it."""
+def shown_default(flag: EnergyFlag, value: object) -> str:
+    """A value of ``flag``'s field as ``--help`` (and the docs' flag reference) shows it.
+
+    Args:
+        flag: One of ``ENERGY_FLAGS``.
+        value: A value of its ``EnergyConfig`` field.
+
+    Returns:
+        ``on``/``off`` for switches, ``flag.unset`` for ``None``, a comma-separated list for a tuple.
+    """
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None:
@@ -553,7 +561,7 @@ def add_energy_args(
         if only is not None and flag.config_field not in only:
             continue
         default = defaults.get(flag.config_field)
-        shown = default if default is not None else _shown(flag, getattr(stock, flag.config_field))
+        shown = default if default is not None else shown_default(flag, getattr(stock, flag.config_field))
         text = flag_text(flag).replace("``", "").replace("%", "%%")
         settings = dict(flag.settings)
         if settings.get("action") == "store_true" and default is not None:
@@ -589,7 +597,7 @@ def energy_argv(config: EnergyConfig) -> list[str]:
         if isinstance(value, bool):
             words.append(flag.options[0])
         else:
-            words += [flag.options[0], _shown(flag, value)]
+            words += [flag.options[0], shown_default(flag, value)]
     return words
 
 
