@@ -1,4 +1,4 @@
-"""The docs' flag reference and ``--help`` say the same of every flag, from one text per ``EnergyConfig`` field.
+"""The docs' flag reference and ``--help`` say the same of every flag: one text per ``EnergyConfig`` field.
 
 The reference page is what the mkdocs hook (``docs/hooks/flag_reference.py``) makes of
 ``docs/reference/flags.md`` at build time; the help is what ``argparse`` prints for the flags
@@ -28,7 +28,8 @@ ENTRY = re.compile(
 
 
 def _hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("flag_reference_hook", ROOT / "docs/hooks/flag_reference.py")
+    path = ROOT / "docs" / "hooks" / "flag_reference.py"
+    spec = importlib.util.spec_from_file_location("flag_reference_hook", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,7 +1,7 @@
 """mkdocs hook: the flag reference page, generated from ``megatron_energy.config`` at every build.
 
-``docs/reference/flags.md`` holds the marker ``<!-- flag-reference -->``; each build replaces it with one entry
-per ``ENERGY_FLAGS`` flag: its options, value, default and text. The text is ``flag_text``, the same one
+``docs/reference/flags.md`` holds the marker ``<!-- flag-reference -->``; each build replaces it with one
+entry per ``ENERGY_FLAGS`` flag: its options, value, default and text. The text is ``flag_text``, the same one
 ``--help`` shows (each ``EnergyConfig`` field's docstring), so the page cannot drift from the code;
 ``tests/test_flag_reference.py`` checks it.
 """
@@ -32,7 +32,7 @@ def flag_entry(flag: EnergyFlag) -> str:
         flag: One of ``ENERGY_FLAGS``.
 
     Returns:
-        Markdown: ``### `--energy-x```, a line ``` `--energy-x VALUE` · default: `D` ```, a blank line, the text.
+        Markdown: a heading naming the flag, a line with its usage, aliases and default, then its text.
     """
     canonical, *aliases = flag.options
     settings = flag.settings
