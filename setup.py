@@ -53,6 +53,8 @@ setup(
             "mypy>=1.11",
             "types-PyYAML",
             "lowtime==0.3.0",
+            "mkdocs-material>=9.5,<10",  # the docs site (mkdocs.yml), built strictly by scripts/test.sh
+            "mkdocstrings[python]>=0.29",
         ],
     },
     entry_points={"console_scripts": ["megatron-energy=megatron_energy.cli:main"]},

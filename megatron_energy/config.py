@@ -11,10 +11,14 @@ rest of the package uses.
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import itertools
 import math
 import os
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -273,67 +277,93 @@ class EnergyConfigError(EnergyValueError):
 
 @dataclass(frozen=True)
 class EnergyConfig:
-    """Everything the ``--energy-*`` flags set; one field per flag."""
+    """Everything the ``--energy-*`` flags set; one field per flag.
+
+    The docstring under each field is the one text of its flag: ``--help`` shows it (``flag_text``) and the
+    documentation's flag reference is generated from it, so the two cannot drift.
+    """
 
     optimise: bool = False
-    """``--energy-optimise`` (alias ``--energy-optimize``): profile, plan and apply energy-saving clocks."""
+    """Profile, plan and apply per-instruction GPU clocks that save energy at the target speed."""
 
     mode: str = "perseus"
-    """``--energy-mode``: which optimiser plans (``perseus``: a clock per pipeline instruction; ``all``; or an
-    optimiser a plugin package registers, see ``megatron_energy.registry``)."""
+    """Optimiser: ``perseus`` (a clock per pipeline instruction), ``kareus`` (the launch point and CTA budget
+    of every collective class, jointly with the clock; alone at stock clocks), ``kernel`` (a clock per phase
+    of kernels inside and outside instructions, under the switch latency), ``all`` (the three composed:
+    Perseus's clocks, then Kareus's collectives on them, then phase clocks), or the name of an optimiser an
+    installed plugin package declares (``megatron_energy.registry``). ``kareus`` and ``all`` plan from the
+    job's collective workload, read from Megatron's arguments and its DDP buckets."""
 
     target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
-    """``--energy-target``: ``iso-time`` (default), ``min-energy``, ``slowdown:X`` or ``power:W[,peak:P]``."""
+    """Where on the time–energy frontier to land: ``iso-time`` (no slower than stock clocks), ``min-energy``,
+    ``slowdown:X`` with 0 < X < 1, or ``power:W[,peak:P]``: the fastest frontier point whose predicted
+    average power per GPU is at most W watts (and no instruction above P). A power budget below the GPU
+    spec's idle power is refused while the flags are parsed, one below what the slowest point draws is
+    rejected with the lowest achievable power, and ``kareus`` and ``kernel`` alone (which keep stock clocks)
+    refuse one; the log then shows the measured power per GPU against the budget with its 95 % interval, and
+    a sustained overshoot reverts to stock clocks like a slowdown."""
 
     backend: Backend = "auto"
-    """``--energy-backend``: ``zeus`` (real GPUs), ``simulated`` (model-driven GPUs) or ``auto``."""
+    """GPU backend: ``zeus`` (real GPUs through NVML, amdsmi or zeusd), ``simulated`` (GPUs driven by the
+    time/power model of ``--energy-gpu-spec``), or ``auto`` (real GPUs when there are any)."""
 
     gpu_spec: str | None = None
-    """``--energy-gpu-spec``: the GPU spec (``configs/gpus/<name>.yaml``) the simulated backend models."""
+    """The GPU the simulated backend models: a name of ``configs/gpus/NAME.yaml`` or the path of a spec YAML
+    file (e.g. one ``scripts/gpu_calibrate.py`` wrote)."""
 
     dry_run: bool = False
-    """``--energy-dry-run``: record the clocks that would be set but never touch the GPU settings."""
+    """Record the clocks that would be set, never change GPU settings (shared machines); only the stock clock
+    is measured and the rest of the grid is extrapolated with the model, so the plan is labelled modelled."""
 
     dir: Path = Path("energy")
-    """``--energy-dir``: where profiles, plans, reports and traces are written (keyed by job fingerprint)."""
+    """Where profiles, plans, frontiers, reports and traces go, keyed by the job's fingerprint (a rerun of
+    the same job finds its plan there and skips profiling)."""
 
     profile_iters: int = 2
-    """``--energy-profile-iters``: synchronous training steps measured at each clock of the profiling grid
-    (the stock clock also measures its baseline steps, at least 4 and as many as the baseline needs,
-    ``runtime.baseline_length``)."""
+    """Training steps measured at each profiled clock, after one settling step; the stock clock also measures
+    its baseline, at least 4 steps and as many as resolving a 1 % change needs, at most 20 steps and 60 s
+    for the stock clock in all (``runtime.baseline_length``)."""
 
     freq_grid: tuple[int, ...] | None = None
-    """``--energy-freq-grid``: SM clocks (MHz) to profile, highest first; ``None``: the GPU's own list."""
+    """SM clocks to profile, in MHz, comma-separated, or ``auto`` (spread over the top half of the GPU's
+    supported clocks)."""
 
     trace: Path | None = None
-    """``--energy-trace``: write every observed hook event to this file as JSON lines (one file per rank)."""
+    """Write every observed schedule event as one JSON line to this file (``FILE.rankN`` per rank when the
+    world size is above 1)."""
 
     log_file: Path | None = None
-    """``--energy-log-file``: also write each energy log line's figures here as JSON lines (rank 0)."""
+    """Also write each ``[energy]`` log line's figures (iteration, phase, source, scalars) as one JSON object
+    per line to this file (rank 0, appended)."""
 
     safety_tolerance: float = 0.05
-    """``--energy-safety-tolerance``: relative slowdown over the target that counts as a violation."""
+    """Relative slowdown over the target that counts as a violation (a step must also be slower than the
+    target by 2 standard deviations of the measured stock steps, so a noisy machine's swings do not trip
+    it)."""
 
     safety_steps: int = 3
-    """``--energy-safety-steps``: consecutive violating steps after which clocks revert to stock."""
+    """Consecutive violating steps after which clocks revert to stock; after such a revert, as many slow
+    stock steps (the slowdown came from outside the plan) then as many at their own pace run the plan again,
+    at most twice a run."""
 
     overhead_check: int = 0
-    """``--energy-overhead-check``: once the plan runs, alternate blocks of this many iterations with the
-    session suspended and active, and log the measured difference with its interval
-    (``runtime.overhead_check``: the training-thread hooks' cost; the background threads run in both kinds of
-    block); 0: off."""
+    """Once the plan runs, alternate blocks of N iterations with the plugin suspended (stock clocks, its
+    hooks idle) and active, and log the measured change in iteration time and energy with its 95 % interval
+    at the end (0: off). It measures the training-thread hooks' cost only: the background threads run in
+    both kinds of block, so compare against Megatron itself with ``scripts/bench_overhead.py``."""
 
     phase_switching: PhaseSwitching = "auto"
-    """``--energy-phase-switching``: ``auto`` applies a plan's clocks of phases inside instructions
-    (time-anchored to each instruction's start on the GPU, ``runtime.phase_switcher``); ``off`` keeps each
-    instruction at its own clock (the plan's phase saving there is then not realised)."""
+    """Clocks of phases inside instructions (``--energy-mode kernel`` or ``all``): ``auto`` requests each at
+    its planned offset from the instruction's start on the GPU, from a background thread
+    (``runtime.phase_switcher``); ``off`` keeps every instruction at its own clock (the plan's phase saving
+    there is then not realised)."""
 
     planning: Planning = "auto"
-    """``--energy-planning``: ``background`` computes the plan in a planner process while training goes on
-    at stock clocks, and every rank adopts it at the first step end after it is ready
-    (``runtime.planner_process``); ``wait`` has training wait for the planner process at the step profiling
-    ends; ``auto``: background on real GPUs, wait on simulated ones (their virtual clock stands still while
-    the host plans, so waiting keeps their runs deterministic)."""
+    """``background`` computes the plan in a separate process while training goes on at stock clocks, and
+    every rank adopts it at the first step end after it is ready (``runtime.planner_process``); ``wait`` has
+    training wait for that process at the step profiling ends; ``auto``: background on real GPUs, wait on
+    simulated ones (their virtual clock stands still while the host plans, so waiting keeps runs
+    deterministic)."""
 
     def __post_init__(self) -> None:
         """Hold a config built in code to the rules the flags are parsed by.
@@ -382,124 +412,91 @@ class EnergyFlag:
     options: tuple[str, ...]
     """Option strings, the canonical one first."""
 
-    help: str
-    """One line saying what the flag does (its default is appended)."""
-
     settings: dict[str, Any] = field(default_factory=dict)
     """``type``, ``choices``, ``metavar`` or ``action`` for ``add_argument``."""
 
     unset: str = "none"
     """How the help names the value ``None``."""
 
+    known: Callable[[], Sequence[str]] | None = None
+    """The values this flag knows of, listed after its text (e.g. the shipped GPU specs); ``None``: none."""
+
 
 ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
-    EnergyFlag(
-        "optimise",
-        ("--energy-optimise", "--energy-optimize"),
-        "Profile, plan and apply per-instruction GPU clocks that save energy at the target speed.",
-        {"action": "store_true"},
-    ),
-    EnergyFlag(
-        "mode",
-        ("--energy-mode",),
-        "Optimiser: perseus (clock per pipeline instruction), kareus (collective launch points and CTA "
-        "budgets, at stock clocks), kernel (clock per phase of kernels, under the switch latency), all "
-        "(every released optimiser composed: perseus, kareus, kernel), or the name of an optimiser an "
-        "installed plugin declares.",
-        {"metavar": "{perseus,kareus,kernel,all,PLUGIN}"},
-    ),
+    EnergyFlag("optimise", ("--energy-optimise", "--energy-optimize"), {"action": "store_true"}),
+    EnergyFlag("mode", ("--energy-mode",), {"metavar": "{perseus,kareus,kernel,all,PLUGIN}"}),
     EnergyFlag(
         "target",
         ("--energy-target",),
-        "iso-time (no slower than stock clocks), min-energy, or slowdown:X with 0<X<1.",
         {"type": parse_target, "metavar": "iso-time|min-energy|slowdown:X|power:W[,peak:P]"},
     ),
-    EnergyFlag(
-        "backend",
-        ("--energy-backend",),
-        "GPU backend: zeus (real GPUs through NVML/amdsmi/zeusd), simulated, or auto (real GPUs if any).",
-        {"choices": BACKENDS},
-    ),
+    EnergyFlag("backend", ("--energy-backend",), {"choices": BACKENDS}),
     EnergyFlag(
         "gpu_spec",
         ("--energy-gpu-spec",),
-        "GPU the simulated backend models: a name of configs/gpus/NAME.yaml ({specs}) or a spec YAML file.",
         {"type": known_gpu_spec, "metavar": "NAME"},
+        known=available_gpu_specs,
     ),
-    EnergyFlag(
-        "dry_run",
-        ("--energy-dry-run",),
-        "Record the clocks that would be set, never change GPU settings (for shared machines).",
-        {"action": "store_true"},
-    ),
-    EnergyFlag("dir", ("--energy-dir",), "Where profiles, plans and reports go.", {"metavar": "PATH"}),
-    EnergyFlag(
-        "profile_iters",
-        ("--energy-profile-iters",),
-        "Training steps measured at each profiled clock, after one settling step (the stock clock also "
-        "measures a baseline of at least 4 steps, as many as it needs to resolve a saving, up to 20 in all).",
-        {"type": positive_int, "metavar": "N"},
-    ),
+    EnergyFlag("dry_run", ("--energy-dry-run",), {"action": "store_true"}),
+    EnergyFlag("dir", ("--energy-dir",), {"metavar": "PATH"}),
+    EnergyFlag("profile_iters", ("--energy-profile-iters",), {"type": positive_int, "metavar": "N"}),
     EnergyFlag(
         "freq_grid",
         ("--energy-freq-grid",),
-        "SM clocks to profile (MHz, comma-separated) or auto (spread over the top half of the GPU's clocks).",
         {"type": parse_freq_grid, "metavar": "MHZ,MHZ,...|auto"},
         unset="auto",
     ),
-    EnergyFlag(
-        "trace",
-        ("--energy-trace",),
-        "Write every observed schedule event as a JSON line (FILE.rankN when world size > 1).",
-        {"metavar": "FILE"},
-    ),
-    EnergyFlag(
-        "log_file",
-        ("--energy-log-file",),
-        "Also write each energy log line's figures as one JSON object per line to FILE (rank 0, appended).",
-        {"metavar": "FILE"},
-    ),
-    EnergyFlag(
-        "safety_tolerance",
-        ("--energy-safety-tolerance",),
-        "Relative slowdown over the target that counts as a violation.",
-        {"type": _fraction, "metavar": "X"},
-    ),
-    EnergyFlag(
-        "safety_steps",
-        ("--energy-safety-steps",),
-        "Consecutive violating steps after which clocks revert to stock.",
-        {"type": positive_int, "metavar": "N"},
-    ),
-    EnergyFlag(
-        "overhead_check",
-        ("--energy-overhead-check",),
-        "Once the plan runs, alternate blocks of N iterations with the plugin suspended (stock clocks, its "
-        "hooks idle) and active, and log the measured change in iteration time and energy with its 95 %% "
-        "interval at the end (0: off; with --energy-dry-run the change is the cost of the plugin's hooks on "
-        "the training thread: its background threads run in both kinds of block, so compare against "
-        "Megatron itself with scripts/bench_overhead.py).",
-        {"type": _block_steps, "metavar": "N"},
-    ),
-    EnergyFlag(
-        "phase_switching",
-        ("--energy-phase-switching",),
-        "Clocks of phases inside instructions (--energy-mode kernel/all): auto requests each at its planned "
-        "offset from the instruction's start on the GPU, from a background thread; off keeps every "
-        "instruction at its own clock.",
-        {"choices": PHASE_SWITCHING},
-    ),
-    EnergyFlag(
-        "planning",
-        ("--energy-planning",),
-        "background computes the plan in a separate process while training goes on at stock clocks (every "
-        "rank adopts it at one step end once it is ready); wait has training wait for it; auto: background "
-        "on real GPUs, wait on simulated ones (deterministic runs).",
-        {"choices": PLANNING},
-    ),
+    EnergyFlag("trace", ("--energy-trace",), {"metavar": "FILE"}),
+    EnergyFlag("log_file", ("--energy-log-file",), {"metavar": "FILE"}),
+    EnergyFlag("safety_tolerance", ("--energy-safety-tolerance",), {"type": _fraction, "metavar": "X"}),
+    EnergyFlag("safety_steps", ("--energy-safety-steps",), {"type": positive_int, "metavar": "N"}),
+    EnergyFlag("overhead_check", ("--energy-overhead-check",), {"type": _block_steps, "metavar": "N"}),
+    EnergyFlag("phase_switching", ("--energy-phase-switching",), {"choices": PHASE_SWITCHING}),
+    EnergyFlag("planning", ("--energy-planning",), {"choices": PLANNING}),
 )
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
-(patched path) and ``megatron-energy demo`` share."""
+(patched path) and ``megatron-energy demo`` share. What each flag does is its ``EnergyConfig`` field's
+docstring (``flag_text``)."""
+
+
+def _field_docstrings(cls: type) -> dict[str, str]:
+    """The docstring under each field of the dataclass ``cls``, read from its source, whitespace collapsed."""
+    (klass,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    assert isinstance(klass, ast.ClassDef)
+    found: dict[str, str] = {}
+    for statement, following in itertools.pairwise(klass.body):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            found[statement.target.id] = " ".join(following.value.value.split())
+    return found
+
+
+FIELD_DOCSTRINGS: dict[str, str] = _field_docstrings(EnergyConfig)
+"""``EnergyConfig`` field -> its docstring: what its flag does, with ````code```` markup."""
+
+
+def flag_text(flag: EnergyFlag) -> str:
+    """What ``flag`` does: its ``EnergyConfig`` field's docstring, plus the values it knows of.
+
+    The one text of a flag: ``--help`` shows it without markup, the docs' flag reference as Markdown
+    (``docs/hooks/flag_reference.py``); ``tests/test_flag_reference.py`` holds the two to it.
+
+    Args:
+        flag: One of ``ENERGY_FLAGS``.
+
+    Returns:
+        One paragraph with ````code```` markup (reStructuredText's, as in the docstrings).
+    """
+    text = FIELD_DOCSTRINGS[flag.config_field]
+    if flag.known is not None:
+        text = f"{text.removesuffix('.')}; known: {', '.join(f'``{name}``' for name in flag.known())}."
+    return text
+
 
 _FLAG_OF: dict[str, str] = {flag.config_field: flag.options[0] for flag in ENERGY_FLAGS}
 """The canonical flag of each ``EnergyConfig`` field."""
@@ -517,8 +514,16 @@ _VALUE_CHECKS: dict[str, Check] = {
 """The check of each field with a range or choices; the flags' ``argparse`` types call the same ones."""
 
 
-def _shown(flag: EnergyFlag, value: object) -> str:
-    """A default as ``--help`` shows it."""
+def shown_default(flag: EnergyFlag, value: object) -> str:
+    """A value of ``flag``'s field as ``--help`` (and the docs' flag reference) shows it.
+
+    Args:
+        flag: One of ``ENERGY_FLAGS``.
+        value: A value of its ``EnergyConfig`` field.
+
+    Returns:
+        ``on``/``off`` for switches, ``flag.unset`` for ``None``, a comma-separated list for a tuple.
+    """
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None:
@@ -551,14 +556,13 @@ def add_energy_args(
     """
     defaults = defaults or {}
     stock = EnergyConfig()
-    specs = ", ".join(available_gpu_specs())
     group = parser.add_argument_group("energy", "megatron_energy: same throughput, less GPU energy")
     for flag in ENERGY_FLAGS:
         if only is not None and flag.config_field not in only:
             continue
         default = defaults.get(flag.config_field)
-        shown = default if default is not None else _shown(flag, getattr(stock, flag.config_field))
-        text = flag.help.format(specs=specs)
+        shown = default if default is not None else shown_default(flag, getattr(stock, flag.config_field))
+        text = flag_text(flag).replace("``", "").replace("%", "%%")
         settings = dict(flag.settings)
         if settings.get("action") == "store_true" and default is not None:
             raise ValueError(f"{flag.options[0]} is a switch; it takes no default")
@@ -593,7 +597,7 @@ def energy_argv(config: EnergyConfig) -> list[str]:
         if isinstance(value, bool):
             words.append(flag.options[0])
         else:
-            words += [flag.options[0], _shown(flag, value)]
+            words += [flag.options[0], shown_default(flag, value)]
     return words
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a development environment: find a Python >= 3.12 (3.12 preferred: megatron-core 0.19's own CI
-# version), build .venv, install megatron_energy editable with its dev extra (pytest, ruff, lowtime).
+# version), build .venv, install megatron_energy editable with its dev extra (pytest, ruff, mypy, lowtime, mkdocs).
 # Run from anywhere; idempotent.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
