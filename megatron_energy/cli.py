@@ -1,4 +1,4 @@
-"""The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report`` and ``patch``.
+"""The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report``, ``patch`` and ``calibrate``.
 
 Each subcommand lives in its own module under ``megatron_energy/commands/`` and exposes
 ``register(subparsers)``; this module only assembles them.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from megatron_energy.commands.arguments import INTERRUPTED_STATUS
 
-COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch")
+COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog="megatron-energy",
-        description="Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo.",
+        description=(
+            "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate."
+        ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:

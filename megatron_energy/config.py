@@ -309,7 +309,7 @@ class EnergyConfig:
 
     gpu_spec: str | None = None
     """The GPU the simulated backend models: a name of ``configs/gpus/NAME.yaml`` or the path of a spec YAML
-    file (e.g. one ``scripts/gpu_calibrate.py`` wrote)."""
+    file (e.g. one ``megatron-energy calibrate`` wrote)."""
 
     dry_run: bool = False
     """Record the clocks that would be set, never change GPU settings (shared machines); only the stock clock
@@ -350,7 +350,7 @@ class EnergyConfig:
     """Once the plan runs, alternate blocks of N iterations with the plugin suspended (stock clocks, its
     hooks idle) and active, and log the measured change in iteration time and energy with its 95 % interval
     at the end (0: off). It measures the training-thread hooks' cost only: the background threads run in
-    both kinds of block, so compare against Megatron itself with ``scripts/bench_overhead.py``."""
+    both kinds of block, so compare against Megatron itself with ``lab/bench_overhead.py``."""
 
     phase_switching: PhaseSwitching = "auto"
     """Clocks of phases inside instructions (``--energy-mode kernel`` or ``all``): ``auto`` requests each at

@@ -1,4 +1,4 @@
-"""scripts/bench_overhead.py on the CPU: schedule, parsing, statistics, NVML attribution (runs, GPU faked)."""
+"""lab/bench_overhead.py on the CPU: schedule, parsing, statistics, NVML attribution (runs, GPU faked)."""
 
 import importlib.util
 import json
@@ -11,15 +11,17 @@ import pytest
 
 from megatron_energy.megatron.training_log import parse_iteration_lines
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-SCRIPT = SCRIPTS / "bench_overhead.py"
+pytestmark = pytest.mark.lab  # the lab equipment (lab/), not the installed package
+
+LAB = Path(__file__).resolve().parents[1] / "lab"
+SCRIPT = LAB / "bench_overhead.py"
 DATA = Path(__file__).resolve().parent / "data"
 SAMPLE_S = 0.5
 
 
 def load_script():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))  # as `python scripts/bench_overhead.py` has it
+    if str(LAB) not in sys.path:
+        sys.path.insert(0, str(LAB))  # as `python lab/bench_overhead.py` has it
     spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

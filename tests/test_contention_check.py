@@ -1,4 +1,4 @@
-"""The CPU maths of scripts/gpu_contention.py (sim/contention_check.py): synthetic and committed runs."""
+"""The CPU maths of lab/gpu_contention.py (lab/contention_check.py): synthetic and committed runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
-from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.sim.contention import CommLoad
-from megatron_energy.sim.contention_check import (
+from contention_check import (
     Burst,
     Calibration,
     CheckSetup,
@@ -25,6 +21,12 @@ from megatron_energy.sim.contention_check import (
     fit_copy_power,
     predict,
 )
+
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.sim.contention import CommLoad
+
+pytestmark = pytest.mark.lab  # the lab equipment (lab/), not the installed package
 
 SPEC = load_gpu_spec("h200")
 SETUP = CheckSetup(gemms=8, launch_after=2, copy_bytes=8 * 2**30, ctas_per_sm=4)
@@ -184,7 +186,7 @@ def own_beside_gbps(name: str) -> float | None:
 
 
 def test_the_committed_h200_measurements_are_predicted_within_5_percent() -> None:
-    """Replays our four H200 runs (scripts/gpu_contention.py, 2026-12-02) at the occupancy they recorded.
+    """Replays our four H200 runs (lab/gpu_contention.py, 2026-12-02) at the occupancy they recorded.
 
     The first 8-GEMM run's calibration copy outlasts its GEMMs, so its rate beside them comes from the
     32-GEMM run's calibration timeline (as ``--beside-from`` does); the later 8-GEMM runs timed their own. The

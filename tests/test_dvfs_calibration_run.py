@@ -177,39 +177,54 @@ def test_tripwires_cover_every_setter_prefix():
     assert tripwires.calls == ["m.nvmlDeviceClearAccountingPids"]
 
 
-def test_the_script_writes_the_calibrated_spec_and_compares_every_value(tmp_path, monkeypatch, capsys):
-    import importlib.util
+def test_calibrate_writes_the_calibrated_spec_and_compares_every_value(tmp_path, monkeypatch, capsys):
     import json
-    from pathlib import Path
 
-    from megatron_energy.dvfs import calibration_nvml
+    import torch
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_calibrate.py"
-    spec = importlib.util.spec_from_file_location("gpu_calibrate", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    from megatron_energy.cli import main
+    from megatron_energy.dvfs import calibration_loops, calibration_nvml
+
     nvml = FakeNvml()
     nvml.nvmlInit = lambda: None
     nvml.nvmlDeviceGetHandleByIndex = lambda index: f"h{index}"
-    monkeypatch.setattr(script, "pynvml", nvml)
-    monkeypatch.setattr(script.torch.cuda, "set_device", lambda index: None)
-    monkeypatch.setattr(script, "torch_loops", lambda copy_gib, top_mhz: loops(nvml))
+    monkeypatch.setattr(calibration_loops, "pynvml", nvml)  # NVML faked at its boundary
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(calibration_loops, "torch_loops", lambda copy_gib, top_mhz: loops(nvml))
 
     def short(nvml_module, handle, loop_set, loop_s, poll_s):
-        assert loop_s == 3.0  # the script's default: 4 loops of 3 s fit its ~60 s
+        assert loop_s == 3.0  # the command's default: 4 loops of 3 s fit its ~60 s
         return calibration_nvml.run_calibration(
             nvml_module, handle, loop_set, 0.4, poll_s=0.002, ramp_s=0.05, idle=idle_on(nvml)
         )
 
-    monkeypatch.setattr(script, "run_calibration", short)
+    monkeypatch.setattr(calibration_loops, "run_calibration", short)
     out = tmp_path / "gpus" / "h200.calibrated.yaml"
-    assert script.main(["--out", str(out), "--json", str(tmp_path / "c.json")]) == 0
+    assert main(["calibrate", "--out", str(out), "--json", str(tmp_path / "c.json")]) == 0
     calibrated = load_gpu_spec(str(out))
     assert calibrated.idle_power_w == pytest.approx(118.0, rel=0.04)
     assert calibrated.sources["idle_power_w"].startswith("measured NVIDIA H200")
     assert json.loads((tmp_path / "c.json").read_text())["run"]["gpu_name"] == "NVIDIA H200"
     printed = capsys.readouterr().out
     assert "shipped vs calibrated (h200.yaml -> h200.calibrated.yaml), per value:" in printed
+    assert printed.rstrip().endswith(f"use it with --energy-gpu-spec {out}")
     assert nvml.setter_calls == 0
-    with pytest.raises(SystemExit):
-        script.parse_args(["--loop-s", "1.5"])
+    assert main(["calibrate", "--loop-s", "1.5"]) == 2
+    assert "--loop-s 1.5: give 2 to 10 s" in capsys.readouterr().out
+
+
+def test_calibrate_on_a_machine_without_a_gpu_says_so_in_one_line(tmp_path, capsys):
+    import torch
+
+    from megatron_energy.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["calibrate", "--out", str(tmp_path / "x.yaml")]) == 2
+    assert capsys.readouterr().out == (
+        "megatron-energy calibrate: no CUDA GPU is visible to torch: calibrate measures a GPU, run it on a "
+        "machine with one\n"
+    )
+    assert not (tmp_path / "x.yaml").exists()

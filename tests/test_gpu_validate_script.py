@@ -1,4 +1,4 @@
-"""scripts/gpu_validate.py on the CPU: its steps, their commands and what lands in $OUT (children faked)."""
+"""lab/gpu_validate.py on the CPU: its steps, their commands and what lands in $OUT (children faked)."""
 
 import importlib.util
 import json
@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+pytestmark = pytest.mark.lab  # the lab equipment (lab/), not the installed package
+
+LAB = Path(__file__).resolve().parents[1] / "lab"
 
 
 def load_script():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPTS / "gpu_validate.py")
+    if str(LAB) not in sys.path:
+        sys.path.insert(0, str(LAB))
+    spec = importlib.util.spec_from_file_location("gpu_validate", LAB / "gpu_validate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -41,7 +43,7 @@ class FakeChildren:
         text = ""
         if command[1:3] == ["-c", "import megatron.core, zeus"]:
             return subprocess.CompletedProcess(command, 0, b"", b"")
-        if "scripts/gpu_calibrate.py" in command:
+        if "calibrate" in command:
             self.calibrated.write_text("name: h200.calibrated\n")
             text = "compute 690 W (measured)\nshipped vs calibrated\n  idle_power_w 125 -> 118 (measured)\n"
         elif "megatron_energy.launch" in command:
@@ -120,7 +122,7 @@ def test_a_failing_step_fails_the_script_but_the_rest_still_runs(tmp_path, monke
 
     def failing_calibration(command, **kwargs):
         calls.append(command)
-        status = 1 if "scripts/gpu_calibrate.py" in command else 0
+        status = 1 if "calibrate" in command else 0
         return subprocess.CompletedProcess(command, status, "", "")
 
     monkeypatch.setattr(script.subprocess, "run", failing_calibration)

@@ -135,7 +135,7 @@ def test_baseline_json_round_trips_stages_and_source():
 
 
 def test_the_stock_plan_against_megatrons_own_log_of_the_stock_iterations():
-    from megatron_energy.report.megatron_log_check import megatron_stock_lines
+    from megatron_log_check import megatron_stock_lines
 
     def megatron(i: int, ms: float, joules: float) -> str:
         return f" [t] iteration {i:8d}/{12:8d} | elapsed time per iteration (ms): {ms:.1f} | energy per GPU (J/iter/GPU): {joules:.1f} |"  # noqa: E501

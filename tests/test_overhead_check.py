@@ -96,7 +96,7 @@ def test_a_known_slowdown_is_recovered_with_an_interval_that_holds_it() -> None:
     line = result.describe(clocks_set=False)
     assert line.startswith("overhead check, in process, the training-thread hooks' cost (clocks not set): ")
     assert "8 pairs of 5-iteration blocks (the plugin's background threads keep running in both; " in line
-    assert "scripts/bench_overhead.py compares against Megatron itself" in line
+    assert "lab/bench_overhead.py compares against Megatron itself" in line
     assert "iteration time median of pairs +" in line
 
 

@@ -12,7 +12,7 @@ step) at idle power, which no clock changes; here every column instead charges i
 model at the clock in force (stock: the fastest; instruction level: the rank's last instruction's clock;
 phase level: its phase clocks), so the three columns compare like with like.
 
-``megatron-energy simulate --switch-latency-sweep`` and ``scripts/bench_phases.py`` print these rows.
+``megatron-energy simulate --switch-latency-sweep`` and ``lab/bench_phases.py`` print these rows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A GPU spec calibrated from a read-only run at stock clocks (``scripts/gpu_calibrate.py``).
+"""A GPU spec calibrated from a read-only run at stock clocks (``megatron-energy calibrate``).
 
 The calibration run changes nothing on the GPU. It holds four loops for a few seconds each and reads the
 cumulative energy counter, the SM clock and the supported clocks:
@@ -155,7 +155,7 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
     Raises:
         ValueError: If the measurements make an inconsistent spec (e.g. idle power above the power limit).
     """
-    where = f"measured {run.gpu_name} (driver {run.driver_version}, {run.date}, scripts/gpu_calibrate.py)"
+    where = f"measured {run.gpu_name} (driver {run.driver_version}, {run.date}, megatron-energy calibrate)"
     sources = {key: f"carried from {shipped.name}.yaml: {text}" for key, text in shipped.sources.items()}
     values: dict[str, object] = {}
 

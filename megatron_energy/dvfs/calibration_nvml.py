@@ -1,9 +1,10 @@
 """The measuring side of the read-only calibration: NVML reads, a sampler thread, loops turned into figures.
 
-``scripts/gpu_calibrate.py`` supplies the loops (torch kernels on the GPU) and calls :func:`run_calibration`;
-everything between the loops and the :class:`~megatron_energy.dvfs.calibration.CalibrationRun` lives here so
-that it runs, and is tested, without a GPU: the ``nvml`` argument is the ``pynvml`` module on a GPU and a
-stand-in with the same functions in tests (the NVML boundary).
+``megatron-energy calibrate`` supplies the loops (``dvfs.calibration_loops``: torch kernels on the GPU) and
+calls :func:`run_calibration`; everything between the loops and the
+:class:`~megatron_energy.dvfs.calibration.CalibrationRun` lives here so that it runs, and is tested, without
+a GPU: the ``nvml`` argument is the ``pynvml`` module on a GPU and a stand-in with the same functions in
+tests (the NVML boundary).
 
 Read-only by construction and by check: only these NVML functions are called —
 ``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetPowerUsage``, ``nvmlDeviceGetClockInfo``,

@@ -6,7 +6,7 @@ request (or :meth:`FrequencyController.request` with a CUDA event the caller rec
 e.g. on another stream, or None on CPU / simulated GPUs). The call snaps the clock to a supported one,
 drops it when it equals the previous request, and puts it on a bounded queue: no
 ``torch.cuda.synchronize()``, no NVML call; about a microsecond for ``request`` itself
-(``scripts/bench_controller.py``) and a few µs with the event record (``scripts/gpu_check_dvfs.py``).
+(``lab/bench_controller.py``) and a few µs with the event record (``lab/gpu_check_dvfs.py``).
 
 The controller's own thread takes requests in order, waits for each boundary event (``event.synchronize()``,
 so the change fires when the GPU actually reaches the boundary, not when the CPU enqueued it), then calls

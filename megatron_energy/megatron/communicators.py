@@ -31,7 +31,7 @@ one communicator per budget over the same ranks, chosen per launch.
 
 **Cost.** Each extra communicator holds its own NCCL buffers and channels on the GPU (and a proxy thread);
 torch creates it lazily at its first collective unless the process group is bound to a device.
-``scripts/measure_communicator_memory.py`` measures the memory per communicator and budget on one GPU
+``lab/measure_communicator_memory.py`` measures the memory per communicator and budget on one GPU
 (``torch.cuda.memory_reserved`` and NVML used memory before and after; reads only).
 
 **Not covered.** Expert-parallel bucket groups (``expert_parallel_bucket_groups``) and

@@ -7,7 +7,7 @@ With ``--log-interval 1`` Megatron's training loop prints one line per iteration
 
 ``elapsed time per iteration (ms)`` is Megatron's iteration timer (wall clock, measured); ``energy per GPU
 (J/iter/GPU)`` appears with ``--log-energy`` (Megatron's reading of the NVML energy counter, measured). The
-scripts that compare runs (``scripts/bench_overhead.py``, ``scripts/gpu_validate.py``) read these lines with
+scripts that compare runs (``lab/bench_overhead.py``, ``lab/gpu_validate.py``) read these lines with
 :func:`parse_iteration_lines` rather than trusting our own meter, so the comparison uses Megatron's figures.
 
 Pure text parsing: no megatron import (it lives here because the format is Megatron's).

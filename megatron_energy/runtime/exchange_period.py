@@ -1,6 +1,6 @@
 """How often a staged exchange may run (K), from the job's group sizes, the hop latency and the iteration.
 
-The model (fitted by ``scripts/bench_control_plane.py`` over gloo): an all-reduce of a few floats over a
+The model (fitted by ``lab/bench_control_plane.py`` over gloo): an all-reduce of a few floats over a
 group of ``n`` ranks takes ``2 (n - 1)`` hops (``all_reduce_hops``), each of ``hop_s``; an exchange over the
 job's groups (``runtime.staged_exchange``) costs the sum over its links. The rule for K:
 

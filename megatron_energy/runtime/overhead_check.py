@@ -3,7 +3,7 @@
 **What it measures: the training-thread hooks' cost**, session active vs suspended in one process. The
 plugin's background threads (the energy meter, the frequency controller, the phase switcher) keep running in
 the suspended blocks too, and so would a profiler left running, so what they cost (host time, the GIL, the
-GPU's queue) is on both sides and not in the change. ``scripts/bench_overhead.py`` measures the plugin
+GPU's queue) is on both sides and not in the change. ``lab/bench_overhead.py`` measures the plugin
 against Megatron itself (the same job in separate processes, the plugin loaded or not), which includes them.
 
 Comparing a run with the plugin against a separate run without it mixes the plugin's cost with what differs
@@ -40,7 +40,7 @@ drives the simulated device, so only the time is compared (the host's own cost o
 
 The session's listener writes each rank's pairs to ``--energy-dir`` (:data:`OVERHEAD_PAIRS_FILE`) when the run
 ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
-``scripts/bench_overhead.py --pool``), since a pair is compared only with itself.
+``lab/bench_overhead.py --pool``), since a pair is compared only with itself.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class OverheadResult:
         return (
             f"overhead check, in process, {what}: session active vs suspended in {self.pairs} pairs of "
             f"{self.block_steps}-iteration blocks (the plugin's background threads keep running in both; "
-            "scripts/bench_overhead.py compares against Megatron itself): "
+            "lab/bench_overhead.py compares against Megatron itself): "
             f"iteration time {_changes(self.time_median, self.time)}"
             f"{energy} (measured: wall clock{'' if self.energy is None else ', energy counter'})"
         )

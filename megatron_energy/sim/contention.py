@@ -27,10 +27,10 @@ compute a packed SM's copy shares L2 and HBM with it. Its rate (:meth:`CommLoad.
     r = min(B, c * beta, h * s)        alone        (the last term for packed loads only)
     r = min(B, c * beta, h * s_b)      beside compute
 
-Measured on one H200 (``scripts/gpu_contention.py``, kernel timelines of 2026-12-02): a Triton copy of 8 CTAs
+Measured on one H200 (``lab/gpu_contention.py``, kernel timelines of 2026-12-02): a Triton copy of 8 CTAs
 of 256 threads launched beside bf16 GEMMs, packed 4 to an SM on 2 SMs, moved 58.5 GB/s per SM beside them
 while they ran above the power cap (~1800 MHz by their times: the bursts of
-:mod:`~megatron_energy.sim.contention_check`) and ~77 GB/s per SM alone at 1980 MHz: less than the clock
+``lab/contention_check.py``) and ~77 GB/s per SM alone at 1980 MHz: less than the clock
 ratio gives, so the rate beside is taken as measured, not scaled by the clock. NCCL's CTAs (512+ threads,
 large shared buffers) are assumed to fit one per SM (``ctas_per_sm=1``, unmeasured).
 
@@ -52,7 +52,7 @@ bandwidth).
 ``P_mem`` was calibrated). Beside compute ``P_comm`` is always this estimate of its marginal power: a dynamic
 power measured alone (:attr:`CommLoad.measured_dynamic_power_w`) also holds the chip-wide activity it wakes
 (L2, memory controllers, fabric), which the compute beside it already pays. Measured on one H200
-(``scripts/gpu_contention.py``, 2026-12-02): in windows mostly filled by power-capped GEMMs (median 1470 MHz
+(``lab/gpu_contention.py``, 2026-12-02): in windows mostly filled by power-capped GEMMs (median 1470 MHz
 alone), a copy of 8 to 132 CTAs beside them, drawing 103-414 W above blocked power alone, left the median SM
 clock at 1455-1485 MHz; adding its alone power would have cut it to 765-1380 MHz (modelled).
 

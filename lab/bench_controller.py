@@ -6,7 +6,7 @@ on simulated GPUs, so this measures only the Python cost on the caller's thread,
 running alongside (and, in ``control`` mode, writing the simulated GPUs' state file while it competes for
 the GIL). Requests alternate between two clocks so each one is queued, except in the ``deduped`` row.
 
-Run: ``python scripts/bench_controller.py [--calls N] [--json out.json]``.
+Run: ``python lab/bench_controller.py [--calls N] [--json out.json]``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""The plugin's overhead against Megatron itself: the same job in separate processes, plugin loaded or not.
 
 **What it measures.** For each optimiser mode of ``--modes`` (default ``perseus,kareus,kernel,all``) the job
-(``scripts/gpt_job.py``'s GPT, run by ``--script``, default ``scripts/pretrain_gpt.py``) runs in pairs of
+(``lab/gpt_job.py``'s GPT, run by ``--script``, default ``scripts/pretrain_gpt.py``) runs in pairs of
 processes:
 
 - *off*: ``python -m torch.distributed.run ... SCRIPT ARGS``: Megatron alone, the plugin not loaded;
@@ -52,8 +52,8 @@ of what completed; ``--json`` is rewritten after every run, and ``--resume`` goe
 same job and code only; a mode is primed again unless its energy dir, under ``--out``, still holds the
 plan):
 
-    python scripts/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 --json bench.json
-    python scripts/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 \
+    python lab/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 --json bench.json
+    python lab/bench_overhead.py --script Megatron-LM/pretrain_gpt.py --deadline-s 540 \
         --resume bench.json --json bench.json
 
 **In one process.** ``--in-process N --modes MODE`` runs the plugin once with ``--energy-overhead-check N``
@@ -63,9 +63,9 @@ the check's line; ``--json`` keeps its pairs with the job's shape and a digest o
 ``--pool earlier.json ...`` adds earlier runs' pairs (alone, it prints each stored run's check and the pooled
 one, running nothing; runs of another job or code are refused):
 
-    python scripts/bench_overhead.py --in-process 2 --modes perseus --microbatches 16 --micro-batch-size 2 \
+    python lab/bench_overhead.py --in-process 2 --modes perseus --microbatches 16 --micro-batch-size 2 \
         --iters 210
-    python scripts/bench_overhead.py --pool tests/data/h200_overhead_run{1,2,3}.json
+    python lab/bench_overhead.py --pool tests/data/h200_overhead_run{1,2,3}.json
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Safety: every clock/power/persistence setter is replaced by a tripwire, both on 
 the ``pynvml`` functions themselves; the script asserts that none was called and exits non-zero otherwise.
 All figures are *measured* (NVML counters, CUDA events, perf_counter).
 
-Run: ``python scripts/gpu_check_dvfs.py --out result.json``.
+Run: ``python lab/gpu_check_dvfs.py --out result.json``.
 """
 
 from __future__ import annotations

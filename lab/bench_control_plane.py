@@ -24,7 +24,7 @@ every K steps of its own (``runtime.energy_logger``), whatever the log interval.
 ours is the control plane's cost per step, both exchanges together. Before, each step ran one all-reduce
 over the world and each log interval a world gather and broadcast. Every figure says measured or modelled.
 
-    python scripts/bench_control_plane.py [--ranks 2,4,8,16,32] [--repeats 30] [--iteration-s 1.0]
+    python lab/bench_control_plane.py [--ranks 2,4,8,16,32] [--repeats 30] [--iteration-s 1.0]
 """
 
 from __future__ import annotations

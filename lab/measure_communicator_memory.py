@@ -13,8 +13,8 @@ One process gives a 1-rank communicator, whose buffers are smaller than a multi-
 ring or tree peers for a single rank): a lower bound. Under ``torchrun --nproc-per-node N`` the same script
 measures N-rank communicators (each rank reports its own GPU).
 
-    python scripts/measure_communicator_memory.py --budgets 1 2 4 8 16 32 --out communicator_memory.json
-    torchrun --nproc-per-node 2 scripts/measure_communicator_memory.py --out communicator_memory.json
+    python lab/measure_communicator_memory.py --budgets 1 2 4 8 16 32 --out communicator_memory.json
+    torchrun --nproc-per-node 2 lab/measure_communicator_memory.py --out communicator_memory.json
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ layers), in bf16:
    the energy counter and the SM clock: power is the counter's slope, and the median SM clock is the clock the
    GPU chooses by itself under its power limit.
 
-Only read-only NVML calls are made (the sampler of ``scripts/gpu_calibrate.py``). Usage on one H200::
+Only read-only NVML calls are made (the sampler of ``megatron-energy calibrate``). Usage on one H200::
 
-    python scripts/gpu_phases.py --spec h200 --json gpu_phases.json --trace-dir traces/
+    python lab/gpu_phases.py --spec h200 --json gpu_phases.json --trace-dir traces/
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import argparse
 import gzip
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -42,9 +41,7 @@ from torch import nn
 from torch.nn import functional
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_calibrate import cuda_loop  # the same back-to-back CUDA loop
-
+from megatron_energy.dvfs.calibration_loops import cuda_loop  # the calibration's back-to-back CUDA loop
 from megatron_energy.dvfs.calibration_nvml import NvmlSampler, loop_from_samples
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.phases.kineto import kernels_from_trace

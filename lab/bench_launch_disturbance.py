@@ -9,8 +9,8 @@ asked for (``--teardown``: ``TEARDOWN_CUPTI=1`` while the profile runs, as ``run
 does) or not. Every figure is *measured* (host wall clock, µs per launch); nothing on the GPU is changed
 (NVML is only read). Run it once per teardown setting, in separate processes:
 
-    python scripts/bench_launch_disturbance.py
-    python scripts/bench_launch_disturbance.py --teardown
+    python lab/bench_launch_disturbance.py
+    python lab/bench_launch_disturbance.py --teardown
 """
 
 from __future__ import annotations

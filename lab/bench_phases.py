@@ -3,7 +3,7 @@
 The rows of ``megatron-energy simulate --switch-latency-sweep`` (``megatron_energy/commands/latency_sweep.py``
 says how they are computed), with the sweep's resolution adjustable.
 
-Usage: ``python scripts/bench_phases.py [--latencies 10ms,1ms,100us,10us] [--jobs NAME ...]``
+Usage: ``python lab/bench_phases.py [--latencies 10ms,1ms,100us,10us] [--jobs NAME ...]``
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ per-class split of :mod:`phases.modelled`) and plans it at iso-time against the 
 the GPU's ``auto`` boosts to it, power cap permitting): one clock per pass (instruction level) and one clock
 per phase with zero switch latency (phase level). All figures are modelled.
 
-Usage: ``python scripts/bench_spaan.py``
+Usage: ``python lab/bench_spaan.py``
 """
 
 from __future__ import annotations

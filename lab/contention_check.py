@@ -1,4 +1,4 @@
-"""The CPU side of the single-GPU contention check (``scripts/gpu_contention.py``): model, fits and errors.
+"""The CPU side of the single-GPU contention check (``lab/gpu_contention.py``): model, fits and errors.
 
 The check runs *groups* on one GPU: ``gemms`` bf16 GEMMs back to back on the main stream and, in an overlap
 configuration, one CTA-limited copy kernel of ``copy_bytes`` (read + written) on a side stream, launched once
@@ -70,7 +70,7 @@ UNCAPPED_W = 1e6
 """Power limit of the spec the simulator prices a group with: the cap binds on the group's mean instead."""
 
 Timeline = Mapping[str, object]
-"""One timed group (``scripts/gpu_contention.py``): ``gemm_end_ms`` (a list), ``copy_start_ms`` and
+"""One timed group (``lab/gpu_contention.py``): ``gemm_end_ms`` (a list), ``copy_start_ms`` and
 ``copy_end_ms``, in ms from the group's start."""
 
 

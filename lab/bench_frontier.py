@@ -1,6 +1,6 @@
 """Benchmark our time–energy frontier against lowtime's Phillips–Dessouky solver on families of profiles.
 
-Profiles come from :mod:`megatron_energy.perseus.profile_family`, one per seed and family: ``imbalanced``
+Profiles come from `lab/profile_family.py`, one per seed and family: ``imbalanced``
 (issue 13's family: stages ±25 % apart, per-instruction clock sensitivity and power drawn at random, the A100
 grid 1410→900 MHz in 30 MHz steps, 85 W blocked and idle power) and ``balanced`` (the same, but stages within
 ±2.5 % and a heavier first and last stage: ``balanced_family``). Both solvers get the SAME pipeline DAG
@@ -32,7 +32,7 @@ S=16 M=256 VPP=2.
 
 Run it pinned to one core, e.g.::
 
-    taskset -c 1 .venv/bin/python scripts/bench_frontier.py --seeds 5 --lowtime-cache .bench-cache
+    taskset -c 1 .venv/bin/python lab/bench_frontier.py --seeds 5 --lowtime-cache .bench-cache
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ from lowtime.graph_utils import add_sink_node, add_source_node
 from lowtime.operation import CandidateExecutionOptions, ExecutionOption, Operation, OperationSpec
 from lowtime.perseus.instruction import Backward, Forward
 from lowtime.solver import PhillipsDessouky
+from profile_family import ProfileFamily, balanced_family, family_profile
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.perseus.profile_family import ProfileFamily, balanced_family, family_profile
 from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.pipeline.profile import CSV_COLUMNS, Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator

@@ -4,7 +4,7 @@ Steps, each under its own time limit, every output under ``$OUT`` (or ``--out``)
 
 1. installs the carried wheels (megatron-core, zeus and their needs, ``--wheels``, default ``.whl``) into
    ``--site`` with ``pip install --no-index --no-deps`` when megatron-core is not importable;
-2. ``scripts/gpu_calibrate.py`` (read-only, stock clocks): writes ``configs/gpus/h200.calibrated.yaml`` next
+2. ``megatron-energy calibrate`` (read-only, stock clocks): writes ``configs/gpus/h200.calibrated.yaml`` next
    to the shipped spec and prints "shipped vs calibrated" per value;
 3. the launcher dry run of the issue's job: ``python -m torch.distributed.run --nproc-per-node 1 -m
    megatron_energy.launch scripts/pretrain_gpt.py`` with a 16-layer GPT (hidden 2048, seq 2048, 16
@@ -12,14 +12,14 @@ Steps, each under its own time limit, every output under ``$OUT`` (or ``--out``)
    ``--train-iters`` iterations (default 32: the stock baseline takes up to 21 profiling iterations, so 20
    would leave no planned one);
 4. ``megatron-energy report`` on the dry run's energy folder;
-5. optionally (``--overhead-s S``), ``scripts/bench_overhead.py`` (plugin loaded vs not, separate processes,
+5. optionally (``--overhead-s S``), ``lab/bench_overhead.py`` (plugin loaded vs not, separate processes,
    ``--energy-mode perseus``, ``--script`` as above) with as many pairs as fit in ``S`` seconds;
 6. prints the key figures (each labelled measured or modelled) and writes them to ``key_figures.json``.
 
 Nothing on the GPU is changed: the calibration only reads NVML, the training runs in ``--energy-dry-run``.
 ``$OUT`` takes at most 8 files, so the energy folder, the trace and the logs travel as ``energy.tar.gz``.
 
-    python3 scripts/gpu_validate.py            # $OUT set by the device tool; else --out build/gpu_validate
+    python3 lab/gpu_validate.py            # $OUT set by the device tool; else --out build/gpu_validate
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from typing import TextIO
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpt_job import gpt_args  # noqa: E402  (scripts/, the folder of this script)
+from gpt_job import gpt_args  # noqa: E402  (lab/, the folder of this script)
+from megatron_log_check import megatron_stock_lines  # noqa: E402
 
 from megatron_energy.megatron.training_log import parse_iteration_lines  # noqa: E402
 from megatron_energy.plan import Plan  # noqa: E402
-from megatron_energy.report.megatron_log_check import megatron_stock_lines  # noqa: E402
 from megatron_energy.runtime.energy_log import logged_phases  # noqa: E402
 
 KEY_LINES = ("model vs measured", "plan for")
@@ -194,7 +194,7 @@ def megatron_figures(log: str, warmup: int = 3) -> dict:
 
 
 def stock_check_lines(log: str, energy_dir: Path) -> list[str]:
-    """The run's plan's stock prediction against Megatron's own log (``report.megatron_log_check``)."""
+    """The run's plan's stock prediction against Megatron's own log (``lab/megatron_log_check.py``)."""
     try:
         fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
         plan = Plan.load(energy_dir / fingerprint / "plan.json")
@@ -273,7 +273,7 @@ def validate(args: argparse.Namespace) -> int:
     steps.run("gpu", ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv"], 30)
     calibrated = REPO / "configs" / "gpus" / "h200.calibrated.yaml"
     if "calibrate" not in args.skip:
-        command = [sys.executable, "scripts/gpu_calibrate.py", "--loop-s", str(args.loop_s)]
+        command = [sys.executable, "-m", "megatron_energy.cli", "calibrate", "--loop-s", str(args.loop_s)]
         command += ["--out", str(calibrated), "--json", str(args.out / "calibration.json")]
         steps.run("calibrate", command, 120, log=work / "calibrate.log")
         if calibrated.exists():
@@ -288,7 +288,7 @@ def validate(args: argparse.Namespace) -> int:
     if args.overhead_s > 0:
         # bench_overhead starts no pair past its deadline; the margin lets the pair in flight finish
         deadline_s = min(args.overhead_s, args.budget_s - steps.elapsed_s() - PACKING_S - 60)
-        command = [sys.executable, "scripts/bench_overhead.py", "--modes", "perseus"]
+        command = [sys.executable, "lab/bench_overhead.py", "--modes", "perseus"]
         command += ["--script", str(args.script), "--deadline-s", f"{deadline_s:.0f}"]
         command += ["--out", str(work / "overhead"), "--json", str(args.out / "overhead.json")]
         steps.run("overhead", command, deadline_s + 60, log=work / "overhead.log")

@@ -4,7 +4,7 @@ Prints the node count, the build time of the DAG, the simulation time (median of
 Python memory per DAG node for two sizes, to show memory grows linearly with the node count. All times are
 measured wall-clock times of this code on this machine; the simulated iteration itself is modelled.
 
-Usage: ``.venv/bin/python scripts/bench_sim.py [--repeats 5]``
+Usage: ``.venv/bin/python lab/bench_sim.py [--repeats 5]``
 """
 
 import argparse

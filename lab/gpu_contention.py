@@ -17,15 +17,15 @@ group; the SM clock NVML reports is read beside the counter (median per window).
 per overlap configuration is timed kernel by kernel (CUDA events: each GEMM's end, the copy's start and end;
 the second of two groups is kept) and written to the JSON as ``timelines``, and one more group at the fewest
 CTAs with a sixteenth of the bytes, so that its copy ends beside the GEMMs (``beside_timeline``). The modelled
-figures come from ``megatron_energy.sim.contention_check`` (the planner's overlap simulator, calibrated on the
+figures come from ``lab/contention_check.py`` (the planner's overlap simulator, calibrated on the
 isolated windows, on the overlap window with the fewest CTAs and on its timelines; those rows are marked as
 calibration and left out of the verdict). Prints per configuration measured vs modelled time and energy and
 their relative errors; ``--json OUT`` writes everything. ``--replay OUT`` recomputes the modelled side from
 the windows of an earlier run (no GPU needed); ``--beside-from OTHER`` takes the copy's rate beside the GEMMs
 from another run's calibration timeline when this run has none whose copy ended beside them.
 
-    PYTHONPATH=. python3 scripts/gpu_contention.py --json contention.json
-    PYTHONPATH=. python3 scripts/gpu_contention.py --replay tests/data/h200_contention.json \
+    PYTHONPATH=. python3 lab/gpu_contention.py --json contention.json
+    PYTHONPATH=. python3 lab/gpu_contention.py --replay tests/data/h200_contention.json \
         --beside-from tests/data/h200_contention_long.json
 
 Defaults: 11 configurations x 3 rounds x 5 s windows + 1 s gaps: about 3.5 minutes plus warm-up.
@@ -46,10 +46,10 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from contention_check import CheckSetup, Comparison, Window, beside_rate_gbps, compare
 
 from megatron_energy.dvfs.calibration import power_from_counter
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.sim.contention_check import CheckSetup, Comparison, Window, beside_rate_gbps, compare
 
 RAMP_S = 0.3
 """Counter updates in the first RAMP_S of a window are left out (clock and power settle)."""

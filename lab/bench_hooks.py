@@ -12,7 +12,7 @@ Replays the timer calls one training step of Megatron makes (``'forward-backward
 An *event* is one timer call plus its ``start()`` or ``stop()``. Reported figures are *measured* host
 wall-clock time (``time.perf_counter_ns``), median over repeats. CPU only; no GPU is touched.
 
-    python scripts/bench_hooks.py [--instructions 512] [--repeats 200]
+    python lab/bench_hooks.py [--instructions 512] [--repeats 200]
 """
 
 from __future__ import annotations

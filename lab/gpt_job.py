@@ -2,7 +2,7 @@
 
 16 layers, hidden 2048, 16 heads, seq 2048, bf16, mock data with the NullTokenizer, Megatron's own
 per-iteration log with energy (``--log-interval 1 --log-energy``), the local transformer implementation.
-``scripts/bench_overhead.py`` and ``scripts/gpu_validate.py`` differ only in the batch and the iterations.
+``lab/bench_overhead.py`` and ``lab/gpu_validate.py`` differ only in the batch and the iterations.
 """
 
 from __future__ import annotations
