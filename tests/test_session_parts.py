@@ -914,6 +914,7 @@ def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_
     assert step == session.collector.steps_needed == 1 + 4 + 1  # settling, baseline pilot, one synchronous
     assert set(controller.requests[:step]) == {1980}
     assert session.profile_source == "modelled"
+    session.close()  # the plan and its profile are cached by then (a writer thread writes them)
     profile = Profile.from_csv(session.cache.folder / "profile.csv", gpu_name="h100-sxm", source="modelled")
     clocks = {option.clock_mhz for key in profile for option in profile.options(key)}
     assert clocks == {1980, 1500}
