@@ -11,13 +11,25 @@ instruction (its frontier points); Kareus keeps each point's clocks, shifts thos
 collective overlaps where that helps, adds the collective actions (launch point and CTA budget per
 collective), and prices the point with the overlap model (``sim.overlap``), never slower than the point's
 deadline as that model prices the Perseus point itself.
+
+**Composition never loses.** Refining can still cost: a later part prices with its own model, and the
+switch latency can take back what an instant-switch model found. So ``all`` also plans each part alone and
+keeps, for the target, the candidate whose target point predicts the least energy within what the target
+allows (:func:`choose`): the composed plan, a prefix of the composition (Perseus alone, Perseus then Kareus)
+or a later part alone. Every candidate's prediction is its plan file's: latency-aware and against the same
+stock iteration (``kareus.pricing`` makes Kareus's so). The plan kept says which candidate it is and why
+(``Plan.choice``, printed with the plan line).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megatron_energy.config import EnergyTarget
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
@@ -46,9 +58,88 @@ class ComposedOptimiser:
         return request
 
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
-        """Run every part on the previous part's plan; return the last plan."""
+        """Run every part on the previous part's plan, and each later part alone: :func:`choose` keeps one.
+
+        A part that cannot plan alone (Kareus without a collective workload, or with a power target) is no
+        candidate alone.
+        """
+        prefixes: list[Plan] = []
         plan = base
         for part in self.parts:
             plan = part.plan(profile, job, plan)
-        assert plan is not None  # __post_init__ guarantees a part
-        return plan
+            prefixes.append(plan)
+        alone = []
+        for part in self.parts[1:]:
+            try:
+                alone.append(part.plan(profile, job, base))
+            except EnergyValueError:
+                continue
+        return choose([prefixes[-1], *prefixes[:-1], *alone], job.target, prefixes[0])
+
+
+def candidate_name(plan: Plan) -> str:
+    """How a candidate is named in a plan's choice: its optimisers joined by ``+``, or ``stock clocks``."""
+    return "+".join(plan.optimisers) or "stock clocks"
+
+
+def allowed_time_s(plan: Plan, target: EnergyTarget, first: Plan) -> float:
+    """The longest target-point iteration the target allows a candidate (modelled, switch latency included).
+
+    The target's deadline on the stock iteration; for a power budget, the first part's target point (the
+    fastest point of the clock frontier within the budget), as no later part may slow the job down.
+    """
+    if target.kind == "power":
+        return first.target_point.iteration_time_s
+    return target.deadline_s(plan.baseline.iteration_time_s)
+
+
+def fits(plan: Plan, target: EnergyTarget, first: Plan) -> bool:
+    """Whether the plan's target point is within :func:`allowed_time_s` (and a power budget)."""
+    point = plan.target_point
+    if point.iteration_time_s > allowed_time_s(plan, target, first) * (1 + 1e-9):
+        return False
+    if target.kind == "power" and target.power_w is not None:
+        average_w = point.energy_j / (len(point.ranks) * point.iteration_time_s)
+        return average_w <= target.power_w * (1 + 1e-9)
+    return True
+
+
+def choose(candidates: Sequence[Plan], target: EnergyTarget, first: Plan) -> Plan:
+    """The candidate whose target point predicts the least energy within what the target allows.
+
+    Args:
+        candidates: The composed plan first (it wins a tie), then the others.
+        target: The job's target.
+        first: The first part's plan alone (a power budget's time reference).
+
+    Returns:
+        The chosen candidate, its ``choice`` saying which it is and each candidate's prediction; where no
+        candidate fits the target, the fastest.
+    """
+    fitting = [plan for plan in candidates if fits(plan, target, first)]
+    if fitting:
+        best = min(fitting, key=lambda plan: plan.target_point.energy_j)
+        why = "the least modelled energy within the target"
+    else:
+        best = min(candidates, key=lambda plan: plan.target_point.iteration_time_s)
+        why = "no candidate fits the target; the fastest"
+    limit_s = allowed_time_s(best, target, first)
+    within = "no time limit" if math.isinf(limit_s) else f"deadline {1e3 * limit_s:.1f} ms"
+    listed = "; ".join(_described(plan, fits(plan, target, first)) for plan in _unique(candidates))
+    kept = "the composed plan" if best is candidates[0] else f"{candidate_name(best)}'s plan"
+    choice = f"--energy-mode all kept {kept} ({why}, {within}; latency-aware, modelled): {listed}"
+    return dataclasses.replace(best, choice=choice)
+
+
+def _described(plan: Plan, fitting: bool) -> str:
+    point = plan.target_point
+    late = "" if fitting else " (does not fit)"
+    return f"{candidate_name(plan)} {point.energy_j:.1f} J at {1e3 * point.iteration_time_s:.1f} ms{late}"
+
+
+def _unique(candidates: Sequence[Plan]) -> list[Plan]:
+    """Candidates by name, the first of each (a part that changed nothing repeats its base's name)."""
+    seen: dict[str, Plan] = {}
+    for plan in candidates:
+        seen.setdefault(candidate_name(plan), plan)
+    return list(seen.values())

@@ -193,6 +193,8 @@ class Plan:
             include; ``None`` when the profile had none (a CSV, a modelled job, an older plan).
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
+        choice: Why this plan is the one a composition (``--energy-mode all``) kept: its own composed plan
+            or one part's, and the candidates' latency-aware predictions; empty for a single optimiser.
     """
 
     fingerprint: str
@@ -208,6 +210,7 @@ class Plan:
     measured_tail: MeasuredTail | None = None
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
+    choice: str = ""
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -438,6 +441,7 @@ def _content(plan: Plan) -> dict[str, Any]:
         "measured_tail": None
         if plan.measured_tail is None
         else {"time_s": plan.measured_tail.time_s, "stage_energy_j": list(plan.measured_tail.stage_energy_j)},
+        **({"choice": plan.choice} if plan.choice else {}),
     }
 
 
@@ -593,6 +597,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
         measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
         created_by=_require(body["created_by"], str, "created_by"),
         schema_version=SCHEMA_VERSION,
+        choice=_require(body.get("choice", ""), str, "choice"),
     )
 
 

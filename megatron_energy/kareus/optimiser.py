@@ -40,6 +40,7 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.cache import SearchCache
 from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
+from megatron_energy.kareus.pricing import PricedPoint, price_point
 from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
@@ -55,7 +56,7 @@ from megatron_energy.plan import (
     PlanPoint,
     RankPlan,
 )
-from megatron_energy.sim.overlap import OverlapResult
+from megatron_energy.sim.simulator import Simulator
 
 
 def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
@@ -120,33 +121,47 @@ class KareusOptimiser:
         )
         defaults = model.choices_default()
         stock = model.evaluate(None, defaults)
+        simulator = Simulator(dag, profile, switch_latency_s=job.switch_latency_s)
+        stock_priced = price_point(model, simulator, None, defaults)
         if base is None:
             base_clocks: list[Mapping[Instruction, int] | None] = [None]
             deadlines = [job.target.deadline_s(stock.iteration_time_s)]
             lower_bounds = [math.inf]
             labels = [str(job.target)]
             target_index = 0
+            references = [
+                _point(
+                    model,
+                    labels[0],
+                    defaults,
+                    stock_priced,
+                    job.target.deadline_s(stock_priced.iteration_time_s),
+                    math.inf,
+                )
+            ]
         else:
             base_clocks = [_clocks(point) for point in base.points]
             deadlines = [point.deadline_s for point in base.points]
             lower_bounds = [point.lower_bound_j for point in base.points]
             labels = [point.label for point in base.points]
             target_index = base.target_index
+            references = list(base.points)
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
         start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
         base_clocks[target_index] = start
         points = []
         for index, clocks in enumerate(base_clocks):
-            choices = best
-            result = model.evaluate(clocks, choices)
-            default_result = model.evaluate(clocks, defaults)
-            limit = max(deadlines[index], default_result.iteration_time_s)
-            slower = index != target_index and result.iteration_time_s > limit * (1 + 1e-9)
-            if slower or result.total_energy_j > default_result.total_energy_j:
-                choices, result = defaults, default_result
-            points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
-        baseline = base.baseline if base is not None else _baseline(stock)
+            reference = references[index]
+            priced = price_point(model, simulator, clocks, best)
+            limit_s = max(reference.deadline_s, reference.iteration_time_s)
+            if priced.iteration_time_s <= limit_s * (1 + 1e-9) and priced.energy_j < reference.energy_j:
+                points.append(
+                    _point(model, labels[index], best, priced, reference.deadline_s, lower_bounds[index])
+                )
+            else:
+                points.append(reference)  # the base point (or stock clocks) as it was: nothing beat it
+        baseline = base.baseline if base is not None else _baseline(stock_priced)
         return Plan(
             fingerprint=job.fingerprint,
             gpu_name=profile.gpu_name,
@@ -318,37 +333,33 @@ def _clocks(point: PlanPoint) -> dict[Instruction, int]:
     return {i: c for stage in range(len(point.ranks)) for i, c in point.clock_table(stage).items()}
 
 
-def _baseline(stock: OverlapResult) -> Baseline:
-    return Baseline(
-        stock.iteration_time_s, stock.total_energy_j, tuple(stage.total_j for stage in stock.stages)
-    )
+def _baseline(stock: PricedPoint) -> Baseline:
+    return Baseline(stock.iteration_time_s, stock.energy_j, stock.stage_energy_j)
 
 
 def _point(
     model: KareusModel,
     label: str,
-    base_clocks: Mapping[Instruction, int] | None,
     choices: Mapping[ChoiceKey, ClassChoice],
-    result: OverlapResult,
+    priced: PricedPoint,
     deadline_s: float,
     lower_bound_j: float,
 ) -> PlanPoint:
-    clocks = model.clocks(base_clocks, choices)
-    ranks = []
-    for stage, energy in enumerate(result.stages):
-        ranks.append(
-            RankPlan(
-                actions=_ordered(model, stage, clocks, model.actions(stage, choices)),
-                energy_j=energy.total_j,
-                busy_s=energy.phase("compute").time_s + energy.phase("overlap").time_s,
-            )
+    ranks = [
+        RankPlan(
+            actions=_ordered(model, stage, priced.clocks, model.actions(stage, choices)),
+            energy_j=energy_j,
+            busy_s=busy_s,
         )
-    energy_j = result.total_energy_j
+        for stage, (energy_j, busy_s) in enumerate(
+            zip(priced.stage_energy_j, priced.stage_busy_s, strict=True)
+        )
+    ]
     return PlanPoint(
         label=label,
-        iteration_time_s=result.iteration_time_s,
-        deadline_s=deadline_s if math.isfinite(deadline_s) else result.iteration_time_s,
-        lower_bound_j=min(lower_bound_j, energy_j),
+        iteration_time_s=priced.iteration_time_s,
+        deadline_s=deadline_s if math.isfinite(deadline_s) else priced.iteration_time_s,
+        lower_bound_j=min(lower_bound_j, priced.energy_j),
         ranks=tuple(ranks),
     )
 
