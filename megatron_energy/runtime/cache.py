@@ -67,6 +67,9 @@ PLANNING_PARTS = "planning"
 REQUIRED_ARTEFACTS: tuple[str, ...] = ("plan.json", "baseline.json", "profile.csv")
 """What a cached job must hold to skip profiling and planning: the plan that runs, the stock baseline it is
 measured against, and the profile it was planned from (for reports)."""
+PROFILE_ARTEFACTS: tuple[str, ...] = ("baseline.json", "profile.csv")
+"""What a cached run must hold to be re-planned without profiling (with ``measured.json``, which the re-plan
+checks): a run whose target was out of reach holds these and no plan."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,13 @@ class JobCache:
         """
         if not has_cached_files(self.folder):
             return self._replanned(required) or CacheLoad(self.folder, False, self._explain_miss())
+        if "plan.json" in required and not (self.folder / "plan.json").exists() and self.replan is not None:
+            own = self._verified(PROFILE_ARTEFACTS)  # a run whose target was out of reach: its profile only
+            if not own.hit:
+                return own
+            return self._replanned_from(
+                self.parts, own, required, "its cached run holds a profile but no plan"
+            )
         loaded = self._verified(required)
         if loaded.hit:
             with contextlib.suppress(OSError):  # a read-only record costs the report its default, not the hit
@@ -223,7 +233,16 @@ class JobCache:
         if self.replan is None or (found := self._planning_sibling()) is None:
             return None
         parts, sibling = found
-        changed = "; ".join(describe_changes(_planning_of(parts), _planning_of(self.parts)))
+        return self._replanned_from(
+            parts, sibling, required, f"planning inputs changed since {sibling.folder}"
+        )
+
+    def _replanned_from(
+        self, parts: Mapping[str, Any], sibling: CacheLoad, required: tuple[str, ...], why: str
+    ) -> CacheLoad:
+        """This job planned from a verified run's artefacts and stored; a miss that says why on a failure."""
+        assert self.replan is not None
+        changed = "; ".join(describe_changes(_planning_of(parts), _planning_of(self.parts))) or "no input"
         try:
             self.store(self.replan(sibling.artefacts, self.fingerprint))
             stored = self._verified(required)
@@ -231,14 +250,14 @@ class JobCache:
             return CacheLoad(
                 self.folder,
                 False,
-                f"energy cache miss: planning inputs changed since {sibling.folder} ({changed}); cannot "
-                f"re-plan from its profile ({problem}); profiling again",
+                f"energy cache miss: {why} ({changed}); cannot re-plan from its profile ({problem}); "
+                "profiling again",
             )
         if not stored.hit:
             return stored
         message = (
-            f"energy cache: planning inputs changed since {sibling.folder} ({changed}); re-planned from its "
-            f"verified profile without profiling again, stored in {self.folder}"
+            f"energy cache: {why} ({changed}); re-planned from its verified profile without profiling "
+            f"again, stored in {self.folder}"
         )
         return CacheLoad(self.folder, True, message, stored.artefacts)
 
@@ -257,7 +276,7 @@ class JobCache:
             if _canonical(_profile_facts(parts)) == mine:
                 candidates.append((written_s, parts))
         for _, parts in sorted(candidates, key=lambda candidate: candidate[0], reverse=True):
-            sibling = JobCache(self.root, parts)._verified(REQUIRED_ARTEFACTS)
+            sibling = JobCache(self.root, parts)._verified(PROFILE_ARTEFACTS)
             if sibling.hit:
                 return parts, sibling
         return None

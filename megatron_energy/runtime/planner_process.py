@@ -185,7 +185,8 @@ def main(argv: list[str]) -> int:
     folder = Path(argv[0])
     threading.Thread(target=_end_with_parent, args=(folder,), name="parent-watch", daemon=True).start()
     from megatron_energy import registry
-    from megatron_energy.runtime.planning import Fallback, plan_on_root
+    from megatron_energy.perseus.power_budget import PowerBudgetError
+    from megatron_energy.runtime.planning import Fallback, plan_on_root, profile_artefacts
 
     outcome: PlanRelease | Fallback
     try:
@@ -193,7 +194,11 @@ def main(argv: list[str]) -> int:
         for name, factory in inputs.registered.items():
             registry.register(name, factory)
         optimiser = registry.resolve(inputs.mode)
-        outcome = plan_on_root(optimiser, inputs.profile, inputs.job, inputs.baseline)
+        try:
+            outcome = plan_on_root(optimiser, inputs.profile, inputs.job, inputs.baseline)
+        except PowerBudgetError as out_of_reach:  # the profile is good: kept for a retry
+            artefacts = profile_artefacts(optimiser, inputs.profile, inputs.job, inputs.baseline)
+            outcome = Fallback(str(out_of_reach), artefacts, once=True)
     except Exception as problem:  # the parent falls back with the reason, on every rank
         outcome = Fallback(f"planning failed: {type(problem).__name__}: {problem}")
     write_atomically(folder / RESULT_FILE, pickle.dumps(outcome), durable=False)

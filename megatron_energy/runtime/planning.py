@@ -144,6 +144,14 @@ class Fallback:
     reason: str
     """One line for every rank's log."""
 
+    profile_artefacts: Mapping[str, str] = field(default_factory=dict)
+    """Set when the profile was good but the target is out of its reach (a power budget no plan fits): what
+    profiling measured (:func:`profile_artefacts`), which rank 0 caches before it tells the other ranks, so
+    that a retry with another target re-plans without profiling."""
+
+    once: bool = False
+    """Whether rank 0 alone logs the reason, for every rank (one line for the job, not one per rank)."""
+
 
 def profile_from_rows(
     merged: Mapping[Work, Mapping[int, tuple[float, float]]],
@@ -181,6 +189,17 @@ def plan_on_root(
     return PlanRelease(
         plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
     )
+
+
+def profile_artefacts(
+    optimiser: Optimiser, profile: Profile, job: PlanningJob, baseline: StockBaseline
+) -> dict[str, str]:
+    """What profiling measured, as the cache keeps it (no plan): what a re-plan starts from."""
+    return {
+        "baseline.json": baseline.to_json(),
+        "profile.csv": profile.to_csv_text(),
+        MEASURED_NAME: MeasuredInputs.of_job(job, optimiser.request).to_json(),
+    }
 
 
 def frontier_csv_text(plan: Plan) -> str:

@@ -71,6 +71,7 @@ from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.optimiser import Optimiser
+from megatron_energy.perseus.power_budget import modelled_floor_problem
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
@@ -222,6 +223,8 @@ class EnergySession:
         self.energy_logger.job = cache.fingerprint
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self._start_from_cache()
+        if self.plan is None:
+            self._refuse_budget_out_of_reach()
 
     @property
     def profile_source(self) -> str:
@@ -514,6 +517,21 @@ class EnergySession:
             )
         self.laps.lap()
 
+    def _refuse_budget_out_of_reach(self) -> None:
+        """On simulated GPUs, a power budget below the job's modelled power at the lowest clock: no profiling.
+
+        Simulated GPUs are the GPU spec's model, so the model knows before profiling what the job draws with
+        every instruction at the spec's lowest clock (``perseus.power_budget.slowest_power_w``). Every rank
+        computes the same figure and falls back together, at stock clocks; rank 0 alone says why. On GPUs
+        the budget is checked against the profile, after profiling.
+        """
+        shape = self.context.shape
+        if self.timer.source != "modelled" or shape is None:
+            return
+        problem = modelled_floor_problem(self.config.target, shape, self.spec, self.context.orders)
+        if problem is not None:
+            self._fall_back(problem, once=True)
+
     def _set_cache_aside(self, why: str) -> str:
         """Move the job's cached files aside (rank 0); the log line that says why and where."""
         try:
@@ -589,10 +607,12 @@ class EnergySession:
         outcome: PlannerProcess | PlanRelease | Fallback | None = self._planner
         if isinstance(outcome, PlannerProcess):
             outcome = outcome.wait()
+        if isinstance(outcome, Fallback) and outcome.profile_artefacts:
+            outcome = self._keep_profile(outcome)
         decision: PlanRelease | Fallback = broadcast_from_root(self.comms, outcome)
         self._planner = self._polls = None
         if isinstance(decision, Fallback):
-            self._fall_back(decision.reason)
+            self._fall_back(decision.reason, decision.once)
         elif not self._adopt_everywhere(decision):
             self._fall_back("a rank could not run the plan (its log says why)")
         elif self.context.global_rank == 0:
@@ -761,15 +781,37 @@ class EnergySession:
             )
         return StagedExchange(period)
 
-    def _fall_back(self, reason: str) -> None:
-        """Run the rest of the job at stock clocks; every rank comes here together."""
+    def _keep_profile(self, outcome: Fallback) -> Fallback:
+        """Rank 0: cache what profiling measured for a target out of its reach; the reason says where.
+
+        Returns:
+            The fallback to tell every rank, without the artefacts.
+        """
+        try:
+            self.cache.store(outcome.profile_artefacts)
+            kept = (
+                f"the verified profile is kept in {self.cache.folder}: run again with a reachable target "
+                "and it is re-planned without profiling"
+            )
+        except OSError as problem:
+            kept = f"the profile could not be cached in {self.cache.folder} ({problem})"
+        return Fallback(f"{outcome.reason}; {kept}", once=outcome.once)
+
+    def _fall_back(self, reason: str, once: bool = False) -> None:
+        """Run the rest of the job at stock clocks; every rank comes here together.
+
+        Each rank logs why, or, with ``once``, rank 0 alone for every rank.
+        """
         self.runner = None
         self.controller.request(RESET)
         self.phase = "stock (planning failed)"
-        self.printer(
-            f"[energy] rank {self.context.global_rank}: not optimising, training continues at stock clocks: "
-            f"{reason}"
-        )
+        if once and self.context.global_rank == 0:
+            self.printer(f"[energy] error: {reason}; every rank trains on at stock clocks")
+        elif not once:
+            self.printer(
+                f"[energy] rank {self.context.global_rank}: not optimising, training continues at stock "
+                f"clocks: {reason}"
+            )
 
     def _follow_stragglers(self, step: int, figures: StepFigures) -> tuple[bool, int] | None:
         """A step of the replicas' exchange of paces; when one completes, follow the slowest replica.
