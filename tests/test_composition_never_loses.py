@@ -1,0 +1,84 @@
+"""Issue 33, item 3: ``--energy-mode all`` never loses to its parts; every table prints plan files' figures.
+
+Every figure is the plan files' latency-aware prediction (modelled): the composed plan must be within what its
+target allows under the switch latency, and use no more energy than the best of its parts alone; the
+``simulate --compare`` rows must be the plans' own predictions (Perseus's, the same file ``megatron-energy
+plan`` writes), each within its deadline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_energy.cli import main
+from megatron_energy.commands.optimiser_comparison import compare_optimisers
+from megatron_energy.composition import ComposedOptimiser
+from megatron_energy.config import parse_target
+from megatron_energy.job import JobConfig
+from megatron_energy.kareus.optimiser import KareusOptimiser
+from megatron_energy.kareus.search import SearchBudget
+from megatron_energy.perseus.optimiser import PerseusOptimiser
+from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.plan import Plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
+DEMO_LIKE = EXAMPLES / "gpt3-xl-pp4-h100.yaml"  # GPT-3 1.3B stage work, PP=4 on H100: the demo's job
+EXAMPLE_7B = EXAMPLES / "llama-7b-pp4-tp2-h200.yaml"
+FAST = SearchBudget(trials=2)
+POINTS = 12
+
+
+@pytest.mark.parametrize("target", ["iso-time", "slowdown:0.05"])
+@pytest.mark.parametrize(
+    "example", [DEMO_LIKE, EXAMPLE_7B], ids=["gpt3-xl-pp4-h100", "llama-7b-pp4-tp2-h200"]
+)
+def test_all_is_within_its_target_and_no_costlier_than_its_best_part(example: Path, target: str) -> None:
+    job = JobConfig.load(example)
+    spec = job.spec()
+    profile = job.synthetic_profile(spec)
+    planning = job.planning_job(parse_target(target), POINTS, spec=spec)
+    composed = ComposedOptimiser([PerseusOptimiser(), KareusOptimiser(budget=FAST), PhaseOptimiser()])
+    both = composed.plan(profile, planning)
+    parts = {
+        "perseus": PerseusOptimiser().plan(profile, planning),
+        "kareus": KareusOptimiser(budget=FAST).plan(profile, planning),
+        "kernel": PhaseOptimiser().plan(profile, planning),
+    }
+    deadline_s = planning.target.deadline_s(both.baseline.iteration_time_s)
+    assert both.target_point.iteration_time_s <= deadline_s * (1 + 1e-9)
+    fitting = {
+        name: plan.target_point.energy_j
+        for name, plan in parts.items()
+        if plan.target_point.iteration_time_s <= deadline_s * (1 + 1e-9)
+    }
+    assert "perseus" in fitting  # the clock planner's executable point always fits
+    assert both.target_point.energy_j <= min(fitting.values()) * (1 + 1e-12), (both.choice, fitting)
+    assert both.choice.startswith("--energy-mode all kept ")
+    for name in ("perseus", "kareus", "kernel"):
+        assert f"{name} " in both.choice  # every candidate is named with its prediction
+    # the kept plan says what it is; a saved and read-back plan still says it
+    assert Plan.from_json_text(both.to_json_text()).choice == both.choice
+
+
+def test_the_comparison_rows_are_the_plan_files_predictions_within_their_deadlines(tmp_path: Path) -> None:
+    job = JobConfig.load(DEMO_LIKE)
+    comparison = compare_optimisers(job, FAST, points=POINTS)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(DEMO_LIKE), "--points", str(POINTS), "--out", str(out)]) == 0
+    perseus = Plan.load(out).target_point
+    row = comparison.row("perseus")
+    assert row.iteration_time_s == perseus.iteration_time_s
+    assert row.total_energy_j == pytest.approx(perseus.energy_j, rel=1e-12)
+    assert comparison.row("stock").total_energy_j == pytest.approx(
+        Plan.load(out).baseline.energy_j, rel=1e-12
+    )
+    both = comparison.row("all").plan.target_point
+    assert (comparison.row("all").iteration_time_s, comparison.row("all").total_energy_j) == (
+        both.iteration_time_s,
+        pytest.approx(both.energy_j, rel=1e-12),
+    )
+    for mode_row in comparison.rows:
+        assert mode_row.iteration_time_s <= mode_row.deadline_s * (1 + 1e-9), mode_row.mode
+    assert comparison.row("all").total_energy_j <= row.total_energy_j * (1 + 1e-12)
