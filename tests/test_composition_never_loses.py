@@ -3,7 +3,8 @@
 Every figure is the plan files' latency-aware prediction (modelled): the composed plan must be within what its
 target allows under the switch latency, and use no more energy than the best of its parts alone; the
 ``simulate --compare`` rows must be the plans' own predictions (Perseus's, the same file ``megatron-energy
-plan`` writes), each within its deadline.
+plan`` writes), each within its deadline. The job is the demo's (GPT-3 1.3B stage work, PP=4 on H100) as an
+example job description; ``tests/test_demo_command.py`` checks the demo's own run.
 """
 
 from __future__ import annotations
@@ -25,17 +26,14 @@ from megatron_energy.plan import Plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 DEMO_LIKE = EXAMPLES / "gpt3-xl-pp4-h100.yaml"  # GPT-3 1.3B stage work, PP=4 on H100: the demo's job
-EXAMPLE_7B = EXAMPLES / "llama-7b-pp4-tp2-h200.yaml"
-FAST = SearchBudget(trials=2)
-POINTS = 12
+FAST = SearchBudget(trials=1)
+POINTS = 8
 
 
 @pytest.mark.parametrize("target", ["iso-time", "slowdown:0.05"])
-@pytest.mark.parametrize(
-    "example", [DEMO_LIKE, EXAMPLE_7B], ids=["gpt3-xl-pp4-h100", "llama-7b-pp4-tp2-h200"]
-)
-def test_all_is_within_its_target_and_no_costlier_than_its_best_part(example: Path, target: str) -> None:
-    job = JobConfig.load(example)
+def test_all_is_within_its_target_and_no_costlier_than_its_best_part(target: str) -> None:
+    """On old main ``all`` predicted 0.906 s against this job's 0.882 s iso-time deadline (+2.8 %)."""
+    job = JobConfig.load(DEMO_LIKE)
     spec = job.spec()
     profile = job.synthetic_profile(spec)
     planning = job.planning_job(parse_target(target), POINTS, spec=spec)

@@ -19,18 +19,20 @@ Composed (``all``), Kareus is given the Perseus clocks and moves them jointly wi
 offsets of the instructions a class overlaps), and, as a joint pass, also searches from stock clocks, where
 its own joint move of every rank's clocks applies (overlap on every rank shortens the pipeline, then every
 rank's clock comes down: :meth:`KareusOptimiser._global_start`); the target point takes whichever the
-overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`). A point whose choices the
-model prices no lower than megatron-core's defaults on its clocks keeps the defaults, so every point of
-``all`` costs no more than its Perseus point with megatron-core's collective schedule, as this model prices
-both.
+overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`).
 
-Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
-relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
-relaxation does not cover collectives).
+Each point's prediction (rank energies, busy times, iteration time) is latency-aware, as every plan's is
+(``kareus.pricing``): its clocks simulated under the switch latency, plus what its collective choices change
+under the overlap model. A point that does not predict less energy than its base point (alone: stock clocks
+with megatron-core's defaults) within the base point's deadline is the base point, unchanged; so a Kareus
+point never predicts more energy, nor a slower iteration than its deadline allows, than the point it refines.
+Its relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock
+planner's relaxation does not cover collectives).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -159,8 +161,8 @@ class KareusOptimiser:
                 points.append(
                     _point(model, labels[index], best, priced, reference.deadline_s, lower_bounds[index])
                 )
-            else:
-                points.append(reference)  # the base point (or stock clocks) as it was: nothing beat it
+            else:  # nothing beat the base point (or stock clocks): it stays, with the default collectives
+                points.append(_with_default_collectives(model, reference, defaults))
         baseline = base.baseline if base is not None else _baseline(stock_priced)
         return Plan(
             fingerprint=job.fingerprint,
@@ -362,6 +364,25 @@ def _point(
         lower_bound_j=min(lower_bound_j, priced.energy_j),
         ranks=tuple(ranks),
     )
+
+
+def _with_default_collectives(
+    model: KareusModel, point: PlanPoint, defaults: Mapping[ChoiceKey, ClassChoice]
+) -> PlanPoint:
+    """``point`` with megatron-core's default collective actions, so the plan names the job's collectives.
+
+    Its figures stay: the defaults change nothing. A point with other than instruction clocks stays as it is.
+    """
+    if not all(isinstance(a, ClockAction) and a.at.phase is None for r in point.ranks for a in r.actions):
+        return point
+    ranks = tuple(
+        dataclasses.replace(
+            rank,
+            actions=_ordered(model, stage, point.clock_table(stage), model.actions(stage, defaults)),
+        )
+        for stage, rank in enumerate(point.ranks)
+    )
+    return dataclasses.replace(point, ranks=ranks)
 
 
 def _ordered(
