@@ -6,11 +6,11 @@ and may add actions it owns (collective launch points and budgets, phase clocks)
 point it returns must not predict an iteration slower than the base point's deadline. The profile request
 of a composition is the union of its parts' requests, so one profiling pass serves every part.
 
-With today's released optimisers ``all`` is Perseus then Kareus: Perseus picks the clock of every
-instruction (its frontier points); Kareus keeps each point's clocks, shifts those of the instructions a
-collective overlaps where that helps, adds the collective actions (launch point and CTA budget per
-collective), and prices the point with the overlap model (``sim.overlap``), never slower than the point's
-deadline as that model prices the Perseus point itself.
+With today's released optimisers ``all`` is Perseus, then Kareus, then phase clocks: Perseus picks the
+clock of every instruction (its frontier points); Kareus keeps each point's clocks, shifts those of the
+instructions a collective overlaps where that helps, adds the collective actions (launch point and CTA budget
+per collective) and prices the point under the switch latency (``kareus.pricing``), keeping the Perseus
+point where it predicts no less; the phase optimiser adds clocks per phase of kernels.
 
 **Composition never loses.** Refining can still cost: a later part prices with its own model, and the
 switch latency can take back what an instant-switch model found. So ``all`` also plans each part alone and
@@ -58,7 +58,12 @@ class ComposedOptimiser:
         return request
 
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
-        """Run every part on the previous part's plan, and each later part alone: :func:`choose` keeps one.
+        """Run every part on the previous part's plan, and each later part alone: :func:`choose` keeps one."""
+        candidates = self.candidates(profile, job, base)
+        return choose(candidates, job.target, candidates[1] if len(candidates) > 1 else candidates[0])
+
+    def candidates(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> list[Plan]:
+        """The composed plan, then its prefixes (the first part's plan first), then each later part alone.
 
         A part that cannot plan alone (Kareus without a collective workload, or with a power target) is no
         candidate alone.
@@ -74,7 +79,7 @@ class ComposedOptimiser:
                 alone.append(part.plan(profile, job, base))
             except EnergyValueError:
                 continue
-        return choose([prefixes[-1], *prefixes[:-1], *alone], job.target, prefixes[0])
+        return [prefixes[-1], *prefixes[:-1], *alone]
 
 
 def candidate_name(plan: Plan) -> str:

@@ -23,14 +23,14 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_energy.composition import ComposedOptimiser
+from megatron_energy.composition import ComposedOptimiser, candidate_name, choose
 from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.kareus.optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import Optimiser, PlanningJob
+from megatron_energy.optimiser import PlanningJob
 from megatron_energy.perseus.optimiser import PerseusOptimiser
 from megatron_energy.phases.optimiser import PhaseOptimiser
 from megatron_energy.pipeline.dag import IterationTail
@@ -112,17 +112,10 @@ class Comparison:
         return self.rows[MODES.index(mode)]
 
 
-def mode_optimisers(budget: SearchBudget | None = None) -> dict[str, Optimiser]:
-    """The optimiser of each planned mode, as ``--energy-mode`` resolves it, with Kareus's search budget."""
-
-    def kareus() -> KareusOptimiser:
-        return KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
-
-    return {
-        "perseus": PerseusOptimiser(),
-        "kareus": kareus(),
-        "all": ComposedOptimiser([PerseusOptimiser(), kareus(), PhaseOptimiser()]),
-    }
+def all_optimiser(budget: SearchBudget | None = None) -> ComposedOptimiser:
+    """``--energy-mode all`` as the registry resolves it, with Kareus's search budget."""
+    kareus = KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
+    return ComposedOptimiser([PerseusOptimiser(), kareus, PhaseOptimiser()])
 
 
 def compare_optimisers(
@@ -164,8 +157,15 @@ def compare_modes(
     Returns:
         The rows, stock first.
     """
-    plans = {mode: optimiser.plan(profile, planning) for mode, optimiser in mode_optimisers(budget).items()}
-    perseus = plans["perseus"]
+    composed = all_optimiser(budget)
+    candidates = composed.candidates(profile, planning)  # perseus alone and kareus alone among them
+    by_name = {candidate_name(plan): plan for plan in reversed(candidates)}
+    perseus = by_name["perseus"]
+    plans = {
+        "perseus": perseus,
+        "kareus": by_name["kareus"],
+        "all": choose(candidates, planning.target, perseus),
+    }
     deadline_s = planning.target.deadline_s(perseus.baseline.iteration_time_s)
     idle_w = profile.idle_power_w
     rows = [
