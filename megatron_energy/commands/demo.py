@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         if not (folder / "plan.json").is_file():
             return fail(
                 "demo",
-                "no plan ran: the ranks trained at stock clocks (the [energy] error line above says why); "
+                "no plan ran: the ranks trained at stock clocks (the [energy] line above says why); "
                 f"the job's profile is kept in {folder}, so a run with a reachable --energy-target re-plans "
                 "from it without profiling",
             )
