@@ -9,22 +9,23 @@ of a composition is the union of its parts' requests, so one profiling pass serv
 With today's released optimisers ``all`` is Perseus, then Kareus, then the phase clocks (``kernel``):
 Perseus picks the clock of every instruction (its frontier points); Kareus keeps each point's clocks, shifts
 those of the instructions a collective overlaps where that helps, adds the collective actions (launch point
-and CTA budget per collective), and prices the point with the overlap model (``sim.overlap``); the phase
+and CTA budget per collective), and prices the point under the switch latency (``kareus.pricing``: its clocks
+by the pipeline simulator, plus what its collective choices change under the overlap model); the phase
 optimiser adds clocks inside instructions and in the iteration tail.
 
 Composition never loses: a part's refinement is kept only if the plan's target point then predicts no
 slower an iteration than the target allows (or than the base point's, where that is longer) and no smaller a
 saving of energy, each relative to the plan's own stock iteration (an optimiser that prices with another
-model, as Kareus's overlap model adds the collectives, prices stock with it too), with the plan's switch
-latency; otherwise the base plan goes on unchanged. The result is then set against each part's plan alone (a
-part that cannot plan alone is skipped), and the one that saves the most within the target wins. The plan's
+model prices stock with it too), with the plan's switch latency; a power budget allows no slower an
+iteration than the first part's point (the fastest within the budget) and no higher an average power.
+Otherwise the base plan goes on unchanged. The result is then set against each part's plan alone (a part
+that cannot plan alone is skipped), and the one that saves the most within the target wins. The plan's
 ``notes`` say what was left out and why, and its ``optimisers`` name only the parts whose work it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,31 +66,47 @@ class ComposedOptimiser:
 
         See the module docstring.
         """
-        plan, notes = base, []
+        return self.plan_with_parts(profile, job, base)[0]
+
+    def plan_with_parts(
+        self, profile: Profile, job: PlanningJob, base: Plan | None = None
+    ) -> tuple[Plan, dict[str, Plan]]:
+        """:meth:`plan`, with the plans it weighed of each part alone (what ``simulate --compare`` prints).
+
+        Returns:
+            The plan, and each part's plan alone by name: without ``base``, the first part's (the start of
+            the refinement) and each later part's that can plan alone.
+        """
+        plan, first, notes = base, base, []
+        alone: dict[str, Plan] = {}
         for part in self.parts:
             refined = part.plan(profile, job, plan)
-            loss = None if plan is None else _loss(refined, plan, job.target)
+            if plan is None:  # the first part, planning from scratch
+                plan = first = alone[part.name] = refined
+                continue
+            assert first is not None
+            loss = _loss(refined, plan, job.target, first)
             if loss is not None:
                 notes.append(f"{part.name}'s refinement left out ({loss})")
                 continue
             plan = refined
-        assert plan is not None  # __post_init__ guarantees a part
+        assert plan is not None and first is not None  # __post_init__ guarantees a part
         composed = plan
         for part in self.parts[1:] if base is None else ():
             try:
-                alone = part.plan(profile, job, None)
+                alone[part.name] = part.plan(profile, job, None)
             except EnergyValueError:  # e.g. no collective to schedule and no base plan: it cannot plan alone
                 continue
-            if _loss(alone, plan, job.target) is None and _ratios(alone)[1] < _ratios(plan)[1] * (
-                1 - TOLERANCE
-            ):
-                plan = alone
+            candidate = alone[part.name]
+            cheaper = _ratios(candidate)[1] < _ratios(plan)[1] * (1 - TOLERANCE)
+            if cheaper and _loss(candidate, plan, job.target, first) is None:
+                plan = candidate
         if plan is not composed:
             notes.append(
                 f"{plan.optimisers[-1]} alone is the plan: it saves {100 * (1 - _ratios(plan)[1]):.2f} % of "
                 f"stock energy against the composition's {100 * (1 - _ratios(composed)[1]):.2f} % (modelled)"
             )
-        return dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan
+        return (dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan), alone
 
 
 def _ratios(plan: Plan) -> tuple[float, float]:
@@ -98,16 +115,18 @@ def _ratios(plan: Plan) -> tuple[float, float]:
     return point.iteration_time_s / stock.iteration_time_s, point.energy_j / stock.energy_j
 
 
-def _loss(candidate: Plan, base: Plan, target: EnergyTarget) -> str | None:
+def _loss(candidate: Plan, base: Plan, target: EnergyTarget, first: Plan) -> str | None:
     """Why ``candidate`` loses to ``base`` at ``target``; else None.
 
     Each plan's prediction is set against its own stock iteration (an optimiser that prices with another
     model prices stock with it too): the candidate loses if its iteration is longer, relative to its stock,
-    than the target allows (or than the base's, where that is longer), or if it saves less energy.
+    than the target allows (or than the base's, where that is longer), or if it saves less energy. A power
+    budget allows no slower an iteration than ``first``'s (the first part's point: the fastest within the
+    budget) and no higher an average power per GPU than the budget.
     """
     time_c, energy_c = _ratios(candidate)
     time_b, energy_b = _ratios(base)
-    allowed = math.inf if target.kind == "power" else target.deadline_s(1.0)
+    allowed = _ratios(first)[0] if target.kind == "power" else target.deadline_s(1.0)
     if time_c > max(allowed, time_b) * (1 + TOLERANCE):
         point_s, stock_s = candidate.target_point.iteration_time_s, candidate.baseline.iteration_time_s
         return (
@@ -115,6 +134,10 @@ def _loss(candidate: Plan, base: Plan, target: EnergyTarget) -> str | None:
             f"{target} allows {100 * (max(allowed, time_b) - 1):+.2f} % "
             f"(modelled, {1e3 * candidate.switch_latency_s:g} ms clock switches)"
         )
+    point = candidate.target_point
+    average_w = point.energy_j / (len(point.ranks) * point.iteration_time_s)
+    if target.kind == "power" and average_w > target.power_w * (1 + TOLERANCE):
+        return f"it predicts {average_w:.1f} W per GPU on average, over {target} (modelled)"
     if energy_c > energy_b * (1 + TOLERANCE):
         return (
             f"it saves {100 * (1 - energy_c):.2f} % of stock energy against {100 * (1 - energy_b):.2f} % "

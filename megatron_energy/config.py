@@ -298,9 +298,10 @@ class EnergyConfig:
     """Where on the time–energy frontier to land: ``iso-time`` (no slower than stock clocks), ``min-energy``,
     ``slowdown:X`` with 0 < X < 1, or ``power:W[,peak:P]``: the fastest frontier point whose predicted
     average power per GPU is at most W watts (and no instruction above P). A power budget below the GPU
-    spec's idle power is refused while the flags are parsed, one below what the slowest point draws is
-    rejected with the lowest achievable power, and ``kareus`` and ``kernel`` alone (which keep stock clocks)
-    refuse one; the log then shows the measured power per GPU against the budget with its 95 % interval, and
+    spec's idle power is refused while the flags are parsed; one below what the slowest point draws is
+    rejected with the lowest reachable power: before profiling where the spec's model is the GPU (simulated
+    GPUs), else once, on rank 0, after profiling, keeping the verified profile so that a retry with another
+    budget re-plans without profiling; ``kareus`` and ``kernel`` alone (which keep stock clocks) refuse one; the log then shows the measured power per GPU against the budget with its 95 % interval, and
     a sustained overshoot reverts to stock clocks like a slowdown."""
 
     backend: Backend = "auto"

@@ -36,11 +36,13 @@ from typing import Any
 
 import yaml
 
+from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.kareus.collectives import CollectiveWorkload
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
+from megatron_energy.optimiser import PlanningJob
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
@@ -237,6 +239,36 @@ class JobConfig:
             orders if orders is not None else self.orders(),
             comm=self.comm_spec(spec),
             tail=self.iteration_tail(spec),
+        )
+
+    def planning_job(
+        self,
+        target: EnergyTarget,
+        frontier_points: int,
+        switch_latency_s: float | None = None,
+        spec: GpuSpec | None = None,
+    ) -> PlanningJob:
+        """The job as every optimiser plans it (``plan --config``, ``simulate --compare``).
+
+        Args:
+            target: The planning target.
+            frontier_points: Deadlines in the frontier sweep.
+            switch_latency_s: The clock-switch latency; the GPU spec's when ``None``.
+            spec: The GPU spec; loaded from ``gpu`` when ``None``.
+        """
+        spec = spec or self.spec()
+        workload = self.collective_workload(spec)
+        return PlanningJob(
+            orders=workload.orders,
+            fingerprint=self.fingerprint(),
+            target=target,
+            switch_latency_s=spec.switch_latency_s if switch_latency_s is None else switch_latency_s,
+            comm=self.comm_spec(spec),
+            tail=self.iteration_tail(spec),
+            frontier_points=frontier_points,
+            collectives=workload,
+            gpu=spec,
+            layers_per_chunk=workload.layers_per_chunk,
         )
 
     def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:

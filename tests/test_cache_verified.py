@@ -206,6 +206,30 @@ def test_a_changed_planning_input_re_plans_from_the_verified_run_and_names_the_i
     assert not JobCache(tmp_path, _planned("min-energy")).load().hit, "without a replan, a miss"
 
 
+def test_a_profile_kept_without_a_plan_is_re_planned_for_another_target_and_for_its_own(
+    tmp_path: Path,
+) -> None:
+    """Issue 33, item 5: a run whose power budget was out of reach keeps its profile (no plan.json)."""
+    kept = {
+        name: text for name, text in _artefacts("kept").items() if name in ("profile.csv", "baseline.json")
+    }
+    out_of_reach = JobCache(tmp_path, _planned("power:300"))
+    out_of_reach.store(kept)
+    seen: list[str] = []
+
+    def replan(artefacts: Mapping[str, bytes], fingerprint: str) -> dict[str, str]:
+        seen.append(fingerprint)
+        return _artefacts("re-planned")
+
+    retry = JobCache(tmp_path, _planned("power:520"), replan=replan).load()
+    assert retry.hit and json.loads(retry.artefacts["plan.json"])["tag"] == "re-planned"
+    assert "planning.target: 'power:300' -> 'power:520'" in retry.message
+    again = JobCache(tmp_path, _planned("power:300"), replan=replan).load()  # the same budget once more
+    assert again.hit and f"planned from the profile cached in {out_of_reach.folder}" in again.message
+    assert seen == [JobCache(tmp_path, _planned("power:520")).fingerprint, out_of_reach.fingerprint]
+    assert not list(tmp_path.glob("*/quarantine-*")), "a kept profile is never set aside"
+
+
 def test_a_re_plan_that_fails_is_a_miss_that_says_why(tmp_path: Path) -> None:
     JobCache(tmp_path, _planned("iso-time")).store(_artefacts())
 

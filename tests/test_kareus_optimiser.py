@@ -158,14 +158,13 @@ def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> 
 
 @pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
 def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: Path) -> None:
-    comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2))
+    comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2), points=8)
     perseus, both = comparison.row("perseus"), comparison.row("all")
-    assert both.result.iteration_time_s <= both.deadline_s * (1 + 1e-9)
-    assert both.result.iteration_time_s <= perseus.result.iteration_time_s * (1 + 1e-9)
-    assert both.result.total_energy_j < 0.97 * perseus.result.total_energy_j
+    assert both.iteration_time_s <= both.deadline_s * (1 + 1e-9)
+    assert both.total_energy_j < 0.97 * perseus.total_energy_j
     kareus, stock = comparison.row("kareus"), comparison.row("stock")
-    assert kareus.result.iteration_time_s <= stock.result.iteration_time_s * (1 + 1e-9)
-    assert kareus.result.total_energy_j < stock.result.total_energy_j
+    assert kareus.iteration_time_s <= stock.iteration_time_s * (1 + 1e-9)
+    assert kareus.total_energy_j < stock.total_energy_j
 
 
 def test_simulate_compare_prints_every_mode_as_modelled(
@@ -178,4 +177,4 @@ def test_simulate_compare_prints_every_mode_as_modelled(
     for mode in ("stock", "perseus", "kareus", "all"):
         assert f"│ {mode}" in out
     assert "modelled" in out and "static" in out and "dynamic" in out
-    assert '"collectives (modelled)"' in trace.read_text()
+    assert f"trace of all's clocks written to {trace}" in out and trace.stat().st_size > 0

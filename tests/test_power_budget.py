@@ -74,7 +74,7 @@ def test_peak_cap_constrains_the_choice(planner: Planner) -> None:
 
 def test_impossible_budget_names_the_lowest_power(planner: Planner) -> None:
     lowest = min(point_power(p, planner.profile).average_w for p in planner.executable_points())
-    with pytest.raises(PowerBudgetError, match=r"lowest predicted average power is (\d+\.\d) W") as error:
+    with pytest.raises(PowerBudgetError, match=r"lowest reachable average power is (\d+\.\d) W") as error:
         planner.point(EnergyTarget("power", power_w=lowest * 0.9))
     assert f"{lowest:.1f} W per GPU" in str(error.value)
 

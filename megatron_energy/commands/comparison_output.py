@@ -1,4 +1,8 @@
-"""Tables of a Perseus / Kareus / both comparison (``simulate --compare``); every figure is *modelled*."""
+"""Tables of a Perseus / Kareus / all comparison (``simulate --compare``, the demo); every figure *modelled*.
+
+Each row is a mode's plan file's prediction (``commands.optimiser_comparison``); its change against stock is
+the one saving every output prints (``plan_outcome.energy_change``, as ``change_text`` writes it).
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,25 @@ from rich.table import Table
 
 from megatron_energy.commands.optimiser_comparison import MODES, Comparison
 from megatron_energy.dvfs.model import GpuPowerModel
-from megatron_energy.sim.overlap import PHASES
+from megatron_energy.plan_outcome import change_text, energy_change
 
 
 def comparison_label(comparison: Comparison) -> str:
-    """What every figure of the comparison is: modelled, with the models' parameters."""
-    spec = comparison.spec
+    """What every figure of the comparison is: modelled, with the model's parameters and switch latency."""
     return (
-        f"modelled: {GpuPowerModel(spec).describe()}; {comparison.model.simulator.contention.describe()}; "
-        "instant clock switches; static = idle power x iteration time per GPU, dynamic = the rest"
+        f"modelled: {GpuPowerModel(comparison.spec).describe()}; each mode's plan file's prediction, "
+        f"executable under {1e3 * comparison.switch_latency_s:g} ms clock switches; "
+        "static = idle power x iteration time per GPU, dynamic = the rest"
     )
 
 
 def modes_table(comparison: Comparison) -> Table:
-    """One row per mode: iteration time, energy, static/dynamic split, changes against stock and Perseus."""
+    """One row per mode: deadline, iteration time, energy, static/dynamic split, changes against stock."""
     job = comparison.job
     per_pipeline = job.pipelines
     table = Table(
-        title=f"{job.name}: one iteration per mode (modelled; one pipeline = {job.pipeline_stages} GPUs)"
+        title=f"{job.name}: one iteration per mode, as its plan file predicts it (modelled; "
+        f"one pipeline = {job.pipeline_stages} GPUs)"
     )
     for header in (
         "mode",
@@ -39,22 +44,21 @@ def modes_table(comparison: Comparison) -> Table:
         "energy vs perseus",
     ):
         table.add_column(header, justify="left" if header == "mode" else "right")
-    stock = comparison.row("stock").result
-    perseus = comparison.row("perseus").result
+    stock = comparison.row("stock")
+    perseus = comparison.row("perseus")
     for mode in MODES:
         row = comparison.row(mode)
-        result = row.result
         table.add_row(
             mode,
             f"{row.deadline_s:.4f}",
-            f"{result.iteration_time_s:.4f}",
-            f"{result.total_energy_j:,.1f}",
-            f"{result.static_j:,.1f}",
-            f"{result.dynamic_j:,.1f}",
-            f"{result.total_energy_j * per_pipeline / 1e3:,.2f}",
-            f"{result.iteration_time_s / stock.iteration_time_s - 1:+.2%}",
-            f"{result.total_energy_j / stock.total_energy_j - 1:+.2%}",
-            f"{result.total_energy_j / perseus.total_energy_j - 1:+.2%}",
+            f"{row.iteration_time_s:.4f}",
+            f"{row.total_energy_j:,.1f}",
+            f"{row.static_j:,.1f}",
+            f"{row.dynamic_j:,.1f}",
+            f"{row.total_energy_j * per_pipeline / 1e3:,.2f}",
+            change_text(row.iteration_time_s / stock.iteration_time_s - 1),
+            change_text(energy_change(stock.total_energy_j, row.total_energy_j)),
+            change_text(energy_change(perseus.total_energy_j, row.total_energy_j)),
         )
     return table
 
@@ -66,54 +70,22 @@ def stage_split_table(comparison: Comparison, modes: tuple[str, ...] = ("perseus
     for mode in modes:
         table.add_column(f"{mode} static", justify="right")
         table.add_column(f"{mode} dynamic", justify="right")
-    stages = len(comparison.row(modes[0]).result.stages)
+    stages = len(comparison.row(modes[0]).stage_energy_j)
     for stage in range(stages):
         cells = []
         for mode in modes:
-            energy = comparison.row(mode).result.stages[stage]
-            cells += [f"{energy.static_j:,.1f}", f"{energy.dynamic_j:,.1f}"]
+            row = comparison.row(mode)
+            static_j = row.stage_static_j(stage)
+            cells += [f"{static_j:,.1f}", f"{row.stage_energy_j[stage] - static_j:,.1f}"]
         table.add_row(str(stage), *cells)
     return table
 
 
-def phase_table(comparison: Comparison) -> Table:
-    """Time and dynamic energy per phase, summed over the pipeline's GPUs, for every mode."""
-    table = Table(title="per phase, summed over stage GPUs (modelled): seconds / dynamic J")
-    table.add_column("mode")
-    for phase in PHASES:
-        table.add_column(phase, justify="right")
-    for mode in MODES:
-        stages = comparison.row(mode).result.stages
-        cells = []
-        for phase in PHASES:
-            time_s = sum(stage.phase(phase).time_s for stage in stages)
-            dynamic_j = sum(stage.phase(phase).dynamic_j for stage in stages)
-            cells.append(f"{time_s:.3f} / {dynamic_j:,.0f}")
-        table.add_row(mode, *cells)
-    return table
-
-
-def choices_lines(comparison: Comparison, mode: str = "all") -> list[str]:
-    """The collective choices of ``mode`` that differ from megatron-core's defaults, one line per class."""
-    row = comparison.row(mode)
-    defaults = comparison.model.choices_default()
-    lines = []
-    for (stage, key), choice in sorted(row.choices.items()):
-        if choice == defaults.get((stage, key)):
-            continue
-        ctas = "NCCL default" if choice.max_ctas is None else f"{choice.max_ctas}"
-        lines.append(
-            f"  stage {stage} {key}: CTAs {ctas}, launch choice {choice.launch}, clock offset "
-            f"{choice.clock_steps:+d} step(s)"
-        )
-    return lines or ["  (megatron-core's defaults everywhere)"]
-
-
 def all_vs_perseus_line(comparison: Comparison) -> str:
-    """``all`` against Perseus alone at iso-time: energy change and where it comes from (static, dynamic)."""
-    perseus, both = comparison.row("perseus").result, comparison.row("all").result
+    """``all`` against Perseus alone: energy change and where it comes from (static, dynamic)."""
+    perseus, both = comparison.row("perseus"), comparison.row("all")
     return (
-        f"all vs perseus at iso-time: energy {both.total_energy_j / perseus.total_energy_j - 1:+.2%} "
+        f"all vs perseus: energy {change_text(energy_change(perseus.total_energy_j, both.total_energy_j))} "
         f"(static {both.static_j - perseus.static_j:+,.1f} J, "
         f"dynamic {both.dynamic_j - perseus.dynamic_j:+,.1f} J per pipeline), "
         f"time {both.iteration_time_s:.4f} s vs {perseus.iteration_time_s:.4f} s "
@@ -122,11 +94,9 @@ def all_vs_perseus_line(comparison: Comparison) -> str:
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
-    """Every table and line of a comparison: modes, static/dynamic split per stage and phase, choices."""
+    """Every table and line of a comparison: modes, static/dynamic split per stage, what ``all`` kept."""
     console.print(modes_table(comparison))
     console.print(stage_split_table(comparison))
-    console.print(phase_table(comparison))
-    console.print("collective choices of all (differences from megatron-core's defaults):")
-    for line in choices_lines(comparison):
-        console.print(line)
-    console.print(all_vs_perseus_line(comparison))
+    for note in comparison.row("all").plan.notes:  # what `all` left out, or which part alone it is
+        console.print(f"all: {note}", markup=False)
+    console.print(all_vs_perseus_line(comparison), markup=False)

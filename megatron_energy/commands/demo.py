@@ -149,6 +149,13 @@ def run(args: argparse.Namespace) -> int:
         return status
     try:
         folder = latest_job_folder(job.energy.dir)
+        if not (folder / "plan.json").is_file():
+            return fail(
+                "demo",
+                "no plan ran: the ranks trained at stock clocks (the [energy] line above says why); "
+                f"the job's profile is kept in {folder}, so a run with a reachable --energy-target re-plans "
+                "from it without profiling",
+            )
         summary = load_summary(folder, job.log_file)
         report = write_job_report(folder)
     except (ReportError, SummaryError) as problem:  # say what to do themselves

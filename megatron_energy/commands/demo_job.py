@@ -20,6 +20,8 @@ from pathlib import Path
 from megatron_energy.config import EnergyConfig, energy_argv
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.perseus.power_budget import modelled_floor_problem
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
 from megatron_energy.runtime.baseline_length import pilot_steps
@@ -97,7 +99,7 @@ class DemoJob:
         return self.profiling_iters + self.run_iters
 
     def problem(self) -> str | None:
-        """Why Megatron would refuse this job, or ``None``."""
+        """Why Megatron would refuse this job, or why its power budget is out of modelled reach; else None."""
         if self.model not in KNOWN_SHAPES:
             return f"unknown model {self.model!r}; use one of {', '.join(KNOWN_SHAPES)}"
         layers = self.shape.num_layers
@@ -106,7 +108,11 @@ class DemoJob:
                 f"{self.model} has {layers} layers, which {self.pipeline_size} pipeline stages do not "
                 f"divide; use a divisor of {layers}"
             )
-        return None
+        if self.energy.target.kind != "power":
+            return None
+        orders = pipeline_orders(self.pipeline_size, self.num_microbatches)
+        spec = load_gpu_spec(self.energy.gpu_spec or "")
+        return modelled_floor_problem(self.energy.target, self.shape, spec, orders)  # before any profiling
 
     def megatron_args(self) -> list[str]:
         """Megatron's arguments: the model's shape, the batch, the iterations, mock data, logging."""

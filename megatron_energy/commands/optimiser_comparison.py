@@ -1,39 +1,45 @@
-"""Perseus-only vs Kareus-only vs both, every figure *modelled* (``simulate --compare``, ``demo``).
+"""Perseus-only vs Kareus-only vs all, every figure *modelled* (``simulate --compare``, ``demo``).
 
-Four iterations of the job, each priced by the overlap model (``sim.overlap``: collectives as work beside
-computation, static and dynamic energy apart) on a profile of the job: the job description's synthetic one
-(:func:`compare_optimisers`) or the one a live session measured (:func:`compare_modes`, the demo):
+Each mode's row is its plan's target point as its plan file predicts it: planned by the optimisers of
+``--energy-mode`` (the same ones, on the same ``PlanningJob``, as ``megatron-energy plan`` and the session)
+and priced under the GPU's switch latency (Perseus's executable points; Kareus's collective choices added to
+the latency-aware simulation of their clocks, ``kareus.pricing``; the phase optimiser's latency-aware
+change). A plan line, the demo's table and ``report`` print the same figures and the same saving
+(``plan_outcome.energy_change``). The profile is the job description's synthetic one
+(:func:`compare_optimisers`) or the one a live session measured (:func:`compare_job_folder`, the demo):
 
-* **stock**: every instruction at its fastest clock, megatron-core's default collective schedule (gradient
-  reduce-scatter after the last backward, parameter all-gather after the optimizer, NCCL's CTA budgets,
-  tensor-parallel collectives exposed);
-* **perseus**: Perseus's iso-time clocks (solved on the job's DAG for the stock all-maximum-clocks time), the
-  default collective schedule;
-* **kareus**: stock clocks, Kareus's collective choices at iso-time (no slower than *stock*);
-* **all**: Perseus's clocks refined by Kareus, or Kareus's own joint clock moves from stock clocks where
-  the model prices those lower (``KareusOptimiser.joint``; no slower than *perseus*'s deadline: iso-time).
+* **stock**: every instruction at its fastest clock, megatron-core's default collective schedule;
+* **perseus**: ``--energy-mode perseus``'s plan: a clock per instruction;
+* **kareus**: ``--energy-mode kareus``'s plan: stock clocks, the collectives' launch points and CTA budgets;
+* **all**: ``--energy-mode all``'s plan: Perseus, then Kareus, then phase clocks, each refinement kept where
+  it does not lose, or one of its parts' plans where that predicts less energy within the target
+  (``composition``; the plan's notes say which).
 
-Clock switches are instant in this comparison (the overlap model does not price switch latency).
+Every row's deadline is the target's on the stock iteration; no row's iteration exceeds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron_energy.composition import ComposedOptimiser
+from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
-from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.kareus.optimiser import KareusOptimiser
-from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel
 from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.perseus.planner import Planner
-from megatron_energy.pipeline.dag import IterationTail, PipelineDag
+from megatron_energy.optimiser import PlanningJob
+from megatron_energy.perseus.optimiser import PerseusOptimiser
+from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
+from megatron_energy.plan import Plan
 from megatron_energy.report.job_folder import ReportError, read_job_folder
-from megatron_energy.sim.overlap import OverlapResult
+from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
 
 MODES: tuple[str, ...] = ("stock", "perseus", "kareus", "all")
 """The rows of a comparison, in order."""
@@ -41,16 +47,40 @@ MODES: tuple[str, ...] = ("stock", "perseus", "kareus", "all")
 
 @dataclass(frozen=True)
 class ModeResult:
-    """One row: the iteration under one mode (modelled)."""
+    """One row: the iteration under one mode, as the mode's plan file predicts it (modelled)."""
 
     mode: str
     """One of :data:`MODES`."""
-    result: OverlapResult
-    """The simulated iteration."""
+    iteration_time_s: float
+    """Predicted iteration time under the switch latency."""
+    stage_energy_j: tuple[float, ...]
+    """Predicted energy per iteration of each stage's GPU."""
     deadline_s: float
-    """The iteration time the mode had to meet."""
-    choices: dict[ChoiceKey, ClassChoice]
-    """Collective choices (megatron-core's defaults for stock and perseus)."""
+    """The iteration time the target allows (the target's deadline on the stock iteration)."""
+    idle_power_w: float
+    """The GPU's idle power: the static part of every second of the iteration."""
+    plan: Plan
+    """The mode's plan (stock: the Perseus plan, whose baseline is this row)."""
+
+    @property
+    def total_energy_j(self) -> float:
+        """Predicted energy of the pipeline's GPUs per iteration."""
+        return sum(self.stage_energy_j)
+
+    def stage_static_j(self, stage: int) -> float:
+        """Static energy of one stage's GPU: idle power over the iteration."""
+        del stage  # the same on every GPU of the pipeline
+        return self.idle_power_w * self.iteration_time_s
+
+    @property
+    def static_j(self) -> float:
+        """Static energy of the pipeline's GPUs."""
+        return sum(self.stage_static_j(stage) for stage in range(len(self.stage_energy_j)))
+
+    @property
+    def dynamic_j(self) -> float:
+        """Energy above idle power."""
+        return self.total_energy_j - self.static_j
 
 
 @dataclass(frozen=True)
@@ -75,82 +105,87 @@ class Comparison:
     """Its GPU spec."""
     rows: tuple[ModeResult, ...]
     """One per :data:`MODES` entry."""
-    model: KareusModel
-    """The model that priced them."""
+    switch_latency_s: float
+    """The clock-switch latency every plan is executable under."""
 
     def row(self, mode: str) -> ModeResult:
         """The row of ``mode``."""
         return self.rows[MODES.index(mode)]
 
 
-def compare_optimisers(job: JobConfig, budget: SearchBudget | None = None) -> Comparison:
-    """Plan and price the four modes of a job description, on its synthetic profile (module docstring).
+def all_optimiser(budget: SearchBudget | None = None) -> ComposedOptimiser:
+    """``--energy-mode all`` as the registry resolves it, with Kareus's search budget."""
+    kareus = KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
+    return ComposedOptimiser([PerseusOptimiser(), kareus, PhaseOptimiser()])
+
+
+def compare_optimisers(
+    job: JobConfig, budget: SearchBudget | None = None, target: EnergyTarget | None = None, points: int = 40
+) -> Comparison:
+    """Plan and price the modes of a job description on its synthetic profile (module docstring).
 
     Args:
         job: The job description.
         budget: Kareus's search budget (model-priced trials per stage); its default when ``None``.
+        target: The planning target; iso-time when ``None``.
+        points: Deadlines in Perseus's frontier sweep (``megatron-energy plan --points``).
 
     Returns:
-        The four rows.
+        The rows.
     """
     spec = job.spec()
     subject = ComparedJob(job.name, job.pipeline_stages, job.tensor_parallel * job.data_parallel)
-    dag = job.build_dag(spec=spec)
-    workload = job.collective_workload(spec)
-    return compare_modes(subject, dag, job.synthetic_profile(spec), spec, workload, job.fingerprint(), budget)
+    planning = job.planning_job(target or parse_target("iso-time"), points, spec=spec)
+    return compare_modes(subject, job.synthetic_profile(spec), planning, spec, budget)
 
 
 def compare_modes(
     job: ComparedJob,
-    dag: PipelineDag,
     profile: Profile,
+    planning: PlanningJob,
     spec: GpuSpec,
-    workload: CollectiveWorkload,
-    fingerprint: str,
     budget: SearchBudget | None = None,
 ) -> Comparison:
-    """Plan and price the four modes of a job (module docstring).
+    """Plan every mode of a job and take each plan's target point (module docstring).
 
     Args:
         job: What the tables say about the job.
-        dag: Its iteration DAG (transfers and tail included).
         profile: Time and energy of its instructions per clock.
+        planning: The job as the optimisers plan it (its collectives included).
         spec: The GPU spec.
-        workload: Its collectives (a live job's levers included).
-        fingerprint: The job fingerprint (Kareus's search cache key).
         budget: Kareus's search budget; its default when ``None``.
 
     Returns:
-        The four rows.
+        The rows, stock first.
     """
-    model = KareusModel(
-        dag, profile, spec, build_collectives(workload), workload.layers_per_chunk, workload.levers
-    )
-    optimiser = KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
-    defaults = model.choices_default()
-    stock = model.evaluate(None, defaults)
-    planner = Planner(dag, profile, num_points=2, switch_latency_s=0.0)
-    perseus_point = planner.solver.solve(planner.solver.baseline.iteration_time_s)
-    perseus_clocks = dict(perseus_point.clocks)
-    perseus = model.evaluate(perseus_clocks, defaults)
-    kareus_choices = optimiser.choose(model, workload, None, stock.iteration_time_s, fingerprint)
-    all_deadline = max(perseus_point.deadline_s, perseus.iteration_time_s)
-    all_clocks, all_choices = optimiser.joint(model, workload, perseus_clocks, all_deadline, fingerprint)
-    rows = (
-        ModeResult("stock", stock, stock.iteration_time_s, defaults),
-        ModeResult("perseus", perseus, perseus_point.deadline_s, defaults),
-        ModeResult("kareus", model.evaluate(None, kareus_choices), stock.iteration_time_s, kareus_choices),
-        ModeResult("all", model.evaluate(all_clocks, all_choices), all_deadline, all_choices),
-    )
-    return Comparison(job, spec, rows, model)
+    both, alone = all_optimiser(budget).plan_with_parts(profile, planning)  # perseus and kareus alone too
+    perseus = alone["perseus"]
+    plans = {"perseus": perseus, "kareus": alone["kareus"], "all": both}
+    deadline_s = planning.target.deadline_s(perseus.baseline.iteration_time_s)
+    idle_w = profile.idle_power_w
+    rows = [
+        ModeResult(
+            "stock",
+            perseus.baseline.iteration_time_s,
+            perseus.baseline.stage_energy_j,
+            deadline_s,
+            idle_w,
+            perseus,
+        )
+    ]
+    for mode in MODES[1:]:
+        point = plans[mode].target_point
+        energies = tuple(rank.energy_j for rank in point.ranks)
+        rows.append(ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode]))
+    return Comparison(job, spec, tuple(rows), planning.switch_latency_s)
 
 
 def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = None) -> Comparison:
-    """The four modes of a job a live session planned, priced on the profile it measured (the demo).
+    """The modes of a job a live session planned, priced on the profile it measured (the demo).
 
-    The DAG is the session's (its measured iteration tail; transfers inside the measured instruction times),
-    the collectives those the session described (``job.json``: the model shape and the collective setup with
-    the job's levers), so each mode plans only what the running job could honour.
+    The job is the session's: its orders, measured iteration tail and phases (``measured.json``), target and
+    switch latency (the plan's), and the collectives it described (``job.json``: the model shape and the
+    collective setup with the job's levers), so each mode plans only what the running job could honour.
 
     Args:
         folder: The job's cache folder (``<energy dir>/<fingerprint>``).
@@ -168,11 +203,28 @@ def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = No
             "run the job again"
         )
     shape = TransformerShape(**model)
-    tail = job.plan.measured_tail
-    dag = PipelineDag.build(
-        job.orders, tail=None if tail is None else IterationTail.measured(tail.time_s, tail.stage_energy_j)
+    measured_path = folder / MEASURED_NAME
+    measured = (
+        MeasuredInputs.from_json(measured_path.read_text(encoding="utf-8"))
+        if measured_path.is_file()
+        else None
     )
-    workload = CollectiveSetup.from_dict(setup).workload(shape, job.orders, job.spec)
+    collectives = CollectiveSetup.from_dict(setup)
+    if measured is not None:
+        collectives = dataclasses.replace(collectives, buckets=measured.buckets)
+    workload = collectives.workload(shape, job.orders, job.spec)
+    tail = job.plan.measured_tail
+    planning = PlanningJob(
+        orders=job.orders,
+        fingerprint=job.plan.fingerprint,
+        target=parse_target(job.plan.target),
+        switch_latency_s=job.plan.switch_latency_s,
+        tail=None if tail is None else IterationTail.measured(tail.time_s, tail.stage_energy_j),
+        collectives=workload,
+        gpu=job.spec,
+        tail_phases=measured.tail_phases if measured is not None else (),
+        phase_timelines=(measured.phase_timelines or None) if measured is not None else None,
+    )
     pipelines = job.parts["tensor_parallel_size"] * job.parts["data_parallel_size"]
     subject = ComparedJob(name, job.orders.num_stages, pipelines)
-    return compare_modes(subject, dag, job.profile, job.spec, workload, job.plan.fingerprint, budget)
+    return compare_modes(subject, job.profile, planning, job.spec, budget)

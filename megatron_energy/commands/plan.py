@@ -224,14 +224,8 @@ def _job_config_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, 
         switch_latency_s=spec.switch_latency_s if latency_ms is None else latency_ms / 1e3,
         latency_from=from_spec if latency_ms is None else "from --switch-latency-ms",
     )
-    job = PlanningJob(
-        orders=config.orders(),
-        fingerprint=config.fingerprint(),
-        target=args.target,
-        switch_latency_s=spec.switch_latency_s if latency_ms is None else latency_ms / 1e3,
-        comm=config.comm_spec(spec),
-        tail=config.iteration_tail(spec),
-        frontier_points=args.points,
+    job = config.planning_job(
+        args.target, args.points, None if latency_ms is None else latency_ms / 1e3, spec=spec
     )
     return profile, job, source, accounting
 

@@ -19,18 +19,20 @@ Composed (``all``), Kareus is given the Perseus clocks and moves them jointly wi
 offsets of the instructions a class overlaps), and, as a joint pass, also searches from stock clocks, where
 its own joint move of every rank's clocks applies (overlap on every rank shortens the pipeline, then every
 rank's clock comes down: :meth:`KareusOptimiser._global_start`); the target point takes whichever the
-overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`). A point whose choices the
-model prices no lower than megatron-core's defaults on its clocks keeps the defaults, so every point of
-``all`` costs no more than its Perseus point with megatron-core's collective schedule, as this model prices
-both.
+overlap model prices lower within the deadline (:meth:`KareusOptimiser.joint`).
 
-Each point's rank energies, busy times and iteration time are the overlap simulation's (*modelled*); its
-relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock planner's
-relaxation does not cover collectives).
+Each point's prediction (rank energies, busy times, iteration time) is latency-aware, as every plan's is
+(``kareus.pricing``): its clocks simulated under the switch latency, plus what its collective choices change
+under the overlap model. A point that does not predict less energy than its base point (alone: stock clocks
+with megatron-core's defaults) within the base point's deadline is the base point, unchanged; so a Kareus
+point never predicts more energy, nor a slower iteration than its deadline allows, than the point it refines.
+Its relaxed lower bound is the base point's where that is lower, else the point's own energy (the clock
+planner's relaxation does not cover collectives).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.cache import SearchCache
 from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
+from megatron_energy.kareus.pricing import PricedPoint, price_point
 from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
@@ -55,7 +58,7 @@ from megatron_energy.plan import (
     PlanPoint,
     RankPlan,
 )
-from megatron_energy.sim.overlap import OverlapResult
+from megatron_energy.sim.simulator import Simulator
 
 
 def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
@@ -120,33 +123,47 @@ class KareusOptimiser:
         )
         defaults = model.choices_default()
         stock = model.evaluate(None, defaults)
+        simulator = Simulator(dag, profile, switch_latency_s=job.switch_latency_s)
+        stock_priced = price_point(model, simulator, None, defaults)
         if base is None:
             base_clocks: list[Mapping[Instruction, int] | None] = [None]
             deadlines = [job.target.deadline_s(stock.iteration_time_s)]
             lower_bounds = [math.inf]
             labels = [str(job.target)]
             target_index = 0
+            references = [
+                _point(
+                    model,
+                    labels[0],
+                    defaults,
+                    stock_priced,
+                    job.target.deadline_s(stock_priced.iteration_time_s),
+                    math.inf,
+                )
+            ]
         else:
             base_clocks = [_clocks(point) for point in base.points]
             deadlines = [point.deadline_s for point in base.points]
             lower_bounds = [point.lower_bound_j for point in base.points]
             labels = [point.label for point in base.points]
             target_index = base.target_index
+            references = list(base.points)
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
         start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
         base_clocks[target_index] = start
         points = []
         for index, clocks in enumerate(base_clocks):
-            choices = best
-            result = model.evaluate(clocks, choices)
-            default_result = model.evaluate(clocks, defaults)
-            limit = max(deadlines[index], default_result.iteration_time_s)
-            slower = index != target_index and result.iteration_time_s > limit * (1 + 1e-9)
-            if slower or result.total_energy_j > default_result.total_energy_j:
-                choices, result = defaults, default_result
-            points.append(_point(model, labels[index], clocks, choices, result, limit, lower_bounds[index]))
-        baseline = _baseline(stock)  # the same model's stock iteration, which its points are set against
+            reference = references[index]
+            priced = price_point(model, simulator, clocks, best)
+            limit_s = max(reference.deadline_s, reference.iteration_time_s)
+            if priced.iteration_time_s <= limit_s * (1 + 1e-9) and priced.energy_j < reference.energy_j:
+                points.append(
+                    _point(model, labels[index], best, priced, reference.deadline_s, lower_bounds[index])
+                )
+            else:  # nothing beat the base point (or stock clocks): it stays, with the default collectives
+                points.append(_with_default_collectives(model, reference, defaults))
+        baseline = _baseline(stock_priced)  # this model's stock iteration, which its points are set against
         return Plan(
             fingerprint=job.fingerprint,
             gpu_name=profile.gpu_name,
@@ -318,39 +335,54 @@ def _clocks(point: PlanPoint) -> dict[Instruction, int]:
     return {i: c for stage in range(len(point.ranks)) for i, c in point.clock_table(stage).items()}
 
 
-def _baseline(stock: OverlapResult) -> Baseline:
-    return Baseline(
-        stock.iteration_time_s, stock.total_energy_j, tuple(stage.total_j for stage in stock.stages)
-    )
+def _baseline(stock: PricedPoint) -> Baseline:
+    return Baseline(stock.iteration_time_s, stock.energy_j, stock.stage_energy_j)
 
 
 def _point(
     model: KareusModel,
     label: str,
-    base_clocks: Mapping[Instruction, int] | None,
     choices: Mapping[ChoiceKey, ClassChoice],
-    result: OverlapResult,
+    priced: PricedPoint,
     deadline_s: float,
     lower_bound_j: float,
 ) -> PlanPoint:
-    clocks = model.clocks(base_clocks, choices)
-    ranks = []
-    for stage, energy in enumerate(result.stages):
-        ranks.append(
-            RankPlan(
-                actions=_ordered(model, stage, clocks, model.actions(stage, choices)),
-                energy_j=energy.total_j,
-                busy_s=energy.phase("compute").time_s + energy.phase("overlap").time_s,
-            )
+    ranks = [
+        RankPlan(
+            actions=_ordered(model, stage, priced.clocks, model.actions(stage, choices)),
+            energy_j=energy_j,
+            busy_s=busy_s,
         )
-    energy_j = result.total_energy_j
+        for stage, (energy_j, busy_s) in enumerate(
+            zip(priced.stage_energy_j, priced.stage_busy_s, strict=True)
+        )
+    ]
     return PlanPoint(
         label=label,
-        iteration_time_s=result.iteration_time_s,
-        deadline_s=deadline_s if math.isfinite(deadline_s) else result.iteration_time_s,
-        lower_bound_j=min(lower_bound_j, energy_j),
+        iteration_time_s=priced.iteration_time_s,
+        deadline_s=deadline_s if math.isfinite(deadline_s) else priced.iteration_time_s,
+        lower_bound_j=min(lower_bound_j, priced.energy_j),
         ranks=tuple(ranks),
     )
+
+
+def _with_default_collectives(
+    model: KareusModel, point: PlanPoint, defaults: Mapping[ChoiceKey, ClassChoice]
+) -> PlanPoint:
+    """``point`` with megatron-core's default collective actions, so the plan names the job's collectives.
+
+    Its figures stay: the defaults change nothing. A point with other than instruction clocks stays as it is.
+    """
+    if not all(isinstance(a, ClockAction) and a.at.phase is None for r in point.ranks for a in r.actions):
+        return point
+    ranks = tuple(
+        dataclasses.replace(
+            rank,
+            actions=_ordered(model, stage, point.clock_table(stage), model.actions(stage, defaults)),
+        )
+        for stage, rank in enumerate(point.ranks)
+    )
+    return dataclasses.replace(point, ranks=ranks)
 
 
 def _ordered(

@@ -15,9 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.config import EnergyTarget
+from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import TargetUnreachableError
 from megatron_energy.perseus.frontier import FrontierPoint
-from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.sim.simulator import Simulator
 
 
 class PowerBudgetError(TargetUnreachableError):
@@ -78,20 +82,61 @@ def fastest_within_budget(
     fitting = [power for power in powers if power.fits(target)]
     if fitting:
         return min(fitting, key=lambda power: (power.point.time_s, power.point.energy_j)).point
-    raise PowerBudgetError(_impossible(powers, target))
+    raise PowerBudgetError(_impossible(powers, target, profile.source))
 
 
-def _impossible(powers: Sequence[PointPower], target: EnergyTarget) -> str:
-    """Why no point fits, with the lowest achievable average (and peak) power per GPU."""
+def _impossible(powers: Sequence[PointPower], target: EnergyTarget, source: str) -> str:
+    """Why no point fits, with the lowest achievable average (and peak) power per GPU.
+
+    ``source`` is the profile's: a measured profile's powers are predicted from measured instruction figures.
+    """
     lowest = min(powers, key=lambda power: power.average_w)
     fastest_s = min(power.point.time_s for power in powers)
     slowdown = lowest.point.time_s / fastest_s - 1.0
+    origin = "predicted from the measured profile" if source == "measured" else f"modelled ({source} profile)"
     message = (
-        f"--energy-target {target}: no plan fits; the lowest predicted average power is "
-        f"{lowest.average_w:.1f} W per GPU (modelled, at the slowest frontier point, {slowdown:+.1%} "
+        f"--energy-target {target}: no plan fits; the lowest reachable average power is "
+        f"{lowest.average_w:.1f} W per GPU ({origin}, at the slowest frontier point, {slowdown:+.1%} "
         "iteration time)"
     )
     if target.peak_w is not None:
         least_peak = min(power.peak_w for power in powers)
         message += f" and the lowest predicted peak is {least_peak:.1f} W per GPU"
     return message + "; raise the budget to at least that, or use min-energy for the least energy"
+
+
+def slowest_power_w(dag: PipelineDag, profile: Profile) -> float:
+    """The average power per GPU of the job with every instruction at its lowest clock (*modelled*).
+
+    No plan of ``dag`` draws less on average: a slower clock draws less power, and the GPU draws blocked or
+    idle power between instructions at any clock. With a synthetic profile (the GPU spec's model) it is known
+    before profiling (``EnergySession`` refuses a budget below it on simulated GPUs).
+    """
+    clocks = {
+        instruction: min(option.clock_mhz for option in profile.options(instruction.work))
+        for stage in range(dag.num_stages)
+        for instruction in dag.stage_order(stage)
+    }
+    result = Simulator(dag, profile).run(clocks)
+    return result.total_energy_j / (dag.num_stages * result.iteration_time_s)
+
+
+def modelled_floor_problem(
+    target: EnergyTarget, shape: TransformerShape, spec: GpuSpec, orders: PipelineOrders
+) -> str | None:
+    """Why a power budget is out of the job's reach as the GPU spec's model prices it, or ``None``.
+
+    Known before profiling where the spec's model is the GPU's (simulated GPUs): :func:`slowest_power_w` of
+    the job's synthetic profile (the FLOP/byte model of ``shape`` on ``spec``).
+    """
+    if target.kind != "power":
+        return None
+    profile = Profile.synthetic(shape, spec, orders.num_stages, orders.num_chunks)
+    floor_w = slowest_power_w(PipelineDag.build(orders), profile)
+    if target.power_w >= floor_w:
+        return None
+    return (
+        f"--energy-target {target}: no plan can meet it: the job draws at least {floor_w:.1f} W per GPU "
+        f"with every instruction at {spec.name}'s lowest clock (modelled from the GPU spec, before "
+        "profiling); give a budget of at least that, or use min-energy for the least energy"
+    )

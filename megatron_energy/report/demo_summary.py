@@ -19,10 +19,11 @@ from rich.table import Table
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
+from megatron_energy.plan_outcome import change_text, plan_saving
 from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.runtime.energy_log import EnergyRecord, read_job_records
 from megatron_energy.runtime.planning import StockBaseline
-from megatron_energy.stats import ROUNDING, relative_change
+from megatron_energy.stats import relative_change
 
 
 class SummaryError(EnergyValueError):
@@ -102,10 +103,9 @@ def _change(stock: tuple[float, ...], planned: tuple[float, ...], source: str) -
     return f"{100 * change:+.2f} % ({source}, n={len(stock)} vs {len(planned)})"
 
 
-def _plain_change(stock: float, planned: float) -> str:
-    """A predicted relative change (no samples, no interval); ``no change`` where the figures are equal."""
-    change = planned / stock - 1
-    return "no change (modelled)" if abs(change) <= ROUNDING else f"{100 * change:+.2f} % (modelled)"
+def _plain_change(change: float) -> str:
+    """A predicted relative change (no samples, no interval), as :func:`change_text` prints it."""
+    return f"{change_text(change)} (modelled)"
 
 
 def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:
@@ -140,14 +140,14 @@ def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:
                 baseline.iteration_time_s,
                 target.iteration_time_s,
                 "ms",
-                _plain_change(baseline.iteration_time_s, target.iteration_time_s),
+                _plain_change(target.iteration_time_s / baseline.iteration_time_s - 1),
             ),
             ComparisonRow(
                 f"energy per iteration, {num_gpus} GPUs, plan file's prediction (modelled)",
                 baseline.energy_j,
                 target.energy_j,
                 "J",
-                _plain_change(baseline.energy_j, target.energy_j),
+                _plain_change(plan_saving(summary.plan)),
             ),
         ],
     )

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from megatron_energy.plan_outcome import change_text, energy_change
+
 
 @dataclass(frozen=True)
 class ComparisonRow:
@@ -25,12 +27,13 @@ class ComparisonRow:
     """``"ms"`` (the figures are seconds, shown in milliseconds) or ``"J"``."""
 
     change: str | None = None
-    """The relative change as text; ``planned / stock - 1`` with two decimals when ``None``."""
+    """The relative change as text; when ``None``, ``planned / stock - 1``
+    (:func:`~megatron_energy.plan_outcome.energy_change`) as ``change_text`` prints it."""
 
     def cells(self) -> tuple[str, str, str, str]:
         """The row's four cells."""
         scale = 1e3 if self.unit == "ms" else 1.0
-        change = self.change or f"{100 * (self.planned / self.stock - 1):+.2f}%"
+        change = self.change or change_text(energy_change(self.stock, self.planned))
         return (
             self.label,
             f"{scale * self.stock:.1f} {self.unit}",

@@ -75,6 +75,7 @@ from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.optimiser import Optimiser
+from megatron_energy.perseus.power_budget import modelled_floor_problem
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
@@ -246,6 +247,8 @@ class EnergySession:
         self.energy_logger.job = cache.fingerprint
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self._start_from_cache()
+        if self.plan is None:
+            self._refuse_budget_out_of_reach()
 
     @property
     def profile_source(self) -> str:
@@ -546,6 +549,21 @@ class EnergySession:
             )
         self.laps.lap()
 
+    def _refuse_budget_out_of_reach(self) -> None:
+        """On simulated GPUs, a power budget below the job's modelled power at the lowest clock: no profiling.
+
+        Simulated GPUs are the GPU spec's model, so the model knows before profiling what the job draws with
+        every instruction at the spec's lowest clock (``perseus.power_budget.slowest_power_w``). Every rank
+        computes the same figure and falls back together, at stock clocks; rank 0 alone says why. On GPUs
+        the budget is checked against the profile, after profiling.
+        """
+        shape = self.context.shape
+        if self.timer.source != "modelled" or shape is None:
+            return
+        problem = modelled_floor_problem(self.config.target, shape, self.spec, self.context.orders)
+        if problem is not None:
+            self._fall_back(problem, once=True)
+
     def _set_cache_aside(self, why: str) -> str:
         """Move the job's cached files aside (rank 0); the log line that says why and where."""
         try:
@@ -836,26 +854,28 @@ class EnergySession:
             )
         return StagedExchange(period)
 
-    def _fall_back(self, decision: Fallback | str) -> None:
+    def _fall_back(self, decision: Fallback | str, once: bool = False) -> None:
         """Run the rest of the job at stock clocks; every rank comes here together.
 
-        Each rank says why, except where the target cannot be met from a sound profile: rank 0 then caches
-        the profile for a run with another target (``runtime.replanning``) and says it, once.
+        Each rank says why, except where the target cannot be met (``once``, or a sound profile came with the
+        decision): rank 0 then says it, once, for every rank, and caches the profile, if any, for a run with
+        another target (``runtime.replanning``).
         """
         fallback = Fallback(decision) if isinstance(decision, str) else decision
         self.runner = None
         self.controller.request(RESET)
         self.phase = "stock (planning failed)"
         rank = self.context.global_rank
-        if fallback.profile_artefacts is None:
+        if fallback.profile_artefacts is None and not once:
             self.printer(
                 f"[energy] rank {rank}: not optimising, training continues at stock clocks: {fallback.reason}"
             )
         elif rank == 0:
-            kept = self._keep_profile(fallback.profile_artefacts)
+            artefacts = fallback.profile_artefacts
+            kept = "" if artefacts is None else f"; {self._keep_profile(artefacts)}"
             self.printer(
                 "[energy] not optimising, training continues at stock clocks on every rank: "
-                f"{fallback.reason}; {kept}"
+                f"{fallback.reason}{kept}"
             )
 
     def _keep_profile(self, artefacts: dict[str, str]) -> str:
