@@ -301,8 +301,9 @@ class EnergyConfig:
     spec's idle power is refused while the flags are parsed; one below what the slowest point draws is
     rejected with the lowest reachable power: before profiling where the spec's model is the GPU (simulated
     GPUs), else once, on rank 0, after profiling, keeping the verified profile so that a retry with another
-    budget re-plans without profiling; ``kareus`` and ``kernel`` alone (which keep stock clocks) refuse one; the log then shows the measured power per GPU against the budget with its 95 % interval, and
-    a sustained overshoot reverts to stock clocks like a slowdown."""
+    budget re-plans without profiling; ``kareus`` and ``kernel`` alone (which keep stock clocks) refuse one.
+    The log then shows the measured power per GPU against the budget with its 95 % interval, and a sustained
+    overshoot reverts to stock clocks like a slowdown."""
 
     backend: Backend = "auto"
     """GPU backend: ``zeus`` (real GPUs through NVML, amdsmi or zeusd), ``simulated`` (GPUs driven by the
