@@ -29,12 +29,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_energy.config import EnergyTarget
-from megatron_energy.errors import EnergyValueError
+from megatron_energy.errors import EnergyValueError, UnknownModeError
 from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
-from megatron_energy.registry import UnknownModeError
+from megatron_energy.target import EnergyTarget
 
 TOLERANCE = 1e-9
 """Relative slack of a comparison of times or energies (one figure priced twice may differ by rounding)."""

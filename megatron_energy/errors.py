@@ -23,5 +23,9 @@ class TargetUnreachableError(EnergyValueError):
     """
 
 
+class UnknownModeError(EnergyValueError):
+    """``--energy-mode`` names no released optimiser."""
+
+
 class EnergyRuntimeError(EnergyError, RuntimeError):
     """The environment refuses (a GPU, a Megatron mode, a source tree); the message says what to do."""

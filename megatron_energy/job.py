@@ -36,7 +36,6 @@ from typing import Any
 
 import yaml
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.collective_setup import CollectiveSetup
@@ -48,6 +47,7 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
+from megatron_energy.target import EnergyTarget
 
 GRADIENT_BYTES = 2
 ADAM_BYTES_PER_PARAMETER = 30

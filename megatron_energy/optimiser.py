@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+from megatron_energy.target import EnergyTarget
 
 if TYPE_CHECKING:
     from megatron_energy.dvfs.spec import GpuSpec

@@ -25,7 +25,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from megatron_energy.errors import EnergyValueError
+from megatron_energy.errors import UnknownModeError
 
 if TYPE_CHECKING:
     from megatron_energy.optimiser import Optimiser
@@ -47,10 +47,6 @@ _FACTORIES: dict[str, Factory] = {
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"
 """The entry-point group plugin packages declare their optimisers in."""
-
-
-class UnknownModeError(EnergyValueError):
-    """``--energy-mode`` names no released optimiser."""
 
 
 def register(name: str, factory: Factory) -> None:

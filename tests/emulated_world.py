@@ -34,7 +34,7 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.assembly import build_session
-from megatron_energy.runtime.comms import Group, Op
+from megatron_energy.runtime.comms import Group, ReduceOp
 from megatron_energy.runtime.context import JobContext
 
 WAIT_S = 300.0
@@ -141,7 +141,7 @@ class _Message:
         return self._read()
 
 
-def _reduce(vectors: Sequence[Sequence[float]], op: Op) -> list[float]:
+def _reduce(vectors: Sequence[Sequence[float]], op: ReduceOp) -> list[float]:
     combine = max if op == "max" else sum
     return [float(combine(values)) for values in zip(*vectors, strict=True)]
 
@@ -180,7 +180,7 @@ class RecordingComms:
     def _meet(self, obj: Any) -> list[Any]:
         return self.pipeline.take(self.pipeline.put(self.stage, obj))
 
-    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Any:
+    def start_all_reduce(self, values: Sequence[float], op: ReduceOp, group: Group) -> Any:
         """Record; over the pipeline meet the other stages, elsewhere every peer sends the same vector."""
         self._record("all_reduce", group, 8 * len(values))
         mine = list(values)

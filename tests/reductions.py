@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from megatron_energy.runtime.comms import Group, Known, LocalComms, Op, Pending
+from megatron_energy.runtime.comms import Group, Known, LocalComms, Pending, ReduceOp
 
 
 def over_ranks(vectors: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[list[float], list[float]]:
@@ -48,11 +48,11 @@ class PeerComms(LocalComms):
     def size(self, group: Group) -> int:
         return self.sizes.get(group, 1)
 
-    def peer(self, values: Sequence[float], op: Op, group: Group) -> list[float]:
+    def peer(self, values: Sequence[float], op: ReduceOp, group: Group) -> list[float]:
         """What each peer sends when this rank sends ``values`` (the same, unless a test says otherwise)."""
         return list(values)
 
-    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+    def start_all_reduce(self, values: Sequence[float], op: ReduceOp, group: Group) -> Pending:
         size = self.size(group)
         if size == 1:
             return Known(values)

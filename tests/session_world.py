@@ -27,10 +27,11 @@ from typing import Any
 
 from megatron_harness import PipelineWorld, spawn_world
 
-from megatron_energy.config import EnergyConfig, EnergyTarget, PhaseSwitching, Planning
+from megatron_energy.config import EnergyConfig, PhaseSwitchingChoice, Planning
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.events import ListenerFanout
 from megatron_energy.runtime.policies import PLANNING_PHASE
+from megatron_energy.target import EnergyTarget
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class SessionSettings:
     optimizer_step: bool = False
     """Run an optimizer step inside Megatron's ``optimizer`` timer after each schedule."""
 
-    phase_switching: PhaseSwitching = "auto"
+    phase_switching: PhaseSwitchingChoice = "auto"
     """``--energy-phase-switching``."""
 
     planning: Planning = "auto"

@@ -28,15 +28,16 @@ from plugin_site import PLUGIN_SOURCE, install_plugin
 from session_world import RankReport, SessionSettings, run_world
 
 from megatron_energy import registry
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.planner_process import PlannerInput
-from megatron_energy.runtime.planning import Fallback, PlanRelease, StockBaseline, plan_on_root
+from megatron_energy.runtime.planning import Fallback, PlanRelease, plan_on_root
 from megatron_energy.runtime.policies import PLANNING_PHASE
+from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.target import EnergyTarget
 
 GRID_MHZ = (1980, 1005)
 TOYS = {

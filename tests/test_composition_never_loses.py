@@ -16,13 +16,13 @@ import pytest
 from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.composition import ComposedOptimiser
-from megatron_energy.config import parse_target
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.perseus.optimiser import PerseusOptimiser
 from megatron_energy.phases.optimiser import PhaseOptimiser
 from megatron_energy.plan import Plan
+from megatron_energy.target import parse_target
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 DEMO_LIKE = EXAMPLES / "gpt3-xl-pp4-h100.yaml"  # GPT-3 1.3B stage work, PP=4 on H100: the demo's job

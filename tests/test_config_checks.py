@@ -13,9 +13,9 @@ from megatron_energy.config import (
     EnergyConfig,
     EnergyConfigError,
     add_energy_args,
-    parse_target,
     unwritable_folder_reason,
 )
+from megatron_energy.target import parse_target
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energy.config import EnergyConfig, EnergyTarget, add_energy_args
+from megatron_energy.config import EnergyConfig, add_energy_args
+from megatron_energy.target import EnergyTarget
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -14,7 +14,7 @@ import pytest
 from reductions import PeerComms
 
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.runtime.comms import GROUPS, Group, LocalComms, Op
+from megatron_energy.runtime.comms import GROUPS, Group, LocalComms, ReduceOp
 from megatron_energy.runtime.exchange_period import (
     BUDGET_S,
     EXCHANGE_BUDGET_S,
@@ -88,7 +88,7 @@ class _SlowerPeer(PeerComms):
         super().__init__({"data": 2})
         self.factor = factor
 
-    def peer(self, values: Sequence[float], op: Op, group: Group) -> list[float]:
+    def peer(self, values: Sequence[float], op: ReduceOp, group: Group) -> list[float]:
         peer = list(values)
         if op == "max" and len(values) > 2 * len(FIGURES):  # the spread's figures lead the first max
             peer[:2] = [self.factor * value for value in values[:2]]  # the first: instruction time

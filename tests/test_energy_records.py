@@ -11,8 +11,9 @@ from reductions import over_ranks
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.energy_log import EnergyRecord, append_record, read_records
 from megatron_energy.runtime.job_stock import job_stock, stock_vectors
-from megatron_energy.runtime.planning import StockBaseline, baseline_from_profiling, tail_from_profiling
+from megatron_energy.runtime.planning import baseline_from_profiling, tail_from_profiling
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.runtime.stock_baseline import StockBaseline
 
 
 def test_energy_records_are_appended_and_read_back_in_order(tmp_path: Path) -> None:

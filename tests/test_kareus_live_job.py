@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_energy.config import parse_target
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
@@ -30,6 +29,7 @@ from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
 from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.communicator_budgets import BudgetError
+from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 
 FAST = SearchBudget(trials=3)

@@ -12,7 +12,6 @@ from megatron_energy import registry
 from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.composition import ComposedOptimiser
-from megatron_energy.config import parse_target
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.cache import SearchCache
@@ -26,6 +25,7 @@ from megatron_energy.perseus.planner import Planner
 from megatron_energy.phases.optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan
+from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
 FAST = SearchBudget(trials=3)

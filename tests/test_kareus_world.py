@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from session_world import RankReport, SessionSettings, run_world
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.kareus.collectives import build_collectives, parse_collective_name
@@ -27,6 +26,7 @@ from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan, PlanPoint
+from megatron_energy.target import EnergyTarget
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 

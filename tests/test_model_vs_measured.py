@@ -10,7 +10,7 @@ from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoin
 from megatron_energy.report.demo_summary import DemoSummary, JobFigures, summary_table
 from megatron_energy.report.model_vs_measured import model_vs_measured_lines
 from megatron_energy.runtime.energy_log import EnergyRecord, append_record
-from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.stock_check import compare_stock, comparison_line, comparison_lines
 
 

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from megatron_energy.commands import plan as plan_command
-from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
@@ -18,6 +17,7 @@ from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction, Plan, PlanPoint, fingerprint
 from megatron_energy.sim import Simulator
 from megatron_energy.sim.simulator import SimResult
+from megatron_energy.target import EnergyTarget, parse_target
 
 STAGES, MICROBATCHES, POINTS = 4, 8, 30
 FINGERPRINT = fingerprint(job="planner-test")

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 import torch
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import ListenerFanout
@@ -25,6 +24,7 @@ from megatron_energy.registry import resolve
 from megatron_energy.runtime.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.runtime.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h100-sxm")
 MODEL = GpuPowerModel(SPEC)

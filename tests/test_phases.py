@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -21,6 +20,7 @@ from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction, Plan
 from megatron_energy.registry import resolve
+from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h200")
 MODEL = GpuPowerModel(SPEC)

@@ -7,8 +7,8 @@ import json
 import pytest
 from session_world import SessionSettings, run_world
 
-from megatron_energy.config import parse_target
 from megatron_energy.plan import ClockAction, Plan
+from megatron_energy.target import parse_target
 
 pytestmark = pytest.mark.world  # spawns a gloo world of megatron-core ranks
 

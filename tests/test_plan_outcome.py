@@ -6,7 +6,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-from megatron_energy.config import parse_target
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
@@ -16,6 +15,7 @@ from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.report.job_report import write_job_report
 from megatron_energy.runtime.planning import plan_summary
+from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 
 FINGERPRINT = "0123456789abcdef"

@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.planner import Planner
@@ -15,6 +14,7 @@ from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import PlanPoint, RankPlan
 from megatron_energy.runtime.policies import SafetyNet
 from megatron_energy.runtime.power_budget import allowed_power_w, measured_power_w, power_budget_part
+from megatron_energy.target import EnergyTarget, parse_target
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import re
 import pytest
 from session_world import RankReport, SessionSettings, run_world
 
-from megatron_energy.config import parse_target
+from megatron_energy.target import parse_target
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 

@@ -39,7 +39,7 @@ from megatron_energy.registry import resolve
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache, describe_changes
-from megatron_energy.runtime.comms import Group, LocalComms, Op
+from megatron_energy.runtime.comms import Group, LocalComms, ReduceOp
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import (
     JobInterval,
@@ -52,11 +52,11 @@ from megatron_energy.runtime.extrapolation import extrapolate_rows
 from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
 from megatron_energy.runtime.plan_runner import PlanRunner
-from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.step_figures import StepFigures
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.timing import InstructionSample, SimulatedTimer, StepTiming
 
 # ------------------------------------------------------------------------------------------- energy log
@@ -714,7 +714,7 @@ class _PeerComms(PeerComms):
         self.paces = 0
         """Exchanges of paces the rank joined (their data-parallel link)."""
 
-    def peer(self, values: Sequence[float], op: Op, group: Group) -> list[float]:
+    def peer(self, values: Sequence[float], op: ReduceOp, group: Group) -> list[float]:
         pace = op == "max" and len(values) == 2 and values[1] == -values[0]
         self.paces += pace
         return [self.peer_s, -self.peer_s] if pace and self.peer_s is not None else list(values)

@@ -2,7 +2,6 @@ import random
 
 import pytest
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -15,6 +14,7 @@ from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerSh
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.sim import Simulator
 from megatron_energy.sim.simulator import StagePowers
+from megatron_energy.target import EnergyTarget
 
 ONE_STAGE = PipelineOrders(
     (

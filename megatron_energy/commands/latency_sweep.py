@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.job import JobConfig
 from megatron_energy.optimiser import PlanningJob
@@ -32,6 +31,7 @@ from megatron_energy.perseus.optimiser import PerseusOptimiser
 from megatron_energy.phases.optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+from megatron_energy.target import EnergyTarget
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
 """The example jobs swept when none is named."""

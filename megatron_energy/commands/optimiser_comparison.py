@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_energy.composition import ComposedOptimiser
-from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_setup import CollectiveSetup
@@ -40,6 +39,7 @@ from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan
 from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.target import EnergyTarget, parse_target
 
 MODES: tuple[str, ...] = ("stock", "perseus", "kareus", "all")
 """The rows of a comparison, in order."""

@@ -28,7 +28,7 @@ from megatron_energy.commands.arguments import (
     plain_text,
     readable_file,
 )
-from megatron_energy.config import EnergyTarget, known_gpu_spec, parse_target, positive_int
+from megatron_energy.config import known_gpu_spec, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -39,6 +39,7 @@ from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
+from megatron_energy.target import EnergyTarget, parse_target
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

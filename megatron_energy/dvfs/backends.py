@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from megatron_energy.config import Backend
 from megatron_energy.dvfs.lease import repair_stale_lease
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Backend = Literal["auto", "zeus", "simulated"]
 Mode = Literal["control", "dry-run", "monitor-only"]
 
 DEFAULT_SIMULATED_SPEC = "h200"

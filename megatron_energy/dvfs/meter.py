@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from megatron_energy.errors import EnergyRuntimeError
+from megatron_energy.stats import RESOLVABLE_PERIODS
 
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
 
     from megatron_energy.dvfs.backends import GpuHandle
 
-RESOLVABLE_PERIODS = 2.0
-"""A window must span at least this many counter update periods to be resolved."""
 DEFAULT_COUNTER_PERIOD_S = 0.1
 """Counter period assumed for a GPU without a spec (NVML: 20-100 ms; measured ~100 ms on an H200)."""
 

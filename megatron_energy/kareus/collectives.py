@@ -88,7 +88,7 @@ from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
 from megatron_energy.plan import Boundary
 
 GroupName = Literal["dp", "pp", "tp"]
-Op = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv"]
+CollectiveOp = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv"]
 Link = Literal["nvlink", "nic", "pcie"]
 
 PROCESS_GROUPS: dict[str, str] = {
@@ -162,7 +162,7 @@ class ParsedName:
 
     group: GroupName
     """Process group name."""
-    op: Op
+    op: CollectiveOp
     """Collective operation."""
     chunk: int | None
     """Model chunk (virtual pipeline only)."""
@@ -238,7 +238,7 @@ class CollectiveClass:
     """``<group>.<op>``."""
     group: GroupName
     """Process group name (:data:`PROCESS_GROUPS`)."""
-    op: Op
+    op: CollectiveOp
     """Collective operation."""
     per_bucket: bool
     """Bucket class (one launch per bucket per iteration, launch point chosen) or inline class."""
@@ -408,7 +408,7 @@ def build_collectives(workload: CollectiveWorkload) -> list[Collective]:
     return result
 
 
-def _collective_class(group: GroupName, op: Op, per_bucket: bool) -> CollectiveClass:
+def _collective_class(group: GroupName, op: CollectiveOp, per_bucket: bool) -> CollectiveClass:
     key = f"{group}.{op}"
     return CollectiveClass(key, group, op, per_bucket, CTA_BUDGETS[key])
 
@@ -437,7 +437,9 @@ def _buckets(layers: Sequence[float], bucket_size: int) -> list[tuple[int, int, 
 def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collective]:
     orders = workload.orders
     order = orders.stage(stage)
-    ops: list[Op] = ["reduce_scatter", "all_gather"] if workload.distributed_optimizer else ["all_reduce"]
+    ops: list[CollectiveOp] = (
+        ["reduce_scatter", "all_gather"] if workload.distributed_optimizer else ["all_reduce"]
+    )
     virtual = orders.num_chunks > 1
     result = []
     for chunk in range(orders.num_chunks):
@@ -536,7 +538,9 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
             )
         )
     if shape.tensor_parallel > 1:
-        ops: list[Op] = ["all_gather", "reduce_scatter"] if workload.sequence_parallel else ["all_reduce"]
+        ops: list[CollectiveOp] = (
+            ["all_gather", "reduce_scatter"] if workload.sequence_parallel else ["all_reduce"]
+        )
         for op in ops:
             # Two per layer and pass (attention and MLP), as in the workload model; with sequence parallelism
             # two all-gathers and two reduce-scatters.

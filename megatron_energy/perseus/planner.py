@@ -16,13 +16,13 @@ import dataclasses
 import math
 from functools import cached_property
 
-from megatron_energy.config import EnergyTarget, parse_target
 from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
 from megatron_energy.perseus.power_budget import fastest_within_budget
 from megatron_energy.perseus.switching import make_switch_aware
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import StagePowers
+from megatron_energy.target import EnergyTarget, parse_target
 
 
 class Planner:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import TargetUnreachableError
 from megatron_energy.perseus.frontier import FrontierPoint
@@ -22,6 +21,7 @@ from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.sim.simulator import Simulator
+from megatron_energy.target import EnergyTarget
 
 
 class PowerBudgetError(TargetUnreachableError):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_job_records
-from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_lines
 from megatron_energy.stats import ROUNDING
 

@@ -29,7 +29,7 @@ Group = Literal["pipeline", "tensor", "data"]
 """One of the job's groups this rank belongs to (see the module docstring)."""
 GROUPS: tuple[Group, ...] = ("pipeline", "tensor", "data")
 """The three groups, in the order a job-wide chain of reductions takes them."""
-Op = Literal["max", "sum"]
+ReduceOp = Literal["max", "sum"]
 """The element-wise reduction of an all-reduce."""
 
 
@@ -55,7 +55,7 @@ class RankComms(Protocol):
         """This rank's place in ``group`` (0: the group's first rank)."""
         ...
 
-    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+    def start_all_reduce(self, values: Sequence[float], op: ReduceOp, group: Group) -> Pending:
         """Start an element-wise reduction of a small float vector over ``group``; read it with ``wait``."""
         ...
 
@@ -96,7 +96,7 @@ class LocalComms:
         """0."""
         return 0
 
-    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+    def start_all_reduce(self, values: Sequence[float], op: ReduceOp, group: Group) -> Pending:
         """The values themselves."""
         return Known(values)
 
@@ -161,7 +161,7 @@ class TorchComms:
         """This rank's place in ``group``."""
         return self._ranks[group]
 
-    def start_all_reduce(self, values: Sequence[float], op: Op, group: Group) -> Pending:
+    def start_all_reduce(self, values: Sequence[float], op: ReduceOp, group: Group) -> Pending:
         """Start the reduction (``async_op``): gloo runs it on its own threads while training goes on."""
         if self._sizes[group] == 1:
             return Known(values)

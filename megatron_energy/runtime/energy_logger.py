@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log import (
@@ -42,11 +41,12 @@ from megatron_energy.runtime.exchange_period import EXCHANGE_BUDGET_S, exchange_
 from megatron_energy.runtime.group_chain import reduction_stages, run_at_once
 from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.log_window import PhaseWindow
-from megatron_energy.runtime.planning import StockBaseline
 from megatron_energy.runtime.power_budget import with_power_budget
 from megatron_energy.runtime.staged_exchange import StagedExchange, Stages
 from megatron_energy.runtime.step_figures import StepFigures
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.stats import Source
+from megatron_energy.target import EnergyTarget
 
 
 @dataclass(frozen=True)

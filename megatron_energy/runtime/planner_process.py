@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from megatron_energy.optimiser import PlanningJob
     from megatron_energy.pipeline.profile import Profile
     from megatron_energy.registry import Factory
-    from megatron_energy.runtime.planning import Fallback, PlanRelease, StockBaseline
+    from megatron_energy.runtime.planning import Fallback, PlanRelease
+    from megatron_energy.runtime.stock_baseline import StockBaseline
 
 
 @dataclass(frozen=True)

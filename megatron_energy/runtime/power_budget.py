@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from megatron_energy.config import EnergyTarget
 from megatron_energy.plan import PlanPoint
 from megatron_energy.runtime.energy_log import JobInterval
 from megatron_energy.stats import MeanInterval, Source, block_means, iterations_per_sample, mean_interval
+from megatron_energy.target import EnergyTarget
 
 
 def measured_power_w(

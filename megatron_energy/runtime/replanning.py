@@ -23,7 +23,8 @@ from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
-from megatron_energy.runtime.planning import StockBaseline, plan_on_root, release_artefacts
+from megatron_energy.runtime.planning import plan_on_root, release_artefacts
+from megatron_energy.runtime.stock_baseline import StockBaseline
 
 
 def planning_job(

@@ -112,7 +112,6 @@ from megatron_energy.runtime.planner_process import PlannerInput
 from megatron_energy.runtime.planning import (
     Fallback,
     PlanRelease,
-    StockBaseline,
     baseline_from_profiling,
     load_release,
     plan_summary,
@@ -133,6 +132,7 @@ from megatron_energy.runtime.replanning import planning_job
 from megatron_energy.runtime.replica_profile import ReplicaProfile, StageProfile, replica_profile
 from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, any_rank_stages, pace_stages
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 

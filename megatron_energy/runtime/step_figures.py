@@ -27,7 +27,7 @@ from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.runtime.timing import StepTiming
 
 if TYPE_CHECKING:  # planning imports this module (through profiling)
-    from megatron_energy.runtime.planning import StockBaseline
+    from megatron_energy.runtime.stock_baseline import StockBaseline
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.planning import StockBaseline
+from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.stats import mean_interval
 
 TIME_TARGET = 0.03

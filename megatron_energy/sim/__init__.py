@@ -3,6 +3,6 @@
 All figures produced here are modelled (from a profile and the pipeline DAG), never measured.
 """
 
-from megatron_energy.sim.simulator import SimResult, Simulator, Slice, StageEnergy, StagePowers
+from megatron_energy.sim.simulator import SimResult, SimulatedStage, Simulator, Slice, StagePowers
 
-__all__ = ["SimResult", "Simulator", "Slice", "StageEnergy", "StagePowers"]
+__all__ = ["SimResult", "SimulatedStage", "Simulator", "Slice", "StagePowers"]

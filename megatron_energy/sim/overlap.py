@@ -61,7 +61,7 @@ from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.dag import PipelineDag, TailStep, Transfer
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.sim.contention import CommLoad, ContentionModel, OverlapState
-from megatron_energy.sim.simulator import ProfileLike, SimResult, Slice, StageEnergy
+from megatron_energy.sim.simulator import ProfileLike, SimResult, SimulatedStage, Slice
 
 PHASES: tuple[str, ...] = ("compute", "overlap", "comm", "blocked", "tail", "idle")
 """The phases of a stage's iteration, in the order reports list them."""
@@ -250,7 +250,7 @@ class OverlapResult:
                 return sum(part[n].static_j + part[n].dynamic_j for n in names)
 
             stages.append(
-                StageEnergy(
+                SimulatedStage(
                     stage=stage.stage,
                     busy_s=part["compute"].time_s + part["overlap"].time_s,
                     blocked_s=part["blocked"].time_s + part["comm"].time_s,

@@ -136,7 +136,7 @@ class Slice(NamedTuple):
 
 
 @dataclass(frozen=True)
-class StageEnergy:
+class SimulatedStage:
     """Time and energy of one pipeline stage over one iteration (modelled).
 
     Attributes:
@@ -182,7 +182,7 @@ class SimResult:
     """
 
     iteration_time_s: float
-    stages: list[StageEnergy]
+    stages: list[SimulatedStage]
     timeline: list[Slice]
     gpu_name: str
     profile_source: str
@@ -421,7 +421,7 @@ class Simulator:
             low.energy_j + weight * (high.energy_j - low.energy_j),
         )
 
-    def _stage_energies(self, passed: _Pass) -> list[StageEnergy]:
+    def _stage_energies(self, passed: _Pass) -> list[SimulatedStage]:
         """Busy, blocked and idle time and energy of every stage."""
         num_stages = self.dag.num_stages
         busy_s = np.bincount(self._stage_of, weights=passed.times_s, minlength=num_stages)
@@ -434,7 +434,7 @@ class Simulator:
             blocked_s = last_end_s - float(busy_s[stage])
             idle_s = max(0.0, iteration_s - last_end_s - tail.time_s)
             stages.append(
-                StageEnergy(
+                SimulatedStage(
                     stage=stage,
                     busy_s=float(busy_s[stage]),
                     blocked_s=blocked_s,
