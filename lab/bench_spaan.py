@@ -18,7 +18,7 @@ from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.phases.allocate import allocate, phase_options
 from megatron_energy.phases.modelled import modelled_phases
-from megatron_energy.phases.planner import plan_sequence
+from megatron_energy.phases.sequence_plan import plan_sequence
 from megatron_energy.phases.timeline import class_shares
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work

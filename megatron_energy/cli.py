@@ -13,7 +13,15 @@ from collections.abc import Sequence
 
 from megatron_energy.commands.arguments import INTERRUPTED_STATUS
 
-COMMANDS: tuple[str, ...] = ("demo", "plan", "simulate", "report", "patch", "calibrate")
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "plan": "plan_command",
+    "simulate": "simulate",
+    "report": "report",
+    "patch": "patch",
+    "calibrate": "calibrate",
+}
+"""Each subcommand and its module under ``megatron_energy/commands/``."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
-        module = importlib.import_module(f"megatron_energy.commands.{name}")
+    for module_name in COMMANDS.values():
+        module = importlib.import_module(f"megatron_energy.commands.{module_name}")
         module.register(subparsers)
     return parser
 

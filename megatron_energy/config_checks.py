@@ -86,7 +86,7 @@ def power_floor_problem(target: str, power_w: float, spec_name: str, idle_power_
 
     Known before profiling: a GPU draws at least its idle power (the spec's, also the static part of its busy
     power) at any clock, so no plan's average reaches below it. A budget above it may still be out of reach;
-    that is known once the profile is planned (``perseus.power_budget``).
+    that is known once the profile is planned (``perseus.power_point``).
     """
     if power_w >= idle_power_w:
         return None

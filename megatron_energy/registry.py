@@ -40,9 +40,9 @@ Factory = Callable[[], "Optimiser"] | str
 """A zero-argument callable returning an optimiser, or its ``module:attribute`` import path."""
 
 _FACTORIES: dict[str, Factory] = {
-    "perseus": "megatron_energy.perseus.optimiser:PerseusOptimiser",
-    "kareus": "megatron_energy.kareus.optimiser:KareusOptimiser",
-    "kernel": "megatron_energy.phases.optimiser:PhaseOptimiser",
+    "perseus": "megatron_energy.perseus.clock_optimiser:PerseusOptimiser",
+    "kareus": "megatron_energy.kareus.collective_optimiser:KareusOptimiser",
+    "kernel": "megatron_energy.phases.phase_optimiser:PhaseOptimiser",
 }
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"

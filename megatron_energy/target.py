@@ -48,7 +48,7 @@ class EnergyTarget:
 
         Raises:
             EnergyValueError: For a ``power`` target, which has no deadline: it picks the fastest point of the
-                clock frontier within its budget (``perseus.power_budget``).
+                clock frontier within its budget (``perseus.power_point``).
         """
         if self.kind == "power":
             raise EnergyValueError(

@@ -11,10 +11,10 @@ import pytest
 from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.optimiser import KareusOptimiser
+from megatron_energy.kareus.collective_optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.phases.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, PlanPoint
 from megatron_energy.runtime.planning import plan_summary

@@ -17,10 +17,10 @@ from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.optimiser import KareusOptimiser
+from megatron_energy.kareus.collective_optimiser import KareusOptimiser
 from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.perseus.optimiser import PerseusOptimiser
-from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.phases.phase_optimiser import PhaseOptimiser
 from megatron_energy.plan import Plan
 from megatron_energy.target import parse_target
 

@@ -215,7 +215,7 @@ class RankOneCannotRunOptimiser:
     """Perseus's plan, with rank 1's actions moved to a microbatch rank 1 never runs."""
 
     def __init__(self) -> None:
-        from megatron_energy.perseus.optimiser import PerseusOptimiser
+        from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
 
         self.inner = PerseusOptimiser()
         self.request = self.inner.request
@@ -539,7 +539,7 @@ def _zygote(_index: int, worlds: tuple[World, ...], root: str, ready: Any) -> No
         import megatron.training.arguments  # noqa: F401
 
         import megatron_energy.dvfs.simulated
-        import megatron_energy.perseus.optimiser
+        import megatron_energy.perseus.clock_optimiser
         import megatron_energy.runtime.assembly  # noqa: F401
     meet = mp.get_context("fork").Barrier(2 * len(worlds))
     contexts = [

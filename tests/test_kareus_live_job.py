@@ -15,11 +15,11 @@ import pytest
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.kareus.choices import ClassChoice, default_choice
+from megatron_energy.kareus.collective_optimiser import KareusOptimiser, class_space
 from megatron_energy.kareus.collectives import MeasuredBucket, parse_collective_name
+from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.kareus.levers import RuntimeLevers
-from megatron_energy.kareus.optimiser import KareusOptimiser, class_space
-from megatron_energy.kareus.schedule import ClassChoice, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, SearchBudget
 from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.collective_runner import changes_megatron

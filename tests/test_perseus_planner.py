@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energy.commands import plan as plan_command
+from megatron_energy.commands import plan_command
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.optimiser import PerseusOptimiser, plan_point
-from megatron_energy.perseus.planner import Planner
+from megatron_energy.perseus.clock_optimiser import PerseusOptimiser, plan_point
+from megatron_energy.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders

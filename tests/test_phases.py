@@ -14,7 +14,7 @@ from megatron_energy.phases.allocate import allocate, phase_options
 from megatron_energy.phases.labels import PhaseLabel, parse_phase_label
 from megatron_energy.phases.merge import merge_short_phases
 from megatron_energy.phases.modelled import modelled_phases
-from megatron_energy.phases.switching import SwitchRequest, simulate, switch_requests
+from megatron_energy.phases.switch_times import SwitchRequest, simulate, switch_requests
 from megatron_energy.phases.timeline import KernelRecord, Phase, class_shares, classify_kernel, group_phases
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
@@ -198,7 +198,7 @@ def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path
 def test_all_refines_perseus_without_predicting_slower(profile: Profile) -> None:
     # 10 µs switches: every point has memory-bound phases inside its instructions to refine (at 100 µs this
     # job's are merged away, and its tail, with no idle gap after it to restore in, keeps the next
-    # iteration's clock on its last phase: phases/planner.py)
+    # iteration's clock on its last phase: phases/sequence_plan.py)
     job = _job(1e-5)
     base = resolve("perseus").plan(profile, job)
     plan = resolve("all").plan(profile, job)

@@ -2,7 +2,7 @@ import argparse
 
 from profile_family import ProfileFamily, family_profile
 
-from megatron_energy.commands import plan as plan_command
+from megatron_energy.commands import plan_command
 from megatron_energy.commands.accounting import Accounting, format_gap, row_warning_lines
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.perseus.frontier import all_max_clocks

@@ -7,13 +7,13 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.planner import Planner
-from megatron_energy.perseus.power_budget import PowerBudgetError, point_power
+from megatron_energy.perseus.power_point import PowerBudgetError, point_power
+from megatron_energy.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import PlanPoint, RankPlan
 from megatron_energy.runtime.policies import SafetyNet
-from megatron_energy.runtime.power_budget import allowed_power_w, measured_power_w, power_budget_part
+from megatron_energy.runtime.power_watch import allowed_power_w, measured_power_w, power_budget_part
 from megatron_energy.target import EnergyTarget, parse_target
 
 

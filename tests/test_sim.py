@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energy.commands import plan as plan_command
-from megatron_energy.commands import simulate
+from megatron_energy.commands import plan_command, simulate
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders

@@ -21,7 +21,7 @@ from megatron_energy.config import EnergyConfig, energy_argv
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.power_budget import modelled_floor_problem
+from megatron_energy.perseus.power_point import modelled_floor_problem
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
 from megatron_energy.runtime.baseline_length import pilot_steps

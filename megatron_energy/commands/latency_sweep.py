@@ -27,8 +27,8 @@ from pathlib import Path
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.job import JobConfig
 from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.optimiser import PerseusOptimiser
-from megatron_energy.phases.optimiser import PhaseOptimiser
+from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.phases.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.target import EnergyTarget

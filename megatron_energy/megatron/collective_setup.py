@@ -1,6 +1,6 @@
 """The job's collectives as Megatron configured them: what the collective scheduler plans live.
 
-Read from Megatron's parsed arguments and the parallel sizes (``kareus.collective_setup.CollectiveSetup``):
+Read from Megatron's parsed arguments and the parallel sizes (``kareus.job_collectives.CollectiveSetup``):
 
 * the data-parallel size with context parallelism (the group DDP reduces over), ``--sequence-parallel``,
   ``--use-distributed-optimizer`` and ``--ddp-bucket-size``;
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from megatron_energy.kareus.collective_setup import CollectiveSetup
 from megatron_energy.kareus.collectives import MeasuredBucket
+from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.runtime.communicator_budgets import FIXED_GROUPS, read_communicator_config
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
-from megatron_energy.kareus.collective_setup import CollectiveSetup
+from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders

@@ -9,8 +9,10 @@ instruction or outside instructions (gradient sync, optimizer step). Modules, on
   kernel timelines, which :class:`~megatron_energy.optimiser.PlanningJob` can then carry);
 - :mod:`.allocate`: an instruction's time budget distributed over its phases (convex, per-class response
   from the GPU spec's model);
-- :mod:`.switching`: when to request each switch so no deadline is missed, and the latency-aware simulation;
-- :mod:`.planner`: one instruction's (or the tail's) phase plan; :mod:`.optimiser`: the ``kernel`` optimiser.
+- :mod:`.switch_times`: when to request each switch so no deadline is missed, and the latency-aware
+  simulation;
+- :mod:`.sequence_plan`: one instruction's (or the tail's) phase plan;
+- :mod:`.phase_optimiser`: the ``kernel`` optimiser.
 
 Layer 2 with ``perseus/``: pure Python + numpy/scipy, no torch, megatron or NVML.
 """

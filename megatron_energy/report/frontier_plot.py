@@ -5,8 +5,8 @@ Two frontiers are drawn side by side:
 * the **instant-switch** frontier: the solver's curve, every point a plan whose clocks change the moment an
   instruction starts (``Plan.frontier``, one sample per deadline of the sweep);
 * the **latency-aware** frontier: the plans that pay the GPU's clock-switch latency (a requested clock takes
-  effect only later, ``perseus.switching``), i.e. what would run. Making a point latency-aware simulates and
-  repairs it, so the plan file holds it only at its executable points (``Plan.points``: the target and a
+  effect only later, ``perseus.switch_latency``), i.e. what would run. Making a point latency-aware simulates
+  and repairs it, so the plan file holds it only at its executable points (``Plan.points``: the target and a
   spread of others, a subset of the instant-switch samples); the curve joins those points, and its legend
   says how many of the frontier's points it covers.
 

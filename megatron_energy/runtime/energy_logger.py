@@ -41,7 +41,7 @@ from megatron_energy.runtime.exchange_period import EXCHANGE_BUDGET_S, exchange_
 from megatron_energy.runtime.group_chain import reduction_stages, run_at_once
 from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.log_window import PhaseWindow
-from megatron_energy.runtime.power_budget import with_power_budget
+from megatron_energy.runtime.power_watch import with_power_budget
 from megatron_energy.runtime.staged_exchange import StagedExchange, Stages
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.runtime.stock_baseline import StockBaseline
@@ -87,7 +87,7 @@ class EnergyLogger:
     Attributes:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
         power_target: ``--energy-target`` when it is a power budget: the line then shows the measured power
-            per GPU against it (``runtime.power_budget``); ``None`` otherwise.
+            per GPU against it (``runtime.power_watch``); ``None`` otherwise.
         job: The job's fingerprint, written into every record (``EnergyRecord.job``).
     """
 

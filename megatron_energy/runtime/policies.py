@@ -145,7 +145,7 @@ class SafetyNet:
             measured_s: The step's iteration time.
             target_s: The time the plan is allowed to take.
             power_w: The step's average power on this GPU, when a power budget applies (NaN: unknown).
-            allowed_w: The power this GPU may draw under the budget (``runtime.power_budget``).
+            allowed_w: The power this GPU may draw under the budget (``runtime.power_watch``).
             noise_s: Standard deviation of a stock step's iteration time (0: unknown).
             hold: A streak that reaches the patience does not trip yet: :meth:`confirm` trips it once the
                 replicas' exchange says the other replicas are slow too (else :meth:`excuse` ends it).

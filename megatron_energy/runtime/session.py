@@ -75,7 +75,7 @@ from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.optimiser import Optimiser
-from megatron_energy.perseus.power_budget import modelled_floor_problem
+from megatron_energy.perseus.power_point import modelled_floor_problem
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
@@ -121,7 +121,7 @@ from megatron_energy.runtime.planning import (
     tail_phases_from_profiling,
 )
 from megatron_energy.runtime.policies import PLANNING_PHASE, SAFETY_PHASE, SafetyNet, StragglerPolicy
-from megatron_energy.runtime.power_budget import allowed_power_w
+from megatron_energy.runtime.power_watch import allowed_power_w
 from megatron_energy.runtime.profiling import (
     ProfileCollector,
     ProfileRow,
@@ -553,7 +553,7 @@ class EnergySession:
         """On simulated GPUs, a power budget below the job's modelled power at the lowest clock: no profiling.
 
         Simulated GPUs are the GPU spec's model, so the model knows before profiling what the job draws with
-        every instruction at the spec's lowest clock (``perseus.power_budget.slowest_power_w``). Every rank
+        every instruction at the spec's lowest clock (``perseus.power_point.slowest_power_w``). Every rank
         computes the same figure and falls back together, at stock clocks; rank 0 alone says why. On GPUs
         the budget is checked against the profile, after profiling.
         """

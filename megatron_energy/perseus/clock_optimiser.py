@@ -2,8 +2,8 @@
 
 It sweeps the frontier of the job's DAG (``FrontierSolver``), picks the point for the target, makes it and
 up to ``PlanningJob.kept_points`` other points executable under the GPU's clock-switch latency
-(``perseus.switching``) and writes them as a :class:`~megatron_energy.plan.Plan`: a clock action at the start
-of every instruction. The other points serve data-parallel replicas that follow a straggler's pace.
+(``perseus.switch_latency``) and writes them as a :class:`~megatron_energy.plan.Plan`: a clock action at the
+start of every instruction. The other points serve data-parallel replicas that follow a straggler's pace.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.perseus.frontier import FrontierPoint
-from megatron_energy.perseus.planner import Planner
+from megatron_energy.perseus.target_point import Planner
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
     Baseline,

@@ -26,7 +26,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.phases.labels import PhaseLabel
 from megatron_energy.phases.modelled import coalesce, modelled_phases, tail_phases
-from megatron_energy.phases.planner import SequencePlan, plan_sequence
+from megatron_energy.phases.sequence_plan import SequencePlan, plan_sequence
 from megatron_energy.phases.stock import stock_plan
 from megatron_energy.phases.timeline import Phase, PhaseClass
 from megatron_energy.pipeline.instruction import Instruction, Work

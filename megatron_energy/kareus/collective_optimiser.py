@@ -2,7 +2,7 @@
 
 ``--energy-mode kareus`` plans at stock clocks (every instruction at its fastest profiled clock);
 ``--energy-mode all`` runs it after Perseus and refines each Perseus point: the point's clocks stay, shifted
-only for the instructions a class overlaps (``kareus.schedule``), and the collective actions are added.
+only for the instructions a class overlaps (``kareus.choices``), and the collective actions are added.
 
 For the target point it searches (``kareus.search``), stage by stage, the choices of every collective class
 of the stage (:func:`class_space`) for the least *modelled* energy (``sim.overlap``) whose iteration is no
@@ -40,11 +40,11 @@ from pathlib import Path
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.cache import SearchCache
+from megatron_energy.kareus.choices import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.kareus.pricing import PricedPoint, price_point
-from megatron_energy.kareus.schedule import ChoiceKey, ClassChoice, KareusModel, default_choice
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
+from megatron_energy.kareus.search_cache import SearchCache
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.profile import Profile
@@ -62,7 +62,7 @@ from megatron_energy.sim.simulator import Simulator
 
 
 def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
-    """The values the search gives one class (module docstring of ``kareus.schedule`` for their meaning).
+    """The values the search gives one class (module docstring of ``kareus.choices`` for their meaning).
 
     A live job's levers (``workload.levers``, ``kareus.levers``) narrow it to what the running job can honour.
     """
