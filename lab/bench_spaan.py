@@ -5,9 +5,9 @@ Spaan et al. (CF'26, arXiv 2601.08539) chose a (memory, core) clock pair per ker
 energy at 0 % modelled slowdown (kernel-global, waste goal), −14.6 % at +0.6 % time re-measured, and
 −2.07 % for one clock per pass (pass-global). This script prices the same layer (forward + backward) with
 this project's model (``configs/gpus/rtx-3080-ti.yaml``, FLOP/byte counts of :mod:`pipeline.workload`, the
-per-class split of :mod:`phases.modelled`) and plans it at iso-time against the stock clock (the fastest, as
-the GPU's ``auto`` boosts to it, power cap permitting): one clock per pass (instruction level) and one clock
-per phase with zero switch latency (phase level). All figures are modelled.
+per-class split of :mod:`pipeline.modelled_phases`) and plans it at iso-time against the stock clock (the
+fastest, as the GPU's ``auto`` boosts to it, power cap permitting): one clock per pass (instruction level)
+and one clock per phase with zero switch latency (phase level). All figures are modelled.
 
 Usage: ``python lab/bench_spaan.py``
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.phases.allocate import allocate, phase_options
-from megatron_energy.phases.modelled import modelled_phases
 from megatron_energy.phases.sequence_plan import plan_sequence
-from megatron_energy.phases.timeline import class_shares
 from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.modelled_phases import modelled_phases
+from megatron_energy.pipeline.phase_timeline import class_shares
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
 SPAAN = {"kernel-global, modelled (0 % slowdown)": -15.64, "re-measured (+0.6 % time)": -14.6}

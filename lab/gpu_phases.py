@@ -7,10 +7,10 @@ layers), in bf16:
 
 1. **Timeline** (*measured* times): ``torch.profiler`` records ``--iters`` forward + backward passes (after
    warm-up) and writes the Chrome trace; each kernel gets its operator's FLOPs and bytes, *estimated* from the
-   operator's input shapes (``megatron_energy.phases.kineto``), and is classified compute-, memory- or
-   communication-bound against the spec's roofline (``phases.timeline.classify_kernel``). Kernels are grouped
-   into phases; the script prints per-class time shares, the phase count and how many phases last more than
-   10 ms (long enough for a Hopper clock switch).
+   operator's input shapes (``megatron_energy.pipeline.kineto_trace``), and is classified compute-, memory- or
+   communication-bound against the spec's roofline (``pipeline.phase_timeline.classify_kernel``). Kernels are
+   grouped into phases; the script prints per-class time shares, the phase count and how many phases last
+   more than 10 ms (long enough for a Hopper clock switch).
 2. **Power per class** (*measured*): replay loops of at least ``--loop-s`` (>= 2) seconds each, a GEMM of
    the layer's FC1 shape (compute), a LayerNorm + residual add over the layer's activations (memory), a
    ``torch.cuda._sleep`` spin (how a communication kernel waits; one GPU has no peer), while a thread polls
@@ -44,8 +44,8 @@ from torch.profiler import ProfilerActivity, profile
 from megatron_energy.dvfs.calibration_loops import cuda_loop  # the calibration's back-to-back CUDA loop
 from megatron_energy.dvfs.calibration_nvml import NvmlSampler, loop_from_samples
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.phases.kineto import kernels_from_trace
-from megatron_energy.phases.timeline import class_shares, classify_kernel, group_phases, long_phases
+from megatron_energy.pipeline.kineto_trace import kernels_from_trace
+from megatron_energy.pipeline.phase_timeline import class_shares, classify_kernel, group_phases, long_phases
 from megatron_energy.pipeline.workload import TransformerShape
 
 MIN_LOOP_S = 2.0

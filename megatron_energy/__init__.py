@@ -4,7 +4,9 @@ Add ``--energy-optimise`` to a Megatron pretrain command (through ``python -m me
 the patch set in ``patches/``) and the training job profiles, plans and applies per-instruction GPU clocks
 that cut energy at the same iteration time. See README.md.
 
-Layers (imports only run down; ``tests/test_layering.py`` checks every import):
+Layers (imports only run down; ``tests/test_layering.py`` checks every import, that no modules import each
+other in a cycle, that no two modules share a name and no type is defined twice, and that nothing below the
+command layer imports a concrete optimiser):
 
 6. ``demo_model/``'s modules: the demo's training job, a Megatron training script the launcher runs;
    nothing in the package imports them.
@@ -18,9 +20,13 @@ Layers (imports only run down; ``tests/test_layering.py`` checks every import):
    pynvml).
 2. the optimiser seam and the optimisers: ``optimiser`` (the interface), ``registry`` and ``composition``
    (``--energy-mode``), ``config`` (the flags that choose them), ``config_checks`` (what each of their
-   values may be), ``plan_outcome`` (why a plan saves nothing), ``perseus/``. Pure Python, no torch.
-1. pure models: ``pipeline/`` (instruction identity, orders, DAG, workload and profile), ``sim/``, ``plan``
-   (Plan v2, the one executable contract), ``dvfs.model`` and ``dvfs.calibration``.
+   values may be), ``plan_outcome`` (why a plan saves nothing), and the concrete optimisers ``perseus/``
+   (clock per instruction), ``kareus/`` (collectives) and ``phases/`` (clock per phase, ``--energy-mode
+   kernel``), which only the registry (by name) and the command layer reach. Pure Python, no torch.
+1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
+   its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator and the power
+   floor), ``plan`` (Plan v2, the one executable contract), ``target`` (``--energy-target`` and its one
+   deadline rule), ``dvfs.model`` and ``dvfs.calibration``.
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
    ``stats``, ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec``.
 """

@@ -38,11 +38,11 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.collectives import CollectiveWorkload
-from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
 from megatron_energy.optimiser import PlanningJob
+from megatron_energy.pipeline.collectives import CollectiveWorkload
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
@@ -203,7 +203,7 @@ class JobConfig:
         return IterationTail(dp_sync_s=dp_sync_s, optimizer_s=optimizer_s)
 
     def collective_setup(self, spec: GpuSpec | None = None) -> CollectiveSetup:
-        """The job's collectives before the orders (``kareus.job_collectives``), every lever free.
+        """The job's collectives before the orders (``pipeline.job_collectives``), every lever free.
 
         Links: the data-parallel group and pipeline transfers over NVLink unless the job gives their bandwidth
         below NVLink's (then over the NIC, at that bandwidth). The distributed optimizer is assumed (gradient

@@ -25,7 +25,7 @@ from megatron_energy.target import EnergyTarget
 
 if TYPE_CHECKING:
     from megatron_energy.dvfs.spec import GpuSpec
-    from megatron_energy.kareus.collectives import CollectiveWorkload
+    from megatron_energy.pipeline.collectives import CollectiveWorkload
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ProfileRequest:
 
     phases: bool = False
     """Kernel timelines of instructions and of the iteration tail at stock clocks, grouped into phases
-    (``phases.timeline``), handed to optimisers as ``PlanningJob.phase_timelines``."""
+    (``pipeline.phase_timeline``), handed to optimisers as ``PlanningJob.phase_timelines``."""
 
     collectives: bool = False
     """Launch and completion times of collectives."""

@@ -9,7 +9,7 @@ it as the fresh one did.
 
 from __future__ import annotations
 
-from megatron_energy.kareus.collectives import parse_collective_name
+from megatron_energy.pipeline.collectives import parse_collective_name
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan
 
 SAVING_FLOOR = 1e-6

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collectives import CollectiveWorkload
+from megatron_energy.pipeline.collectives import CollectiveWorkload
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 EXAMPLE_7B = EXAMPLES / "llama-7b-pp4-tp2-h200.yaml"

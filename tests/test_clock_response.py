@@ -6,8 +6,8 @@ import pytest
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.phases.clock_response import class_response, fit_class_split
-from megatron_energy.phases.timeline import KernelRecord
+from megatron_energy.pipeline.clock_response import class_response, fit_class_split
+from megatron_energy.pipeline.phase_timeline import KernelRecord
 
 SPEC = load_gpu_spec("h100-sxm")
 MODEL = GpuPowerModel(SPEC)

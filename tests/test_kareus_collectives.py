@@ -1,11 +1,11 @@
-"""The collective naming scheme and the per-rank collectives built from a job (kareus/collectives.py)."""
+"""The collective naming scheme and the per-rank collectives built from a job (pipeline/collectives.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collectives import (
+from megatron_energy.pipeline.collectives import (
     AFTER_OPTIMIZER_PHASE,
     END_PHASE,
     CollectiveNameError,

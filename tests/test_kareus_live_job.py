@@ -1,8 +1,8 @@
 """A live job's collectives: read from Megatron's arguments, narrowed to what the running job can honour.
 
 ``megatron.collective_setup`` reads the setup the session hands the planner (``PlanningJob.collectives``);
-``kareus.levers`` keeps Kareus to what the runtime applies without a restart; the runner leaves Megatron alone
-when a plan's collective actions change nothing.
+``pipeline.collective_levers`` keeps Kareus to what the runtime applies without a restart; the runner leaves
+Megatron alone when a plan's collective actions change nothing.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.choices import ClassChoice, default_choice
 from megatron_energy.kareus.collective_optimiser import KareusOptimiser, class_space
-from megatron_energy.kareus.collectives import MeasuredBucket, parse_collective_name
-from megatron_energy.kareus.job_collectives import CollectiveSetup
-from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.kareus.search import CTA_DEFAULT, SearchBudget
 from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.collective_runner import changes_megatron
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.optimiser import PlanningJob
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collectives import MeasuredBucket, parse_collective_name
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
 from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.communicator_budgets import BudgetError

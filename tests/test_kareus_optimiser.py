@@ -16,13 +16,13 @@ from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.choices import KareusModel
 from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.collectives import build_collectives, parse_collective_name
 from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.kareus.search_cache import SearchCache
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
 from megatron_energy.perseus.clock_optimiser import plan_point
 from megatron_energy.perseus.target_point import Planner
 from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan
 from megatron_energy.target import parse_target

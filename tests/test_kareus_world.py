@@ -16,13 +16,13 @@ from session_world import RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.kareus.choices import KareusModel
-from megatron_energy.kareus.collectives import build_collectives, parse_collective_name
-from megatron_energy.kareus.job_collectives import CollectiveSetup
-from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
 from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan, PlanPoint

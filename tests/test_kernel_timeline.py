@@ -293,7 +293,7 @@ def test_optimisers_without_phases_never_record_kernels(tmp_path) -> None:
 def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between_start_and_stop() -> None:
     import torch
 
-    from megatron_energy.phases.kineto import kernels_by_annotation
+    from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
     from megatron_energy.runtime.kernel_timeline import TorchKernelTimeline
 
     recorder = TorchKernelTimeline(SPEC)

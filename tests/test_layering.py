@@ -8,9 +8,12 @@ owns it fails here with the offending module and line.
 from __future__ import annotations
 
 import ast
+import re
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "megatron_energy"
@@ -23,6 +26,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.stats": 0,
     "megatron_energy.plugin_threads": 0,
     "megatron_energy.dvfs.spec": 0,
+    "megatron_energy.target": 1,
     "megatron_energy.pipeline": 1,
     "megatron_energy.sim": 1,
     "megatron_energy.plan": 1,
@@ -59,6 +63,20 @@ OWNERS: dict[str, tuple[str, ...]] = {
 }
 """Third-party packages only some rooms of the package may import (the demo's training job is a Megatron
 training script, run by the launcher like ``pretrain_gpt.py``)."""
+
+CONCRETE_OPTIMISERS: tuple[str, ...] = (
+    "megatron_energy.perseus",
+    "megatron_energy.kareus",
+    "megatron_energy.phases",
+)
+"""The optimisers behind the interface (``optimiser.py``); only the command layer, the registry (by name,
+through its factories) and the optimisers themselves may import them."""
+
+COMMAND_LAYER = 5
+"""``commands/``, ``report/``, ``cli``, ``launch``, ``job``: what a user calls."""
+
+TYPE_NAME = re.compile(r"^[A-Z][a-z0-9]+[A-Za-z0-9]*$")
+"""A class or type alias name (CamelCase); a constant (``UPPER_CASE``) or function is not one."""
 
 LOWEST_TORCH_LAYER = 3
 """Layers below this one are pure Python + numpy/scipy/networkx: no torch."""
@@ -97,7 +115,21 @@ def imports_of(path: Path, root: Path = PACKAGE_ROOT) -> list[ImportEdge]:
             else:
                 name = node.module or ""
             edges.append(ImportEdge(importer, name, node.lineno))
+            # ``from megatron_energy import perseus`` imports the submodule: one edge per submodule named
+            edges.extend(
+                ImportEdge(importer, f"{name}.{alias.name}", node.lineno)
+                for alias in node.names
+                if is_submodule(f"{name}.{alias.name}", root)
+            )
     return edges
+
+
+def is_submodule(module: str, root: Path = PACKAGE_ROOT) -> bool:
+    """Whether ``module`` names a module or package of the package under ``root``."""
+    if not is_within(module, root.name):
+        return False
+    path = root.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def all_edges() -> list[ImportEdge]:
@@ -169,3 +201,77 @@ def test_the_layer_checker_sees_a_relative_upward_import(tmp_path: Path) -> None
         2,
     )
     assert layer_of(edge.imported) > layer_of(edge.importer)
+
+
+def import_cycles(edges: list[ImportEdge]) -> list[list[str]]:
+    """Every cycle of package modules importing each other (module level or inside functions alike)."""
+    graph = nx.DiGraph(
+        (edge.importer, edge.imported) for edge in edges if is_within(edge.imported, "megatron_energy")
+    )
+    return [cycle for cycle in nx.simple_cycles(graph) if len(cycle) > 1]
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    cycles = import_cycles(all_edges())
+    assert not cycles, "import cycles (break each by moving the shared type down):\n" + "\n".join(
+        " -> ".join([*cycle, cycle[0]]) for cycle in cycles
+    )
+
+
+def test_the_cycle_checker_sees_a_cycle_through_a_function_level_import(tmp_path: Path) -> None:
+    root = tmp_path / "megatron_energy"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from megatron_energy import b\n")
+    (root / "b.py").write_text("def late():\n    from megatron_energy.a import x\n")
+    edges = [edge for path in sorted(root.rglob("*.py")) for edge in imports_of(path, root)]
+    assert [set(cycle) for cycle in import_cycles(edges)] == [{"megatron_energy.a", "megatron_energy.b"}]
+
+
+def test_nothing_below_the_command_layer_imports_a_concrete_optimiser() -> None:
+    strays = [
+        str(edge)
+        for edge in all_edges()
+        if any(is_within(edge.imported, optimiser) for optimiser in CONCRETE_OPTIMISERS)
+        and not any(is_within(edge.importer, optimiser) for optimiser in CONCRETE_OPTIMISERS)
+        and layer_of(edge.importer) < COMMAND_LAYER
+    ]
+    assert not strays, (
+        "below the command layer only the optimisers import each other (the runtime reaches them through "
+        "optimiser.Optimiser and the registry; what it needs from a job lives in pipeline/):\n"
+        + "\n".join(strays)
+    )
+
+
+def test_no_two_modules_share_a_name() -> None:
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        if path.name != "__init__.py":
+            by_name[path.stem].append(module_name(path))
+    clashes = {name: sorted(modules) for name, modules in by_name.items() if len(modules) > 1}
+    assert not clashes, f"module names used twice: {clashes}"
+
+
+def type_definitions(path: Path) -> list[str]:
+    """The class and type-alias names a module defines at its top level."""
+    names = []
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.TypeAlias):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target if isinstance(node, ast.AnnAssign) else node.name]
+            )
+            names.extend(target.id for target in targets if isinstance(target, ast.Name))
+    return [name for name in names if TYPE_NAME.match(name)]
+
+
+def test_a_type_is_defined_once() -> None:
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        for name in type_definitions(path):
+            where[name].append(module_name(path))
+    twice = {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+    assert not twice, f"types defined in more than one module (import the one definition): {twice}"

@@ -27,8 +27,8 @@ from session_world import RankReport, SessionSettings, run_world
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.phases.labels import INSIDE_SCOPES, parse_phase_label
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, parse_phase_label
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 from megatron_energy.plan import ClockAction, Plan, RankPlan
 

@@ -3,8 +3,8 @@
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.phases.kineto import kernels_from_trace, op_bytes, op_flops
-from megatron_energy.phases.timeline import classify_kernel, group_phases, long_phases, split_op_work
+from megatron_energy.pipeline.kineto_trace import kernels_from_trace, op_bytes, op_flops
+from megatron_energy.pipeline.phase_timeline import classify_kernel, group_phases, long_phases, split_op_work
 
 SPEC = load_gpu_spec("h200")
 

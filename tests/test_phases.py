@@ -11,12 +11,18 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.phases.allocate import allocate, phase_options
-from megatron_energy.phases.labels import PhaseLabel, parse_phase_label
 from megatron_energy.phases.merge import merge_short_phases
-from megatron_energy.phases.modelled import modelled_phases
 from megatron_energy.phases.switch_times import SwitchRequest, simulate, switch_requests
-from megatron_energy.phases.timeline import KernelRecord, Phase, class_shares, classify_kernel, group_phases
 from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.modelled_phases import modelled_phases
+from megatron_energy.pipeline.phase_labels import PhaseLabel, parse_phase_label
+from megatron_energy.pipeline.phase_timeline import (
+    KernelRecord,
+    Phase,
+    class_shares,
+    classify_kernel,
+    group_phases,
+)
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction, Plan
 from megatron_energy.registry import resolve

@@ -21,10 +21,10 @@ from megatron_energy.config import EnergyConfig, energy_argv
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.power_point import modelled_floor_problem
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
 from megatron_energy.runtime.baseline_length import pilot_steps
+from megatron_energy.sim.power_floor import modelled_floor_problem
 
 DEMO_FOLDER = "demo"
 """The demo's own files go to ``<energy dir>/demo/``: every rank's output, the energy log, TensorBoard."""

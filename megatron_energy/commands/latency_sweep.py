@@ -4,7 +4,7 @@ For a job (``configs/examples/*.yaml``) and each switch latency: the stock itera
 its fastest clock), the Perseus plan at ``iso-time`` made executable under the latency (instruction level),
 and that plan refined by the phase optimiser (``--energy-mode all``: phase level), all simulated from the
 job's *modelled* profile (its GPU spec's time/power model, FLOP/byte counts of the model shape, the per-class
-split of :mod:`megatron_energy.phases.modelled`). Savings are against the stock iteration at the same
+split of :mod:`megatron_energy.pipeline.modelled_phases`). Savings are against the stock iteration at the same
 latency; every plan keeps the stock iteration time.
 
 Energy accounting of the iteration tail: the simulator charges a modelled tail (gradient sync, optimizer

@@ -28,12 +28,12 @@ from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
 from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.kareus.search import SearchBudget
 from megatron_energy.optimiser import PlanningJob
 from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.phases.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan

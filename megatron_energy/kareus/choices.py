@@ -29,14 +29,14 @@ from dataclasses import dataclass
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.collectives import (
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collectives import (
     AFTER_OPTIMIZER_PHASE,
     GEMM_OVERLAP_PHASE,
     NCCL_DEFAULT_CTAS,
     Collective,
     phase_layer,
 )
-from megatron_energy.kareus.levers import RuntimeLevers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.plan import Boundary, CollectiveAction
@@ -77,7 +77,7 @@ def default_choice(class_key: str, levers: RuntimeLevers | None = None) -> Class
     """What the job does without a plan: the base clock and megatron-core's schedule.
 
     Without ``levers`` (planning offline) that is megatron-core's defaults: NCCL's budget, no overlap. With
-    them, the running job's flags and communicator budgets (``kareus.levers``).
+    them, the running job's flags and communicator budgets (``pipeline.collective_levers``).
     """
     reduce = class_key in ("dp.reduce_scatter", "dp.all_reduce")
     if levers is None:
@@ -110,7 +110,7 @@ class KareusModel:
             dag: The iteration DAG.
             profile: Time and energy per clock of every instruction.
             spec: The GPU spec (powers, SMs, per-CTA bandwidth).
-            collectives: Every collective of every rank (``kareus.collectives.build_collectives``).
+            collectives: Every collective of every rank (``pipeline.collectives.build_collectives``).
             layers: Transformer layers per model chunk (to place layer-boundary launches).
             levers: The running job's collective settings (:func:`default_choice`); ``None`` offline.
         """

@@ -13,7 +13,8 @@ choices (megatron-core's defaults) already miss its deadline under the overlap m
 collectives the clock planner's DAG does not), the deadline is that default iteration's time, so a Kareus
 point is never slower than its base point as this model prices both. The other points get the target's
 choices where these keep them within their deadlines, megatron-core's defaults otherwise. (With a live job's
-levers, "megatron-core's defaults" means the job's own flags and communicator budgets: ``kareus.levers``.)
+levers, "megatron-core's defaults" means the job's own flags and communicator budgets:
+``pipeline.collective_levers``.)
 
 Composed (``all``), Kareus is given the Perseus clocks and moves them jointly with the collectives (the clock
 offsets of the instructions a class overlaps), and, as a joint pass, also searches from stock clocks, where
@@ -41,11 +42,11 @@ from pathlib import Path
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.kareus.choices import ChoiceKey, ClassChoice, KareusModel, default_choice
-from megatron_energy.kareus.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.kareus.pricing import PricedPoint, price_point
 from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
 from megatron_energy.kareus.search_cache import SearchCache
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.pipeline.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
@@ -64,7 +65,8 @@ from megatron_energy.sim.simulator import Simulator
 def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
     """The values the search gives one class (module docstring of ``kareus.choices`` for their meaning).
 
-    A live job's levers (``workload.levers``, ``kareus.levers``) narrow it to what the running job can honour.
+    A live job's levers (``workload.levers``, ``pipeline.collective_levers``) narrow it to what the running
+    job can honour.
     """
     levers = workload.levers
     group = key.split(".", 1)[0]

@@ -4,7 +4,7 @@ megatron-core's ``DistributedDataParallel`` (one per model chunk) partitions its
 and the buckets into bucket groups (``distributed_data_parallel.py``: ``partition_buckets``); each bucket
 group is launched as one (coalesced) collective. With one buffer per chunk (one dtype, no experts) every
 group holds one bucket and the group index is megatron-core's bucket index, which the contract names:
-``dp.<op>[.chunk<c>].bucket<b>`` (``kareus.collectives.collective_name``; the chunk only with a virtual
+``dp.<op>[.chunk<c>].bucket<b>`` (``pipeline.collectives.collective_name``; the chunk only with a virtual
 pipeline). A parameter's place (a model-layer index of the chunk, the head or the embedding) decides when its
 gradient is complete in the backward pass (``runtime.collective_points.ready_phase``).
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_energy.kareus.collectives import MeasuredBucket, collective_name
+from megatron_energy.pipeline.collectives import MeasuredBucket, collective_name
 from megatron_energy.runtime.collective_points import EMBEDDING, HEAD, CollectivePlanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -106,7 +106,7 @@ def bucket_span(places: Sequence[int | str], num_layers: int) -> tuple[int, int]
 
 
 def measured_buckets(model_chunks: Sequence[Any], stage: int) -> tuple[MeasuredBucket, ...]:
-    """This rank's DDP bucket groups as the planner takes them (``kareus.collectives.MeasuredBucket``).
+    """This rank's DDP bucket groups as the planner takes them (``pipeline.collectives.MeasuredBucket``).
 
     Raises:
         CollectivePlanError: A chunk is not wrapped in megatron-core's ``DistributedDataParallel``.

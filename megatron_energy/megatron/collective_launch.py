@@ -46,13 +46,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from megatron_energy.kareus.collectives import (
-    AFTER_OPTIMIZER_PHASE,
-    END_PHASE,
-    GEMM_OVERLAP_PHASE,
-    ParsedName,
-    layer_phase,
-)
 from megatron_energy.megatron.bucket_layout import (
     BucketGroup,
     bucket_groups,
@@ -61,6 +54,13 @@ from megatron_energy.megatron.bucket_layout import (
     gradient_op,
 )
 from megatron_energy.megatron.communicators import BudgetCommunicators, require_nccl
+from megatron_energy.pipeline.collectives import (
+    AFTER_OPTIMIZER_PHASE,
+    END_PHASE,
+    GEMM_OVERLAP_PHASE,
+    ParsedName,
+    layer_phase,
+)
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Action, Boundary, CollectiveAction
 from megatron_energy.runtime.collective_points import (

@@ -1,6 +1,6 @@
 """The job's collectives as Megatron configured them: what the collective scheduler plans live.
 
-Read from Megatron's parsed arguments and the parallel sizes (``kareus.job_collectives.CollectiveSetup``):
+Read from Megatron's parsed arguments and the parallel sizes (``pipeline.job_collectives.CollectiveSetup``):
 
 * the data-parallel size with context parallelism (the group DDP reduces over), ``--sequence-parallel``,
   ``--use-distributed-optimizer`` and ``--ddp-bucket-size``;
@@ -10,7 +10,7 @@ Read from Megatron's parsed arguments and the parallel sizes (``kareus.job_colle
   the NIC, else NVLink);
 * the DDP bucket layout of this rank, when the model chunks are known (``megatron.bucket_layout``; the
   session gathers every pipeline rank's before planning);
-* the levers (``kareus.levers``): ``--overlap-grad-reduce``, ``--overlap-param-gather``,
+* the levers (``pipeline.collective_levers``): ``--overlap-grad-reduce``, ``--overlap-param-gather``,
   ``--tp-comm-overlap`` and the ``pp``/``tp`` budgets of the communicator config
   (``--nccl-communicator-config-path``), which megatron-core creates its communicators with at start-up.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from megatron_energy.kareus.collectives import MeasuredBucket
-from megatron_energy.kareus.job_collectives import CollectiveSetup
-from megatron_energy.kareus.levers import RuntimeLevers
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collectives import MeasuredBucket
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.runtime.communicator_budgets import FIXED_GROUPS, read_communicator_config
 
 

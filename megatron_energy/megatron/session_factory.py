@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
-from megatron_energy.kareus.job_collectives import CollectiveSetup
 from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.collective_points import CollectivePlanError
 from megatron_energy.runtime.comms import Group, TorchComms

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from megatron_energy.phases.timeline import Phase
+from megatron_energy.pipeline.phase_timeline import Phase
 
 SWITCH_WINDOWS_PER_PHASE = 2.0
 """A phase must last this many switch latencies to hold its own clock (see the module docstring)."""

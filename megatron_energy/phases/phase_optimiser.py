@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.phases.labels import PhaseLabel
-from megatron_energy.phases.modelled import coalesce, modelled_phases, tail_phases
 from megatron_energy.phases.sequence_plan import SequencePlan, plan_sequence
 from megatron_energy.phases.stock import stock_plan
-from megatron_energy.phases.timeline import Phase, PhaseClass
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.modelled_phases import coalesce, modelled_phases, tail_phases
+from megatron_energy.pipeline.phase_labels import PhaseLabel
+from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Action, Boundary, ClockAction, Plan, PlanPoint, RankPlan
 

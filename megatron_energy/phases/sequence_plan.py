@@ -35,7 +35,7 @@ from megatron_energy.phases.switch_times import (
     snap_to_phase_starts,
     switch_requests,
 )
-from megatron_energy.phases.timeline import Phase
+from megatron_energy.pipeline.phase_timeline import Phase
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.optimiser import Optimiser
-from megatron_energy.phases.modelled import modelled_phases
 from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
@@ -79,8 +79,8 @@ def build_timer(
     """CUDA events on real GPUs; the virtual clock of the modelled transformer on simulated ones.
 
     A simulated GPU runs an instruction with clocks inside it as the modelled per-class split the session's
-    phase planner uses (``phases.modelled``, one layer: the session plans without a layer count), so the
-    plan's phase offsets fall on the phases they were planned for.
+    phase planner uses (``pipeline.modelled_phases``, one layer: the session plans without a layer count), so
+    the plan's phase offsets fall on the phases they were planned for.
     """
     if handle.backend != "simulated":
         return CudaEventTimer()

@@ -1,6 +1,6 @@
 """Where this job can launch each collective a plan names: the runtime's checks of the Kareus contract.
 
-Names, phases and classes are :mod:`megatron_energy.kareus.collectives`' (the contract with the planner):
+Names, phases and classes are :mod:`megatron_energy.pipeline.collectives`' (the contract with the planner):
 ``dp.<op>[.chunk<c>].bucket<b>`` for DDP bucket collectives, ``pp.send_recv`` and ``tp.*`` for inline
 ones; a launch point is a :class:`~megatron_energy.plan.Boundary` whose phase is ``None`` (the instruction's
 start), ``layer<k>`` (the start of the ``k``-th layer of the instruction's chunk in execution order),
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.collectives import (
+from megatron_energy.pipeline.collectives import (
     AFTER_OPTIMIZER_PHASE,
     END_PHASE,
     ParsedName,

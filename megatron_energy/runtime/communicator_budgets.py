@@ -25,7 +25,7 @@ from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Action, CollectiveAction, Plan
 
 MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp"}
-"""Group of a plan's collective name (``kareus.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
+"""Group of a plan's collective name (``pipeline.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
 
 DDP reduces gradients over ``intra_dp_cp_group``, which is the ``dp_cp`` communicator with a single
 distributed-optimizer instance (``parallel_state.py:967``); with ``--num-distributed-optimizer-instances``

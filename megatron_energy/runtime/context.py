@@ -8,7 +8,7 @@ from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.kareus.job_collectives import CollectiveSetup
+from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
 

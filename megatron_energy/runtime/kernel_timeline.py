@@ -6,17 +6,17 @@ around the recorded step that ends each profiled clock's block (``runtime.profil
 when clocks are not set: a dry run) and never in the run phase; each instruction is a ``record_function``
 range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and synthetic traces)
 turns the Chrome trace into phases per instruction class: the kernels of each range
-(``phases.kineto.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
-(``phases.timeline.group_phases``); of an instruction class's instances (microbatches, steps), the one of
-median length speaks for it. Times are measured (kernel start and duration at the stock clock); each kernel's
-class rests on FLOPs and bytes estimated from its operator's input shapes (``phases.kineto``). Each class's
-response to the clock is *measured* where timelines at two or more clocks were recorded (the same kernels
-paired across clocks, ``phases.clock_response``), else the GPU spec's model (all compute-bound, all
-memory-bound or fixed); what the phase planner does with them is modelled. On simulated GPUs there is no
-kernel timeline: the session keeps the modelled per-class split (``phases.modelled``). The step recorded under
-the profiler runs slower than the others (the profiler's work on every kernel launch), so its instruction
-times and energy feed the phase timelines only, never the profile rows or the stock baseline
-(``runtime.profiling``).
+(``pipeline.kineto_trace.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
+(``pipeline.phase_timeline.group_phases``); of an instruction class's instances (microbatches, steps), the
+one of median length speaks for it. Times are measured (kernel start and duration at the stock clock); each
+kernel's class rests on FLOPs and bytes estimated from its operator's input shapes
+(``pipeline.kineto_trace``). Each class's response to the clock is *measured* where timelines at two or more
+clocks were recorded (the same kernels paired across clocks, ``pipeline.clock_response``), else the GPU
+spec's model (all compute-bound, all memory-bound or fixed); what the phase planner does with them is
+modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
+(``pipeline.modelled_phases``). The step recorded under the profiler runs slower than the others (the
+profiler's work on every kernel launch), so its instruction times and energy feed the phase timelines only,
+never the profile rows or the stock baseline (``runtime.profiling``).
 
 Off the training thread: when the profiler stops, the training thread only has it write its Chrome trace to a
 file (Kineto's own writer); reading the traces and turning them into phases (:class:`TimelineReading`) runs in
@@ -38,10 +38,10 @@ from typing import Any, Protocol
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.phases.clock_response import class_response, fit_class_split
-from megatron_energy.phases.kineto import kernels_by_annotation
-from megatron_energy.phases.timeline import Phase, PhaseClass, group_phases
+from megatron_energy.pipeline.clock_response import class_response, fit_class_split
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
+from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, group_phases
 from megatron_energy.runtime.child_process import ChildProcess
 
 PREFIX = "energy:"
@@ -81,7 +81,7 @@ def phase_timelines(
             trace's correlation ids are its own).
         spec: The GPU whose roofline classifies the kernels.
         split: Per class, the work one second of it is, where its clock response was measured
-            (``phases.clock_response``).
+            (``pipeline.clock_response``).
 
     Returns:
         Per instruction class with kernels in the traces, the phases of its median-length instance.

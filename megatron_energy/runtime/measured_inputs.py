@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_energy.dvfs.model import WorkProfile
-from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 

@@ -5,7 +5,7 @@ instruction's start (or at a phase inside it) and the launch point and SM budget
 switch to another point of the same plan (a straggler's pace) without re-planning. It knows nothing of
 how a plan was made, so every optimiser's plan runs through it.
 
-Phase actions (``Boundary(instruction, phase)``, named by ``phases.labels``) run in two ways:
+Phase actions (``Boundary(instruction, phase)``, named by ``pipeline.phase_labels``) run in two ways:
 
 - **outside instructions** (the iteration tail): a label naming a hook (``tail1@optimizer:...``) is requested
   when that outside phase begins (``events.OUTSIDE_PHASES``: megatron-core's ``all-grads-sync``,
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from megatron_energy.phases.labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction, Plan, PlanError, PlanPoint
 
 
@@ -178,7 +178,7 @@ class PlanRunner:
 
 
 def _label_of(phase: str) -> PhaseLabel | None:
-    """A phase action's label, parsed; ``None`` for a name ``phases.labels`` did not write."""
+    """A phase action's label, parsed; ``None`` for a name ``pipeline.phase_labels`` did not write."""
     try:
         return parse_phase_label(phase)
     except ValueError:

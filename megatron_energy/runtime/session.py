@@ -73,9 +73,8 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.kareus.collectives import MeasuredBucket
 from megatron_energy.optimiser import Optimiser
-from megatron_energy.perseus.power_point import modelled_floor_problem
+from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
@@ -135,6 +134,7 @@ from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
+from megatron_energy.sim.power_floor import modelled_floor_problem
 
 
 class EnergySession:
@@ -553,7 +553,7 @@ class EnergySession:
         """On simulated GPUs, a power budget below the job's modelled power at the lowest clock: no profiling.
 
         Simulated GPUs are the GPU spec's model, so the model knows before profiling what the job draws with
-        every instruction at the spec's lowest clock (``perseus.power_point.slowest_power_w``). Every rank
+        every instruction at the spec's lowest clock (``sim.power_floor.slowest_power_w``). Every rank
         computes the same figure and falls back together, at stock clocks; rank 0 alone says why. On GPUs
         the budget is checked against the profile, after profiling.
         """

@@ -74,7 +74,7 @@ class CommLaunch:
     """One launch of a collective on a stage's collective stream.
 
     Attributes:
-        name: The collective's name (``kareus.collectives``).
+        name: The collective's name (``pipeline.collectives``).
         stage: Pipeline stage.
         traffic_bytes: Bytes the GPU sends.
         load: Its CTA budget and link.

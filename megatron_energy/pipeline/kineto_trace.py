@@ -6,9 +6,9 @@ that launched them (same correlation) and ``cpu_op`` events (aten operators, nes
 thread; with ``record_shapes=True`` their ``args`` hold ``Input Dims`` and ``Input type``). Each kernel is
 attributed to the innermost operator enclosing its launch; the operator's work is estimated from its shapes
 (:func:`op_flops`, :func:`op_bytes`: *estimates*, stated as such) and shared over its kernels by duration
-(:func:`~megatron_energy.phases.timeline.split_op_work`). :func:`kernels_by_annotation` also groups the
-kernels by the ``record_function`` range (``user_annotation`` event) that enclosed their launch, which is how
-the session's profiling steps tell the instructions' kernels apart.
+(:func:`~megatron_energy.pipeline.phase_timeline.split_op_work`). :func:`kernels_by_annotation` also groups
+the kernels by the ``record_function`` range (``user_annotation`` event) that enclosed their launch, which is
+how the session's profiling steps tell the instructions' kernels apart.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from megatron_energy.phases.timeline import KernelRecord, split_op_work
+from megatron_energy.pipeline.phase_timeline import KernelRecord, split_op_work
 
 DTYPE_BYTES: dict[str, int] = {
     "c10::BFloat16": 2,

@@ -2,9 +2,9 @@
 
 :class:`CollectiveSetup` is what the Megatron adapter reads from Megatron's arguments and parallel state (or
 ``job.JobConfig`` from a job file): parallel sizes, optimizer and DDP settings, which links the groups cross,
-and, for a running job, its levers (``kareus.levers``). With the model shape, the executed orders and the GPU
-spec it becomes the :class:`~megatron_energy.kareus.collectives.CollectiveWorkload` the planner uses
-(:meth:`CollectiveSetup.workload`): the one place where links get their bandwidths.
+and, for a running job, its levers (``pipeline.collective_levers``). With the model shape, the executed
+orders and the GPU spec it becomes the :class:`~megatron_energy.pipeline.collectives.CollectiveWorkload` the
+planner uses (:meth:`CollectiveSetup.workload`): the one place where links get their bandwidths.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.collectives import CollectiveWorkload, Link, MeasuredBucket
-from megatron_energy.kareus.levers import RuntimeLevers
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collectives import CollectiveWorkload, Link, MeasuredBucket
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
 

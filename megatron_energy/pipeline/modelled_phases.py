@@ -7,7 +7,7 @@ layer (norm, attention block, tensor-parallel all-reduce, residual + norm, FC1, 
 residual), with each run's share of its class's time per layer. The instruction's work is split evenly over
 its layers and laid out in that order; adjacent runs of one class (a layer's last residual and the next
 layer's first norm) form one phase. The shares are assumptions (provenance ``modelled``): a measured kernel
-timeline (:func:`~megatron_energy.phases.timeline.group_phases`) replaces them.
+timeline (:func:`~megatron_energy.pipeline.phase_timeline.group_phases`) replaces them.
 
 The iteration tail's phases (:func:`tail_phases`), one per outside phase the runtime hooks
 (``events.OUTSIDE_PHASES``), each of a modelled class (:data:`OUTSIDE_CLASSES`): the data-parallel gradient
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megatron_energy.dvfs.model import WorkProfile
-from megatron_energy.phases.timeline import Phase, PhaseClass, class_work
+from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, class_work
 
 LAYER_PATTERN: tuple[tuple[PhaseClass, float], ...] = (
     ("memory", 0.25),  # input layer norm

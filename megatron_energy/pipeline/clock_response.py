@@ -2,8 +2,8 @@
 
 Where clocks may be changed, the profiling steps record a kernel timeline at every clock of the grid
 (``runtime.kernel_timeline``). At the reference (stock) clock every instruction range's kernels are
-classified (``phases.timeline.classify_kernel``); the same range at another clock launches the same kernels
-in the same order, so they pair one to one by position (a range whose kernel names differ
+classified (``pipeline.phase_timeline.classify_kernel``); the same range at another clock launches the same
+kernels in the same order, so they pair one to one by position (a range whose kernel names differ
 between the two is left out). Per class, the paired kernels' summed duration at a clock over that at the
 reference clock is the class's *measured* response.
 
@@ -24,13 +24,13 @@ import numpy as np
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.phases.timeline import KernelRecord, PhaseClass, classify_kernel
+from megatron_energy.pipeline.phase_timeline import KernelRecord, PhaseClass, classify_kernel
 
 ClassResponse = dict[PhaseClass, dict[int, float]]
 """Per kernel class, per clock (MHz): its time there over its time at the reference clock (measured)."""
 
 KernelsByRange = Mapping[str, Sequence[KernelRecord]]
-"""One step's kernels per annotated range (``phases.kineto.kernels_by_annotation``)."""
+"""One step's kernels per annotated range (``pipeline.kineto_trace.kernels_by_annotation``)."""
 
 SUM_WEIGHT = 1e3
 """Weight of the row that holds the shares' sum to one in the fit."""

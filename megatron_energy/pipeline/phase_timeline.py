@@ -108,7 +108,7 @@ def group_phases(
         kernels: The timeline's kernels, measured at the maximum (stock) clock.
         spec: The GPU whose roofline classifies them.
         split: Per class, the work one second of it is (a measured clock response,
-            ``phases.clock_response``); a class without one is all compute-, memory-bound or fixed.
+            ``pipeline.clock_response``); a class without one is all compute-, memory-bound or fixed.
 
     Returns:
         The phases in time order, starts relative to the first kernel's start.

@@ -81,7 +81,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.levers import RuntimeLevers
+from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
@@ -331,8 +331,8 @@ class CollectiveWorkload:
         pp_link: Link pipeline transfers cross.
         pp_bandwidth_gbps: Its bandwidth.
         tp_bandwidth_gbps: Bandwidth of the tensor-parallel group (NVLink inside a node).
-        levers: What the running job lets a plan change (``kareus.levers``); ``None`` when planning offline,
-            every lever free.
+        levers: What the running job lets a plan change (``pipeline.collective_levers``); ``None`` when
+            planning offline, every lever free.
         measured_buckets: The running job's DDP bucket layout (every pipeline rank's); ``None``: modelled
             from the bucket size.
     """
