@@ -9,6 +9,7 @@ layers are not counted (the work model has none, with or without a layout).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from megatron_energy.errors import EnergyValueError
@@ -48,9 +49,52 @@ def layout_layers(layout: Any, pipeline_size: int, num_layers: int) -> ChunkLaye
     return layers
 
 
+UNEVEN_SPLIT_ARGS = {
+    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split": "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split": "account_for_loss_in_pipeline_split",
+}
+"""Megatron's other uneven-split flags (argument name -> ``TransformerConfig`` field)."""
+
+
+def split_layers(args: Any) -> ChunkLayers:
+    """Decoder layers per chunk under Megatron's uneven-split flags, from megatron-core's own count.
+
+    ``get_num_layers_to_build`` counts one (stage, chunk) from the config fields of
+    :data:`UNEVEN_SPLIT_ARGS`; it is asked for every stage and chunk here.
+    """
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    stages, chunks = args.pipeline_model_parallel_size, args.virtual_pipeline_model_parallel_size
+    config = SimpleNamespace(
+        pipeline_model_parallel_layout=None,
+        num_layers=args.num_layers,
+        pipeline_model_parallel_size=stages,
+        virtual_pipeline_model_parallel_size=chunks,
+        **{field: getattr(args, name, None) for name, field in UNEVEN_SPLIT_ARGS.items()},
+    )
+    return ChunkLayers(
+        tuple(
+            tuple(
+                get_num_layers_to_build(config, vp_stage=chunk, pp_rank=stage) for chunk in range(chunks or 1)
+            )
+            for stage in range(stages)
+        )
+    )
+
+
 def job_layers(args: Any) -> ChunkLayers | None:
-    """The layout's decoder layers per chunk from Megatron's parsed arguments; ``None`` without a layout."""
+    """Decoder layers per chunk from Megatron's parsed arguments; ``None`` for the even split.
+
+    A ``--pipeline-model-parallel-layout`` is read with megatron-core's parser (:func:`layout_layers`); the
+    uneven-split flags (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``,
+    ``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``) with its layer
+    count (:func:`split_layers`).
+    """
     layout = getattr(args, "pipeline_model_parallel_layout", None)
-    if layout is None:
-        return None
-    return layout_layers(layout, args.pipeline_model_parallel_size, args.num_layers)
+    if layout is not None:
+        return layout_layers(layout, args.pipeline_model_parallel_size, args.num_layers)
+    if any(getattr(args, name, None) for name in UNEVEN_SPLIT_ARGS):
+        return split_layers(args)
+    return None
