@@ -13,8 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from launcher_world import run_launcher
-from megatron_harness import TINY_GPT_SCRIPT
+from launcher_world import run_launcher, traced_plan_argv
 
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import load_gpu_spec
@@ -143,14 +142,7 @@ def test_a_layout_job_profiles_plans_and_runs_megatrons_order_through_the_launch
     Regression: the session failed to start ("5 layers do not split evenly over 2 stages x 2 chunks") and the
     job trained at stock clocks; a layout whose layers did split evenly was modelled as evenly split.
     """
-    trace = tmp_path / "trace.jsonl"
-    argv = [
-        str(TINY_GPT_SCRIPT), *MEGATRON_ARGS, "--energy-trace", str(trace),
-        "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
-        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1",
-        "--energy-dir", str(tmp_path / "energy"),
-    ]  # fmt: skip
-    run = run_launcher(argv, 2, tmp_path)
+    run = run_launcher(traced_plan_argv(MEGATRON_ARGS, tmp_path), 2, tmp_path)
     assert run.statuses == (0, 0), run.output[-4000:]
     assert "not optimising" not in run.output, run.output[-4000:]
     expected = pipeline_orders(2, NUM_MICROBATCHES, 2)

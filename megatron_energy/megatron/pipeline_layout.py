@@ -1,10 +1,11 @@
-"""Decoder layers per model chunk from Megatron's ``--pipeline-model-parallel-layout``, read by megatron-core.
+"""Decoder layers per model chunk from Megatron's uneven pipeline splits, counted by megatron-core.
 
 megatron-core parses the layout string (``PipelineParallelLayerLayout``: ``E`` embedding, ``t`` decoder layer,
 ``L`` loss, ``m`` MTP layer, ``|`` between virtual stages, ``*n`` repeats) into one list of layers per
 (pipeline rank, virtual stage); its virtual size is the number of stages over the pipeline size. The same
 parser gives the counts here, so the plugin's chunks are the chunks Megatron builds. Multi-token-prediction
-layers are not counted (the work model has none, with or without a layout).
+layers are not counted (the work model has none, with or without a layout). Megatron's older uneven-split
+flags are counted by megatron-core's ``get_num_layers_to_build`` (:func:`split_layers`).
 """
 
 from __future__ import annotations

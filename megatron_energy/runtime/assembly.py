@@ -95,7 +95,7 @@ def build_timer(
 
 
 def require_even_layers(mode: str, plans_collectives: bool, layers: ChunkLayers | None) -> None:
-    """Refuse to plan collectives on model chunks of unequal layer counts (an uneven pipeline layout).
+    """Refuse to plan collectives on model chunks of unequal layer counts (an uneven pipeline split).
 
     The collective scheduler places each bucket's launch point at a layer of its chunk, with every chunk
     holding ``num_layers / (stages x chunks)`` layers; it does not know uneven chunks, so it would plan wrong
@@ -109,9 +109,9 @@ def require_even_layers(mode: str, plans_collectives: bool, layers: ChunkLayers 
     if plans_collectives and layers is not None and not layers.is_even:
         raise EnergyValueError(
             f"--energy-mode {mode} plans collective launch points for model chunks of equal layer counts, "
-            f"but --pipeline-model-parallel-layout gives uneven chunks (decoder layers {layers.describe()}); "
-            "use --energy-mode perseus or kernel with this layout, or a layout with the same number of "
-            "decoder layers in every chunk"
+            f"but this job's pipeline split (--pipeline-model-parallel-layout or an uneven-split flag) gives "
+            f"uneven chunks (decoder layers {layers.describe()}); use --energy-mode perseus or kernel with "
+            "it, or the same number of decoder layers in every chunk"
         )
 
 
