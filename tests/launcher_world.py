@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_harness import spawn_world
+from megatron_harness import TINY_GPT_SCRIPT, spawn_world
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,16 @@ def run_launcher(
     payload = (list(argv), str(folder), [str(path) for path in sys_path])
     statuses = spawn_world(launcher_rank, world_size, folder / "results", payload, join_group=False)
     return LauncherRun(tuple(statuses), folder)
+
+
+def traced_plan_argv(megatron_args: Sequence[str], folder: Path) -> list[str]:
+    """The tiny GPT's launcher command that traces (``folder/trace.jsonl``) and plans on simulated H100s.
+
+    It profiles two clocks (1980 and 1500 MHz, one step each) and keeps the job's files in ``folder/energy``.
+    """
+    return [
+        str(TINY_GPT_SCRIPT), *megatron_args, "--energy-trace", str(folder / "trace.jsonl"),
+        "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
+        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1",
+        "--energy-dir", str(folder / "energy"),
+    ]  # fmt: skip

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher_world import run_launcher
-from megatron_harness import TINY_GPT_SCRIPT
+from launcher_world import run_launcher, traced_plan_argv
 
 from megatron_energy import launch
 from megatron_energy.events import read_trace
@@ -130,13 +129,7 @@ def test_the_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_
     the executed one; now the adapter computes the orders once and every DAG is built from them.
     """
     trace = tmp_path / "trace.jsonl"
-    argv = [
-        str(TINY_GPT_SCRIPT), *MEGATRON_ARGS, "--energy-trace", str(trace),
-        "--energy-optimise", "--energy-backend", "simulated", "--energy-gpu-spec", "h100-sxm",
-        "--energy-freq-grid", "1980,1500", "--energy-profile-iters", "1",
-        "--energy-dir", str(tmp_path / "energy"),
-    ]  # fmt: skip
-    run = run_launcher(argv, 2, tmp_path)
+    run = run_launcher(traced_plan_argv(MEGATRON_ARGS, tmp_path), 2, tmp_path)
     assert run.statuses == (0, 0), run.output[-4000:]
     assert not trace.exists(), "with 2 ranks every rank writes its own FILE.rankN"
     expected = pipeline_orders(2, NUM_MICROBATCHES, 2, microbatch_group_size=GROUP_SIZE)

@@ -13,12 +13,12 @@ launcher, exactly as a GPU job runs ``pretrain_gpt.py``::
 It parses Megatron's own arguments (which also sets Megatron's global variables: timers, microbatch
 calculator, TensorBoard writer when ``--tensorboard-dir`` is given). The arguments describe the model whose
 work simulated GPUs time; what runs on CPU is a stand-in with the same pipeline layout (pipeline and virtual
-pipeline sizes, microbatches, group size) but a tiny width (``tiny_gpt.TinyGpt``), and the script says so
-when it starts. Each iteration is one training step of
-``get_forward_backward_func()`` followed by one evaluation step (``forward_only`` under ``no_grad``), so the
-hooks are seen to fire for training only. The last rank logs like Megatron: timestamp, 1-based
-``iteration N/M``, the stand-in's measured time per iteration and its loss, and writes ``lm loss`` and
-``iteration-time`` to Megatron's TensorBoard writer.
+pipeline sizes, microbatches, group size, and the layers per chunk of ``--pipeline-model-parallel-layout``)
+but a tiny width (``tiny_gpt.TinyGpt``), and the script says so when it starts. Each iteration is one
+training step of ``get_forward_backward_func()`` followed by one evaluation step (``forward_only`` under
+``no_grad``), so the hooks are seen to fire for training only. The last rank logs like Megatron:
+timestamp, 1-based ``iteration N/M``, the stand-in's measured time per iteration and its loss, and writes
+``lm loss`` and ``iteration-time`` to Megatron's TensorBoard writer.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def pretrain_main() -> None:
             args.pipeline_model_parallel_size,
             args.virtual_pipeline_model_parallel_size,
             microbatch_group_size=args.microbatch_group_size_per_vp_stage,
+            layout=args.pipeline_model_parallel_layout,
         )
     world.config.timers = get_timers()
     last_rank = torch.distributed.get_rank() == torch.distributed.get_world_size() - 1

@@ -67,6 +67,17 @@ def gpt_forward_step(data_iterator: Iterator[dict], model: torch.nn.Module) -> t
     return output, functools.partial(_loss, batch["loss_mask"])
 
 
+def _num_layers(shape: TinyGpt, num_model_chunks: int, layout: str | None) -> int:
+    """Decoder layers of the whole model: the layout's ``t`` count, else ``layers_per_chunk`` per chunk."""
+    if layout is None:
+        return shape.layers_per_chunk * num_model_chunks
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    stages = PipelineParallelLayerLayout.parse_str_to_list(layout)
+    return sum(stage.count(LayerType.decoder) for stage in stages)
+
+
 class PipelineWorld:
     """megatron-core parallel state plus a tiny ``GPTModel`` split over the pipeline, inside one worker."""
 
@@ -76,6 +87,7 @@ class PipelineWorld:
         virtual_size: int | None = None,
         shape: TinyGpt = TinyGpt(),
         microbatch_group_size: int | None = None,
+        layout: str | None = None,
     ):
         """Initialise model parallelism (data parallel = world / pipeline) and build this rank's chunks.
 
@@ -84,6 +96,9 @@ class PipelineWorld:
             virtual_size: Model chunks per rank (interleaved schedule), ``None`` for plain 1F1B.
             shape: Model and batch sizes.
             microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None`` = pipeline size.
+            layout: Megatron's ``--pipeline-model-parallel-layout`` (e.g. ``"E|t*3|t|tL"``): the decoder
+                layers of every model chunk, built as megatron-core builds them (``shape.layers_per_chunk``
+                is then unused); its virtual size must be ``virtual_size``.
         """
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
@@ -103,7 +118,8 @@ class PipelineWorld:
         self.shape = shape
         self.num_chunks = virtual_size or 1
         self.config = TransformerConfig(
-            num_layers=shape.layers_per_chunk * pipeline_size * self.num_chunks,
+            num_layers=_num_layers(shape, pipeline_size * self.num_chunks, layout),
+            pipeline_model_parallel_layout=layout,
             hidden_size=shape.hidden_size,
             num_attention_heads=shape.num_attention_heads,
             use_cpu_initialization=True,

@@ -19,7 +19,9 @@ from typing import Any
 from megatron_energy.config import EnergyConfig
 from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
+from megatron_energy.megatron.pipeline_layout import job_layers
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.collective_points import CollectivePlanError
@@ -60,6 +62,7 @@ def parallel_job_context(
     shape: TransformerShape,
     num_microbatches: int,
     microbatch_group_size: int | None = None,
+    layers: ChunkLayers | None = None,
     log_interval: int = 10,
     log_sinks: tuple[Any, ...] = (),
     collectives: CollectiveSetup | None = None,
@@ -73,6 +76,7 @@ def parallel_job_context(
         shape: The transformer shape whose work simulated GPUs time (and the fingerprint names).
         num_microbatches: Microbatches per iteration (per data-parallel replica).
         microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None``: the pipeline size.
+        layers: Decoder layers per model chunk from ``--pipeline-model-parallel-layout``; ``None``: even.
         log_interval: Steps between energy log lines.
         log_sinks: Scalar writers ``(name, value, step)``.
         collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
@@ -100,6 +104,7 @@ def parallel_job_context(
         data_parallel_size=ps.get_data_parallel_world_size(),
         tensor_parallel_size=ps.get_tensor_model_parallel_world_size(),
         shape=shape,
+        layers=layers,
         collectives=collectives,
         global_rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -144,6 +149,7 @@ def megatron_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
         microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
+        layers=job_layers(args),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
         collectives=collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),

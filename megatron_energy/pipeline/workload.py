@@ -15,7 +15,9 @@ tensor-parallel rank (everything below divided by the TP degree unless marked re
 
 The embedding (gather, and its gradient) runs on the first stage's first chunk; the final norm, LM head GEMM
 (``2bshV``) and the vocab-parallel cross-entropy (fp32 passes over ``bsV`` logits) on the last stage's last
-chunk. So first and last stages carry more work than the middle ones, as in real pipelines.
+chunk. So first and last stages carry more work than the middle ones, as in real pipelines. Decoder layers
+are split evenly over the model chunks, or as ``--pipeline-model-parallel-layout`` places them
+(:class:`~megatron_energy.pipeline.chunk_layers.ChunkLayers`).
 
 Achieved-efficiency assumptions (relative to the peak at the clock the work runs at; the power cap is applied
 separately by :class:`~megatron_energy.dvfs.model.GpuPowerModel`):
@@ -37,6 +39,7 @@ from typing import Any
 
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.instruction import Work
 
 GEMM_EFFICIENCY = 0.80
@@ -142,27 +145,42 @@ KNOWN_SHAPES: dict[str, TransformerShape] = {
 
 
 def instruction_work(
-    shape: TransformerShape, spec: GpuSpec, num_stages: int, num_chunks: int = 1
+    shape: TransformerShape,
+    spec: GpuSpec,
+    num_stages: int,
+    num_chunks: int = 1,
+    layers: ChunkLayers | None = None,
 ) -> dict[Work, WorkProfile]:
     """Work of every pipeline instruction class ``Work(stage, chunk, kind)`` at the spec's maximum clock.
 
-    Layers are split evenly over ``num_stages x num_chunks`` model chunks (as Megatron requires).
+    Args:
+        shape: Model shape and microbatch.
+        spec: The GPU.
+        num_stages: Pipeline stages.
+        num_chunks: Model chunks per stage.
+        layers: Decoder layers of every chunk (``--pipeline-model-parallel-layout``); ``None``: Megatron's
+            even split of ``shape.num_layers`` over ``num_stages x num_chunks`` chunks.
 
     Raises:
-        ValueError: If the layers do not split evenly or the counts are not positive.
+        ValueError: If the layers do not split evenly (without ``layers``), ``layers`` has another number of
+            stages, chunks or layers than the job, or the counts are not positive.
     """
-    if num_stages <= 0 or num_chunks <= 0:
-        raise ValueError(f"num_stages and num_chunks must be positive, got {num_stages}, {num_chunks}")
-    if shape.num_layers % (num_stages * num_chunks):
+    if layers is None:
+        layers = ChunkLayers.even(shape.num_layers, num_stages, num_chunks)
+    elif (layers.num_stages, layers.num_chunks, layers.num_layers) != (
+        num_stages,
+        num_chunks,
+        shape.num_layers,
+    ):
         raise ValueError(
-            f"{shape.num_layers} layers do not split evenly over {num_stages} stages x {num_chunks} chunks"
+            f"the layer layout ({layers.describe()}) does not fit {num_stages} stages x {num_chunks} chunks "
+            f"and {shape.num_layers} layers"
         )
-    layers = shape.num_layers // (num_stages * num_chunks)
     work: dict[Work, WorkProfile] = {}
     for stage in range(num_stages):
         for chunk in range(num_chunks):
             for kind in ("forward", "backward"):
-                total = _layer_work(shape, spec, kind).scaled(layers)
+                total = _layer_work(shape, spec, kind).scaled(layers.of(stage, chunk))
                 if stage == 0 and chunk == 0:
                     total = total + _embedding_work(shape, spec, kind)
                 if stage == num_stages - 1 and chunk == num_chunks - 1:

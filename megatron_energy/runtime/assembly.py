@@ -14,6 +14,7 @@ from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.optimiser import Optimiser
+from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
@@ -88,9 +89,30 @@ def build_timer(
         raise ValueError(
             "simulated GPUs time instructions from a transformer shape; the job context has none"
         )
-    work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks)
+    work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks, context.layers)
     phases = {key: [phase.work for phase in modelled_phases(piece, 1)] for key, piece in work.items()}
     return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders), phases)
+
+
+def require_even_layers(mode: str, plans_collectives: bool, layers: ChunkLayers | None) -> None:
+    """Refuse to plan collectives on model chunks of unequal layer counts (an uneven pipeline split).
+
+    The collective scheduler places each bucket's launch point at a layer of its chunk, with every chunk
+    holding ``num_layers / (stages x chunks)`` layers; it does not know uneven chunks, so it would plan wrong
+    launch points. The clock planners (``perseus``, ``kernel``) time every (stage, chunk) on its own and plan
+    such jobs.
+
+    Raises:
+        EnergyValueError: When ``plans_collectives`` and ``layers`` are uneven, naming the mode, the counts
+            and the way out.
+    """
+    if plans_collectives and layers is not None and not layers.is_even:
+        raise EnergyValueError(
+            f"--energy-mode {mode} plans collective launch points for model chunks of equal layer counts, "
+            f"but this job's pipeline split (--pipeline-model-parallel-layout or an uneven-split flag) gives "
+            f"uneven chunks (decoder layers {layers.describe()}); use --energy-mode perseus or kernel with "
+            "it, or the same number of decoder layers in every chunk"
+        )
 
 
 def build_phase_switcher(
@@ -179,6 +201,7 @@ def _open_parts(
         timer = build_timer(handle, context, comms, index, handle.spec)
         meter = EnergyMeter.from_handle(handle, [index])
         optimiser = resolve(config.mode)
+        require_even_layers(config.mode, optimiser.request.collectives, context.layers)
     except BaseException:
         controller.close()
         if guard is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import TransformerShape
@@ -39,6 +40,11 @@ class JobContext:
 
     shape: TransformerShape | None = None
     """The model's transformer shape; used for fingerprints and for simulated instruction times."""
+
+    layers: ChunkLayers | None = None
+    """Decoder layers of every model chunk when ``--pipeline-model-parallel-layout`` places them; ``None``:
+    Megatron's even split of ``shape.num_layers``. Simulated instruction times and the fingerprint follow
+    it."""
 
     collectives: CollectiveSetup | None = None
     """The job's collectives as Megatron configured them (parallel sizes, DDP and overlap flags,
@@ -89,7 +95,7 @@ class JobContext:
         Returns:
             A JSON-serialisable mapping; any change to it invalidates the cache.
         """
-        return {
+        parts: dict[str, Any] = {
             "model": None if self.shape is None else asdict(self.shape),
             "pipeline_size": self.pipeline_size,
             "num_chunks": self.num_chunks,
@@ -101,6 +107,9 @@ class JobContext:
             # every rank computes the same fingerprint: the setup without this rank's own bucket layout
             "collectives": None if self.collectives is None else asdict(self.collectives) | {"buckets": None},
         }
+        if self.layers is not None:  # jobs without a layout keep the fingerprints they had
+            parts["layers"] = [list(row) for row in self.layers.counts]
+        return parts
 
 
 def planning_parts(config: EnergyConfig, spec: GpuSpec) -> dict[str, Any]:
