@@ -71,8 +71,9 @@ from megatron_energy.perseus.longest_path import latest_starts, neighbour_pairs
 from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
 from megatron_energy.perseus.starting_basis import tree_basis
 from megatron_energy.pipeline.dag import PipelineDag
-from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.stock_clocks import all_max_clocks
 from megatron_energy.sim.simulator import Simulator, StagePowers
 
 TARGET_GAP = 2e-4
@@ -90,19 +91,12 @@ floats: trades, each kept one shifting thousands of start times, cost more than 
 energy for 1.7 times the sweep time)."""
 
 
-def all_max_clocks(dag: PipelineDag, profile: Profile) -> dict[Instruction, int]:
-    """Every compute node of ``dag`` at the highest clock its instruction was profiled at (the baseline)."""
-    top = {key: max(option.clock_mhz for option in profile.options(key)) for key in profile}
-    return {node: top[node.work] for node in dag.compute_nodes()}
-
-
 __all__ = [
     "Frontier",
     "FrontierPoint",
     "FrontierSolver",
     "PlanClocks",
     "RelaxedSolution",
-    "all_max_clocks",
     "interpolated",
 ]
 

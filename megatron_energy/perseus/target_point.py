@@ -2,7 +2,7 @@
 
 Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maximum clocks (every
 instruction at its highest profiled clock, as the GPU runs unplanned; see
-:func:`~megatron_energy.perseus.frontier.all_max_clocks`), ``slowdown:X`` allows ``(1 + X)`` times that,
+:func:`~megatron_energy.pipeline.stock_clocks.all_max_clocks`), ``slowdown:X`` allows ``(1 + X)`` times that,
 ``min-energy`` takes the frontier's minimum-energy point, ``power:W[,peak:P]`` the fastest point within a
 power budget per GPU (:mod:`megatron_energy.perseus.power_point`). For data-parallel stragglers,
 :meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that still
