@@ -39,7 +39,7 @@ setup(
         "networkx>=3.2",
         "numpy>=1.26",
         "scipy>=1.15",
-        "optuna>=4.0",  # multi-objective search of collective schedules (kareus/search.py)
+        "optuna>=4.0",  # multi-objective search of collective schedules (optimisers/kareus/search.py)
         "matplotlib>=3.8",
         "rich>=13",
         "pyyaml>=6",

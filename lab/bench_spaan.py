@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.phases.allocate import allocate, phase_options
-from megatron_energy.phases.sequence_plan import plan_sequence
+from megatron_energy.optimisers.kernel.allocate import allocate, phase_options
+from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.phase_timeline import class_shares

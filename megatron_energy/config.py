@@ -34,7 +34,7 @@ from megatron_energy.config_checks import (
 )
 from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.registry import mode_problem
+from megatron_energy.optimisers.registry import mode_problem
 from megatron_energy.target import EnergyTarget, parse_target
 
 Backend = Literal["auto", "zeus", "simulated"]
@@ -178,8 +178,8 @@ class EnergyConfig:
     of every collective class, jointly with the clock; alone at stock clocks), ``kernel`` (a clock per phase
     of kernels inside and outside instructions, under the switch latency), ``all`` (the three composed:
     Perseus's clocks, then Kareus's collectives on them, then phase clocks), or the name of an optimiser an
-    installed plugin package declares (``megatron_energy.registry``). ``kareus`` and ``all`` plan from the
-    job's collective workload, read from Megatron's arguments and its DDP buckets."""
+    installed plugin package declares (``megatron_energy.optimisers.registry``). ``kareus`` and ``all`` plan
+    from the job's collective workload, read from Megatron's arguments and its DDP buckets."""
 
     target: EnergyTarget = field(default_factory=lambda: EnergyTarget("iso-time"))
     """Where on the time–energy frontier to land: ``iso-time`` (no slower than stock clocks), ``min-energy``,

@@ -39,7 +39,7 @@ import yaml
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.collectives import CollectiveWorkload
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.job_collectives import CollectiveSetup

@@ -27,10 +27,10 @@ import pytest
 from plugin_site import PLUGIN_SOURCE, install_plugin
 from session_world import RankReport, SessionSettings, run_world
 
-from megatron_energy import registry
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimisers import registry
+from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.planner_process import PlannerInput

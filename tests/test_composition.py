@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.composition import ComposedOptimiser
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, PlanPoint
 from megatron_energy.runtime.planning import plan_summary

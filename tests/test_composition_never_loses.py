@@ -15,12 +15,12 @@ import pytest
 
 from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
-from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.composition import ComposedOptimiser
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.plan import Plan
 from megatron_energy.target import parse_target
 

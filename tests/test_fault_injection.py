@@ -202,7 +202,7 @@ class RaisingOptimiser:
     """An optimiser whose planning fails (on rank 0, the only rank that plans)."""
 
     def __init__(self) -> None:
-        from megatron_energy.optimiser import ProfileRequest
+        from megatron_energy.optimisers.interface import ProfileRequest
 
         self.request = ProfileRequest()
 
@@ -215,7 +215,7 @@ class RankOneCannotRunOptimiser:
     """Perseus's plan, with rank 1's actions moved to a microbatch rank 1 never runs."""
 
     def __init__(self) -> None:
-        from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+        from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 
         self.inner = PerseusOptimiser()
         self.request = self.inner.request
@@ -501,7 +501,7 @@ def _rank_main(rank: int, world_spec: World, port: int, root: str, meet: Any, re
     import torch.distributed as dist
     from megatron.training.arguments import parse_and_validate_args
 
-    from megatron_energy import registry
+    from megatron_energy.optimisers import registry
 
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)
@@ -539,7 +539,7 @@ def _zygote(_index: int, worlds: tuple[World, ...], root: str, ready: Any) -> No
         import megatron.training.arguments  # noqa: F401
 
         import megatron_energy.dvfs.simulated
-        import megatron_energy.perseus.clock_optimiser
+        import megatron_energy.optimisers.perseus.clock_optimiser
         import megatron_energy.runtime.assembly  # noqa: F401
     meet = mp.get_context("fork").Barrier(2 * len(worlds))
     contexts = [

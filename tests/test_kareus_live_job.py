@@ -15,13 +15,13 @@ import pytest
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.choices import ClassChoice, default_choice
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser, class_space
-from megatron_energy.kareus.search import CTA_DEFAULT, SearchBudget
 from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.collective_runner import changes_megatron
 from megatron_energy.megatron.collective_setup import collective_setup
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kareus.choices import ClassChoice, default_choice
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser, class_space
+from megatron_energy.optimisers.kareus.search import CTA_DEFAULT, SearchBudget
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.collectives import MeasuredBucket, parse_collective_name
 from megatron_energy.pipeline.instruction import Instruction

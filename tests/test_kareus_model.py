@@ -6,7 +6,7 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.choices import ClassChoice, KareusModel
+from megatron_energy.optimisers.kareus.choices import ClassChoice, KareusModel
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.sim.contention import CommLoad, ContentionModel

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energy import registry
 from megatron_energy.cli import main
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
-from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.choices import KareusModel
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.kareus.search_cache import SearchCache
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.perseus.clock_optimiser import plan_point
-from megatron_energy.perseus.target_point import Planner
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers import registry
+from megatron_energy.optimisers.composition import ComposedOptimiser
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.kareus.choices import KareusModel
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.kareus.search_cache import SearchCache
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.perseus.clock_optimiser import plan_point
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 import pytest
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.choices import ChoiceKey, ClassChoice
-from megatron_energy.kareus.search import ClassSpace, Measurement, SearchBudget, refine, search
+from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice
+from megatron_energy.optimisers.kareus.search import ClassSpace, Measurement, SearchBudget, refine, search
 
 KEY: ChoiceKey = (0, "dp.reduce_scatter")
 SPACE = {

@@ -15,10 +15,10 @@ import pytest
 from session_world import RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.kareus.choices import KareusModel
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kareus.choices import KareusModel
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
 from megatron_energy.pipeline.dag import IterationTail

@@ -18,8 +18,8 @@ from megatron_energy.config import EnergyConfig, Planning
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.registry import resolve
 from megatron_energy.runtime import cache as cache_module
 from megatron_energy.runtime.baseline_length import MIN_STOCK_STEPS
 from megatron_energy.runtime.cache import JobCache

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_energy.dvfs.model import WorkProfile
-from megatron_energy.optimiser import ProfileRequest
+from megatron_energy.optimisers.interface import ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work

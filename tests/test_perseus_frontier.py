@@ -7,9 +7,9 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus import relaxation
-from megatron_energy.perseus.frontier import FrontierSolver
-from megatron_energy.perseus.relaxation import lower_convex_hull
+from megatron_energy.optimisers.perseus import relaxation
+from megatron_energy.optimisers.perseus.frontier import FrontierSolver
+from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape

@@ -13,10 +13,10 @@ from profile_family import (
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.frontier import FrontierSolver, PlanClocks
-from megatron_energy.perseus.local_search import LocalSearch
-from megatron_energy.perseus.relaxation import lower_convex_hull
-from megatron_energy.perseus.target_point import Planner
+from megatron_energy.optimisers.perseus.frontier import FrontierSolver, PlanClocks
+from megatron_energy.optimisers.perseus.local_search import LocalSearch
+from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape

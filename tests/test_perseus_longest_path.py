@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
+from megatron_energy.optimisers.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
 from megatron_energy.pipeline.dag import PipelineDag
 
 

@@ -7,9 +7,9 @@ import pytest
 from megatron_energy.commands import plan_command
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser, plan_point
-from megatron_energy.perseus.target_point import Planner
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser, plan_point
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders
@@ -262,7 +262,7 @@ def test_plan_command_refuses_a_profile_of_another_pipeline_than_the_job_config(
 
 def test_a_measured_tail_moves_every_point_by_its_time_and_energy():
     """The tail is a constant of the job: as good plans, each longer by its time and dearer by its energy."""
-    from megatron_energy.perseus.frontier import FrontierSolver
+    from megatron_energy.optimisers.perseus.frontier import FrontierSolver
     from megatron_energy.pipeline.dag import IterationTail
 
     orders, profile = pipeline_orders(2, 4), _profile(2)

@@ -12,15 +12,15 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import ListenerFanout
 from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.phases.sequence_plan import plan_sequence
-from megatron_energy.phases.switch_times import SwitchRequest, snap_to_phase_starts
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
+from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, snap_to_phase_starts
+from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.modelled_phases import tail_phases
 from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction
-from megatron_energy.registry import resolve
 from megatron_energy.runtime.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.runtime.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling import ProfileRow, StepRecord

@@ -9,10 +9,11 @@ import pytest
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.phases.allocate import allocate, phase_options
-from megatron_energy.phases.merge import merge_short_phases
-from megatron_energy.phases.switch_times import SwitchRequest, simulate, switch_requests
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kernel.allocate import allocate, phase_options
+from megatron_energy.optimisers.kernel.merge import merge_short_phases
+from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, simulate, switch_requests
+from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.phase_labels import PhaseLabel, parse_phase_label
@@ -25,7 +26,6 @@ from megatron_energy.pipeline.phase_timeline import (
 )
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction, Plan
-from megatron_energy.registry import resolve
 from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h200")
@@ -204,7 +204,7 @@ def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path
 def test_all_refines_perseus_without_predicting_slower(profile: Profile) -> None:
     # 10 µs switches: every point has memory-bound phases inside its instructions to refine (at 100 µs this
     # job's are merged away, and its tail, with no idle gap after it to restore in, keeps the next
-    # iteration's clock on its last phase: phases/sequence_plan.py)
+    # iteration's clock on its last phase: optimisers/kernel/sequence_plan.py)
     job = _job(1e-5)
     base = resolve("perseus").plan(profile, job)
     plan = resolve("all").plan(profile, job)

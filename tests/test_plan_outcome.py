@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.report.job_report import write_job_report

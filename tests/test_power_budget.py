@@ -7,8 +7,8 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.perseus.power_point import PowerBudgetError, point_power
-from megatron_energy.perseus.target_point import Planner
+from megatron_energy.optimisers.perseus.power_point import PowerBudgetError, point_power
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import PlanPoint, RankPlan

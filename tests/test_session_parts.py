@@ -22,6 +22,7 @@ from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
@@ -35,7 +36,6 @@ from megatron_energy.plan import (
     PlanPoint,
     RankPlan,
 )
-from megatron_energy.registry import resolve
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
 from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache, describe_changes

@@ -8,10 +8,10 @@ import pytest
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.target_point import Planner
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 

@@ -18,5 +18,5 @@ with warnings_silenced():
     import megatron_energy.launch
     import megatron_energy.megatron.hooks
     import megatron_energy.megatron.session_factory
-    import megatron_energy.perseus.clock_optimiser
+    import megatron_energy.optimisers.perseus.clock_optimiser
     import megatron_energy.runtime.assembly  # noqa: F401

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.job import JobConfig
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.target import EnergyTarget

@@ -24,14 +24,14 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_energy.composition import ComposedOptimiser
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
-from megatron_energy.kareus.collective_optimiser import KareusOptimiser
-from megatron_energy.kareus.search import SearchBudget
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.phases.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.composition import ComposedOptimiser
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile

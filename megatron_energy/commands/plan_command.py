@@ -32,8 +32,8 @@ from megatron_energy.config import known_gpu_spec, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.optimiser import PlanningJob
-from megatron_energy.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint

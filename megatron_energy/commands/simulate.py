@@ -25,7 +25,7 @@ from megatron_energy.commands.comparison_output import comparison_label, print_c
 from megatron_energy.commands.latency_sweep import HEADER, example_jobs, latencies_argument, sweep_job
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.job import JobConfig, JobConfigError
-from megatron_energy.kareus.search import SearchBudget
+from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_outcome import change_text, energy_change

@@ -1,6 +1,6 @@
 """The stock clocks of a job: every instruction at the highest clock it was profiled at.
 
-Every optimiser's baseline and the iteration ``iso-time`` keeps (``perseus.frontier``, ``phases.stock``).
+Every optimiser's baseline and the iteration ``iso-time`` keeps (``perseus.frontier``, ``kernel.stock``).
 """
 
 from __future__ import annotations

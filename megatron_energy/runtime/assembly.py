@@ -13,12 +13,12 @@ from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
-from megatron_energy.optimiser import Optimiser
+from megatron_energy.optimisers.interface import Optimiser
+from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
-from megatron_energy.registry import resolve
 from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
 from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext, planning_parts

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from megatron_energy.dvfs.model import WorkProfile
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work

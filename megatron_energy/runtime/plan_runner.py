@@ -11,7 +11,7 @@ Phase actions (``Boundary(instruction, phase)``, named by ``pipeline.phase_label
   when that outside phase begins (``events.OUTSIDE_PHASES``: megatron-core's ``all-grads-sync``,
   ``optimizer`` and ``params-all-gather`` timers on the launcher path), in plan order; the planner already
   moved each request to a hook early enough for the switch latency
-  (``phases.switch_times.snap_to_phase_starts``). The restoring request (``@optimizer.end``) goes out when the
+  (``kernel.switch_times.snap_to_phase_starts``). The restoring request (``@optimizer.end``) goes out when the
   optimizer step ends: no hook lies inside it, so the restored clock lands up to one switch latency into the
   next iteration (its first instruction may start at the tail's clock for that long);
 - **inside instructions** (``p3:memory:modelled:at=1.234ms:lead=10.000ms``, and ``p-restore`` back to the

@@ -2,10 +2,10 @@
 
 Rank 0 starts it at the end of profiling (``EnergySession._plan``). Its input is :class:`PlannerInput`: the
 profile, the ``PlanningJob``, the stock baseline and what builds the optimiser: ``--energy-mode`` and this
-process's registrations, resolved through ``megatron_energy.registry`` as ``runtime.assembly`` resolved the
-session's, so an optimiser a plugin declares as an entry point resolves in the child as it did here. The child
-plans (``planning.plan_on_root``) and leaves the ``PlanRelease``, or a ``Fallback`` saying why the optimiser
-failed; a child that left neither is a ``Fallback`` too (``ChildProcess``).
+process's registrations, resolved through ``megatron_energy.optimisers.registry`` as ``runtime.assembly``
+resolved the session's, so an optimiser a plugin declares as an entry point resolves in the child as it did
+here. The child plans (``planning.plan_on_root``) and leaves the ``PlanRelease``, or a ``Fallback`` saying
+why the optimiser failed; a child that left neither is a ``Fallback`` too (``ChildProcess``).
 
 Only the standard library is imported at the top of this module: the child imports it before it renices.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from megatron_energy.optimiser import PlanningJob
+    from megatron_energy.optimisers.interface import PlanningJob
+    from megatron_energy.optimisers.registry import Factory
     from megatron_energy.pipeline.profile import Profile
-    from megatron_energy.registry import Factory
     from megatron_energy.runtime.planning import Fallback, PlanRelease
     from megatron_energy.runtime.stock_baseline import StockBaseline
 
@@ -28,7 +28,7 @@ class PlannerInput:
     """What the planner process plans from (pickled into its folder); a ``ChildTask``."""
 
     mode: str
-    """``--energy-mode``, resolved in the child through ``megatron_energy.registry``."""
+    """``--energy-mode``, resolved in the child through ``megatron_energy.optimisers.registry``."""
 
     registered: dict[str, Factory]
     """This process's registered optimisers (``registry.registered``), registered again in the child."""
@@ -52,8 +52,8 @@ class PlannerInput:
 
         A target no plan meets is a fallback that carries the profile's artefacts, for rank 0 to cache.
         """
-        from megatron_energy import registry
         from megatron_energy.errors import TargetUnreachableError
+        from megatron_energy.optimisers import registry
         from megatron_energy.runtime.planning import Fallback, plan_on_root, profile_artefacts
 
         for name, factory in self.registered.items():

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.events import OUTSIDE_PHASES
-from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile

@@ -18,7 +18,7 @@ from pathlib import Path
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.collectives import CollectiveWorkload
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.context import JobContext

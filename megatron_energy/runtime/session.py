@@ -1,7 +1,7 @@
 """``EnergySession``: one rank's lifecycle, profile → plan → run, driven by Megatron's schedule events.
 
 The session does not know how plans are made: it asks the optimiser ``--energy-mode`` selected
-(``megatron_energy.registry``) what to profile and for a plan, and runs whatever plan comes back.
+(``megatron_energy.optimisers.registry``) what to profile and for a plan, and runs whatever plan comes back.
 
 Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps,
 the stock clock first; the timer times every instruction on the device timeline and the whole iteration; the
@@ -68,12 +68,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from megatron_energy import registry
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.optimiser import Optimiser
+from megatron_energy.optimisers import registry
+from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan

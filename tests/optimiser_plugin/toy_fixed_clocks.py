@@ -7,7 +7,7 @@ touching the session, and its plan runs end to end (``tests/test_optimiser_plugi
 
 from __future__ import annotations
 
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, Plan, PlanPoint, RankPlan, clock_actions

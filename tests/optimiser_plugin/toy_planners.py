@@ -14,7 +14,7 @@ from pathlib import Path
 
 from toy_fixed_clocks import FixedClockPerKind
 
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 

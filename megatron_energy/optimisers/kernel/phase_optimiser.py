@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.phases.sequence_plan import SequencePlan, plan_sequence
-from megatron_energy.phases.stock import stock_plan
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.kernel.sequence_plan import SequencePlan, plan_sequence
+from megatron_energy.optimisers.kernel.stock import stock_plan
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.modelled_phases import coalesce, modelled_phases, tail_phases
 from megatron_energy.pipeline.phase_labels import PhaseLabel

@@ -19,7 +19,7 @@ feasible point whose energy lies on or above the hulls. A transfer (a fixed node
 and one successor) only relays its edges, so it is bypassed: one row ``τ_v ≥ τ_u + d_u + d_transfer``
 instead of two, the same optimum. The program is built once; between deadlines only the bound on ``T``
 changes, and HiGHS' dual simplex restarts from the previous basis; the first solve starts from a longest-path
-tree (:mod:`megatron_energy.perseus.starting_basis`), which has every event time basic already.
+tree (:mod:`megatron_energy.optimisers.perseus.starting_basis`), which has every event time basic already.
 
 **Rounding.** A pass in topological order gives every instruction the option of least marginal cost
 (``e − P·t``) that still ends by the latest end the relaxed schedule allows, so the deadline holds by
@@ -39,7 +39,7 @@ interpolated like the solution. Any non-negative multipliers give a valid bound;
 optimum where the tangents do not (figures at ``LARGE_LP_POINTS``). That bound is valid but looser;
 ``FrontierPoint.exact_bound`` says which kind a point has.
 
-**Local search** (:mod:`megatron_energy.perseus.local_search`): fills of floats and trades between
+**Local search** (:mod:`megatron_energy.optimisers.perseus.local_search`): fills of floats and trades between
 neighbouring critical instructions, each judged exactly as above; it stops after ``TRADE_SWEEPS`` sweeps of
 trades, when a round gains less than ``MIN_GAIN`` of the plan's energy or when the plan is within
 ``TARGET_GAP`` of the lower bound. The remaining gap
@@ -59,17 +59,17 @@ from collections.abc import Mapping
 import numpy as np
 import scipy.sparse as sp
 
-from megatron_energy.perseus.frontier_points import (
+from megatron_energy.optimisers.perseus.frontier_points import (
     Frontier,
     FrontierPoint,
     PlanClocks,
     RelaxedSolution,
     interpolated,
 )
-from megatron_energy.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
-from megatron_energy.perseus.longest_path import latest_starts, neighbour_pairs
-from megatron_energy.perseus.relaxation import HotStartProgram, lower_convex_hull
-from megatron_energy.perseus.starting_basis import tree_basis
+from megatron_energy.optimisers.perseus.local_search import REL_TOL, TRADE_SWEEPS, LocalSearch, OptionTable
+from megatron_energy.optimisers.perseus.longest_path import latest_starts, neighbour_pairs
+from megatron_energy.optimisers.perseus.relaxation import HotStartProgram, lower_convex_hull
+from megatron_energy.optimisers.perseus.starting_basis import tree_basis
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
@@ -271,7 +271,7 @@ class FrontierSolver:
         """A lower bound on the energy of every plan that meets ``deadline_s``, from any row multipliers.
 
         The Lagrangian bound of the relaxed program
-        (:meth:`~megatron_energy.perseus.relaxation.HotStartProgram.dual_bound`): valid for every
+        (:meth:`~megatron_energy.optimisers.perseus.relaxation.HotStartProgram.dual_bound`): valid for every
         ``y ≥ 0``, the relaxed optimum for the optimal ones. No event of a node that precedes the sink is
         later than the deadline, which bounds those event times. Like :meth:`relaxed`, it sets the
         program's deadline to ``deadline_s``.

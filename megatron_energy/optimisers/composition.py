@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_energy.errors import EnergyValueError, UnknownModeError
-from megatron_energy.optimiser import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.target import EnergyTarget

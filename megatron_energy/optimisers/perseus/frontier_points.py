@@ -1,6 +1,6 @@
 """The data of a frontier sweep: relaxed solutions, frontier points and the frontier itself.
 
-See :mod:`megatron_energy.perseus.frontier` for how they are computed. All figures are *modelled*.
+See :mod:`megatron_energy.optimisers.perseus.frontier` for how they are computed. All figures are *modelled*.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megatron_energy.perseus.local_search import REL_TOL
+from megatron_energy.optimisers.perseus.local_search import REL_TOL
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.sim.simulator import SimResult
 
@@ -133,7 +133,8 @@ class RelaxedSolution:
             looser); ``None`` for an exact one.
         multipliers: The relaxed program's row multipliers (``y ≥ 0``, one per row) of the solve, or their
             interpolation; any of them bound the optimum at every deadline
-            (:meth:`~megatron_energy.perseus.relaxation.HotStartProgram.dual_bound`). ``None`` if unknown.
+            (:meth:`~megatron_energy.optimisers.perseus.relaxation.HotStartProgram.dual_bound`). ``None`` if
+            unknown.
     """
 
     deadline_s: float

@@ -12,11 +12,11 @@ switching intact (its latency-aware post-pass already made the instruction bound
 The tail (gradient sync, optimizer step) has no base action of its own: its phases are free, and when its
 last phase runs below the next iteration's first clock a restoring request goes out ``L`` before its end.
 Its requests can only go out where the runtime has a hook, at the start of a tail phase or its end
-(``hooked``): :func:`~megatron_energy.phases.switch_times.snap_to_phase_starts` moves them there (a switch up
-early, a restore to the end), and the latency-aware energy is that of the moved requests. A restore at the
-end lands up to ``L`` later, in the idle gap after the tail if there is one and else in the next iteration's
-first instruction: when that delay does not fit in the tail's slack, the last phase runs at the next
-iteration's clock instead (no restore, no late switch).
+(``hooked``): :func:`~megatron_energy.optimisers.kernel.switch_times.snap_to_phase_starts` moves them there
+(a switch up early, a restore to the end), and the latency-aware energy is that of the moved requests. A
+restore at the end lands up to ``L`` later, in the idle gap after the tail if there is one and else in the
+next iteration's first instruction: when that delay does not fit in the tail's slack, the last phase runs at
+the next iteration's clock instead (no restore, no late switch).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
-from megatron_energy.phases.allocate import PhaseOption, allocate, phase_options
-from megatron_energy.phases.merge import merge_short_phases, min_phase_s
-from megatron_energy.phases.switch_times import (
+from megatron_energy.optimisers.kernel.allocate import PhaseOption, allocate, phase_options
+from megatron_energy.optimisers.kernel.merge import merge_short_phases, min_phase_s
+from megatron_energy.optimisers.kernel.switch_times import (
     SwitchRequest,
     costliest_landings,
     planned_starts,

@@ -5,15 +5,16 @@ The search minimises two objectives, iteration time and energy, with Optuna's mu
 the constraint ``time <= deadline``, and returns the least-energy trial that meets the deadline (the fastest
 trial when none does). Every trial is priced by a :data:`Measure`:
 
-* the model (:class:`~megatron_energy.kareus.choices.KareusModel`, *modelled*), which is cheap, seeds the
-  search: the optimiser searches stage by stage (coordinate-wise: one study per stage with the other stages
-  at their best so far), and enqueues megatron-core's defaults and a few model-derived points first;
+* the model (:class:`~megatron_energy.optimisers.kareus.choices.KareusModel`, *modelled*), which is cheap,
+  seeds the search: the optimiser searches stage by stage (coordinate-wise: one study per stage with the
+  other stages at their best so far), and enqueues megatron-core's defaults and a few model-derived points
+  first;
 * a measurement (the runtime times and meters real training steps under the trial's choices and returns
   *measured* figures) refines it: :func:`search` again with ``seeds`` = the model's best choices, within
   :class:`SearchBudget`'s training time.
 
 :func:`refine` does the second step. Results are cached by fingerprint
-(:mod:`megatron_energy.kareus.search_cache`).
+(:mod:`megatron_energy.optimisers.kareus.search_cache`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.choices import ChoiceKey, ClassChoice
+from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice
 from megatron_energy.plan import Provenance
 
 if TYPE_CHECKING:

@@ -90,9 +90,9 @@ class HotStartProgram:
         """Start the next solve from this basis (ignored where HiGHS cannot be restarted: older SciPy).
 
         That solve prices with devex: measured on S=16 M=256 VPP=2 from a longest-path-tree basis
-        (:mod:`megatron_energy.perseus.starting_basis`), HiGHS' steepest edge took 17–20 s (9,353 iterations)
-        against 7.8–8.4 s for devex (12,508), and 13.5–14.5 s from the slack basis (29,989). Later solves
-        go back to HiGHS' own choice.
+        (:mod:`megatron_energy.optimisers.perseus.starting_basis`), HiGHS' steepest edge took 17–20 s (9,353
+        iterations) against 7.8–8.4 s for devex (12,508), and 13.5–14.5 s from the slack basis (29,989).
+        Later solves go back to HiGHS' own choice.
 
         Args:
             columns: Status of every column: 0 nonbasic at the lower bound, 1 basic, 2 nonbasic at the upper.

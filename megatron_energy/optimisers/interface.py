@@ -4,9 +4,9 @@ An optimiser says what it needs profiled (:class:`ProfileRequest`) and turns a p
 :class:`~megatron_energy.plan.Plan` (:meth:`Optimiser.plan`). It is pure: it gets everything about the job
 as data (:class:`PlanningJob`: the executed orders, the fingerprint, the target, the GPU's switch latency
 and powers) and returns the plan; the session does the profiling, gathering, caching, broadcasting and
-running. ``megatron_energy.registry`` maps ``--energy-mode`` to optimisers;
-``megatron_energy.composition`` composes them for ``--energy-mode all`` (each refines the plan of the one
-before, which it receives as ``base``).
+running. ``megatron_energy.optimisers.registry`` maps ``--energy-mode`` to optimisers;
+``megatron_energy.optimisers.composition`` composes them for ``--energy-mode all`` (each refines the plan of
+the one before, which it receives as ``base``).
 """
 
 from __future__ import annotations

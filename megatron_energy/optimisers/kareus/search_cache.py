@@ -2,8 +2,8 @@
 
 One JSON file per fingerprint, ``<directory>/<fingerprint>/kareus_search.json``, written atomically (as plans
 are, ``runtime/cache.py``), holding the SHA-256 of the search inputs (deadline, base clocks, budget) and the
-chosen :class:`~megatron_energy.kareus.choices.ClassChoice` per (stage, class). A file for other inputs, or
-one that does not parse, is a miss (and is overwritten by the next store).
+chosen :class:`~megatron_energy.optimisers.kareus.choices.ClassChoice` per (stage, class). A file for other
+inputs, or one that does not parse, is a miss (and is overwritten by the next store).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from megatron_energy.atomic import write_atomically
-from megatron_energy.kareus.choices import ChoiceKey, ClassChoice
+from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice
 
 FILE_NAME = "kareus_search.json"
 

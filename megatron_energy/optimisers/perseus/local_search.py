@@ -39,7 +39,7 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
-from megatron_energy.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
+from megatron_energy.optimisers.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
 from megatron_energy.pipeline.profile import ClockOption
 
 REL_TOL = 1e-12

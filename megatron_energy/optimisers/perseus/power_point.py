@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.errors import TargetUnreachableError
-from megatron_energy.perseus.frontier import FrontierPoint
+from megatron_energy.optimisers.perseus.frontier import FrontierPoint
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.target import EnergyTarget
 

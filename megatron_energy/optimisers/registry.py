@@ -3,10 +3,10 @@
 ``perseus`` is the clock-per-instruction optimiser; ``kareus`` chooses the launch point and CTA (SM) budget
 of every collective class jointly with the clock (alone: at stock clocks; it needs the job's collective
 workload, ``PlanningJob.collectives``); ``kernel`` gives each phase of kernels inside and outside
-instructions its own clock under the switch latency (``megatron_energy.phases``). ``all`` composes every
-released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.composition`` says how): Perseus's
-clocks, then Kareus's collectives on them, then phase clocks. A named mode whose optimiser has not landed
-gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`.
+instructions its own clock under the switch latency (``megatron_energy.optimisers.kernel``). ``all`` composes
+every released optimiser in :data:`COMPOSITION_ORDER` (``megatron_energy.optimisers.composition`` says how):
+Perseus's clocks, then Kareus's collectives on them, then phase clocks. A named mode whose optimiser has not
+landed gives an error that says so, at flag-parsing time (:func:`mode_problem`) and at :func:`resolve`.
 Tests add optimisers with :func:`register`; an installed plugin package adds one without touching this
 package by declaring an entry point in the ``megatron_energy.optimisers`` group (``name = module:factory``,
 e.g. in its ``pyproject.toml``: ``[project.entry-points."megatron_energy.optimisers"]`` then
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from megatron_energy.errors import UnknownModeError
 
 if TYPE_CHECKING:
-    from megatron_energy.optimiser import Optimiser
+    from megatron_energy.optimisers.interface import Optimiser
 
 COMPOSITION_ORDER: tuple[str, ...] = ("perseus", "kareus", "kernel")
 """The order ``all`` runs the optimisers in: clocks per instruction first, then collectives, then phases."""
@@ -40,9 +40,9 @@ Factory = Callable[[], "Optimiser"] | str
 """A zero-argument callable returning an optimiser, or its ``module:attribute`` import path."""
 
 _FACTORIES: dict[str, Factory] = {
-    "perseus": "megatron_energy.perseus.clock_optimiser:PerseusOptimiser",
-    "kareus": "megatron_energy.kareus.collective_optimiser:KareusOptimiser",
-    "kernel": "megatron_energy.phases.phase_optimiser:PhaseOptimiser",
+    "perseus": "megatron_energy.optimisers.perseus.clock_optimiser:PerseusOptimiser",
+    "kareus": "megatron_energy.optimisers.kareus.collective_optimiser:KareusOptimiser",
+    "kernel": "megatron_energy.optimisers.kernel.phase_optimiser:PhaseOptimiser",
 }
 
 ENTRY_POINT_GROUP = "megatron_energy.optimisers"
@@ -107,7 +107,7 @@ def resolve(mode: str) -> Optimiser:
     if problem is not None:
         raise UnknownModeError(problem)
     if mode == "all":
-        from megatron_energy.composition import ComposedOptimiser
+        from megatron_energy.optimisers.composition import ComposedOptimiser
 
         factories = _factories()
         return ComposedOptimiser([_build(factories[name]) for name in COMPOSITION_ORDER if name in factories])

@@ -6,7 +6,7 @@ instruction or outside instructions (gradient sync, optimizer step). Modules, on
 - :mod:`.timeline`: kernels, their roofline class, and grouping a kernel timeline into phases;
 - :mod:`.merge`: merging phases shorter than the switch latency allows;
 - :mod:`.modelled`: phases of an instruction from a *modelled* per-class split (until the runtime measures
-  kernel timelines, which :class:`~megatron_energy.optimiser.PlanningJob` can then carry);
+  kernel timelines, which :class:`~megatron_energy.optimisers.interface.PlanningJob` can then carry);
 - :mod:`.allocate`: an instruction's time budget distributed over its phases (convex, per-class response
   from the GPU spec's model);
 - :mod:`.switch_times`: when to request each switch so no deadline is missed, and the latency-aware

@@ -4,7 +4,7 @@ Targets (``--energy-target``): ``iso-time`` keeps the iteration time of all-maxi
 instruction at its highest profiled clock, as the GPU runs unplanned; see
 :func:`~megatron_energy.pipeline.stock_clocks.all_max_clocks`), ``slowdown:X`` allows ``(1 + X)`` times that,
 ``min-energy`` takes the frontier's minimum-energy point, ``power:W[,peak:P]`` the fastest point within a
-power budget per GPU (:mod:`megatron_energy.perseus.power_point`). For data-parallel stragglers,
+power budget per GPU (:mod:`megatron_energy.optimisers.perseus.power_point`). For data-parallel stragglers,
 :meth:`Planner.point_for_time` gives the point for a slower pace ``T'``: the least energy that still
 finishes within ``T'``; past the minimum-energy point it stays there, since running slower than that only
 adds energy.
@@ -16,9 +16,9 @@ import dataclasses
 import math
 from functools import cached_property
 
-from megatron_energy.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.perseus.power_point import fastest_within_budget
-from megatron_energy.perseus.switch_latency import make_switch_aware
+from megatron_energy.optimisers.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
+from megatron_energy.optimisers.perseus.power_point import fastest_within_budget
+from megatron_energy.optimisers.perseus.switch_latency import make_switch_aware
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.sim.simulator import StagePowers

@@ -41,11 +41,17 @@ from pathlib import Path
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.kareus.choices import ChoiceKey, ClassChoice, KareusModel, default_choice
-from megatron_energy.kareus.pricing import PricedPoint, price_point
-from megatron_energy.kareus.search import CTA_DEFAULT, ClassSpace, Measurement, SearchBudget, search
-from megatron_energy.kareus.search_cache import SearchCache
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice, KareusModel, default_choice
+from megatron_energy.optimisers.kareus.pricing import PricedPoint, price_point
+from megatron_energy.optimisers.kareus.search import (
+    CTA_DEFAULT,
+    ClassSpace,
+    Measurement,
+    SearchBudget,
+    search,
+)
+from megatron_energy.optimisers.kareus.search_cache import SearchCache
 from megatron_energy.pipeline.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.profile import Profile

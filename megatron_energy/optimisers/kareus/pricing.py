@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from megatron_energy.kareus.choices import ChoiceKey, ClassChoice, KareusModel
+from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice, KareusModel
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.sim.overlap import StageOverlapEnergy
 from megatron_energy.sim.simulator import Simulator

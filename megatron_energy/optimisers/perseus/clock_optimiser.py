@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from megatron_energy.optimiser import PlanningJob, ProfileRequest
-from megatron_energy.perseus.frontier import FrontierPoint
-from megatron_energy.perseus.target_point import Planner
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.perseus.frontier import FrontierPoint
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
     Baseline,

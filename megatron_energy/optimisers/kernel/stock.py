@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megatron_energy.optimiser import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.stock_clocks import all_max_clocks
 from megatron_energy.plan import Baseline, MeasuredTail, Plan, PlanPoint, RankPlan, clock_actions
