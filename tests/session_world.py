@@ -30,7 +30,7 @@ from megatron_harness import PipelineWorld, spawn_world
 from megatron_energy.config import EnergyConfig, PhaseSwitchingChoice, Planning
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.events import ListenerFanout
-from megatron_energy.runtime.policies import PLANNING_PHASE
+from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.target import EnergyTarget
 
 
@@ -227,7 +227,8 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     losses: list[float] = []
     step = 0
     try:
-        while sum(report.phase not in ("profiling", PLANNING_PHASE) for report in steps) < settings.run_steps:
+        stock = (SessionPhase.PROFILING, SessionPhase.PLANNING)
+        while sum(report.phase not in stock for report in steps) < settings.run_steps:
             _apply_throttle(session, settings, context.data_parallel_rank, context.local_device_index, step)
             phase, exact_before_mj = session.phase, gpu.energy_mj
             began_s = time.perf_counter()

@@ -35,7 +35,7 @@ from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.planner_process import PlannerInput
 from megatron_energy.runtime.planning import Fallback, PlanRelease, plan_on_root
-from megatron_energy.runtime.policies import PLANNING_PHASE
+from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.target import EnergyTarget
 
@@ -99,16 +99,16 @@ def test_training_keeps_its_pace_while_planning_and_every_rank_switches_at_the_s
     runs = [_runs(_phases(report)) for report in slow]
     assert runs[0] == runs[1]  # the same phases, switched at the same steps
     (profiling, profiled), (planning, planned_while), (planned, _) = runs[0]
-    assert (profiling, planning, planned) == ("profiling", PLANNING_PHASE, "planned")
+    assert (profiling, planning, planned) == ("profiling", SessionPhase.PLANNING, "planned")
     for report in slow:
         stock = [step.wall_s for step in report.steps if step.phase == "profiling"][1:]  # after the first
-        during = [step.wall_s for step in report.steps if step.phase == PLANNING_PHASE]
+        during = [step.wall_s for step in report.steps if step.phase == SessionPhase.PLANNING]
         # the planner's seconds passed while these steps ran, none of them waited for it
         assert sum(during) >= plan_sleep_s
         assert max(during) < plan_sleep_s / 3
         assert statistics.median(during) < 3 * statistics.median(stock) + 0.05
         # at stock clocks (the first step may still switch up from the last profiled clock)
-        modelled_s = [step.iteration_s for step in report.steps if step.phase == PLANNING_PHASE]
+        modelled_s = [step.iteration_s for step in report.steps if step.phase == SessionPhase.PLANNING]
         assert statistics.median(modelled_s) == pytest.approx(report.stock_time_s, rel=1e-9)
     (line,) = [line for line in slow[0].lines if line.startswith("[energy] plan took effect")]
     took = TOOK_EFFECT.match(line)
@@ -117,7 +117,7 @@ def test_training_keeps_its_pace_while_planning_and_every_rank_switches_at_the_s
     assert int(took[3]) == planned_while
     assert float(took[2]) >= plan_sleep_s
     assert not any(line.startswith("[energy] plan took effect") for line in slow[1].lines)
-    logged = [line for line in slow[0].lines if f"| {PLANNING_PHASE} |" in line]
+    logged = [line for line in slow[0].lines if f"| {SessionPhase.PLANNING} |" in line]
     assert logged, slow[0].lines  # the energy log says which steps ran while planning
 
 
@@ -125,7 +125,7 @@ def test_training_keeps_its_pace_while_planning_and_every_rank_switches_at_the_s
 def test_a_planner_process_that_dies_leaves_every_rank_at_stock_clocks_with_one_line(exits) -> None:
     for report in exits:
         runs = _runs(_phases(report))
-        assert [phase for phase, _ in runs] == ["profiling", PLANNING_PHASE, "stock (planning failed)"]
+        assert [phase for phase, _ in runs] == ["profiling", SessionPhase.PLANNING, "stock (planning failed)"]
         (line,) = [line for line in report.lines if FALLBACK_LINE in line]
         assert line == (
             f"[energy] rank {report.rank}: {FALLBACK_LINE}the planner process exited with status 3 "

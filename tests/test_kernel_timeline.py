@@ -30,8 +30,8 @@ from megatron_energy.runtime.kernel_timeline import (
     phase_timelines,
     timelines_at_clocks,
 )
-from megatron_energy.runtime.policies import PLANNING_PHASE
 from megatron_energy.runtime.session import EnergySession
+from megatron_energy.runtime.session_phase import SessionPhase
 
 SPEC = load_gpu_spec("h100-sxm")
 PID, MAIN, AUTOGRAD = 1, 10, 11
@@ -399,10 +399,12 @@ def test_kernel_timelines_are_read_in_a_child_process_while_training_goes_on(tmp
     trace = json.dumps(_step_trace(forward_gemm_us=200))
     recorder, lines, session = _run(tmp_path, "kernel", 0, trace=trace, planning="background")
     _train_while(session, recorder, "profiling")
-    assert session.phase == PLANNING_PHASE  # profiling has ended; the traces are not read on this thread
+    assert (
+        session.phase == SessionPhase.PLANNING
+    )  # profiling has ended; the traces are not read on this thread
     assert isinstance(recorder, _TraceFileRecorder) and isinstance(recorder.reading, ChildProcess)
     assert not any(READ_LINE in line for line in lines)
-    phases = _train_while(session, recorder, PLANNING_PHASE)
+    phases = _train_while(session, recorder, SessionPhase.PLANNING)
     assert session.phase == "planned" and len(phases) >= 2
     recorded = {clock: [json.loads(trace)] * len(paths) for clock, paths in recorder.files.items()}
     assert len(recorded) == 2 and recorder.reading.poll() == timelines_at_clocks(recorded, SPEC)
@@ -414,7 +416,7 @@ def test_kernel_timelines_are_read_in_a_child_process_while_training_goes_on(tmp
 def test_kernel_timelines_that_cannot_be_read_leave_the_split_modelled_with_one_line(tmp_path) -> None:
     recorder, lines, session = _run(tmp_path, "kernel", 0, trace="{not json", planning="background")
     _train_while(session, recorder, "profiling")
-    _train_while(session, recorder, PLANNING_PHASE)
+    _train_while(session, recorder, SessionPhase.PLANNING)
     assert session.phase == "planned"
     unread = [line for line in lines if "kernel timeline not read" in line]
     assert len(unread) == 1 and "JSONDecodeError" in unread[0], lines

@@ -28,8 +28,8 @@ from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.meter_thread import MeterThread
 from megatron_energy.runtime.parts import SwitchCounts
-from megatron_energy.runtime.policies import PLANNING_PHASE
 from megatron_energy.runtime.session import EnergySession
+from megatron_energy.runtime.session_phase import SessionPhase
 
 
 class FakeDevice:
@@ -310,10 +310,10 @@ def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_pha
         lambda figures, alone, at, phase: checked.append(phase) or check_safety(figures, alone, at, phase),
     )
     step = _profile(session, device)
-    assert session.phase == PLANNING_PHASE
+    assert session.phase == SessionPhase.PLANNING
     syncs, waits = len(device.device_syncs), len(device.waits)
     deadline = time.monotonic() + 60
-    while session.phase == PLANNING_PHASE and time.monotonic() < deadline:
+    while session.phase == SessionPhase.PLANNING and time.monotonic() < deadline:
         _run_step(session, device, step)
         step += 1
         time.sleep(0.01)

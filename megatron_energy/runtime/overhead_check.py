@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.runtime.policies import PLANNING_PHASE
+from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.stats import RelativeChange, paired_median_change, paired_relative_change
 
 WINDOW = "overhead-check"
@@ -266,7 +266,7 @@ class OverheadCheck:
         The same on every rank (it depends on the step number and the phase, which every rank shares).
         """
         now = self._clock()
-        if self._first_step is None and session.phase not in ("profiling", PLANNING_PHASE):
+        if self._first_step is None and session.phase not in (SessionPhase.PROFILING, SessionPhase.PLANNING):
             self._first_step = step + self.block_steps  # one active block lets the plan settle
         self._record(step, now, session)
         placed = self._block_of(step)

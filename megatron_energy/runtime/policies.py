@@ -75,10 +75,6 @@ NOISE_SIGMAS = 2.0
 as slow (about the 98th percentile of one noisy step)."""
 
 
-SAFETY_PHASE = "stock (safety net)"
-"""The session's phase while the safety net holds it at stock clocks."""
-PLANNING_PHASE = "stock (planning)"
-"""The session's phase while its plan is computed in the background, at stock clocks; no policy acts in it."""
 SAFETY_REARMS = 2
 """Times a run's safety net re-arms after trips that the stock steps showed came from outside the plan."""
 

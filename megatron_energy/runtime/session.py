@@ -119,7 +119,7 @@ from megatron_energy.runtime.planning import (
     tail_from_profiling,
     tail_phases_from_profiling,
 )
-from megatron_energy.runtime.policies import PLANNING_PHASE, SAFETY_PHASE, SafetyNet, StragglerPolicy
+from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.power_watch import allowed_power_w
 from megatron_energy.runtime.profiling import (
     ProfileCollector,
@@ -129,6 +129,7 @@ from megatron_energy.runtime.profiling import (
 )
 from megatron_energy.runtime.replanning import planning_job
 from megatron_energy.runtime.replica_profile import ReplicaProfile, StageProfile, replica_profile
+from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, any_rank_stages, pace_stages
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.stock_baseline import StockBaseline
@@ -212,7 +213,7 @@ class EnergySession:
         )
         self._stock_decided = False
         self._step_lagged = False  # whether the step running now is timed without a device sync
-        self.phase = "profiling"
+        self.phase = SessionPhase.PROFILING
         self.plan: Plan | None = None
         self._buckets: tuple[MeasuredBucket, ...] | None = None  # every pipeline rank's, gathered to plan
         self.background_planning = config.planning == "background" or (
@@ -272,7 +273,7 @@ class EnergySession:
         first, then the meter laps and the outside phases' durations are read, then the step's timing starts.
         A baseline step, like a run-phase step, does none of that.
         """
-        planned = self.collector.begin_step() if self.phase == "profiling" else None
+        planned = self.collector.begin_step() if self.phase == SessionPhase.PROFILING else None
         self._step_lagged = planned is None or not planned.synchronised
         self._lapped_at_start = not self._step_lagged
         if self._lapped_at_start:
@@ -338,7 +339,7 @@ class EnergySession:
 
     def on_step_end(self, step: int) -> None:
         """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
-        run_phase = self.phase != "profiling"
+        run_phase = self.phase != SessionPhase.PROFILING
         self._seal_step(step)
         self._check_phase_switcher()
         self.host_cost.end_step(run_phase)
@@ -370,7 +371,7 @@ class EnergySession:
         ~3 ms), taken while the GPU still runs the backward pass queued before it, so it costs the GPU no
         idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
-        planning = self.phase == PLANNING_PHASE
+        planning = self.phase == SessionPhase.PLANNING
         timings = self.timer.finish_step(lagged=self._step_lagged)
         if self.kernel_timeline is not None and self.kernel_timeline.recording:
             self.kernel_timeline.stop()  # the synchronous step's kernels have run
@@ -379,7 +380,7 @@ class EnergySession:
                 step=step,
                 phase=self.phase,  # the log describes the step as it ran
                 predicted_j=None if self.runner is None else self.runner.predicted_energy_j,
-                baseline=StockBaseline() if self.phase == "profiling" else self.baseline,
+                baseline=StockBaseline() if self.phase == SessionPhase.PROFILING else self.baseline,
                 outside=self._outside,
                 rest=self.laps.lap_later(),  # read off the training thread (runtime.meter_thread)
                 lapped_at_start=self._lapped_at_start,
@@ -397,18 +398,18 @@ class EnergySession:
         the pipeline group (a real GPU's timer knows its own stage only; the run phase leaves this to the
         straggler exchange every K steps).
         """
-        if sealed.phase == "profiling":
+        if sealed.phase == SessionPhase.PROFILING:
             (span_s,) = self.comms.start_all_reduce([timing.intrinsic_s], "max", "pipeline").wait()
             timing = dataclasses.replace(timing, intrinsic_s=span_s)
         figures = sealed.figures(timing)
         self.history.append(figures)
-        if sealed.phase == "profiling":
+        if sealed.phase == SessionPhase.PROFILING:
             self.collector.add_step(figures)
             if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:
                 self._decide_stock_steps(figures.exact)  # at the pilot's end, before another step begins
             if self.collector.done:
                 self._plan(sealed.step)
-        elif sealed.phase != PLANNING_PHASE:  # a step at stock clocks while planning: no plan to police
+        elif sealed.phase != SessionPhase.PLANNING:  # while planning, at stock clocks: nothing to police
             # every run-phase rank takes each step of the straggler exchange, the safety-netted ones too: a
             # replica that skipped one would leave the others waiting in its collective
             alone = self._follow_stragglers(sealed.step, figures)
@@ -604,7 +605,7 @@ class EnergySession:
         sizes = [self.comms.size(group) for group in GROUPS]
         self._polls = StagedExchange(exchange_period(sizes, self._replica.stock.iteration_s))
         self.controller.request(RESET)  # the last profiled clock need not be the stock one
-        self.phase = PLANNING_PHASE
+        self.phase = SessionPhase.PLANNING
         if self._timelines is None:
             self._start_planning()
 
@@ -831,7 +832,7 @@ class EnergySession:
         self.runner = runner
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self._paces = self._pace_exchange(plan)
-        self.phase = "planned"
+        self.phase = SessionPhase.PLANNED
         return True
 
     def _pace_exchange(self, plan: Plan) -> StagedExchange[PaceVerdict] | None:
@@ -864,7 +865,7 @@ class EnergySession:
         fallback = Fallback(decision) if isinstance(decision, str) else decision
         self.runner = None
         self.controller.request(RESET)
-        self.phase = "stock (planning failed)"
+        self.phase = SessionPhase.PLANNING_FAILED
         rank = self.context.global_rank
         if fallback.profile_artefacts is None and not once:
             self.printer(
@@ -920,7 +921,7 @@ class EnergySession:
             return alone
         runner.select(plan.index_for_time(pace_s))
         following = not runner.on_target
-        self.phase = "following straggler" if following else "planned"
+        self.phase = SessionPhase.FOLLOWING_STRAGGLER if following else SessionPhase.PLANNED
         self.printer(
             f"[energy] rank {self.context.global_rank}: "
             + (
@@ -953,7 +954,7 @@ class EnergySession:
         step of the slow streak that says the other replicas were slow too.
         """
         if self.runner is None:
-            if phase == SAFETY_PHASE:
+            if phase == SessionPhase.SAFETY_NET:
                 self._rearm_after(figures)
             return
         if alone is not None and alone[0]:
@@ -972,7 +973,7 @@ class EnergySession:
             if self.phase_switcher is not None:
                 self.phase_switcher.cancel()  # no phase clock lands after the reset
             self.controller.request(RESET)
-            self.phase = SAFETY_PHASE
+            self.phase = SessionPhase.SAFETY_NET
             broken = (
                 f"power {power_w:.1f} W exceeded the allowed {allowed_w:.1f} W (power budget)"
                 if self.safety.last_cause == "power" and power_w is not None and allowed_w is not None
@@ -1005,7 +1006,7 @@ class EnergySession:
         rank = self.context.pipeline_rank
         self.runner = PlanRunner(plan, rank, self.context.orders.stage(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
-        self.phase = "planned"
+        self.phase = SessionPhase.PLANNED
         self.printer(
             f"[energy] rank {self.context.global_rank}: stock steps were as slow as the plan's, then "
             f"recovered (the slowdown came from outside the plan); the plan runs again ({self.safety.rearms} "
