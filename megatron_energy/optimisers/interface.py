@@ -20,7 +20,7 @@ from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
-from megatron_energy.plan import Plan
+from megatron_energy.plan import Baseline, FrontierSample, MeasuredTail, Plan, PlanPoint
 from megatron_energy.target import EnergyTarget
 
 if TYPE_CHECKING:
@@ -110,6 +110,56 @@ class PlanningJob:
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""
         return PipelineDag.build(self.orders, comm=self.comm, tail=self.tail)
+
+    @property
+    def measured_tail(self) -> MeasuredTail | None:
+        """The iteration tail as profiling measured it, for a plan file; ``None`` if it was not measured."""
+        tail = self.tail
+        if tail is None or not tail.is_measured:
+            return None
+        return MeasuredTail(tail.outside_s, tail.stage_energy_j)
+
+    def new_plan(
+        self,
+        profile: Profile,
+        *,
+        optimisers: tuple[str, ...],
+        baseline: Baseline,
+        points: Sequence[PlanPoint],
+        target_index: int = 0,
+        frontier: Sequence[FrontierSample] = (),
+        measured_tail: MeasuredTail | None,
+    ) -> Plan:
+        """A plan of this job, the one way an optimiser builds one.
+
+        What every plan shares (job, GPU, provenance, target, switch latency) comes from the job and the
+        profile; the rest is the optimiser's.
+
+        Args:
+            profile: The profile planned from (its GPU and provenance go into the plan).
+            optimisers: The optimisers that made the plan, in order.
+            baseline: The stock iteration the plan's points are set against.
+            points: The plan's executable points.
+            target_index: Which of ``points`` meets the target.
+            frontier: The instant-switch frontier the points were picked from (empty if none was swept).
+            measured_tail: The measured iteration tail (:attr:`measured_tail`, or a base plan's).
+
+        Returns:
+            The plan.
+        """
+        return Plan(
+            fingerprint=self.fingerprint,
+            gpu_name=profile.gpu_name,
+            provenance=profile.source,
+            target=str(self.target),
+            optimisers=optimisers,
+            switch_latency_s=self.switch_latency_s,
+            baseline=baseline,
+            points=tuple(points),
+            target_index=target_index,
+            frontier=tuple(frontier),
+            measured_tail=measured_tail,
+        )
 
 
 class Optimiser(Protocol):

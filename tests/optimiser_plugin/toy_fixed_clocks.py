@@ -37,18 +37,14 @@ class FixedClockPerKind:
                 for stage, (energy_j, busy_s) in enumerate(stage_figures(planned))
             ),
         )
-        return Plan(
-            fingerprint=job.fingerprint,
-            gpu_name=profile.gpu_name,
-            provenance=profile.source,
-            target=str(job.target),
+        return job.new_plan(
+            profile,
             optimisers=(self.name,),
-            switch_latency_s=job.switch_latency_s,
             baseline=Baseline(
                 stock.iteration_time_s, stock.total_energy_j, tuple(e for e, _ in stage_figures(stock))
             ),
             points=(point,),
-            target_index=0,
+            measured_tail=None,
         )
 
     @staticmethod

@@ -172,15 +172,11 @@ class KareusOptimiser:
             else:  # nothing beat the base point (or stock clocks): it stays, with the default collectives
                 points.append(_with_default_collectives(model, reference, defaults))
         baseline = _baseline(stock_priced)  # this model's stock iteration, which its points are set against
-        return Plan(
-            fingerprint=job.fingerprint,
-            gpu_name=profile.gpu_name,
-            provenance=profile.source,
-            target=str(job.target),
+        return job.new_plan(
+            profile,
             optimisers=(*(base.optimisers if base is not None else ()), self.name),
-            switch_latency_s=job.switch_latency_s,
             baseline=baseline,
-            points=tuple(points),
+            points=points,
             target_index=target_index,
             frontier=base.frontier if base is not None else (),
             measured_tail=base.measured_tail if base is not None else None,

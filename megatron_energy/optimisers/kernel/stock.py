@@ -5,7 +5,7 @@ from __future__ import annotations
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.stock_clocks import all_max_clocks
-from megatron_energy.plan import Baseline, MeasuredTail, Plan, PlanPoint, RankPlan, clock_actions
+from megatron_energy.plan import Baseline, Plan, PlanPoint, RankPlan, clock_actions
 from megatron_energy.sim.simulator import Simulator
 
 
@@ -31,23 +31,14 @@ def stock_plan(profile: Profile, job: PlanningJob) -> Plan:
             for stage, stage_result in enumerate(result.stages)
         ),
     )
-    tail = job.tail
-    return Plan(
-        fingerprint=job.fingerprint,
-        gpu_name=profile.gpu_name,
-        provenance=profile.source,
-        target=str(job.target),
+    return job.new_plan(
+        profile,
         optimisers=(),
-        switch_latency_s=job.switch_latency_s,
         baseline=Baseline(
             result.iteration_time_s,
             result.total_energy_j,
             tuple(stage.total_energy_j for stage in result.stages),
         ),
         points=(point,),
-        target_index=0,
-        frontier=(),
-        measured_tail=MeasuredTail(tail.outside_s, tail.stage_energy_j)
-        if tail is not None and tail.is_measured
-        else None,
+        measured_tail=job.measured_tail,
     )

@@ -18,7 +18,6 @@ from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
     Baseline,
     FrontierSample,
-    MeasuredTail,
     Plan,
     PlanPoint,
     RankPlan,
@@ -53,31 +52,24 @@ class PerseusOptimiser:
             [planner.executable(point) for point in _spread(candidates, job.kept_points)], target
         )
         baseline = frontier.baseline
-        tail = job.tail
-        return Plan(
-            fingerprint=job.fingerprint,
-            gpu_name=profile.gpu_name,
-            provenance=profile.source,
-            target=str(job.target),
+        return job.new_plan(
+            profile,
             optimisers=(self.name,),
-            switch_latency_s=job.switch_latency_s,
             baseline=Baseline(
                 baseline.iteration_time_s,
                 baseline.total_energy_j,
                 tuple(stage.total_energy_j for stage in baseline.stages),
             ),
-            points=tuple(
+            points=[
                 plan_point(planner, point, str(job.target) if point is target else f"time:{point.time_s:.6f}")
                 for point in points
-            ),
+            ],
             target_index=points.index(target),
-            frontier=tuple(
+            frontier=[
                 FrontierSample(point.time_s, point.energy_j, point.lower_bound_j, _deadline(point))
                 for point in frontier.points
-            ),
-            measured_tail=MeasuredTail(tail.outside_s, tail.stage_energy_j)
-            if tail is not None and tail.is_measured
-            else None,
+            ],
+            measured_tail=job.measured_tail,
         )
 
 
