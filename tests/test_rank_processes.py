@@ -56,14 +56,23 @@ def start_parent(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        # as from a terminal: a shell's background job (pytest started with &) ignores SIGINT, and Python
-        # installs no KeyboardInterrupt handler for a signal ignored at its start
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_from_a_terminal,
     )
     assert parent.stdout is not None
     line = parent.stdout.readline()
     assert line.startswith("child "), line
     return parent, int(line.split()[1])
+
+
+def as_from_a_terminal() -> None:
+    """SIGINT delivered and handled as a terminal's Ctrl-C would be, whatever the test process inherited.
+
+    A shell's background job (pytest started with ``&``) ignores SIGINT, and Python installs no
+    KeyboardInterrupt handler for a signal ignored at its start; a thread of a test runner may also block it,
+    and a fork keeps the forking thread's signal mask across ``exec``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
