@@ -20,8 +20,6 @@ SAMPLE_S = 0.5
 
 
 def load_script():
-    if str(LAB) not in sys.path:
-        sys.path.insert(0, str(LAB))  # as `python lab/bench_overhead.py` has it
     spec = importlib.util.spec_from_file_location("bench_overhead", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -3,7 +3,6 @@
 import importlib.util
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -15,8 +14,6 @@ LAB = Path(__file__).resolve().parents[1] / "lab"
 
 
 def load_script():
-    if str(LAB) not in sys.path:
-        sys.path.insert(0, str(LAB))
     spec = importlib.util.spec_from_file_location("gpu_validate", LAB / "gpu_validate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
