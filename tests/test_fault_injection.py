@@ -13,10 +13,10 @@ with ``main``'s on one shared ``--energy-dir``. ``main``'s last job runs a cache
 SIGKILLs rank 1 with its clock watchdog and the ranks' parent process.
 
 Every test asserts what the brief of this module asks: no hang (gloo collectives time out after
-``COLLECTIVE_TIMEOUT_S`` and a job must finish well within ``JOB_LIMIT_S``), training finished (every step,
-finite losses), the same outcome on every rank (read from each rank's own log lines), the simulated GPU back
-at stock clocks after the job, and nothing deleted (a damaged file is found byte for byte in a quarantine
-folder).
+``COLLECTIVE_TIMEOUT_S``, and no step nor the time around the steps may take ``WAIT_LIMIT_S``), training
+finished (every step, finite losses), the same outcome on every rank (read from each rank's own log lines),
+the simulated GPU back at stock clocks after the job, and nothing deleted (a damaged file is found byte for
+byte in a quarantine folder).
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 COLLECTIVE_TIMEOUT_S = 30
 """Longest wait of a gloo collective in these worlds: a rank left alone in a collective fails after this."""
 
-JOB_LIMIT_S = 25.0
-"""A job (profiling, planning, running) must end within this; a hang would take ``COLLECTIVE_TIMEOUT_S``."""
+WAIT_LIMIT_S = 20.0
+"""No single step of a job, nor its set-up and close together, may take this long: a rank waiting for a
+collective that never comes, or for a timeout of its own, sits still for ``COLLECTIVE_TIMEOUT_S`` or so. The
+whole job is not timed: ten steps of two ranks on a loaded two-core machine can take half a minute."""
 
 WORLD_LIMIT_S = 600.0
 """Longest wait for the whole fault world (every job of both worlds), however loaded the machine."""
@@ -665,10 +667,13 @@ def lines_with(result: RankResult, text: str) -> list[str]:
 
 
 def assert_finished(results: list[RankResult], steps: int = JOB_STEPS) -> None:
-    """Every step ran on both ranks, the last stage has finite losses, and the job was quick."""
+    """Every step ran on both ranks, the last stage has finite losses, and nothing sat in a long wait."""
     for result in results:
         assert len(result.phases) == steps, (result.rank, result.phases)
-        assert result.seconds < JOB_LIMIT_S, f"rank {result.rank} took {result.seconds:.1f} s"
+        longest_step = max(result.step_seconds)
+        around_steps = result.seconds - sum(result.step_seconds)
+        assert longest_step < WAIT_LIMIT_S, f"rank {result.rank}: a step took {longest_step:.1f} s"
+        assert around_steps < WAIT_LIMIT_S, f"rank {result.rank}: set-up and close took {around_steps:.1f} s"
     last = results[-1]
     assert len(last.losses) == steps * NUM_MICROBATCHES
     assert all(math.isfinite(loss) for loss in last.losses)
