@@ -1,12 +1,14 @@
 """The plugin's control plane at scale: its collectives measured over gloo on 2-32 ranks, modelled at 1k-16k.
 
 Forks a gloo world of N ranks on this machine (loopback only) for each N of ``--ranks`` (at most 32) and
-times, on the session's own comms object (``runtime.comms.TorchComms``) over a data-parallel group of all N
-ranks, the median over ``--repeats`` barrier-aligned rounds (measured, ``perf_counter`` on rank 0):
+times, on the session's own comms object (``runtime.control_plane.comms.TorchComms``) over a data-parallel
+group of all N ranks, the median over ``--repeats`` barrier-aligned rounds (measured, ``perf_counter`` on
+rank 0):
 
-- ``pace link``: one link of the exchange of paces, a 2-float max all-reduce (``runtime.staged_exchange``);
+- ``pace link``: one link of the exchange of paces, a 2-float max all-reduce
+(``runtime.control_plane.staged_exchange``);
 - ``energy line``: one link of the energy line, its two fixed-size vectors, a sum and a max in flight together
-  (``runtime.log_aggregate``, ``runtime.group_chain.reduce_over``);
+  (``runtime.energy_log.log_aggregate``, ``runtime.control_plane.group_chain.reduce_over``);
 - ``before: world gather+broadcast``: what the energy line ran before (every rank's figures and window
   gathered on rank 0 as objects, the scalars broadcast back), with ``torch.distributed`` directly.
 
@@ -16,13 +18,14 @@ mostly a context switch, so ``b`` is far above a datacenter network's 20-75 µs,
 few floats takes every hop of the ring (a 2-float one skips most: gloo splits a vector into one segment per
 rank). The modelled table prices the control plane at 1k, 4k and 16k ranks (Megatron-like shapes) with the
 hop costs fitted here and with the 75 µs per hop the session assumes for K
-(``runtime.exchange_period.HOP_S``): an exchange of paces is one link over each of the pipeline, tensor and
-data-parallel groups every K steps (K by the session's rule at that hop cost and ``--iteration-s``, each
-exchange held to half the millisecond), so its cost per step is the exchange's over K; the energy line's
-chain over the same three groups costs more than its half at these sizes, so it runs staged too, at most
-every K steps of its own (``runtime.energy_logger``), whatever the log interval. The table's last column of
-ours is the control plane's cost per step, both exchanges together. Before, each step ran one all-reduce
-over the world and each log interval a world gather and broadcast. Every figure says measured or modelled.
+(``runtime.control_plane.exchange_period.HOP_S``): an exchange of paces is one link over each of the
+pipeline, tensor and data-parallel groups every K steps (K by the session's rule at that hop cost and
+``--iteration-s``, each exchange held to half the millisecond), so its cost per step is the exchange's over
+K; the energy line's chain over the same three groups costs more than its half at these sizes, so it runs
+staged too, at most every K steps of its own (``runtime.energy_log.energy_logger``), whatever the log
+interval. The table's last column of ours is the control plane's cost per step, both exchanges together.
+Before, each step ran one all-reduce over the world and each log interval a world gather and broadcast. Every
+figure says measured or modelled.
 
     python lab/bench_control_plane.py [--ranks 2,4,8,16,32] [--repeats 30] [--iteration-s 1.0]
 """
@@ -45,18 +48,18 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from megatron_energy.runtime.comms import GROUPS, TorchComms
-from megatron_energy.runtime.energy_log import StageEnergy
-from megatron_energy.runtime.exchange_period import (
+from megatron_energy.runtime.control_plane.comms import GROUPS, TorchComms
+from megatron_energy.runtime.control_plane.exchange_period import (
     EXCHANGE_BUDGET_S,
     HOP_S,
     all_reduce_hops,
     exchange_cost_s,
     exchange_period,
 )
-from megatron_energy.runtime.group_chain import reduce_over
-from megatron_energy.runtime.log_aggregate import interval_vectors
-from megatron_energy.runtime.log_window import WINDOW_ITERS, RankWindow
+from megatron_energy.runtime.control_plane.group_chain import reduce_over
+from megatron_energy.runtime.energy_log.energy_line import StageEnergy
+from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors
+from megatron_energy.runtime.energy_log.log_window import WINDOW_ITERS, RankWindow
 
 MAX_RANKS = 32
 """The most ranks one world may fork here (the machine's cores are shared)."""
@@ -198,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:>32}: b = {1e6 * hop_s:.1f} µs per hop")
     print(
         f"modelled at scale ({args.iteration_s:g} s iterations; K by the session's rule, "
-        f"runtime.exchange_period, at that hop cost: the session assumes {1e6 * HOP_S:.0f} µs; the energy "
-        "line at --log-interval 1; all modelled):"
+        "runtime.control_plane.exchange_period, at that hop cost: the session assumes "
+        f"{1e6 * HOP_S:.0f} µs; the energy line at --log-interval 1; all modelled):"
     )
     print(
         "   ranks shape             hop cost |  paces: exchange K  per step | energy line: chain K  per step"

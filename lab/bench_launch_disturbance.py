@@ -5,9 +5,10 @@ the host, median of ``--repeats``, alone and then with each disturbance a plugin
 process: another thread that records and queries events, spins or blocks in ``event.synchronize()``,
 reads the NVML energy counter at 10 Hz, or only sleeps; and, last because it cannot be undone in the
 process, a finished ``torch.profiler`` profile with CPU and CUDA activities, with Kineto's CUPTI teardown
-asked for (``--teardown``: ``TEARDOWN_CUPTI=1`` while the profile runs, as ``runtime.kernel_timeline``
-does) or not. Every figure is *measured* (host wall clock, µs per launch); nothing on the GPU is changed
-(NVML is only read). Run it once per teardown setting, in separate processes:
+asked for (``--teardown``: ``TEARDOWN_CUPTI=1`` while the profile runs, as
+``runtime.profiling.kernel_timeline`` does) or not. Every figure is *measured* (host wall clock, µs per
+launch); nothing on the GPU is changed (NVML is only read). Run it once per teardown setting, in separate
+processes:
 
     python lab/bench_launch_disturbance.py
     python lab/bench_launch_disturbance.py --teardown

@@ -10,9 +10,9 @@ processes:
 
 So everything the plugin costs is inside the difference: the training thread's hooks, and also its
 background threads (energy meter, frequency controller, phase switcher) and anything it leaves running,
-which the in-process check (``--energy-overhead-check``, ``runtime.overhead_check``) cannot see, since they
-run in its suspended blocks too. The dry run sets no clock or power limit, so the plan's own effect is not
-in the figures either: what remains is the cost of having the plugin in the job.
+which the in-process check (``--energy-overhead-check``, ``runtime.energy_log.overhead_check``) cannot see,
+since they run in its suspended blocks too. The dry run sets no clock or power limit, so the plan's own
+effect is not in the figures either: what remains is the cost of having the plugin in the job.
 
 **Schedule.** One priming plugin run per mode comes first (``--prime-iters``; unmeasured, its log kept): it
 profiles and caches the plan in the mode's ``--energy-dir``, so every measured plugin run is a cache hit
@@ -57,11 +57,12 @@ plan):
         --resume bench.json --json bench.json
 
 **In one process.** ``--in-process N --modes MODE`` runs the plugin once with ``--energy-overhead-check N``
-instead (blocks of N iterations with the session suspended and active, ``runtime.overhead_check``), the
-safety net held off (in a dry run it can trip only on outside noise, and would leave the plan), and prints
-the check's line; ``--json`` keeps its pairs with the job's shape and a digest of the plugin's sources, and
-``--pool earlier.json ...`` adds earlier runs' pairs (alone, it prints each stored run's check and the pooled
-one, running nothing; runs of another job or code are refused):
+instead (blocks of N iterations with the session suspended and active,
+``runtime.energy_log.overhead_check``), the safety net held off (in a dry run it can trip only on outside
+noise, and would leave the plan), and prints the check's line; ``--json`` keeps its pairs with the job's
+shape and a digest of the plugin's sources, and ``--pool earlier.json ...`` adds earlier runs' pairs (alone,
+it prints each stored run's check and the pooled one, running nothing; runs of another job or code are
+refused):
 
     python lab/bench_overhead.py --in-process 2 --modes perseus --microbatches 16 --micro-batch-size 2 \
         --iters 210
@@ -91,8 +92,8 @@ from gpt_job import gpt_args
 import megatron_energy
 from megatron_energy.dvfs.calibration_nvml import SetterTripwires
 from megatron_energy.megatron.training_log import IterationLine, parse_iteration_lines
-from megatron_energy.runtime.energy_log import logged_phases
-from megatron_energy.runtime.overhead_check import OVERHEAD_PAIRS_FILE, OverheadResult, pooled
+from megatron_energy.runtime.energy_log.energy_line import logged_phases
+from megatron_energy.runtime.energy_log.overhead_check import OVERHEAD_PAIRS_FILE, OverheadResult, pooled
 from megatron_energy.stats import paired_median_change
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,8 +104,8 @@ MIN_PAIRS = 6
 SAMPLE_PERIOD_S = 0.5
 """Seconds between NVML samples."""
 CACHE_HIT = "energy cache hit"
-"""What the plugin logs when it finds a cached plan (``runtime.cache``); a run reused it if it also kept no
-profiling iteration."""
+"""What the plugin logs when it finds a cached plan (``runtime.planning_round.cache``); a run reused it if it
+also kept no profiling iteration."""
 MASTER_PORT = "29517"
 GPU_FIGURES = ("power_w", "utilisation_pct", "sm_clock_mhz")
 """What the NVML trace samples, as :class:`GpuSample` names them."""
@@ -816,7 +817,7 @@ def in_process_job(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def in_process(args: argparse.Namespace, harness: Harness) -> int:
-    """One plugin run with the in-process check (``runtime.overhead_check``); print the check's lines.
+    """One plugin run with the in-process check (``runtime.energy_log.overhead_check``); print its lines.
 
     The safety net is held off (more violating steps needed than the run has): in a dry run no clock
     changes, so it can trip only on disturbances from outside the job, and once tripped the session stops

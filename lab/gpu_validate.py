@@ -44,7 +44,7 @@ from megatron_log_check import megatron_stock_lines  # noqa: E402
 
 from megatron_energy.megatron.training_log import parse_iteration_lines  # noqa: E402
 from megatron_energy.plan import Plan  # noqa: E402
-from megatron_energy.runtime.energy_log import logged_phases  # noqa: E402
+from megatron_energy.runtime.energy_log.energy_line import logged_phases  # noqa: E402
 
 KEY_LINES = ("model vs measured", "plan for")
 """Our ``[energy]`` lines worth repeating at the end (their figures say measured or modelled themselves)."""

@@ -72,7 +72,7 @@ def measure_communicator_memory(
     import torch.distributed as dist
 
     from megatron_energy.megatron.communicators import nccl_options
-    from megatron_energy.runtime.communicator_budgets import CtaBudget
+    from megatron_energy.runtime.running.communicator_budgets import CtaBudget
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -1,9 +1,10 @@
 """The stock plan's prediction against Megatron's own log of the same run's stock iterations.
 
-``runtime.stock_check`` compares the plan with the stock steps our session timed and metered. This module
-makes the same comparison against the figures Megatron itself printed for those iterations (``--log-interval
-1``; ``elapsed time per iteration (ms)`` from Megatron's timer, ``energy per GPU (J/iter/GPU)`` from its
-``--log-energy`` NVML reading), read back from the run's output: an outside check of our timer and meter.
+``runtime.energy_log.stock_check`` compares the plan with the stock steps our session timed and metered. This
+module makes the same comparison against the figures Megatron itself printed for those iterations
+(``--log-interval 1``; ``elapsed time per iteration (ms)`` from Megatron's timer, ``energy per GPU
+(J/iter/GPU)`` from its ``--log-energy`` NVML reading), read back from the run's output: an outside check of
+our timer and meter.
 
 The stock iterations are those our energy log labels ``profiling`` (every profiled clock is the stock clock
 in a dry run or when only the stock clock is profiled), after the first ``settle`` (warm-up: allocator,
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from megatron_energy.megatron.training_log import parse_iteration_lines
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.energy_log import logged_phases
-from megatron_energy.runtime.stock_check import ENERGY_TARGET, TIME_TARGET, Figure
+from megatron_energy.runtime.energy_log.energy_line import logged_phases
+from megatron_energy.runtime.energy_log.stock_check import ENERGY_TARGET, TIME_TARGET, Figure
 from megatron_energy.stats import mean_interval
 
 STOCK_PHASE = "profiling"

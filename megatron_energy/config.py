@@ -211,7 +211,7 @@ class EnergyConfig:
     profile_iters: int = 2
     """Training steps measured at each profiled clock, after one settling step; the stock clock also measures
     its baseline, at least 4 steps and as many as resolving a 1 % change needs, at most 20 steps and 60 s
-    for the stock clock in all (``runtime.baseline_length``)."""
+    for the stock clock in all (``runtime.profiling.baseline_length``)."""
 
     freq_grid: tuple[int, ...] | None = None
     """SM clocks to profile, in MHz, comma-separated, or ``auto`` (spread over the top half of the GPU's
@@ -244,15 +244,15 @@ class EnergyConfig:
     phase_switching: PhaseSwitchingChoice = "auto"
     """Clocks of phases inside instructions (``--energy-mode kernel`` or ``all``): ``auto`` requests each at
     its planned offset from the instruction's start on the GPU, from a background thread
-    (``runtime.phase_switcher``); ``off`` keeps every instruction at its own clock (the plan's phase saving
-    there is then not realised)."""
+    (``runtime.running.phase_switcher``); ``off`` keeps every instruction at its own clock (the plan's phase
+    saving there is then not realised)."""
 
     planning: Planning = "auto"
     """``background`` computes the plan in a separate process while training goes on at stock clocks, and
-    every rank adopts it at the first step end after it is ready (``runtime.planner_process``); ``wait`` has
-    training wait for that process at the step profiling ends; ``auto``: background on real GPUs, wait on
-    simulated ones (their virtual clock stands still while the host plans, so waiting keeps runs
-    deterministic)."""
+    every rank adopts it at the first step end after it is ready
+    (``runtime.planning_round.planner_process``); ``wait`` has training wait for that process at the step
+    profiling ends; ``auto``: background on real GPUs, wait on simulated ones (their virtual clock stands
+    still while the host plans, so waiting keeps runs deterministic)."""
 
     def __post_init__(self) -> None:
         """Hold a config built in code to the rules the flags are parsed by.

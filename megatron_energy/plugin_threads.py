@@ -4,8 +4,8 @@ Every thread the plugin starts beside the training thread (the energy meter's wo
 controller, the phase switcher) registers itself here when it starts. :func:`cpu_seconds` reads each
 registered thread's CPU clock (``pthread_getcpuclockid`` + ``clock_gettime``: one system call per thread,
 no GIL held while the kernel answers), so the session can count the plugin's cost on every thread, not only
-the time its hooks take on the training thread (``runtime.host_cost``). A thread that has ended keeps the
-last figure read for it. All figures are *measured* (the kernel's per-thread CPU accounting).
+the time its hooks take on the training thread (``runtime.energy_log.host_cost``). A thread that has ended
+keeps the last figure read for it. All figures are *measured* (the kernel's per-thread CPU accounting).
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ changed) showed excursions of 5-20 % lasting ~6 consecutive iterations (also wit
 Welch interval, which takes samples as independent, then called a difference of levels a saving (-2.6 %
 ± 2.0 %, -7.4 % ± 5.1 %). Batch means long enough to absorb such an excursion would need blocks of ~6+
 iterations, i.e. 60+ iterations of stock baseline for a few blocks: far beyond the profiling bound
-(``runtime.baseline_length.MAX_STOCK_STEPS``). Instead the baseline, measured in consecutive iterations,
-is its own witness of how far the level wanders: ``d = |mean(later half) - mean(earlier half)| / mean``
-(halves of the baseline's samples in the order they ran). A window measured later may sit at least that far
-from the baseline's level for reasons other than the treatment, so ``|r| · d`` is added linearly (as a
-systematic term, not in quadrature) to the Student-t half-width. Without drift the term is of the order of
+(``runtime.profiling.baseline_length.MAX_STOCK_STEPS``). Instead the baseline, measured in consecutive
+iterations, is its own witness of how far the level wanders: ``d = |mean(later half) - mean(earlier half)| /
+mean`` (halves of the baseline's samples in the order they ran). A window measured later may sit at least
+that far from the baseline's level for reasons other than the treatment, so ``|r| · d`` is added linearly (as
+a systematic term, not in quadrature) to the Student-t half-width. Without drift the term is of the order of
 the noise (``~2 · CV / sqrt(n)``), so a real 10 % change with a few percent of noise stays resolved; a
 baseline with an excursion like the H200's widens the interval by the excursion's share, so a dry run reads
 "within noise". The samples' grouping by the energy counter (:func:`iterations_per_sample`, blocks of at
@@ -63,7 +63,7 @@ resolved change."""
 
 MIN_SAMPLES_TO_RESOLVE = 3
 """Fewest samples on each side of a comparison before a change of estimated spread is called resolved (a
-spread needs a few; the stock baseline measures at least as many, ``runtime.baseline_length``)."""
+spread needs a few; the stock baseline measures at least as many, ``runtime.profiling.baseline_length``)."""
 
 
 @dataclass(frozen=True)

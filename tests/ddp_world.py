@@ -99,7 +99,7 @@ def _plan(order: list, layout: list, early: bool) -> list:
     the last backward), chunk 0's at the end of the last instruction.
     """
     from megatron_energy.plan import Boundary, CollectiveAction
-    from megatron_energy.runtime.collective_points import last_backward, ready_phase
+    from megatron_energy.runtime.running.collective_points import last_backward, ready_phase
 
     actions = []
     for name, chunk, _elements, places in layout:
@@ -216,7 +216,7 @@ def grad_ready_world_worker(rank: int, world_size: int, payload: Any) -> dict[st
     """DP=2, no pipeline: Megatron launches each bucket inside the last backward (``register_grad_ready``)."""
     from megatron_energy.megatron.collective_launch import CollectiveLauncher
     from megatron_energy.plan import Boundary, CollectiveAction
-    from megatron_energy.runtime.collective_points import last_backward, ready_phase
+    from megatron_energy.runtime.running.collective_points import last_backward, ready_phase
 
     observed = ObservedDdp(1, None)
     order, layout = observed.order, observed.layout
@@ -396,7 +396,7 @@ def _follow_a_session(
     from megatron_energy.megatron.collective_runner import CollectiveRunner
     from megatron_energy.megatron.schedule import pipeline_orders
     from megatron_energy.plan import CollectiveAction
-    from megatron_energy.runtime.plan_runner import PlanRunner
+    from megatron_energy.runtime.running.plan_runner import PlanRunner
 
     orders = pipeline_orders(2, NUM_MICROBATCHES, 2)
     early, late = _plan(order, layout, True), _plan(order, layout, False)

@@ -34,13 +34,16 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.assembly import build_session
-from megatron_energy.runtime.comms import Group, ReduceOp
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.control_plane.comms import Group, ReduceOp
 
 WAIT_S = 300.0
 """Longest wait of a thread for its pipeline peers: a rank that stopped joining fails the run, never hangs."""
 
-PASS_THROUGH = ("megatron_energy.runtime.comms", "megatron_energy.runtime.group_chain")
+PASS_THROUGH = (
+    "megatron_energy.runtime.control_plane.comms",
+    "megatron_energy.runtime.control_plane.group_chain",
+)
 """Modules that only forward a collective: the origin is the module that called them."""
 
 

@@ -1,7 +1,7 @@
 """The session's reductions over a job, in one process, for the unit tests: their result, and scripted peers.
 
-``runtime.group_chain.reduce_over`` reduces a vector for a max and one for a sum over the job's groups in
-turn; over every group of the job that is the element-wise max and sum over every rank's vectors
+``runtime.control_plane.group_chain.reduce_over`` reduces a vector for a max and one for a sum over the job's
+groups in turn; over every group of the job that is the element-wise max and sum over every rank's vectors
 (:func:`over_ranks`). :class:`PeerComms` is one rank whose groups have scripted peers: each collective over
 a group of more than one rank is a message (:class:`Message`), read no sooner than the next step, like
 gloo's.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from megatron_energy.runtime.comms import Group, Known, LocalComms, Pending, ReduceOp
+from megatron_energy.runtime.control_plane.comms import Group, Known, LocalComms, Pending, ReduceOp
 
 
 def over_ranks(vectors: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[list[float], list[float]]:

@@ -155,7 +155,7 @@ class RankReport:
     stock_energy_j: float | None
     """This rank's energy per iteration at stock clocks measured while profiling."""
     stock_steps: int = 0
-    """Stock-clock steps the baseline measured (``runtime.baseline_length``)."""
+    """Stock-clock steps the baseline measured (``runtime.profiling.baseline_length``)."""
     scalars: tuple[tuple[str, float, int], ...] = ()
     """What this rank's metric writer got: ``(name, value, iteration)`` (Megatron's TensorBoard and W&B
     writers live on the last rank only; here every rank has one)."""

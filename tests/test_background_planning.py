@@ -33,10 +33,10 @@ from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.runtime.child_process import ChildProcess
-from megatron_energy.runtime.planner_process import PlannerInput
-from megatron_energy.runtime.planning import Fallback, PlanRelease, plan_on_root
+from megatron_energy.runtime.planning_round.planner_process import PlannerInput
+from megatron_energy.runtime.planning_round.planning import Fallback, PlanRelease, plan_on_root
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.session_phase import SessionPhase
-from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.target import EnergyTarget
 
 GRID_MHZ = (1980, 1005)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
-from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX
+from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
+from megatron_energy.runtime.planning_round.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX
 
 PROFILE = "stage,instruction,frequency,time,energy\n0,forward,1980,0.0125,12.5\n0,backward,1980,0.025,25.0\n"
 BASELINE = json.dumps({"stock_time_s": 0.5, "stock_energy_j": {"0": 300.0}})

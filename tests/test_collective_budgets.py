@@ -11,14 +11,14 @@ import pytest
 from megatron_energy.megatron.communicators import BudgetCommunicators, nccl_options
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Baseline, Boundary, ClockAction, CollectiveAction, Plan, PlanPoint, RankPlan
-from megatron_energy.runtime.collective_points import (
+from megatron_energy.runtime.running.collective_points import (
     EMBEDDING,
     HEAD,
     CollectivePlanError,
     check_gradient_launch,
     ready_phase,
 )
-from megatron_energy.runtime.communicator_budgets import (
+from megatron_energy.runtime.running.communicator_budgets import (
     BudgetError,
     CtaBudget,
     check_fixed_budget,

@@ -17,7 +17,7 @@ from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, PlanPoint
-from megatron_energy.runtime.planning import plan_summary
+from megatron_energy.runtime.planning_round.planning import plan_summary
 from tests.kareus_jobs import EXAMPLE_7B
 from tests.test_kareus_optimiser import Planned, perseus_plan_of, planning_job
 

@@ -36,8 +36,12 @@ def _job_groups() -> dict[str, Any]:
 def _control_plane_worker(rank: int, world_size: int, fault: str | None) -> dict[str, Any]:
     from torch.distributed import distributed_c10d
 
-    from megatron_energy.runtime.control_plane import control_plane_comms
-    from megatron_energy.runtime.group_chain import broadcast_from_root, gather_replica, reduce_everywhere
+    from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comms
+    from megatron_energy.runtime.control_plane.group_chain import (
+        broadcast_from_root,
+        gather_replica,
+        reduce_everywhere,
+    )
 
     job = _job_groups()
     created: list[tuple[list[int], dict[str, Any]]] = []
@@ -110,8 +114,12 @@ def test_a_rank_that_cannot_create_its_groups_sends_every_rank_to_the_job_groups
 
 
 def _alone_worker(rank: int, world_size: int, payload: None) -> dict[str, Any]:
-    from megatron_energy.runtime.comms import TorchComms
-    from megatron_energy.runtime.group_chain import broadcast_from_root, gather_replica, reduce_everywhere
+    from megatron_energy.runtime.control_plane.comms import TorchComms
+    from megatron_energy.runtime.control_plane.group_chain import (
+        broadcast_from_root,
+        gather_replica,
+        reduce_everywhere,
+    )
 
     alone = dist.new_group([rank])
     data = dist.new_group(list(range(world_size)))  # every rank its own pipeline and tensor group: PP=TP=1

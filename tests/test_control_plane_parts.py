@@ -14,8 +14,8 @@ import pytest
 from reductions import PeerComms
 
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.runtime.comms import GROUPS, Group, LocalComms, ReduceOp
-from megatron_energy.runtime.exchange_period import (
+from megatron_energy.runtime.control_plane.comms import GROUPS, Group, LocalComms, ReduceOp
+from megatron_energy.runtime.control_plane.exchange_period import (
     BUDGET_S,
     EXCHANGE_BUDGET_S,
     EXCHANGES,
@@ -23,9 +23,14 @@ from megatron_energy.runtime.exchange_period import (
     exchange_cost_s,
     exchange_period,
 )
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
-from megatron_energy.runtime.replica_profile import FIGURES, replica_profile
-from megatron_energy.runtime.staged_exchange import StagedExchange, Stages, any_rank_stages, pace_stages
+from megatron_energy.runtime.control_plane.staged_exchange import (
+    StagedExchange,
+    Stages,
+    any_rank_stages,
+    pace_stages,
+)
+from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord
+from megatron_energy.runtime.profiling.replica_profile import FIGURES, replica_profile
 
 
 def test_k_keeps_the_exchanges_within_a_millisecond_per_step_at_16k_ranks():

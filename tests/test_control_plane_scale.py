@@ -4,7 +4,7 @@ Each job runs its planning replica's pipeline for real, the rest of the job emul
 recorded (``emulated_world``): PP16 x TP8 x DP128 and PP8 x TP8 x DP256 (16,384 ranks each), and PP8 x TP8
 x DP2 (128 ranks) to set the log's bytes against. Each profiles, plans (the real optimiser, in its planner
 process) and runs the plan for two exchanges of paces and more. The tests assert what the runtime's rules
-ask (``runtime.staged_exchange``, ``runtime.exchange_period``):
+ask (``runtime.control_plane.staged_exchange``, ``runtime.control_plane.exchange_period``):
 
 - no collective of the session, from set-up to close, spans more than a data-parallel or pipeline group;
 - per run-phase step, each group carries at most one of the session's collectives every K steps (the
@@ -30,8 +30,8 @@ from collections import defaultdict
 import pytest
 from emulated_world import Collective, EmulatedRun, Shape, run_emulated
 
-from megatron_energy.runtime.comms import GROUPS
-from megatron_energy.runtime.exchange_period import (
+from megatron_energy.runtime.control_plane.comms import GROUPS
+from megatron_energy.runtime.control_plane.exchange_period import (
     BUDGET_S,
     EXCHANGE_BUDGET_S,
     EXCHANGES,

@@ -20,8 +20,8 @@ from megatron_energy.commands.optimiser_comparison import MODES, compare_job_fol
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.plan import CollectiveAction, Plan
 from megatron_energy.plan_outcome import change_text, plan_saving
-from megatron_energy.runtime.energy_log import read_records
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.energy_log.energy_line import read_records
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.stats import relative_change
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks

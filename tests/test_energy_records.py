@@ -9,11 +9,11 @@ import pytest
 from reductions import over_ranks
 
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.runtime.energy_log import EnergyRecord, append_record, read_records
-from megatron_energy.runtime.job_stock import job_stock, stock_vectors
-from megatron_energy.runtime.planning import baseline_from_profiling, tail_from_profiling
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, append_record, read_records
+from megatron_energy.runtime.planning_round.planning import baseline_from_profiling, tail_from_profiling
+from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord
+from megatron_energy.runtime.profiling.job_stock import job_stock, stock_vectors
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 
 def test_energy_records_are_appended_and_read_back_in_order(tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_the_stock_baseline_keeps_each_steps_job_figures() -> None:
     ]
     rank2 = [synchronous]  # no baseline step at all: the other ranks' steps still count
     rank0, rank1 = [*rank0, synchronous], [*rank1, synchronous]
-    # the reductions over every rank (runtime.job_stock), three baseline steps agreed
+    # the reductions over every rank (runtime.profiling.job_stock), three baseline steps agreed
     stock = job_stock(*over_ranks([stock_vectors(steps, 3) for steps in (rank0, rank1, rank2)]))
     assert stock.step_iteration_s == (0.125, 0.124)  # the slowest rank, step by step
     assert stock.step_energy_j == (120.0, 123.0)  # every rank's energy, step by step

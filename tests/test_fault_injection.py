@@ -56,9 +56,13 @@ from zygote import start_zygote
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.events import read_trace
-from megatron_energy.runtime.baseline_length import pilot_steps
-from megatron_energy.runtime.cache import JobCache
-from megatron_energy.runtime.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX, manifest_for
+from megatron_energy.runtime.planning_round.cache import JobCache
+from megatron_energy.runtime.planning_round.cache_manifest import (
+    MANIFEST_NAME,
+    QUARANTINE_PREFIX,
+    manifest_for,
+)
+from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 

@@ -1,4 +1,5 @@
-"""The plugin's host time on the training thread (runtime/host_cost.py), alone and inside a session."""
+"""The plugin's host time on the training thread (runtime/energy_log/host_cost.py), alone and inside a
+session."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 
 import pytest
 
-from megatron_energy.runtime.host_cost import HostCost, host_timed
+from megatron_energy.runtime.energy_log.host_cost import HostCost, host_timed
 
 
 class _Hooks:

@@ -27,8 +27,8 @@ from megatron_energy.pipeline.collectives import MeasuredBucket, parse_collectiv
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
-from megatron_energy.runtime.collective_points import CollectivePlanError
-from megatron_energy.runtime.communicator_budgets import BudgetError
+from megatron_energy.runtime.running.collective_points import CollectivePlanError
+from megatron_energy.runtime.running.communicator_budgets import BudgetError
 from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 

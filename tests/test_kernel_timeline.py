@@ -17,11 +17,11 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction, Work
-from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.child_process import ChildProcess
-from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.kernel_timeline import (
+from megatron_energy.runtime.control_plane.comms import LocalComms
+from megatron_energy.runtime.planning_round.cache import JobCache
+from megatron_energy.runtime.profiling.kernel_timeline import (
     PendingTimelines,
     ReadTimelines,
     TimelineReading,
@@ -294,7 +294,7 @@ def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between
     import torch
 
     from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
-    from megatron_energy.runtime.kernel_timeline import TorchKernelTimeline
+    from megatron_energy.runtime.profiling.kernel_timeline import TorchKernelTimeline
 
     recorder = TorchKernelTimeline(SPEC)
     forward = Instruction(0, 0, 0, "forward")
@@ -325,7 +325,7 @@ def test_the_profiler_stops_with_cupti_teardown_asked_for_and_the_environment_is
     CUPTI slows every later kernel launch of the run (pytorch/pytorch#144455)."""
     import torch
 
-    from megatron_energy.runtime.kernel_timeline import TEARDOWN_CUPTI, TorchKernelTimeline
+    from megatron_energy.runtime.profiling.kernel_timeline import TEARDOWN_CUPTI, TorchKernelTimeline
 
     if user_value is None:
         monkeypatch.delenv(TEARDOWN_CUPTI, raising=False)

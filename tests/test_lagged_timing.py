@@ -20,14 +20,14 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.runtime import cache as cache_module
-from megatron_energy.runtime.baseline_length import MIN_STOCK_STEPS
-from megatron_energy.runtime.cache import JobCache
-from megatron_energy.runtime.comms import LocalComms
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.control_plane.comms import LocalComms
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
-from megatron_energy.runtime.meter_thread import MeterThread
+from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 from megatron_energy.runtime.parts import SwitchCounts
+from megatron_energy.runtime.planning_round import cache as cache_module
+from megatron_energy.runtime.planning_round.cache import JobCache
+from megatron_energy.runtime.profiling.baseline_length import MIN_STOCK_STEPS
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.session_phase import SessionPhase
 
@@ -332,7 +332,8 @@ def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_pha
 
 
 class _FailedSwitcher:
-    """A phase switcher whose thread failed (``runtime.phase_switcher`` keeps the error for the session)."""
+    """A phase switcher whose thread failed (``runtime.running.phase_switcher`` keeps the error for the
+    session)."""
 
     def __init__(self) -> None:
         self.counts = SwitchCounts(scheduled=4, applied=1)

@@ -9,7 +9,7 @@ from megatron_energy.optimisers.interface import ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.runtime.measured_inputs import MeasuredInputs
+from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
 
 
 def test_every_measured_input_round_trips_through_json() -> None:

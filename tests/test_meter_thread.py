@@ -6,7 +6,7 @@ import threading
 import time
 
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.runtime.meter_thread import MeterThread
+from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 
 
 class SlowCounter:

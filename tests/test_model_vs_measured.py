@@ -9,9 +9,9 @@ from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoint, RankPlan
 from megatron_energy.report.demo_summary import DemoSummary, JobFigures, summary_table
 from megatron_energy.report.model_vs_measured import model_vs_measured_lines
-from megatron_energy.runtime.energy_log import EnergyRecord, append_record
-from megatron_energy.runtime.stock_baseline import StockBaseline
-from megatron_energy.runtime.stock_check import compare_stock, comparison_line, comparison_lines
+from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, append_record
+from megatron_energy.runtime.energy_log.stock_check import compare_stock, comparison_line, comparison_lines
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 
 def two_stage_plan(stage_energy_j=(600.0, 500.0), time_s=1.70) -> Plan:

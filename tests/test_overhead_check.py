@@ -14,7 +14,7 @@ import pytest
 from megatron_energy.config import EnergyConfig, add_energy_args
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.megatron.session_factory import DeferredSession
-from megatron_energy.runtime.overhead_check import OverheadCheck, OverheadResult, pooled
+from megatron_energy.runtime.energy_log.overhead_check import OverheadCheck, OverheadResult, pooled
 
 PLANNED_AT = 3
 """The first step the fake session runs its plan."""

@@ -21,9 +21,9 @@ from megatron_energy.pipeline.modelled_phases import tail_phases
 from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import ClockAction
-from megatron_energy.runtime.plan_runner import InsideRequest, PlanRunner
-from megatron_energy.runtime.planning import tail_phases_from_profiling
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord
+from megatron_energy.runtime.planning_round.planning import tail_phases_from_profiling
+from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord
+from megatron_energy.runtime.running.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h100-sxm")

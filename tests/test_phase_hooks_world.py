@@ -13,8 +13,8 @@ The simulated GPUs time a Llama-70B stage (instructions of 0.5-1 s, long enough 
 switch latencies) on a grid topped at 1530 MHz (below the power cap's clock of every phase, so the plan's
 per-phase model and the simulated GPU's per-instruction one agree on the phases' times): the last stage's
 backward passes get phase clocks, which the phase switcher requests inside each instruction at their
-offsets from its start (``runtime.simulated_phases``), and the simulated GPU runs the instruction's phases
-at them: less energy than at the instruction's clock alone, in the same time.
+offsets from its start (``runtime.running.simulated_phases``), and the simulated GPU runs the instruction's
+phases at them: less energy than at the instruction's clock alone, in the same time.
 """
 
 from __future__ import annotations

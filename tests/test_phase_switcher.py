@@ -1,10 +1,10 @@
 """Phase switchers: requests at their offsets from the instruction's start, stale ones dropped, errors kept.
 
-The thread (``runtime.phase_switcher``): CUDA events are stood in for by flags the test sets (the 'GPU'
-reaching a point); the controller by one that records when each clock was asked for. Timing is host time
+The thread (``runtime.running.phase_switcher``): CUDA events are stood in for by flags the test sets (the
+'GPU' reaching a point); the controller by one that records when each clock was asked for. Timing is host time
 (measured), so the bounds leave room for a loaded machine: a request is never early, and late by at most
-``LATE_S``. The simulated GPUs' switcher (``runtime.simulated_phases``) runs on the virtual clock with the
-real controller and simulated GPU (modelled).
+``LATE_S``. The simulated GPUs' switcher (``runtime.running.simulated_phases``) runs on the virtual clock
+with the real controller and simulated GPU (modelled).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.runtime.assembly import build_phase_switcher
-from megatron_energy.runtime.comms import LocalComms
+from megatron_energy.runtime.control_plane.comms import LocalComms
 from megatron_energy.runtime.parts import SwitchCounts
-from megatron_energy.runtime.phase_switcher import PhaseSwitcher
-from megatron_energy.runtime.plan_runner import InsideRequest
-from megatron_energy.runtime.simulated_phases import SimulatedPhaseSwitcher
+from megatron_energy.runtime.running.phase_switcher import PhaseSwitcher
+from megatron_energy.runtime.running.plan_runner import InsideRequest
+from megatron_energy.runtime.running.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.timing import SimulatedTimer
 
 LATE_S = 0.05

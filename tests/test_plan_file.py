@@ -21,7 +21,7 @@ from megatron_energy.plan import (
     RankPlan,
     fingerprint,
 )
-from megatron_energy.runtime.planning import plan_summary
+from megatron_energy.runtime.planning_round.planning import plan_summary
 
 F0 = Instruction(0, 0, 0, "forward")
 B0 = Instruction(0, 0, 0, "backward")

@@ -14,7 +14,7 @@ from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.report.job_report import write_job_report
-from megatron_energy.runtime.planning import plan_summary
+from megatron_energy.runtime.planning_round.planning import plan_summary
 from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 

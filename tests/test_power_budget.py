@@ -12,8 +12,8 @@ from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.plan import PlanPoint, RankPlan
-from megatron_energy.runtime.policies import SafetyNet
-from megatron_energy.runtime.power_watch import allowed_power_w, measured_power_w, power_budget_part
+from megatron_energy.runtime.running.policies import SafetyNet
+from megatron_energy.runtime.running.power_watch import allowed_power_w, measured_power_w, power_budget_part
 from megatron_energy.target import EnergyTarget, parse_target
 
 

@@ -28,7 +28,7 @@ from session_world import RankReport, SessionSettings, run_world, summarise
 
 from megatron_energy.cli import main
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.baseline_length import pilot_steps
+from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 from megatron_energy.stats import relative_change
 from megatron_energy.target import parse_target
 

@@ -26,7 +26,7 @@ from session_world import RankReport, SessionSettings, run_world
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.baseline_length import MAX_STOCK_STEPS
+from megatron_energy.runtime.profiling.baseline_length import MAX_STOCK_STEPS
 from megatron_energy.target import parse_target
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks

@@ -37,26 +37,26 @@ from megatron_energy.plan import (
     RankPlan,
 )
 from megatron_energy.runtime.assembly import AUTO_GRID_POINTS, GridError, profiling_grid
-from megatron_energy.runtime.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
-from megatron_energy.runtime.cache import JobCache, describe_changes
-from megatron_energy.runtime.comms import Group, LocalComms, ReduceOp
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import (
+from megatron_energy.runtime.control_plane.comms import Group, LocalComms, ReduceOp
+from megatron_energy.runtime.energy_log.energy_line import (
     JobInterval,
     StageEnergy,
     StockSamples,
     format_energy_line,
     publish,
 )
-from megatron_energy.runtime.extrapolation import extrapolate_rows
-from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
-from megatron_energy.runtime.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
-from megatron_energy.runtime.plan_runner import PlanRunner
-from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
-from megatron_energy.runtime.profiling import ProfileCollector, ProfileRow, StepRecord, merge_rows
+from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
+from megatron_energy.runtime.energy_log.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
+from megatron_energy.runtime.planning_round.cache import JobCache, describe_changes
+from megatron_energy.runtime.profiling.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
+from megatron_energy.runtime.profiling.collector import ProfileCollector, ProfileRow, StepRecord, merge_rows
+from megatron_energy.runtime.profiling.extrapolation import extrapolate_rows
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
+from megatron_energy.runtime.running.plan_runner import PlanRunner
+from megatron_energy.runtime.running.policies import SafetyNet, StragglerPolicy
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.step_figures import StepFigures
-from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.runtime.timing import InstructionSample, SimulatedTimer, StepTiming
 
 # ------------------------------------------------------------------------------------------- energy log

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from megatron_energy.runtime.log_window import compare_to_stock
+from megatron_energy.runtime.energy_log.log_window import compare_to_stock
 from megatron_energy.stats import (
     RelativeChange,
     baseline_drift,

@@ -23,7 +23,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
-from megatron_energy.runtime.baseline_length import pilot_steps
+from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 from megatron_energy.sim.power_floor import modelled_floor_problem
 
 DEMO_FOLDER = "demo"
@@ -86,7 +86,7 @@ class DemoJob:
 
         The stock clock also measures its baseline, whose length is the pilot: the demo's simulated GPUs
         report exact energies, whose spread is nil, so the baseline never asks for more
-        (``runtime.baseline_length``).
+        (``runtime.profiling.baseline_length``).
         """
         spec = load_gpu_spec(self.energy.gpu_spec or "")
         grid = profiling_grid(self.energy.freq_grid, spec.sm_clocks_mhz)

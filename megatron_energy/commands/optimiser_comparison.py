@@ -38,7 +38,7 @@ from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan
 from megatron_energy.report.job_folder import ReportError, read_job_folder
-from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
 from megatron_energy.target import EnergyTarget, parse_target
 
 MODES: tuple[str, ...] = ("stock", "perseus", "kareus", "all")

@@ -8,7 +8,7 @@ from pathlib import Path
 from megatron_energy.commands.arguments import fail, output_folder
 from megatron_energy.report.console import output_console
 from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
-from megatron_energy.runtime.energy_log import ForeignLogError
+from megatron_energy.runtime.energy_log.energy_line import ForeignLogError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -15,12 +15,12 @@ requests are skipped and only the latest reached one is applied. Every switch is
 timestamps; its latency runs from "boundary observed reached" to "setter returned" (the hardware's own
 transition time after the NVML call is not observable here; the spec's ``switch_latency_s`` models it).
 
-A phase switcher (``runtime.phase_switcher``) asks for clocks *inside* an instruction from its own thread with
-:meth:`FrequencyController.request_inside`: applied at once unless the caller's staleness check (run under
-the same lock as every other application) says the instruction has ended, so a phase clock never lands after
-the next boundary's clock. The training thread calls :meth:`FrequencyController.allow_repeat` after the
-boundary request of an instruction with phase clocks, so the next boundary's request goes out even when it
-names the same clock (a phase clock may be in force by then).
+A phase switcher (``runtime.running.phase_switcher``) asks for clocks *inside* an instruction from its own
+thread with :meth:`FrequencyController.request_inside`: applied at once unless the caller's staleness check
+(run under the same lock as every other application) says the instruction has ended, so a phase clock never
+lands after the next boundary's clock. The training thread calls :meth:`FrequencyController.allow_repeat`
+after the boundary request of an instruction with phase clocks, so the next boundary's request goes out even
+when it names the same clock (a phase clock may be in force by then).
 
 In dry-run mode the thread does all of this except calling the setter: it records what it would set. A
 setter error (no permission, unsupported GPU) turns the controller into monitor-only with one warning. On
@@ -265,8 +265,8 @@ class FrequencyController:
     def request_inside(self, clock_mhz: float, stale: Callable[[], bool]) -> bool:
         """Apply ``clock_mhz`` now, from any thread, unless ``stale()`` says its moment has passed.
 
-        For clocks of phases inside an instruction (``runtime.phase_switcher``). ``stale`` is called under
-        the lock every application takes, so a request checked as current is applied before any later
+        For clocks of phases inside an instruction (``runtime.running.phase_switcher``). ``stale`` is called
+        under the lock every application takes, so a request checked as current is applied before any later
         boundary's clock, and one checked after that boundary's clock was applied is dropped. The previous
         request is not deduplicated against (call :meth:`allow_repeat` on the training thread).
 

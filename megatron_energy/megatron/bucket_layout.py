@@ -6,7 +6,7 @@ group is launched as one (coalesced) collective. With one buffer per chunk (one 
 group holds one bucket and the group index is megatron-core's bucket index, which the contract names:
 ``dp.<op>[.chunk<c>].bucket<b>`` (``pipeline.collectives.collective_name``; the chunk only with a virtual
 pipeline). A parameter's place (a model-layer index of the chunk, the head or the embedding) decides when its
-gradient is complete in the backward pass (``runtime.collective_points.ready_phase``).
+gradient is complete in the backward pass (``runtime.running.collective_points.ready_phase``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from megatron_energy.pipeline.collectives import MeasuredBucket, collective_name
-from megatron_energy.runtime.collective_points import EMBEDDING, HEAD, CollectivePlanError
+from megatron_energy.runtime.running.collective_points import EMBEDDING, HEAD, CollectivePlanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -63,13 +63,17 @@ from megatron_energy.pipeline.collectives import (
 )
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Action, Boundary, CollectiveAction
-from megatron_energy.runtime.collective_points import (
+from megatron_energy.runtime.running.collective_points import (
     CollectivePlanError,
     boundary_label,
     check_gradient_launch,
     parse,
 )
-from megatron_energy.runtime.communicator_budgets import CtaBudget, check_fixed_budget, collective_group
+from megatron_energy.runtime.running.communicator_budgets import (
+    CtaBudget,
+    check_fixed_budget,
+    collective_group,
+)
 
 _LAYER_MODULE = re.compile(r"(?:^|\.)layers\.(\d+)$")
 

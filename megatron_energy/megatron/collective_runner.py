@@ -1,10 +1,10 @@
 """Run the collective actions of the plan an energy session is running, on the job's DDP model chunks.
 
 :class:`CollectiveRunner` is a ``ScheduleListener`` placed after the session. At each step's start it looks
-at the session's plan runner (``session.runner``, a ``runtime.plan_runner.PlanRunner``): when a plan starts,
-switches point (a straggler's pace) or stops (fallback, safety net), it builds, swaps or removes this rank's
-:class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher` (none for a plan whose collective
-actions change nothing Megatron does: :func:`changes_megatron`); communicators for the budgets of
+at the session's plan runner (``session.runner``, a ``runtime.running.plan_runner.PlanRunner``): when a plan
+starts, switches point (a straggler's pace) or stops (fallback, safety net), it builds, swaps or removes this
+rank's :class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher` (none for a plan whose
+collective actions change nothing Megatron does: :func:`changes_megatron`); communicators for the budgets of
 *every* point of the plan are created with the first launcher, so switching points creates none. A plan the
 job cannot honour is reported once and its collective actions are skipped (its clocks still run): every
 member of a data-parallel group runs the same pipeline rank's actions on the same job, so the members agree.
@@ -191,7 +191,7 @@ def megatron_communicator_config() -> CommunicatorConfig:
     """The communicator config Megatron read (``--nccl-communicator-config-path``), or ``None``."""
     from megatron.training.global_vars import get_args
 
-    from megatron_energy.runtime.communicator_budgets import read_communicator_config
+    from megatron_energy.runtime.running.communicator_budgets import read_communicator_config
 
     path = getattr(get_args(), "nccl_communicator_config_path", None)
     return None if path is None else read_communicator_config(path)

@@ -23,7 +23,7 @@ from typing import Any
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
-from megatron_energy.runtime.communicator_budgets import FIXED_GROUPS, read_communicator_config
+from megatron_energy.runtime.running.communicator_budgets import FIXED_GROUPS, read_communicator_config
 
 
 def collective_setup(

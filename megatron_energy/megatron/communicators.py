@@ -12,8 +12,8 @@ one communicator per budget over the same ranks, chosen per launch.
 
 1. *Fixed budgets* (one per group for the whole run, known before Megatron starts, e.g. from a cached plan,
    and the only way for ``pp``/``tp``, whose launches are not retimed): written into the YAML Megatron
-   reads (``runtime.communicator_budgets.communicator_config`` / ``write_communicator_config``); no extra
-   communicator, no extra memory.
+   reads (``runtime.running.communicator_budgets.communicator_config`` / ``write_communicator_config``); no
+   extra communicator, no extra memory.
 2. *Varying budgets* (the plan's, known after profiling): :class:`BudgetCommunicators` creates, per base
    communicator and distinct budget of the plan (over *all* its points, so a straggler's switch of point
    needs nothing new), one communicator over the same ranks in the same order
@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from megatron_energy.runtime.communicator_budgets import BudgetError, CtaBudget, communicator_config
+from megatron_energy.runtime.running.communicator_budgets import BudgetError, CtaBudget, communicator_config
 
 NewGroup = Callable[..., Any]
 

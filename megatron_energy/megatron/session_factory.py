@@ -24,11 +24,15 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.workload import TransformerShape
-from megatron_energy.runtime.collective_points import CollectivePlanError
-from megatron_energy.runtime.comms import Group, TorchComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.control_plane import control_plane_comms
-from megatron_energy.runtime.overhead_check import OVERHEAD_PAIRS_FILE, OverheadCheck, OverheadResult
+from megatron_energy.runtime.control_plane.comms import Group, TorchComms
+from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comms
+from megatron_energy.runtime.energy_log.overhead_check import (
+    OVERHEAD_PAIRS_FILE,
+    OverheadCheck,
+    OverheadResult,
+)
+from megatron_energy.runtime.running.collective_points import CollectivePlanError
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -84,7 +88,8 @@ def parallel_job_context(
     Returns:
         The context and the collectives: over this rank's pipeline, tensor(-and-context) and data-parallel
         groups, as gloo (CPU) groups of the same ranks created here once under an NCCL job, so that no
-        message of the session waits for the GPU (``runtime.control_plane``); no group spans the world.
+        message of the session waits for the GPU (``runtime.control_plane.gloo_groups``); no group spans the
+        world.
     """
     import torch
     import torch.distributed as dist

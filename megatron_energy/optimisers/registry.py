@@ -62,8 +62,8 @@ def unregister(name: str) -> None:
 def registered() -> dict[str, Factory]:
     """Every optimiser registered in this process, the built-in ones included (a copy).
 
-    A planner process registers them again (``runtime.planner_process``), so it resolves ``--energy-mode``
-    as this process does; each factory travels by import path, or pickled by reference.
+    A planner process registers them again (``runtime.planning_round.planner_process``), so it resolves
+    ``--energy-mode`` as this process does; each factory travels by import path, or pickled by reference.
     """
     return dict(_FACTORIES)
 

@@ -1,7 +1,7 @@
 """Each kernel class's response to the SM clock, measured from kernel timelines at several clocks.
 
 Where clocks may be changed, the profiling steps record a kernel timeline at every clock of the grid
-(``runtime.kernel_timeline``). At the reference (stock) clock every instruction range's kernels are
+(``runtime.profiling.kernel_timeline``). At the reference (stock) clock every instruction range's kernels are
 classified (``pipeline.phase_timeline.classify_kernel``); the same range at another clock launches the same
 kernels in the same order, so they pair one to one by position (a range whose kernel names differ
 between the two is left out). Per class, the paired kernels' summed duration at a clock over that at the

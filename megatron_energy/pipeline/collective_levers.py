@@ -1,9 +1,10 @@
 """What a running job lets a plan change about its collectives: Megatron's flags and communicator config.
 
 Planning offline (``simulate``, ``plan --config``) every lever is free: a plan then says which flags and
-communicator config to start the job with (``runtime.communicator_budgets.plan_communicator_config``). A live
-session plans for the job as Megatron started it, and the runtime refuses what that job cannot honour
-(``megatron.collective_launch``), so :class:`RuntimeLevers` narrows the search to what it can:
+communicator config to start the job with
+(``runtime.running.communicator_budgets.plan_communicator_config``). A live session plans for the job as
+Megatron started it, and the runtime refuses what that job cannot honour (``megatron.collective_launch``), so
+:class:`RuntimeLevers` narrows the search to what it can:
 
 * gradient reductions (``dp.reduce_scatter`` / ``dp.all_reduce``) move only with ``--overlap-grad-reduce``
   (without it megatron-core reduces synchronously at the end of the rank's last instruction); their CTA

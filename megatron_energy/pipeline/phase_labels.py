@@ -10,7 +10,8 @@ rank's last instruction) start with ``tail``; a tail's restoring request is ``ta
 issued at a runtime hook names it after ``@`` (``events.OUTSIDE_PHASES``), e.g.
 ``tail1@optimizer:memory:measured:at=30.000ms:lead=0.000ms`` goes out when the optimizer step begins; a
 label without one (phases inside an instruction) has no hook of its own: the runtime requests it at its
-time from the instruction's start (``runtime.phase_switcher``). :func:`parse_phase_label` reads it back.
+time from the instruction's start (``runtime.running.phase_switcher``). :func:`parse_phase_label` reads it
+back.
 """
 
 from __future__ import annotations

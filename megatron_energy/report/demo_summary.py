@@ -21,8 +21,8 @@ from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import change_text, plan_saving
 from megatron_energy.report.tables import ComparisonRow, comparison_table
-from megatron_energy.runtime.energy_log import EnergyRecord, read_job_records
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, read_job_records
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.stats import relative_change
 
 

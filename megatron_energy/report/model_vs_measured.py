@@ -4,7 +4,7 @@ Two parts, every figure labelled measured or modelled:
 
 1. the stock plan's prediction (modelled: the simulator on the instruction times and energies measured while
    profiling) against the whole stock iterations profiling measured (``baseline.json``), per stage and in
-   total, with the relative error (``runtime.stock_check``);
+   total, with the relative error (``runtime.energy_log.stock_check``);
 2. the measured savings of the run against stock clocks, as the energy log computed them
    (``stats.relative_change`` over the last window of planned iterations, 95 % interval, "within noise" when
    it covers zero), read from the run's ``--energy-log-file``; without one the section says how to get them.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.energy_log import NOT_SET, EnergyRecord, read_job_records
-from megatron_energy.runtime.stock_baseline import StockBaseline
-from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_lines
+from megatron_energy.runtime.energy_log.energy_line import NOT_SET, EnergyRecord, read_job_records
+from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_lines
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.stats import ROUNDING
 
 RUN_PHASES = ("planned",)
@@ -36,7 +36,7 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
         The lines, starting with the section's title.
 
     Raises:
-        ForeignLogError: The log file is another job's (``runtime.energy_log``).
+        ForeignLogError: The log file is another job's (``runtime.energy_log.energy_line``).
         ValueError: ``baseline.json`` or the log file is malformed.
         OSError: A file cannot be read.
     """
@@ -59,7 +59,7 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
 def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
     """The run's measured changes against stock clocks, from the last planned record of its energy log.
 
-    The log must be job ``fingerprint``'s (``runtime.energy_log.read_job_records``).
+    The log must be job ``fingerprint``'s (``runtime.energy_log.energy_line.read_job_records``).
     """
     if log_file is None:
         return [

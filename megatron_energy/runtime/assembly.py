@@ -19,17 +19,17 @@ from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
-from megatron_energy.runtime.cache import PLANNING_PARTS, JobCache
-from megatron_energy.runtime.comms import RankComms
 from megatron_energy.runtime.context import JobContext, planning_parts
+from megatron_energy.runtime.control_plane.comms import RankComms
+from megatron_energy.runtime.control_plane.group_chain import reduce_everywhere
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
-from megatron_energy.runtime.group_chain import reduce_everywhere
-from megatron_energy.runtime.kernel_timeline import KernelTimeline, TorchKernelTimeline
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
-from megatron_energy.runtime.phase_switcher import PhaseSwitcher
-from megatron_energy.runtime.replanning import Replanner
+from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
+from megatron_energy.runtime.planning_round.replanning import Replanner
+from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline, TorchKernelTimeline
+from megatron_energy.runtime.running.phase_switcher import PhaseSwitcher
+from megatron_energy.runtime.running.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.session import EnergySession
-from megatron_energy.runtime.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
 
 AUTO_GRID_POINTS = 6
@@ -227,7 +227,7 @@ def build_session(
     Every rank first opens its own parts (GPU, clock guard, controller, grid, timer), which may fail on one
     rank only (a full disk, a GPU without spec, an unsupported clock). Before the session's first
     collective the ranks then agree in one small reduction over the job's groups
-    (``runtime.group_chain.reduce_everywhere``): if any rank failed, no rank starts a session
+    (``runtime.control_plane.group_chain.reduce_everywhere``): if any rank failed, no rank starts a session
     (each raises; the failing rank its own error, the others :class:`SessionStartError`), so no rank waits
     in a collective the others never join. If any rank cannot set clocks (monitor-only: no permission, its
     GPU held by another job), every rank profiles like it, at stock clocks only, so all profile for the

@@ -24,8 +24,8 @@ time and energy cover the same host window and stay paired.
 The instruction samples and the span are always on the device timeline (event to event), exact in both
 modes. The span is this stage's own (its last instruction's end); the session takes the replica's, the
 maximum over the pipeline, where it needs it: one fixed-size max over the pipeline group per profiling step,
-and in the run phase inside the straggler exchange every K steps (``runtime.staged_exchange``), so the timer
-itself runs no collective.
+and in the run phase inside the straggler exchange every K steps (``runtime.control_plane.staged_exchange``),
+so the timer itself runs no collective.
 
 **Outside phases** (gradient sync, optimizer step, parameter all-gather) get a start and an end event from
 the same pools; the session reads their durations (:meth:`CudaEventTimer.outside_durations`) only at a

@@ -13,7 +13,7 @@ from megatron_energy.pipeline.instruction import Instruction
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from megatron_energy.runtime.plan_runner import InsideRequest
+    from megatron_energy.runtime.running.plan_runner import InsideRequest
 
 
 class Controller(Protocol):
@@ -89,7 +89,7 @@ class SwitchCounts:
 
 
 class PhaseSwitching(Protocol):
-    """Requests clocks inside instructions (``runtime.phase_switcher``, ``runtime.simulated_phases``)."""
+    """Requests clocks inside instructions (``running.phase_switcher``, ``running.simulated_phases``)."""
 
     counts: SwitchCounts
 

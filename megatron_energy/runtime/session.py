@@ -5,47 +5,48 @@ The session does not know how plans are made: it asks the optimiser ``--energy-m
 
 Phase 1, profile: the controller holds each clock of a grid for a settling step and a few measured steps,
 the stock clock first; the timer times every instruction on the device timeline and the whole iteration; the
-meter gives each step's energy. The stock clock's measured steps are of two kinds (``runtime.profiling``):
-the **baseline steps**, as many as the stock baseline needs (``runtime.baseline_length``), are timed exactly
-as the run phase times its steps (lagged, no device sync, one counter lap per iteration), and they alone are
-the stock baseline every measured change is compared with, so the comparison carries no bias from how the
-two sides were measured; the **synchronous profile steps** (like every measured step at the other clocks)
-wait for the device at their begin and end, so the counter laps separate the pipeline span's energy from
-what ran between two schedules (``runtime.step_figures``): they give the profile rows and the measured
-iteration tail, exact, and never enter a comparison.
-Phase 2, plan: the profile rows of one replica (global rank 0's replica and tensor-parallel rank: its
-peers run the same instructions) are gathered on rank 0 over that replica's pipeline alone; every other
-rank takes part in fixed-size reductions only: a check that the stages' ranks agree, whether any rank
-failed, and the job's stock steps over every GPU (``runtime.replica_profile``). The optimiser plans on rank
-0 in a process of its own (``runtime.planner_process``). On real GPUs (``--energy-planning``) training goes
-on meanwhile at stock clocks, in the planning phase (``stock (planning)``, where no run-phase policy acts):
-where the optimiser plans phases inside instructions, each rank of the planning replica first reads its
-recorded kernel timelines in a process of its own (``runtime.kernel_timeline``), and once every rank has,
-the timelines join the planner's input; every K steps the ranks ask, one group a step, whether that has
-happened and then whether rank 0's planner has ended (``runtime.staged_exchange.any_rank_stages``); once it
-has, the decision goes to every rank at the same step, so every rank adopts the plan (or falls back)
-together. On simulated GPUs, whose virtual clock stands still while the host plans,
-rank 0 waits for the planner at the step profiling ends, so their runs stay deterministic. Rank 0 writes the
-plan file and sends its text down a tree of the job's groups (``runtime.group_chain.broadcast_from_root``;
-no server); every rank parses it.
-Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events (the clock of each
-instruction at its boundary on the GPU timeline, a tail phase's at its outside-phase hook); the clocks of
-phases inside an instruction go, with the instruction's start marker, to a phase switcher that requests
-each at its planned offset from the instruction's start on the GPU (``runtime.phase_switcher``: a host
-thread anchored on the start's CUDA event, its timing as precise as a host thread's sleep and the GIL allow;
-``runtime.simulated_phases``: the simulated GPU's virtual clock). An error there turns phase switching off
-with a log line and the run goes on at the instruction clocks; ``--energy-phase-switching off`` never
-starts it. Energy keeps being measured and logged next to the
+meter gives each step's energy. The stock clock's measured steps are of two kinds
+(``runtime.profiling.collector``): the **baseline steps**, as many as the stock baseline needs
+(``runtime.profiling.baseline_length``), are timed exactly as the run phase times its steps (lagged, no
+device sync, one counter lap per iteration), and they alone are the stock baseline every measured change is
+compared with, so the comparison carries no bias from how the two sides were measured; the **synchronous
+profile steps** (like every measured step at the other clocks) wait for the device at their begin and end, so
+the counter laps separate the pipeline span's energy from what ran between two schedules
+(``runtime.step_figures``): they give the profile rows and the measured iteration tail, exact, and never
+enter a comparison. Phase 2, plan: the profile rows of one replica (global rank 0's replica and
+tensor-parallel rank: its peers run the same instructions) are gathered on rank 0 over that replica's
+pipeline alone; every other rank takes part in fixed-size reductions only: a check that the stages' ranks
+agree, whether any rank failed, and the job's stock steps over every GPU
+(``runtime.profiling.replica_profile``). The optimiser plans on rank 0 in a process of its own
+(``runtime.planning_round.planner_process``). On real GPUs (``--energy-planning``) training goes on meanwhile
+at stock clocks, in the planning phase (``stock (planning)``, where no run-phase policy acts): where the
+optimiser plans phases inside instructions, each rank of the planning replica first reads its recorded kernel
+timelines in a process of its own (``runtime.profiling.kernel_timeline``), and once every rank has, the
+timelines join the planner's input; every K steps the ranks ask, one group a step, whether that has happened
+and then whether rank 0's planner has ended (``runtime.control_plane.staged_exchange.any_rank_stages``); once
+it has, the decision goes to every rank at the same step, so every rank adopts the plan (or falls back)
+together. On simulated GPUs, whose virtual clock stands still while the host plans, rank 0 waits for the
+planner at the step profiling ends, so their runs stay deterministic. Rank 0 writes the plan file and sends
+its text down a tree of the job's groups (``runtime.control_plane.group_chain.broadcast_from_root``; no
+server); every rank parses it. Phase 3, run: a :class:`PlanRunner` applies this rank's actions at hook events
+(the clock of each instruction at its boundary on the GPU timeline, a tail phase's at its outside-phase
+hook); the clocks of phases inside an instruction go, with the instruction's start marker, to a phase
+switcher that requests each at its planned offset from the instruction's start on the GPU
+(``runtime.running.phase_switcher``: a host thread anchored on the start's CUDA event, its timing as precise
+as a host thread's sleep and the GIL allow; ``runtime.running.simulated_phases``: the simulated GPU's virtual
+clock). An error there turns phase switching off with a log line and the run goes on at the instruction
+clocks; ``--energy-phase-switching off`` never starts it. Energy keeps being measured and logged next to the
 prediction, with its change against the stock baseline over a window of the phase's iterations
-(``runtime.log_window``; fixed-size reductions, ``runtime.log_aggregate``); data-parallel replicas follow a
-straggler's pace to another point of the same plan, exchanged every K steps over the pipeline, tensor and
-data-parallel groups one group a step, asynchronously (``runtime.staged_exchange.pace_stages``, K from
-``runtime.exchange_period``); a safety net reverts to stock clocks if the plan is slow (with several
-replicas once an exchange says the others are slow too). No collective of the run phase spans more than a
-data-parallel or pipeline group. Nothing the session does at a run-phase step's end waits for the GPU: a
-real GPU's timing is read one step later (``runtime.cuda_timer``), paired with the energy lapped at that
-step's own end, and the session's messages go over gloo (CPU) groups of the job's own groups
-(``runtime.control_plane``); so the policies and the log see each step one step late.
+(``runtime.energy_log.log_window``; fixed-size reductions, ``runtime.energy_log.log_aggregate``);
+data-parallel replicas follow a straggler's pace to another point of the same plan, exchanged every K steps
+over the pipeline, tensor and data-parallel groups one group a step, asynchronously
+(``runtime.control_plane.staged_exchange.pace_stages``, K from ``runtime.control_plane.exchange_period``); a
+safety net reverts to stock clocks if the plan is slow (with several replicas once an exchange says the
+others are slow too). No collective of the run phase spans more than a data-parallel or pipeline group.
+Nothing the session does at a run-phase step's end waits for the GPU: a real GPU's timing is read one step
+later (``runtime.cuda_timer``), paired with the energy lapped at that step's own end, and the session's
+messages go over gloo (CPU) groups of the job's own groups (``runtime.control_plane.gloo_groups``); so the
+policies and the log see each step one step late.
 
 A cached plan for the same job (``--energy-dir``) skips phases 1 and 2: the cached file is what runs.
 
@@ -77,38 +78,31 @@ from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
-from megatron_energy.runtime.cache import JobCache
 from megatron_energy.runtime.child_process import ChildProcess
-from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_logger import EnergyLogger
-from megatron_energy.runtime.exchange_period import HOP_S, exchange_cost_s, exchange_period
-from megatron_energy.runtime.extrapolation import extrapolate_rows
-from megatron_energy.runtime.group_chain import (
+from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
+from megatron_energy.runtime.control_plane.exchange_period import HOP_S, exchange_cost_s, exchange_period
+from megatron_energy.runtime.control_plane.group_chain import (
     broadcast_from_root,
     gather_replica,
     in_planning_replica,
     reduce_everywhere,
 )
-from megatron_energy.runtime.host_cost import HostCost, host_timed
-from megatron_energy.runtime.job_stock import JobStock
-from megatron_energy.runtime.kernel_timeline import (
-    KernelTimeline,
-    PendingTimelines,
-    ReadTimelines,
-    Timelines,
-    TimelinesUnread,
-    merge_timelines,
-    timelines_line,
+from megatron_energy.runtime.control_plane.staged_exchange import (
+    PaceVerdict,
+    StagedExchange,
+    any_rank_stages,
+    pace_stages,
 )
-from megatron_energy.runtime.measured_inputs import MeasuredInputs
-from megatron_energy.runtime.meter_thread import MeterThread
-from megatron_energy.runtime.overhead_check import WINDOW as OVERHEAD_WINDOW
+from megatron_energy.runtime.energy_log.energy_logger import EnergyLogger
+from megatron_energy.runtime.energy_log.host_cost import HostCost, host_timed
+from megatron_energy.runtime.energy_log.meter_thread import MeterThread
+from megatron_energy.runtime.energy_log.overhead_check import WINDOW as OVERHEAD_WINDOW
+from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
-from megatron_energy.runtime.plan_runner import PlanRunner
-from megatron_energy.runtime.planner_process import PlannerInput
-from megatron_energy.runtime.planning import (
+from megatron_energy.runtime.planning_round.cache import JobCache
+from megatron_energy.runtime.planning_round.planner_process import PlannerInput
+from megatron_energy.runtime.planning_round.planning import (
     Fallback,
     PlanRelease,
     baseline_from_profiling,
@@ -119,21 +113,33 @@ from megatron_energy.runtime.planning import (
     tail_from_profiling,
     tail_phases_from_profiling,
 )
-from megatron_energy.runtime.policies import SafetyNet, StragglerPolicy
-from megatron_energy.runtime.power_watch import allowed_power_w
-from megatron_energy.runtime.profiling import (
+from megatron_energy.runtime.planning_round.replanning import planning_job
+from megatron_energy.runtime.profiling.baseline_length import pilot_steps, stock_steps_needed
+from megatron_energy.runtime.profiling.collector import (
     ProfileCollector,
     ProfileRow,
     StepRecord,
     merge_rows,
 )
-from megatron_energy.runtime.replanning import planning_job
-from megatron_energy.runtime.replica_profile import ReplicaProfile, StageProfile, replica_profile
+from megatron_energy.runtime.profiling.extrapolation import extrapolate_rows
+from megatron_energy.runtime.profiling.job_stock import JobStock
+from megatron_energy.runtime.profiling.kernel_timeline import (
+    KernelTimeline,
+    PendingTimelines,
+    ReadTimelines,
+    Timelines,
+    TimelinesUnread,
+    merge_timelines,
+    timelines_line,
+)
+from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
+from megatron_energy.runtime.profiling.replica_profile import ReplicaProfile, StageProfile, replica_profile
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
+from megatron_energy.runtime.running.plan_runner import PlanRunner
+from megatron_energy.runtime.running.policies import SafetyNet, StragglerPolicy
+from megatron_energy.runtime.running.power_watch import allowed_power_w
 from megatron_energy.runtime.session_phase import SessionPhase
-from megatron_energy.runtime.staged_exchange import PaceVerdict, StagedExchange, any_rank_stages, pace_stages
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
-from megatron_energy.runtime.stock_baseline import StockBaseline
-from megatron_energy.runtime.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 from megatron_energy.sim.power_floor import modelled_floor_problem
 
@@ -156,12 +162,13 @@ class EnergySession:
         spec: The GPU's spec (name, blocked and idle power for energy attribution).
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
-        kernel_timeline: Records the instructions' kernel timelines (``runtime.kernel_timeline``: CUDA
+        kernel_timeline: Records the instructions' kernel timelines (``runtime.profiling.kernel_timeline``:
+        CUDA
             only) in a recorded step that ends each profiled clock's block (their clock response is then
             measured; a dry run profiles the stock clock alone), when the optimiser asks for phases; never in
-            the run phase, and the recorded steps' figures feed nothing else (``runtime.profiling``).
-            ``None``: the phase planner uses the modelled per-class split.
-        phase_switcher: Requests a plan's clocks inside instructions (``runtime.phase_switcher``);
+            the run phase, and the recorded steps' figures feed nothing else
+            (``runtime.profiling.collector``). ``None``: the phase planner uses the modelled per-class split.
+        phase_switcher: Requests a plan's clocks inside instructions (``runtime.running.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
     """
 
@@ -382,7 +389,7 @@ class EnergySession:
                 predicted_j=None if self.runner is None else self.runner.predicted_energy_j,
                 baseline=StockBaseline() if self.phase == SessionPhase.PROFILING else self.baseline,
                 outside=self._outside,
-                rest=self.laps.lap_later(),  # read off the training thread (runtime.meter_thread)
+                rest=self.laps.lap_later(),  # read off the training thread (runtime.energy_log.meter_thread)
                 lapped_at_start=self._lapped_at_start,
             )
         )
@@ -445,10 +452,10 @@ class EnergySession:
 
         The flush (the last step of a lagged timer) never raises: the process is ending. Rank 0 of a job that
         ran a plan then logs the stock plan's prediction against the measured stock steps
-        (``runtime.stock_check``): the run's last word on how well the model matched. Every rank first logs
-        its own host time in the hooks (``runtime.host_cost``), and what became of the requests inside
-        instructions (``runtime.phase_switcher``). A planner or kernel-timeline process still running is
-        terminated first.
+        (``runtime.energy_log.stock_check``): the run's last word on how well the model matched. Every rank
+        first logs its own host time in the hooks (``runtime.energy_log.host_cost``), and what became of the
+        requests inside instructions (``runtime.running.phase_switcher``). A planner or kernel-timeline
+        process still running is terminated first.
         """
         if isinstance(self._planner, ChildProcess):
             self._planner.terminate()
@@ -486,7 +493,7 @@ class EnergySession:
                 self.printer(comparison_line(comparison))
 
     def suspend(self) -> None:
-        """Stand aside from the next step on (``runtime.overhead_check``): stock clocks, held step read out.
+        """Stand aside from the next step on (``energy_log.overhead_check``): stock clocks, held step read.
 
         Call at a step boundary, on every rank at the same step; until :meth:`resume`, no schedule event
         may reach the session. Nothing here is a collective.
@@ -581,12 +588,12 @@ class EnergySession:
     def _plan(self, step: int) -> None:
         """At the end of profiling (``step``): the planning replica's profiles on rank 0, planning begun.
 
-        The other ranks take part in fixed-size reductions only (``runtime.replica_profile``). Where the
-        optimiser plans phases, each rank of the planning replica starts reading its kernel timelines in a
-        child process. With background planning every rank then trains at stock clocks in the planning phase
-        and asks every K steps whether every rank has read its timelines, then whether the outcome has come
-        (:meth:`_poll_planner`); otherwise the timelines and rank 0's planner are waited for here and every
-        rank takes the decision at this step's end.
+        The other ranks take part in fixed-size reductions only (``runtime.profiling.replica_profile``).
+        Where the optimiser plans phases, each rank of the planning replica starts reading its kernel
+        timelines in a child process. With background planning every rank then trains at stock clocks in the
+        planning phase and asks every K steps whether every rank has read its timelines, then whether the
+        outcome has come (:meth:`_poll_planner`); otherwise the timelines and rank 0's planner are waited for
+        here and every rank takes the decision at this step's end.
         """
         self._buckets = self._gather_buckets()
         self._replica = replica_profile(
@@ -642,8 +649,9 @@ class EnergySession:
 
         While kernel timelines are read, the exchange asks whether any rank still reads its own; once none
         does, every rank gathers them at that step and rank 0 starts the planner. Then it asks whether rank 0
-        has the planner's outcome; once the exchange (``runtime.staged_exchange.any_rank_stages``) says so,
-        every rank takes the decision at the same step.
+        has the planner's outcome; once the exchange
+        (``runtime.control_plane.staged_exchange.any_rank_stages``) says so, every rank takes the decision at
+        the same step.
         """
         polls = self._polls
         if polls is None:
@@ -836,7 +844,7 @@ class EnergySession:
         return True
 
     def _pace_exchange(self, plan: Plan) -> StagedExchange[PaceVerdict] | None:
-        """The replicas' exchange of paces every K steps (``runtime.exchange_period``); none with one replica.
+        """The replicas' exchange of paces every K steps (``control_plane.exchange_period``); none with one.
 
         K follows from the job's group sizes and the plan's iteration time, the same on every rank; rank 0
         says what it is and what an exchange costs (modelled).
@@ -860,7 +868,7 @@ class EnergySession:
 
         Each rank says why, except where the target cannot be met (``once``, or a sound profile came with the
         decision): rank 0 then says it, once, for every rank, and caches the profile, if any, for a run with
-        another target (``runtime.replanning``).
+        another target (``runtime.planning_round.replanning``).
         """
         fallback = Fallback(decision) if isinstance(decision, str) else decision
         self.runner = None

@@ -27,7 +27,7 @@ from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.runtime.timing import StepTiming
 
 if TYPE_CHECKING:  # planning imports this module (through profiling)
-    from megatron_energy.runtime.stock_baseline import StockBaseline
+    from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ class SealedStep:
     """The meter's lap at the step's start, if one was taken (profiling)."""
 
     rest: Future[EnergyWindow | None]
-    """The meter's lap at the step's end (read off the training thread: ``runtime.meter_thread``)."""
+    """The meter's lap at the step's end (read off the training thread:
+    ``runtime.energy_log.meter_thread``)."""
 
     lapped_at_start: bool
     """Whether the session lapped at the step's start."""

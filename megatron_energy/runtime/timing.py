@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from megatron_energy.pipeline.instruction import Instruction, Work
-from megatron_energy.runtime.comms import RankComms
+from megatron_energy.runtime.control_plane.comms import RankComms
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,8 @@ class SimulatedTimer:
     step when the ``optimizer`` hook ends, or before the next schedule in a job whose optimizer fires no hook.
     Both run at the clock in effect, and their energy counts as outside the next step's pipeline span.
 
-    Clocks inside an instruction (:meth:`schedule_inside`, from ``runtime.simulated_phases``) are requested
-    at their offsets from the instruction's start in virtual time, while the instruction runs as its
+    Clocks inside an instruction (:meth:`schedule_inside`, from ``runtime.running.simulated_phases``) are
+    requested at their offsets from the instruction's start in virtual time, while the instruction runs as its
     ``phases`` one after another (``SimulatedGPUs.execute_sequence``), so each phase runs at the clock in
     force during it and the instruction's time and energy take in every change. An instruction without
     such clocks runs as one piece of work, which takes the same time and energy at one clock (the model is

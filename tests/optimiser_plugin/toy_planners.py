@@ -1,7 +1,7 @@
 """Toy optimisers that plan slowly or whose planner process dies, installed like ``toy_fixed_clocks``.
 
-They exercise the planner process (``runtime.planner_process``) and the session's planning phase
-(``tests/test_background_planning.py``): each runs in the planner process, never in a rank.
+They exercise the planner process (``runtime.planning_round.planner_process``) and the session's planning
+phase (``tests/test_background_planning.py``): each runs in the planner process, never in a rank.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Search results cached by job fingerprint: a rerun of the same job (and search inputs) skips the search.
 
 One JSON file per fingerprint, ``<directory>/<fingerprint>/kareus_search.json``, written atomically (as plans
-are, ``runtime/cache.py``), holding the SHA-256 of the search inputs (deadline, base clocks, budget) and the
-chosen :class:`~megatron_energy.optimisers.kareus.choices.ClassChoice` per (stage, class). A file for other
-inputs, or one that does not parse, is a miss (and is overwritten by the next store).
+are, ``runtime/planning_round/cache.py``), holding the SHA-256 of the search inputs (deadline, base clocks,
+budget) and the chosen :class:`~megatron_energy.optimisers.kareus.choices.ClassChoice` per (stage, class). A
+file for other inputs, or one that does not parse, is a miss (and is overwritten by the next store).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ The simulated GPU's time does not pass on its own (``dvfs.simulated``), so no th
 switcher hands each instruction's requests to the :class:`~megatron_energy.runtime.timing.SimulatedTimer`,
 which runs the instruction as its phases and calls each request at its offset from the instruction's start
 on the virtual clock (the simulated GPU's notion of the start); the call asks the session's controller for
-the clock (``FrequencyController.request_inside``, as the thread of ``runtime.phase_switcher`` does), and the
-simulated GPU switches one switch latency later, mid-instruction, so the instruction's time and energy take
-the change in piecewise. A request whose offset lies beyond the instruction's end is stale and not made.
-Every figure this produces is modelled.
+the clock (``FrequencyController.request_inside``, as the thread of ``runtime.running.phase_switcher`` does),
+and the simulated GPU switches one switch latency later, mid-instruction, so the instruction's time and
+energy take the change in piecewise. A request whose offset lies beyond the instruction's end is stale and
+not made. Every figure this produces is modelled.
 
 The offsets are the plan's, as on real GPUs: where the plan's phases take longer or shorter than the
 simulated GPU runs them, a clock lands off its phase's start by the difference. One known source: the phase
@@ -23,7 +23,7 @@ from functools import partial
 
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.runtime.parts import InsideController, SwitchCounts, inactive_reason
-from megatron_energy.runtime.plan_runner import InsideRequest
+from megatron_energy.runtime.running.plan_runner import InsideRequest
 from megatron_energy.runtime.timing import SimulatedTimer
 
 

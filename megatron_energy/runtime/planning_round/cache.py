@@ -13,8 +13,9 @@ Jobs sharing an ``--energy-dir`` therefore never see a partial set of files.
 The job facts hold the planning inputs apart, under :data:`PLANNING_PARTS` (mode, target, switch latency,
 phase switching, GPU spec: ``runtime.context.planning_parts``), so they are part of the fingerprint. A job
 whose folder is empty but whose profile facts match a cached run with other planning inputs is re-planned
-from that run's verified artefacts (the ``replan`` a cache is given, ``runtime.replanning.Replanner``) and
-stored in its own folder: the line says which input changed, and nothing is profiled again.
+from that run's verified artefacts (the ``replan`` a cache is given,
+``runtime.planning_round.replanning.Replanner``) and stored in its own folder: the line says which input
+changed, and nothing is profiled again.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from megatron_energy.atomic import folder_lock, write_atomically
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
-from megatron_energy.runtime.cache_manifest import (
+from megatron_energy.runtime.planning_round.cache_manifest import (
     MANIFEST_NAME,
     CacheVerificationError,
     has_cached_files,

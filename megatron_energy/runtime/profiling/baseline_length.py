@@ -4,9 +4,9 @@ Every measured saving (the energy log, the demo summary, TensorBoard/W&B scalars
 per-iteration figures under the plan against those at stock clocks (``stats.relative_change``), so the stock
 side must hold enough iterations for the interval to be narrow. The session profiles the stock clock first:
 one settling step, then the baseline steps, timed as the run phase times its steps (lagged, no device sync;
-``runtime.profiling``), then ``--energy-profile-iters`` synchronous profile steps. The baseline starts with a
-pilot of ``pilot_steps`` steps; at the pilot's last step's end (when, under the lag, the figures of all
-its steps but the last have come) each rank takes, from the pilot steps recorded so far,
+``runtime.profiling.collector``), then ``--energy-profile-iters`` synchronous profile steps. The baseline
+starts with a pilot of ``pilot_steps`` steps; at the pilot's last step's end (when, under the lag, the
+figures of all its steps but the last have come) each rank takes, from the pilot steps recorded so far,
 
 * the mean iteration time (whole iterations),
 * the observed spread: the larger coefficient of variation of its per-iteration energy and time (counter
@@ -28,7 +28,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from megatron_energy.runtime.profiling import StepRecord
+from megatron_energy.runtime.profiling.collector import StepRecord
 from megatron_energy.stats import MIN_SAMPLES_TO_RESOLVE, baseline_steps
 
 MIN_STOCK_STEPS = MIN_SAMPLES_TO_RESOLVE + 1

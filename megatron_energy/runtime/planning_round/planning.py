@@ -1,9 +1,10 @@
 """Phase 2 on rank 0: the planning replica's profile rows → ``Profile`` → the optimiser(s) → a ``Plan`` file.
 
-Rank 0 plans from the planning replica's rows (``runtime.replica_profile``; or, on a cache hit, loads the
-cached plan file) and sends every rank a :class:`PlanRelease` down the job's groups
-(``runtime.group_chain.broadcast_from_root``): the plan file's exact text and the stock-clock baseline
-measured while profiling. Every rank parses the same text, so what runs is exactly what the file says.
+Rank 0 plans from the planning replica's rows (``runtime.profiling.replica_profile``; or, on a cache hit,
+loads the cached plan file) and sends every rank a :class:`PlanRelease` down the job's groups
+(``runtime.control_plane.group_chain.broadcast_from_root``): the plan file's exact text and the stock-clock
+baseline measured while profiling. Every rank parses the same text, so what runs is exactly what the file
+says.
 
 The plan is anchored to what profiling measured at stock clocks: the profile's rows there are the measured
 instruction times and energies, and the measured iteration tail (:func:`tail_from_profiling`: the time and
@@ -28,17 +29,17 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import change_text, plan_saving, why_nothing_found
-from megatron_energy.runtime.cache import REQUIRED_ARTEFACTS, JobCache
-from megatron_energy.runtime.job_stock import JobStock
-from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
-from megatron_energy.runtime.profiling import (
+from megatron_energy.runtime.planning_round.cache import REQUIRED_ARTEFACTS, JobCache
+from megatron_energy.runtime.profiling.collector import (
     ProfileRow,
     StepRecord,
     baseline_records,
     mean_record,
     synchronised_records,
 )
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.profiling.job_stock import JobStock
+from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 NOTHING_S = 1e-9
 """A measured tail no longer than this (and using no more than ``NOTHING_J``) is no tail: rounding."""
@@ -63,8 +64,9 @@ class PlanRelease:
     was loaded from the cache, which already holds it."""
 
     measured_json: str = ""
-    """What profiling measured besides the profile and the baseline (``runtime.measured_inputs``), so the
-    cache can re-plan from it; empty when the release was loaded from the cache, which already holds it."""
+    """What profiling measured besides the profile and the baseline (``runtime.profiling.measured_inputs``),
+    so the cache can re-plan from it; empty when the release was loaded from the cache, which already holds
+    it."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class Fallback:
     profile_artefacts: dict[str, str] | None = None
     """Set when the target cannot be met from a sound profile (``errors.TargetUnreachableError``): the
     profile, the baseline and the measured inputs, for rank 0 to cache, so that the job with another target
-    plans from them without profiling (``runtime.replanning``); the reason is then rank 0's to say, once."""
+    plans from them without profiling (``runtime.planning_round.replanning``); the reason is then rank 0's to
+    say, once."""
 
 
 def profile_from_rows(
@@ -204,13 +207,13 @@ def baseline_from_profiling(
 ) -> StockBaseline:
     """The stock-clock baseline: the job's baseline steps, and each planning-replica rank's mean.
 
-    Only the steps timed as the run phase times its steps (lagged, no device sync; ``runtime.profiling``)
-    count, so every comparison with the planned windows is between steps measured the same way; the
-    synchronous profile steps are left out. The job's figures (per step, the slowest rank's time and the
-    energy of every GPU; the slowest rank's mean time) come from the reductions over every rank
-    (``runtime.job_stock``); per rank of the planning replica (``replica`` by stage, ``ranks`` their global
-    ranks), the mean energy over its baseline steps and its stage (from its profile rows). ``source`` says
-    whether the figures are measured or modelled (simulated GPUs).
+    Only the steps timed as the run phase times its steps (lagged, no device sync;
+    ``runtime.profiling.collector``) count, so every comparison with the planned windows is between steps
+    measured the same way; the synchronous profile steps are left out. The job's figures (per step, the
+    slowest rank's time and the energy of every GPU; the slowest rank's mean time) come from the reductions
+    over every rank (``runtime.profiling.job_stock``); per rank of the planning replica (``replica`` by
+    stage, ``ranks`` their global ranks), the mean energy over its baseline steps and its stage (from its
+    profile rows). ``source`` says whether the figures are measured or modelled (simulated GPUs).
     """
     means = {
         rank: mean_record(steps)
@@ -238,7 +241,7 @@ def tail_from_profiling(
 
     Its time is the slowest rank's mean (the ranks' spans end together, at the replica's pipeline end); each
     stage's energy is the mean over the ranks of that stage (peers of a stage are one GPU each, as in
-    :func:`~megatron_energy.runtime.profiling.merge_rows`) of their mean energy over it.
+    :func:`~megatron_energy.runtime.profiling.collector.merge_rows`) of their mean energy over it.
 
     Returns:
         The tail, or ``None`` when no stock step was measured, its energy is unknown (no energy counter), or

@@ -1,11 +1,12 @@
 """Job-wide collectives as chains over the job's groups: a reduction, a broadcast, one replica's gather.
 
-No group spans the world (``runtime.comms``), yet the three groups of a rank reach every rank:
+No group spans the world (``runtime.control_plane.comms``), yet the three groups of a rank reach every rank:
 
 - :func:`reduce_over` / :func:`reduce_everywhere`: a fixed-size vector reduced over the pipeline, then the
   tensor, then the data-parallel group is reduced over the whole job (max and sum alike: each link reduces
   over ranks the previous links have already combined), at the cost of the three groups' hops; the same
-  chain as stages (:func:`reduction_stages`) runs a link a step in a ``runtime.staged_exchange``;
+  chain as stages (:func:`reduction_stages`) runs a link a step in a
+  ``runtime.control_plane.staged_exchange``;
 - :func:`broadcast_from_root`: global rank 0's object goes down a tree: over the pipeline of its replica
   and tensor-parallel rank, then over each stage's data-parallel group, then over each tensor group;
 - :func:`gather_replica`: one object per stage of global rank 0's replica and tensor-parallel rank (the
@@ -19,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from megatron_energy.runtime.comms import GROUPS, Group, Pending, RankComms
-from megatron_energy.runtime.staged_exchange import Stages
+from megatron_energy.runtime.control_plane.comms import GROUPS, Group, Pending, RankComms
+from megatron_energy.runtime.control_plane.staged_exchange import Stages
 
 
 def run_at_once[T](stages: Stages[T]) -> T:

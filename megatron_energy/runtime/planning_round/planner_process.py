@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from megatron_energy.optimisers.interface import PlanningJob
     from megatron_energy.optimisers.registry import Factory
     from megatron_energy.pipeline.profile import Profile
-    from megatron_energy.runtime.planning import Fallback, PlanRelease
-    from megatron_energy.runtime.stock_baseline import StockBaseline
+    from megatron_energy.runtime.planning_round.planning import Fallback, PlanRelease
+    from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class PlannerInput:
         """
         from megatron_energy.errors import TargetUnreachableError
         from megatron_energy.optimisers import registry
-        from megatron_energy.runtime.planning import Fallback, plan_on_root, profile_artefacts
+        from megatron_energy.runtime.planning_round.planning import Fallback, plan_on_root, profile_artefacts
 
         for name, factory in self.registered.items():
             registry.register(name, factory)
@@ -67,12 +67,12 @@ class PlannerInput:
 
     def failed(self, reason: str) -> Fallback:
         """Every rank falls back to stock clocks, saying ``planning failed:`` and why."""
-        from megatron_energy.runtime.planning import Fallback
+        from megatron_energy.runtime.planning_round.planning import Fallback
 
         return Fallback(f"planning failed: {reason}")
 
     def accepts(self, outcome: object) -> bool:
         """Whether the child left a release or a fallback."""
-        from megatron_energy.runtime.planning import Fallback, PlanRelease
+        from megatron_energy.runtime.planning_round.planning import Fallback, PlanRelease
 
         return isinstance(outcome, PlanRelease | Fallback)

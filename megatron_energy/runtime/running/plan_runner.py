@@ -19,11 +19,11 @@ Phase actions (``Boundary(instruction, phase)``, named by ``pipeline.phase_label
   *launched*, backward phases run under autograd), so they are *time-anchored*:
   :meth:`PlanRunner.inside_requests` gives each instruction's requests as offsets ``at - lead`` from the
   instruction's start on the GPU, in plan order, and the session hands them with the instruction's start
-  marker to a phase switcher (``runtime.phase_switcher``: a host thread that waits for the instruction's
-  start event, then sleeps to each offset, so a request goes out up to a few ms late (sleep, GIL)
-  and then takes the NVML call's time; ``runtime.simulated_phases``: the simulated GPU's virtual clock). The
-  offsets are as the plan has them: phase starts planned from a *modelled* per-class split or a *measured*
-  kernel timeline (the label says which), at the planned clocks, not observed at run time.
+  marker to a phase switcher (``runtime.running.phase_switcher``: a host thread that waits for the
+  instruction's start event, then sleeps to each offset, so a request goes out up to a few ms late (sleep,
+  GIL) and then takes the NVML call's time; ``runtime.running.simulated_phases``: the simulated GPU's virtual
+  clock). The offsets are as the plan has them: phase starts planned from a *modelled* per-class split or a
+  *measured* kernel timeline (the label says which), at the planned clocks, not observed at run time.
 
 :meth:`PlanRunner.hook_report` says where the running point's phase actions go (the session logs it).
 """

@@ -2,18 +2,18 @@
 
 Tensor- and data-parallel peers run the same instructions of their stage, so one rank per stage says what
 the plan needs: the **planning replica** (global rank 0's replica and tensor-parallel rank,
-``runtime.group_chain.in_planning_replica``) gathers its stages' rows and stock steps on rank 0 over its
-pipeline alone, whatever the number of replicas. Every other rank takes part in three fixed-size reductions
-only (:func:`replica_profile`):
+``runtime.control_plane.group_chain.in_planning_replica``) gathers its stages' rows and stock steps on rank 0
+over its pipeline alone, whatever the number of replicas. Every other rank takes part in three fixed-size
+reductions only (:func:`replica_profile`):
 
 - per stage, over its tensor and data-parallel groups, the lowest and highest of a few summary figures
   at stock clocks (:class:`StageSpread`: the instructions' time per microbatch, the iteration time and the
   energy per iteration), which rank 0 sets against :data:`SPREAD_TOLERANCE`: a stage whose ranks differ
   more is said so in the log (the plan is made from the planning replica's rows; a slower replica is then
-  followed as a straggler, ``runtime.staged_exchange``);
+  followed as a straggler, ``runtime.control_plane.staged_exchange``);
 - over the whole job, whether any rank could not summarise its profile (every rank then falls back), and
-  the job's stock baseline steps over every GPU (``runtime.job_stock``), which the energy log compares
-  with.
+  the job's stock baseline steps over every GPU (``runtime.profiling.job_stock``), which the energy log
+  compares with.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron_energy.runtime.comms import RankComms
-from megatron_energy.runtime.group_chain import gather_replica, reduce_over
-from megatron_energy.runtime.job_stock import JobStock, job_stock, stock_vectors
-from megatron_energy.runtime.planning import Fallback
-from megatron_energy.runtime.profiling import ProfileRow, StepRecord, baseline_records, mean_record
+from megatron_energy.runtime.control_plane.comms import RankComms
+from megatron_energy.runtime.control_plane.group_chain import gather_replica, reduce_over
+from megatron_energy.runtime.planning_round.planning import Fallback
+from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord, baseline_records, mean_record
+from megatron_energy.runtime.profiling.job_stock import JobStock, job_stock, stock_vectors
 
 SPREAD_TOLERANCE = 0.05
 """Relative spread of a stage's summary figures over its ranks beyond which the log says they disagree."""

@@ -6,11 +6,11 @@ this order (:meth:`ProfileCollector.begin_step` says which kind each step is):
 
 1. **Baseline steps**, in the run phase's timing mode: lagged, no device synchronisation at the step's
    begin or end (``runtime.cuda_timer``), one energy-counter lap per step covering the whole iteration.
-   They are the stock baseline every measured change is compared with (``runtime.planning.
+   They are the stock baseline every measured change is compared with (``runtime.planning_round.planning.
    baseline_from_profiling``), so baseline and planned windows are measured the same way: a per-step sync
    leaves GPU bubbles (+1.4 % iteration time measured on an H200), which a baseline measured with syncs
    against windows measured without would print as a saving. As many as the baseline needs
-   (``runtime.baseline_length``: a pilot, then possibly more, decided once by the session).
+   (``runtime.profiling.baseline_length``: a pilot, then possibly more, decided once by the session).
 2. **Synchronous profile steps** (``steps_per_clock`` of them), like every measured step at the other
    clocks: the device is synchronised at the step's begin and end, so the counter laps separate the pipeline
    span's energy from the rest of the iteration. They alone give the profile rows and the measured
@@ -32,9 +32,9 @@ stock rows average every stock step (:meth:`ProfileCollector.rows`).
 What the pipeline span leaves out of an iteration (gradient sync, optimizer step, data loading, logging) is
 kept per synchronous step as measured (``StepRecord.outside_s`` and ``outside_j``), and its mean over the
 stock clock's synchronous steps is the measured iteration tail the plan's predictions carry
-(``runtime.planning.tail_from_profiling``). The outside phases' own durations (gradient sync, optimizer
-step, parameter all-gather, from their hooks) are read at the next synchronous step's start and kept with
-the step they followed (``StepRecord.outside_phases``), for the phase planner's tail.
+(``runtime.planning_round.planning.tail_from_profiling``). The outside phases' own durations (gradient sync,
+optimizer step, parameter all-gather, from their hooks) are read at the next synchronous step's start and
+kept with the step they followed (``StepRecord.outside_phases``), for the phase planner's tail.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A plan of the job is made from its profile (``profile.csv``), its stock baseline
 these: what the optimiser's profile request had measured, the iteration tail outside the pipeline
 instructions, the outside phases' durations, the instruction classes' phase timelines and every pipeline
 rank's DDP bucket layout. The cache keeps them as ``measured.json`` beside the others, so a changed planning
-input re-plans from the cached, verified measurements without profiling again (``runtime.replanning``).
+input re-plans from the cached, verified measurements without profiling again
+(``runtime.planning_round.replanning``).
 """
 
 from __future__ import annotations

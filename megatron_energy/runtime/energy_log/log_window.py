@@ -9,8 +9,8 @@ Each rank keeps, for the phase it runs in (``profiling``, ``planned``, ``followi
   baseline's (``stats.relative_change``).
 
 The ranks' windows are aligned on the steps every rank ran in its current phase, with energies summed over
-ranks and the slowest rank's time per iteration, as the stock baseline does (``runtime.log_aggregate``: one
-slot per iteration in fixed-size reductions). Before a
+ranks and the slowest rank's time per iteration, as the stock baseline does
+(``runtime.energy_log.log_aggregate``: one slot per iteration in fixed-size reductions). Before a
 comparison, per-iteration figures read from an energy counter are grouped into samples spanning at least
 two counter periods (``stats.iterations_per_sample``, ``stats.block_means``); the interval includes the drift
 the stock baseline shows between its halves (``stats.baseline_drift``), as everywhere a change is stated.
@@ -32,7 +32,7 @@ enough to follow what changes within a phase (a throttled GPU, drift)."""
 
 @dataclass(frozen=True)
 class RankWindow:
-    """One rank's window, as its log vectors carry it (``runtime.log_aggregate``)."""
+    """One rank's window, as its log vectors carry it (``runtime.energy_log.log_aggregate``)."""
 
     first_step: int
     """The step of the window's first iteration (0-based)."""

@@ -4,8 +4,8 @@ Every collective of the session runs over one of three groups of the job (``Grou
 **pipeline** (the stages of one replica, as one tensor-parallel rank sees them), its **tensor** group (the
 tensor- and context-parallel peers of one stage of one replica) and its **data**-parallel group (one stage's
 rank in every replica). Together the three reach every rank, so a job-wide figure is a chain of reductions
-over them (``runtime.group_chain``), and each link costs the hops of its own group, not of the world:
-``runtime.exchange_period`` models it.
+over them (``runtime.control_plane.group_chain``), and each link costs the hops of its own group, not of the
+world: ``runtime.control_plane.exchange_period`` models it.
 
 A collective's figures are a fixed-size float vector (an all-reduce: ``max`` or ``sum``), started without
 waiting (:meth:`RankComms.start_all_reduce`; ``Pending.wait`` reads it, a later step if need be), or one
@@ -16,8 +16,8 @@ data-parallel rank and the tensor-parallel rank, so every group's first rank bel
 tensor-parallel rank of global rank 0.
 
 ``TorchComms`` uses ``torch.distributed`` over the groups it is given (gloo groups of the same ranks under an
-NCCL job: ``runtime.control_plane``); ``LocalComms`` is the single-process stand-in for one-rank jobs and
-tools.
+NCCL job: ``runtime.control_plane.gloo_groups``); ``LocalComms`` is the single-process stand-in for one-rank
+jobs and tools.
 """
 
 from __future__ import annotations

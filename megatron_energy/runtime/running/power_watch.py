@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megatron_energy.plan import PlanPoint
-from megatron_energy.runtime.energy_log import JobInterval
+from megatron_energy.runtime.energy_log.energy_line import JobInterval
 from megatron_energy.stats import MeanInterval, Source, block_means, iterations_per_sample, mean_interval
 from megatron_energy.target import EnergyTarget
 
@@ -100,7 +100,7 @@ def with_power_budget(
     """The energy log line and scalars with the power-budget figure appended (unchanged without a window).
 
     Args:
-        line: The energy line (``runtime.energy_log.format_energy_line``).
+        line: The energy line (``runtime.energy_log.energy_line.format_energy_line``).
         scalars: Its scalars.
         job: The interval over every GPU of the job, as the line was made from.
         target: The ``power`` target.

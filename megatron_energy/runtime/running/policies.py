@@ -18,10 +18,10 @@ class StragglerPolicy:
     """Decides the pace the data-parallel replicas should plan for.
 
     Every replica contributes one number to each exchange of paces (every K steps,
-    ``runtime.staged_exchange.pace_stages``), a max over the data-parallel group: its measured intrinsic
-    iteration time when it runs more than ``tolerance`` slower than its current plan predicts (an extrinsic
-    slowdown: throttling, a slow node), else the nominal plan time. The maximum is the pace of the slowest
-    replica; the others move to the frontier point at that pace, and back once it recovers.
+    ``runtime.control_plane.staged_exchange.pace_stages``), a max over the data-parallel group: its measured
+    intrinsic iteration time when it runs more than ``tolerance`` slower than its current plan predicts (an
+    extrinsic slowdown: throttling, a slow node), else the nominal plan time. The maximum is the pace of the
+    slowest replica; the others move to the frontier point at that pace, and back once it recovers.
 
     Args:
         nominal_time_s: The iteration time of the plan chosen for the target (predicted).
@@ -141,7 +141,7 @@ class SafetyNet:
             measured_s: The step's iteration time.
             target_s: The time the plan is allowed to take.
             power_w: The step's average power on this GPU, when a power budget applies (NaN: unknown).
-            allowed_w: The power this GPU may draw under the budget (``runtime.power_watch``).
+            allowed_w: The power this GPU may draw under the budget (``runtime.running.power_watch``).
             noise_s: Standard deviation of a stock step's iteration time (0: unknown).
             hold: A streak that reaches the patience does not trip yet: :meth:`confirm` trips it once the
                 replicas' exchange says the other replicas are slow too (else :meth:`excuse` ends it).

@@ -1,9 +1,9 @@
 """The energy log line: J/iteration per stage and in total, measured next to predicted, and the change.
 
-Each rank keeps its own per-step figures (``runtime.log_window``); at a log interval each rank's
+Each rank keeps its own per-step figures (``runtime.energy_log.log_window``); at a log interval each rank's
 ``StageEnergy`` is reduced over the job into one :class:`JobInterval` on every rank
-(``runtime.log_aggregate``: fixed-size vectors, no gather); rank 0 formats and prints the line and, with
-``--energy-log-file``, appends its scalars to a JSON-lines file (:func:`append_record`,
+(``runtime.energy_log.log_aggregate``: fixed-size vectors, no gather); rank 0 formats and prints the line
+and, with ``--energy-log-file``, appends its scalars to a JSON-lines file (:func:`append_record`,
 :func:`read_records`); a rank with metric writers (TensorBoard / W&B, on Megatron's last rank) formats the
 same scalars from the same figures and writes them.
 
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.runtime.log_window import RankWindow, block_size, compare_to_stock
+from megatron_energy.runtime.energy_log.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
 
 
 @dataclass(frozen=True)
 class StageEnergy:
-    """One rank's figures for a log line (``runtime.log_aggregate`` reduces them over the job)."""
+    """One rank's figures for a log line (``runtime.energy_log.log_aggregate`` reduces them over the job)."""
 
     stage: int
     """Pipeline stage of the rank."""
@@ -100,7 +100,7 @@ def format_energy_line(
         phase: ``profiling``, ``planned``, ``following straggler`` or ``stock (safety net)``.
         stock: The stock baseline's iterations, once measured.
         first_iteration: The interval's first iteration, when the line names the range it covers (a line
-            of a staged exchange that covers several log intervals, ``runtime.energy_logger``).
+            of a staged exchange that covers several log intervals, ``runtime.energy_log.energy_logger``).
 
     Returns:
         The line, and ``{scalar name: value}`` for metric writers.

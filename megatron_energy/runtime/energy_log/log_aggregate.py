@@ -1,15 +1,15 @@
 """The energy line's job-wide figures from two fixed-size vectors per rank, reduced over the job's groups.
 
-At a log interval each rank turns its figures (``runtime.energy_log.StageEnergy``) into a vector for a sum
-and one for a max (:func:`interval_vectors`), of a size set by the pipeline's stages and the window's
-length (``runtime.log_window.WINDOW_ITERS``), never by the number of ranks:
+At a log interval each rank turns its figures (``runtime.energy_log.energy_line.StageEnergy``) into a vector
+for a sum and one for a max (:func:`interval_vectors`), of a size set by the pipeline's stages and the
+window's length (``runtime.energy_log.log_window.WINDOW_ITERS``), never by the number of ranks:
 
 - summed: the interval's mean energy in its stage's slot (so each slot sums the stage's GPUs), the
   prediction and a count of the GPUs that have one, and per window slot (one per iteration up to the line's
   own) the iteration's energy and a count of the GPUs whose window holds it, and one GPU;
 - maxed: the interval's mean iteration time and, per window slot, the iteration's time.
 
-Reduced over every rank (``runtime.group_chain.reduce_over``), they give every rank the same
+Reduced over every rank (``runtime.control_plane.group_chain.reduce_over``), they give every rank the same
 :class:`JobInterval` (:func:`job_interval`): the window holds the iterations every GPU's window holds, with
 energy summed over the GPUs and the slowest GPU's time, as the stock baseline does.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from megatron_energy.runtime.energy_log import JobInterval, StageEnergy
-from megatron_energy.runtime.log_window import WINDOW_ITERS
+from megatron_energy.runtime.energy_log.energy_line import JobInterval, StageEnergy
+from megatron_energy.runtime.energy_log.log_window import WINDOW_ITERS
 
 
 def interval_vectors(rank: StageEnergy, stages: int, last_step: int) -> tuple[list[float], list[float]]:

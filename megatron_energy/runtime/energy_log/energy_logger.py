@@ -1,22 +1,23 @@
 """One rank's part of the energy log: its phase window, the job's reductions, the line, scalars and records.
 
 Every ``log_interval`` steps each rank puts its interval means and its window of the current phase
-(``runtime.log_window``) into two fixed-size vectors, reduced over the job's pipeline, tensor and
-data-parallel groups (``runtime.log_aggregate``, ``runtime.group_chain.reduction_stages``: a sum and a max in
-flight together over each group, no gather, no broadcast): every rank then holds the job's interval. Rank 0
-formats the line (``runtime.energy_log``), prints it and appends the record to ``--energy-log-file``; a rank
-with metric writers (Megatron keeps its TensorBoard and W&B writers on the last rank) formats the same
-scalars from the same figures and writes them, so nothing is sent to it but the reductions' results.
+(``runtime.energy_log.log_window``) into two fixed-size vectors, reduced over the job's pipeline, tensor and
+data-parallel groups (``runtime.energy_log.log_aggregate``,
+``runtime.control_plane.group_chain.reduction_stages``: a sum and a max in flight together over each group,
+no gather, no broadcast): every rank then holds the job's interval. Rank 0 formats the line
+(``runtime.energy_log.energy_line``), prints it and appends the record to ``--energy-log-file``; a rank with
+metric writers (Megatron keeps its TensorBoard and W&B writers on the last rank) formats the same scalars
+from the same figures and writes them, so nothing is sent to it but the reductions' results.
 
-How the reductions run depends on what they cost (``runtime.exchange_period``, modelled): when the chain over
-the three groups costs at most one exchange's share of the control plane's budget per step
+How the reductions run depends on what they cost (``runtime.control_plane.exchange_period``, modelled): when
+the chain over the three groups costs at most one exchange's share of the control plane's budget per step
 (``EXCHANGE_BUDGET_S``, 0.5 ms), it runs at the interval's end and the line follows at once. On a larger job
 (e.g. 16,384 ranks: 22 ms) the training thread never waits for it: the chain runs as a staged exchange
-(``runtime.staged_exchange``), one link a step, begun at an interval's end at most every K steps, and the
-line is printed when its last link completes (a few steps later, naming the iteration its interval ended
-at). An interval's end that comes before K steps have passed begins nothing: its steps join the next
-interval, and that line names the iterations it covers. No collective runs at close: rank 0 says which
-iterations no line covered.
+(``runtime.control_plane.staged_exchange``), one link a step, begun at an interval's end at most every K
+steps, and the line is printed when its last link completes (a few steps later, naming the iteration its
+interval ended at). An interval's end that comes before K steps have passed begins nothing: its steps join
+the next interval, and that line names the iterations it covers. No collective runs at close: rank 0 says
+which iterations no line covered.
 """
 
 from __future__ import annotations
@@ -26,9 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.runtime.comms import GROUPS, RankComms
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.energy_log import (
+from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
+from megatron_energy.runtime.control_plane.exchange_period import (
+    EXCHANGE_BUDGET_S,
+    exchange_cost_s,
+    exchange_period,
+)
+from megatron_energy.runtime.control_plane.group_chain import reduction_stages, run_at_once
+from megatron_energy.runtime.control_plane.staged_exchange import StagedExchange, Stages
+from megatron_energy.runtime.energy_log.energy_line import (
     EnergyRecord,
     StageEnergy,
     StockSamples,
@@ -37,14 +45,11 @@ from megatron_energy.runtime.energy_log import (
     publish,
     write_scalars,
 )
-from megatron_energy.runtime.exchange_period import EXCHANGE_BUDGET_S, exchange_cost_s, exchange_period
-from megatron_energy.runtime.group_chain import reduction_stages, run_at_once
-from megatron_energy.runtime.log_aggregate import interval_vectors, job_interval
-from megatron_energy.runtime.log_window import PhaseWindow
-from megatron_energy.runtime.power_watch import with_power_budget
-from megatron_energy.runtime.staged_exchange import StagedExchange, Stages
+from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
+from megatron_energy.runtime.energy_log.log_window import PhaseWindow
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
+from megatron_energy.runtime.running.power_watch import with_power_budget
 from megatron_energy.runtime.step_figures import StepFigures
-from megatron_energy.runtime.stock_baseline import StockBaseline
 from megatron_energy.stats import Source
 from megatron_energy.target import EnergyTarget
 
@@ -87,7 +92,7 @@ class EnergyLogger:
     Attributes:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
         power_target: ``--energy-target`` when it is a power budget: the line then shows the measured power
-            per GPU against it (``runtime.power_watch``); ``None`` otherwise.
+            per GPU against it (``runtime.running.power_watch``); ``None`` otherwise.
         job: The job's fingerprint, written into every record (``EnergyRecord.job``).
     """
 

@@ -4,14 +4,14 @@ An NCCL collective, even of a few bytes, is queued on the GPU's compute stream a
 the host, so the host would wait for every kernel queued before it. Under a gloo job (CPU) the job's own
 groups already are CPU groups and are used as they are. Under an NCCL job each rank creates, once, at the
 session's start, a gloo group of the same ranks as each of its three job groups of more than one rank
-(``runtime.comms``: pipeline, tensor, data): ``new_group(..., use_local_synchronization=True)``, so only the
-group's own ranks take part in creating it (no world-wide barrier, no gloo group of the world, ~3 groups per
-rank whatever the job's size; every rank creates them in the same order, which keeps torch's group names
-consistent). A rank tries every one of its groups even after one failed, so it never leaves the peers of
-the next waiting (a creation whose peer never comes fails after the process group's timeout). Whether
-every rank succeeded is then agreed on in one small reduction over the job's own groups; if any rank
-failed, every rank uses the job's groups and says so once, so no two ranks ever talk over different
-communicators.
+(``runtime.control_plane.comms``: pipeline, tensor, data): ``new_group(...,
+use_local_synchronization=True)``, so only the group's own ranks take part in creating it (no world-wide
+barrier, no gloo group of the world, ~3 groups per rank whatever the job's size; every rank creates them in
+the same order, which keeps torch's group names consistent). A rank tries every one of its groups even after
+one failed, so it never leaves the peers of the next waiting (a creation whose peer never comes fails after
+the process group's timeout). Whether every rank succeeded is then agreed on in one small reduction over the
+job's own groups; if any rank failed, every rank uses the job's groups and says so once, so no two ranks ever
+talk over different communicators.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from megatron_energy.runtime.comms import GROUPS, Group, TorchComms
-from megatron_energy.runtime.group_chain import reduce_everywhere
+from megatron_energy.runtime.control_plane.comms import GROUPS, Group, TorchComms
+from megatron_energy.runtime.control_plane.group_chain import reduce_everywhere
 
 
 def control_plane_comms(

@@ -2,12 +2,12 @@
 
 One read of NVML's total-energy counter takes about 4 ms of host time on an H200 (measured,
 ``README.md``, *What it costs*), once per step at the step's end. On the launcher path the in-process
-overhead check (``runtime.overhead_check``) measured the plugin's host time as the iteration's slowdown, so
-the read is not always hidden behind queued GPU work. :class:`MeterThread` owns the meter and reads it on one
-worker thread, in the order the laps are asked for (a single-worker executor); the training thread only
-queues the lap (:meth:`MeterThread.lap_later`) and collects the window when the step's lagged timing comes,
-one step later. The NVML call releases the GIL (ctypes), so the read overlaps the training thread's work.
-The lap's timestamps are those of the read, a few µs after it was asked for.
+overhead check (``runtime.energy_log.overhead_check``) measured the plugin's host time as the iteration's
+slowdown, so the read is not always hidden behind queued GPU work. :class:`MeterThread` owns the meter and
+reads it on one worker thread, in the order the laps are asked for (a single-worker executor); the training
+thread only queues the lap (:meth:`MeterThread.lap_later`) and collects the window when the step's lagged
+timing comes, one step later. The NVML call releases the GIL (ctypes), so the read overlaps the training
+thread's work. The lap's timestamps are those of the read, a few µs after it was asked for.
 
 Simulated GPUs keep their reads on the caller's thread (``synchronous``): their counter is virtual and
 advances with the work the training thread's hooks emulate, so a read must land exactly where it is asked

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from megatron_energy.dvfs.model import GpuPowerModel, fit_work_profile
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.runtime.profiling import ProfileRow
+from megatron_energy.runtime.profiling.collector import ProfileRow
 
 
 def extrapolate_rows(

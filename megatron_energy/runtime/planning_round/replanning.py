@@ -2,7 +2,7 @@
 
 :func:`planning_job` is the one place the session's ``PlanningJob`` is put together: the job's orders, the
 planning inputs (target, the GPU spec and its switch latency) and the measurements
-(:class:`~megatron_energy.runtime.measured_inputs.MeasuredInputs`). The session plans with it after
+(:class:`~megatron_energy.runtime.profiling.measured_inputs.MeasuredInputs`). The session plans with it after
 profiling; :class:`Replanner` plans with it from a cached run of the same job whose planning inputs differ
 (``JobCache.load`` finds that run and asks), so a changed target, mode, switch latency, phase switching or GPU
 spec costs a plan, not a profile.
@@ -22,9 +22,9 @@ from megatron_energy.optimisers.interface import Optimiser, PlanningJob, Profile
 from megatron_energy.pipeline.collectives import CollectiveWorkload
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.runtime.context import JobContext
-from megatron_energy.runtime.measured_inputs import MEASURED_NAME, MeasuredInputs
-from megatron_energy.runtime.planning import plan_on_root, release_artefacts
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.planning_round.planning import plan_on_root, release_artefacts
+from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 
 def planning_job(

@@ -1,12 +1,12 @@
 """A job-wide exchange spread over steps: one link of a chain of reductions per step, one exchange every K.
 
 A per-step exchange the size of the world would cost every step more than the iteration at 16k ranks
-(``runtime.exchange_period``). :class:`StagedExchange` runs an exchange as a chain of all-reduces over the
-job's groups (``runtime.comms``), one link per step: a link is started without waiting at one step's end and
-read at the next one's, when gloo has long completed it on its own threads, and the next link starts there.
-A link over a group of one rank runs no collective and does not take a step. A new exchange begins every
-``period`` steps (K), and never before the previous one has completed (K is at least an exchange's steps),
-so each group carries at most one collective every K steps.
+(``runtime.control_plane.exchange_period``). :class:`StagedExchange` runs an exchange as a chain of
+all-reduces over the job's groups (``runtime.control_plane.comms``), one link per step: a link is started
+without waiting at one step's end and read at the next one's, when gloo has long completed it on its own
+threads, and the next link starts there. A link over a group of one rank runs no collective and does not take
+a step. A new exchange begins every ``period`` steps (K), and never before the previous one has completed (K
+is at least an exchange's steps), so each group carries at most one collective every K steps.
 
 An exchange is a generator (:data:`Stages`): it yields each link's ``Pending`` and receives its result, and
 returns its outcome. Every rank calls :meth:`StagedExchange.step` at the same steps, so every rank starts
@@ -17,8 +17,8 @@ each link at the same step and takes the outcome at the same step. The session r
   straggler policy over the data-parallel group (max and min in one max);
 - :func:`any_rank_stages`, while planning runs in the background: whether every rank has read its kernel
   timelines (whether any rank has not), then whether rank 0 has the planner's outcome (a max over the three
-  groups), after which every rank receives it down a tree (``runtime.group_chain.broadcast_from_root``) and
-  adopts it at the same step.
+  groups), after which every rank receives it down a tree
+  (``runtime.control_plane.group_chain.broadcast_from_root``) and adopts it at the same step.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
-from megatron_energy.runtime.comms import GROUPS, Pending, RankComms
+from megatron_energy.runtime.control_plane.comms import GROUPS, Pending, RankComms
 
 type Stages[T] = Generator[Pending, list[float], T]
 """An exchange: yields each link's started all-reduce, receives its result, returns the outcome."""
@@ -36,7 +36,8 @@ class StagedExchange[T]:
     """Runs one exchange at a time, a link per step, a new one every ``period`` steps.
 
     Args:
-        period: Steps between the starts of two exchanges (K, ``runtime.exchange_period``); at least 1.
+        period: Steps between the starts of two exchanges (K, ``runtime.control_plane.exchange_period``); at
+        least 1.
     """
 
     def __init__(self, period: int) -> None:
@@ -85,7 +86,7 @@ class StagedExchange[T]:
 
 @dataclass(frozen=True)
 class PaceVerdict:
-    """What one exchange of the replicas' paces found (``runtime.policies.StragglerPolicy``)."""
+    """What one exchange of the replicas' paces found (``runtime.running.policies.StragglerPolicy``)."""
 
     step: int
     """The step whose spans the exchange compared (it completes a few steps later)."""

@@ -10,7 +10,7 @@ energy (:data:`TIME_TARGET`, :data:`ENERGY_TARGET`). On simulated GPUs both side
 say there is nothing to check instead of setting the model against itself.
 
 Per stage, the measured energy is the mean over the ranks of that stage (the plan counts one GPU per stage,
-as ``runtime.profiling.merge_rows`` does); in total, the sum over stages. The measured figures' 95 %
+as ``runtime.profiling.collector.merge_rows`` does); in total, the sum over stages. The measured figures' 95 %
 intervals come from the per-step samples (:func:`megatron_energy.stats.mean_interval`).
 
 The job report prints :func:`comparison_lines` in its "model vs measured at stock clocks" section and the
@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 from megatron_energy.plan import Plan
-from megatron_energy.runtime.stock_baseline import StockBaseline
+from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.stats import mean_interval
 
 TIME_TARGET = 0.03

@@ -2,10 +2,10 @@
 
 On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
 between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
-around the recorded step that ends each profiled clock's block (``runtime.profiling``; the stock clock's alone
-when clocks are not set: a dry run) and never in the run phase; each instruction is a ``record_function``
-range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and synthetic traces)
-turns the Chrome trace into phases per instruction class: the kernels of each range
+around the recorded step that ends each profiled clock's block (``runtime.profiling.collector``; the stock
+clock's alone when clocks are not set: a dry run) and never in the run phase; each instruction is a
+``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
+synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
 (``pipeline.kineto_trace.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
 (``pipeline.phase_timeline.group_phases``); of an instruction class's instances (microbatches, steps), the
 one of median length speaks for it. Times are measured (kernel start and duration at the stock clock); each
@@ -16,7 +16,7 @@ spec's model (all compute-bound, all memory-bound or fixed); what the phase plan
 modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
 (``pipeline.modelled_phases``). The step recorded under the profiler runs slower than the others (the
 profiler's work on every kernel launch), so its instruction times and energy feed the phase timelines only,
-never the profile rows or the stock baseline (``runtime.profiling``).
+never the profile rows or the stock baseline (``runtime.profiling.collector``).
 
 Off the training thread: when the profiler stops, the training thread only has it write its Chrome trace to a
 file (Kineto's own writer); reading the traces and turning them into phases (:class:`TimelineReading`) runs in

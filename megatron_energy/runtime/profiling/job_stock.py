@@ -1,13 +1,13 @@
 """The job's stock baseline steps over every GPU, from fixed-size reductions rather than a world gather.
 
 The log compares each window of the job's iterations (energy summed over every GPU, the slowest GPU's time)
-with the stock baseline's steps measured the same way (``runtime.stock_baseline.StockBaseline``). Each rank
-puts its baseline steps (``runtime.profiling.baseline_records``) into two vectors of the agreed number of
-baseline steps (:func:`stock_vectors`): times and the negated count into a max, energies into a sum; the
-reductions over the job's groups (``runtime.group_chain``) give every rank the job's steps
-(:func:`job_stock`): per step, the slowest rank's time and the energy of every rank, over the steps every
-rank with baseline steps measured, and the slowest rank's mean time. The vectors' size depends on the
-baseline's length, never on the number of ranks.
+with the stock baseline's steps measured the same way (``runtime.profiling.stock_baseline.StockBaseline``).
+Each rank puts its baseline steps (``runtime.profiling.collector.baseline_records``) into two vectors of the
+agreed number of baseline steps (:func:`stock_vectors`): times and the negated count into a max, energies
+into a sum; the reductions over the job's groups (``runtime.control_plane.group_chain``) give every rank the
+job's steps (:func:`job_stock`): per step, the slowest rank's time and the energy of every rank, over the
+steps every rank with baseline steps measured, and the slowest rank's mean time. The vectors' size depends on
+the baseline's length, never on the number of ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from megatron_energy.runtime.profiling import StepRecord, baseline_records, mean_record
+from megatron_energy.runtime.profiling.collector import StepRecord, baseline_records, mean_record
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 The model (fitted by ``lab/bench_control_plane.py`` over gloo): an all-reduce of a few floats over a
 group of ``n`` ranks takes ``2 (n - 1)`` hops (``all_reduce_hops``), each of ``hop_s``; an exchange over the
-job's groups (``runtime.staged_exchange``) costs the sum over its links. The rule for K:
+job's groups (``runtime.control_plane.staged_exchange``) costs the sum over its links. The rule for K:
 
 - each link is read one step after it starts, so it must complete within an iteration: a link longer than
   ``iteration_s`` is read ``ceil(link / iteration_s)`` steps later, and an exchange takes the sum of its
   links' steps (its *cycle*); K is at least the cycle, so exchanges never overlap;
 - the control plane's modelled cost amortised over the steps is at most ``BUDGET_S`` (1 ms a step), shared
   by the ``EXCHANGES`` exchanges a run-phase step may carry (the replicas' paces and the energy line,
-  ``runtime.energy_logger``): K is at least ``ceil(cost / (BUDGET_S / EXCHANGES))``.
+  ``runtime.energy_log.energy_logger``): K is at least ``ceil(cost / (BUDGET_S / EXCHANGES))``.
 
 So ``K = max(cycle, ceil(cost / EXCHANGE_BUDGET_S))``. Every rank computes the same K from the same figures
 (the group sizes, and an iteration time every rank holds: the plan's, or the job's stock one).

@@ -1,16 +1,16 @@
 """``PhaseSwitcher``: clocks of phases inside an instruction, anchored to the instruction's start on the GPU.
 
-A phase inside an instruction has no host hook (``runtime.plan_runner``), so its clock is requested by time.
-At an instruction's start hook the session hands the switcher the instruction's start marker (the CUDA event
-the timer recorded on the current stream: the GPU's arrival at the instruction) and the instruction's
-requests (``PlanRunner.inside_requests``: offsets from that start). One background thread per rank, a
-daemon started at the first instruction with phase clocks, takes the instructions in order: it waits until
-the start event has completed (``event.synchronize()``, which releases the GIL; on a GPU the switcher records
-its own anchor beside the timer's, a blocking-sync CUDA event (``anchor_event``), so the thread sleeps in the
-driver instead of spinning a core or polling for the GIL while the host runs ahead), takes that moment as
-the anchor, then for each request sleeps until ``anchor + offset`` in one wait and asks the session's
-``FrequencyController`` for the clock (``request_inside``: the controller applies it, or records it in a dry
-run, under the same lock as every other clock change).
+A phase inside an instruction has no host hook (``runtime.running.plan_runner``), so its clock is requested
+by time. At an instruction's start hook the session hands the switcher the instruction's start marker (the
+CUDA event the timer recorded on the current stream: the GPU's arrival at the instruction) and the
+instruction's requests (``PlanRunner.inside_requests``: offsets from that start). One background thread per
+rank, a daemon started at the first instruction with phase clocks, takes the instructions in order: it waits
+until the start event has completed (``event.synchronize()``, which releases the GIL; on a GPU the switcher
+records its own anchor beside the timer's, a blocking-sync CUDA event (``anchor_event``), so the thread
+sleeps in the driver instead of spinning a core or polling for the GIL while the host runs ahead), takes that
+moment as the anchor, then for each request sleeps until ``anchor + offset`` in one wait and asks the
+session's ``FrequencyController`` for the clock (``request_inside``: the controller applies it, or records it
+in a dry run, under the same lock as every other clock change).
 
 **Few wake-ups.** The thread wakes once per instruction start and once per request, never in between: it
 does not poll, and it asks the instruction's end marker only when a request's time has come. Every torch
@@ -18,8 +18,8 @@ operation the training thread launches releases the GIL and takes it back, so a 
 work competes with the launches, and CUDA calls from another thread can contend with them in the driver
 (on an H200, a thread recording and querying an event every millisecond beside a launch-bound loop made
 its launches 14-21x slower; one querying one event every 5 ms, or sleeping in 1-5 ms steps, changed
-nothing measurable; ``runtime.host_cost`` counts this thread's CPU time per step). A wait ends early only
-when the session cancels or closes the switcher.
+nothing measurable; ``runtime.energy_log.host_cost`` counts this thread's CPU time per step). A wait ends
+early only when the session cancels or closes the switcher.
 
 Ordering: the session also gives the switcher each instruction's end marker (its end event). A request whose
 instruction has ended on the GPU is *stale* and dropped, checked (one event query) under the controller's
@@ -57,7 +57,7 @@ from megatron_energy.dvfs.controller import BoundaryEvent
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plugin_threads import register_current_thread
 from megatron_energy.runtime.parts import InsideController, SwitchCounts, inactive_reason
-from megatron_energy.runtime.plan_runner import InsideRequest
+from megatron_energy.runtime.running.plan_runner import InsideRequest
 
 
 @dataclass
