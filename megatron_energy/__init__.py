@@ -15,9 +15,11 @@ command layer imports a concrete optimiser):
    the commands read).
 4. ``megatron/``: the only room that imports ``megatron.*``: hooks, executed pipeline orders, refused modes,
    patches.
-3. ``runtime/`` (the session and its parts: profiling, cache, collectives, plan runner, energy log) and
-   ``dvfs/`` (GPU backends, controller, guard, lease, meter, simulated GPUs; the only room importing zeus and
-   pynvml).
+3. ``runtime/``: the session, a thin dispatcher of Megatron's schedule events over one explicit phase,
+   and its rooms: ``profiling/``, ``planning_round/`` (cache, planner process, one decision every rank
+   takes), ``running/`` (plan runner, phase switcher, run guard), ``energy_log/``, with ``control_plane/``
+   (the session's own collectives) shared by all; and ``dvfs/`` (GPU backends, controller, guard, lease,
+   meter, simulated GPUs; the only room importing zeus and pynvml).
 2. ``optimisers/``: the interface (``optimisers.interface``), ``--energy-mode`` (``optimisers.registry``,
    ``optimisers.composition`` for ``all``) and the concrete optimisers ``optimisers/perseus/`` (clock per
    instruction), ``optimisers/kareus/`` (collectives) and ``optimisers/kernel/`` (clock per phase), each a

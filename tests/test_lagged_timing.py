@@ -303,10 +303,10 @@ def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_pha
 ) -> None:
     session, lines = _session(tmp_path, device, planning="auto")  # CUDA events: in the background
     checked: list[str] = []  # the phase of every step the safety net was given
-    check_safety = session._check_safety
+    check_safety = session.run_guard.check_safety
     monkeypatch.setattr(
-        session,
-        "_check_safety",
+        session.run_guard,
+        "check_safety",
         lambda figures, alone, at, phase: checked.append(phase) or check_safety(figures, alone, at, phase),
     )
     step = _profile(session, device)
@@ -360,9 +360,9 @@ class _FailedSwitcher:
 def test_a_phase_switching_error_turns_it_off_with_a_log_line_and_training_goes_on(tmp_path, device):
     session, lines = _session(tmp_path, device)
     switcher = _FailedSwitcher()
-    session.phase_switcher = switcher
+    session.state.phase_switcher = switcher
     _run_step(session, device, 0)
-    assert switcher.closed and session.phase_switcher is None
+    assert switcher.closed and session.state.phase_switcher is None
     assert (
         "[energy] rank 0: phase switching turned off (OSError: NVML: insufficient permissions); training "
         "continues at the instruction clocks"

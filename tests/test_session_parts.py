@@ -791,7 +791,7 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
     session, timer, comms, controller, lines = _session(tmp_path)
     step = _profile_and_plan(session)
     assert session.baseline.iteration_s == pytest.approx(0.030)
-    nominal_s = session.straggler.nominal_time_s
+    nominal_s = session.run_guard.straggler.nominal_time_s
     # two replicas of one stage, 30 ms iterations: the modelled exchange is cheap, so one begins every step
     # and its verdict comes at the next step's end
     assert sum("exchange their pace every 1 step(s)" in line for line in lines) == 1

@@ -28,7 +28,9 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from megatron_energy.runtime.profiling.collector import StepRecord
+from megatron_energy.runtime.control_plane.comms import RankComms
+from megatron_energy.runtime.control_plane.group_chain import reduce_everywhere
+from megatron_energy.runtime.profiling.collector import ProfileCollector, StepRecord
 from megatron_energy.stats import MIN_SAMPLES_TO_RESOLVE, baseline_steps
 
 MIN_STOCK_STEPS = MIN_SAMPLES_TO_RESOLVE + 1
@@ -80,3 +82,20 @@ def _variation(values: Sequence[float]) -> float:
     """Coefficient of variation (sample standard deviation over the mean); 0 for a non-positive mean."""
     mean = statistics.fmean(values)
     return statistics.stdev(values) / mean if mean > 0 else 0.0
+
+
+def agree_stock_steps(collector: ProfileCollector, comms: RankComms, period_s: float) -> None:
+    """At the pilot's last step's end, every rank agrees on how many baseline steps to measure (the max).
+
+    Under the lag the pilot's last step is not recorded yet: the decision uses the steps that are.
+    ``period_s`` is the energy counter's period (0 where energies are exact). A rank that cannot tell keeps
+    the pilot; the others decide.
+    """
+    try:
+        mine = stock_steps_needed(
+            collector.baseline_steps(), period_s, collector.steps_per_clock, collector.stock_begun
+        )
+    except Exception:  # a rank that cannot tell keeps the pilot; the others decide
+        mine = collector.stock_iters
+    (agreed,) = reduce_everywhere(comms, [float(mine)])
+    collector.set_stock_steps(int(agreed))
