@@ -12,7 +12,7 @@ through its stage's executed order step after step. Each rank talks through a :c
   the object once per peer), as the job's identical replicas and tensor peers would;
 - every collective is recorded (:class:`Collective`): its kind, group, group size, the bytes this rank
   sends and receives in it (:func:`moved_bytes`), the step and the phase the step began in, and which of the
-  package's modules asked for it (its origin).
+  package's modules asked for it (its origin: the module's own name).
 
 A started all-reduce over a group of more than one rank is a message, read no sooner than the next step
 (like gloo's), so the session's exchanges take their steps as on a real job. The simulated timer's own
@@ -173,7 +173,7 @@ class RecordingComms:
         while frame is not None:
             module = frame.f_globals.get("__name__", "")
             if module.startswith("megatron_energy.") and module not in PASS_THROUGH:
-                origin = module.removeprefix("megatron_energy.runtime.")
+                origin = module.rsplit(".", 1)[-1]  # module names are unique in the package
                 break
             frame = frame.f_back
         size, first = self.size(group), self.rank(group) == 0
