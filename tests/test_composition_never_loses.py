@@ -27,7 +27,7 @@ from megatron_energy.target import parse_target
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 DEMO_LIKE = EXAMPLES / "gpt3-xl-pp4-h100.yaml"  # GPT-3 1.3B stage work, PP=4 on H100: the demo's job
 FAST = SearchBudget(trials=1)
-POINTS = 8
+POINTS = 3
 
 
 @pytest.mark.parametrize("target", ["iso-time", "slowdown:0.05"])

@@ -158,7 +158,7 @@ def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> 
 
 @pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
 def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: Path) -> None:
-    comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2), points=8)
+    comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2), points=3)
     perseus, both = comparison.row("perseus"), comparison.row("all")
     assert both.iteration_time_s <= both.deadline_s * (1 + 1e-9)
     assert both.total_energy_j < 0.97 * perseus.total_energy_j
@@ -171,7 +171,18 @@ def test_simulate_compare_prints_every_mode_as_modelled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = tmp_path / "all.json"
-    argv = ["simulate", "--config", str(EXAMPLE_7B), "--compare", "--trials", "1", "--trace", str(trace)]
+    argv = [
+        "simulate",
+        "--config",
+        str(EXAMPLE_7B),
+        "--compare",
+        "--trials",
+        "1",
+        "--points",
+        "3",
+        "--trace",
+        str(trace),
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for mode in ("stock", "perseus", "kareus", "all"):

@@ -24,6 +24,7 @@ from megatron_energy.commands.arguments import fail, output_file, plain_text, re
 from megatron_energy.commands.comparison_output import comparison_label, print_comparison
 from megatron_energy.commands.latency_sweep import HEADER, example_jobs, latencies_argument, sweep_job
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
+from megatron_energy.config import positive_int
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Instruction
@@ -65,9 +66,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--trials",
-        type=int,
+        type=positive_int,
         default=24,
         help="with --compare: Kareus's model-priced search trials per pipeline stage (default 24)",
+    )
+    parser.add_argument(
+        "--points",
+        type=positive_int,
+        default=40,
+        help="with --compare: deadlines in Perseus's frontier sweep, each made executable under the switch "
+        "latency (default 40; fewer plan faster, and the target point may move slightly)",
     )
     parser.add_argument(
         "--trace", type=output_file, help="write a Chrome/Perfetto trace JSON of the iteration here"
@@ -149,7 +157,7 @@ def _run_comparison(args: argparse.Namespace, console: Console) -> int:
         return fail("simulate", ValueError("--compare plans the job itself; drop --plan"))
     try:
         job = JobConfig.load(args.config)
-        comparison = compare_optimisers(job, SearchBudget(trials=args.trials))
+        comparison = compare_optimisers(job, SearchBudget(trials=args.trials), points=args.points)
     except (JobConfigError, PlanError, ValueError, OSError) as error:
         return fail("simulate", error)
     print_comparison(console, comparison)
