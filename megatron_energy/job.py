@@ -54,8 +54,9 @@ from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
-from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
+from megatron_energy.pipeline.modelled_phases import layer_pattern
+from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
@@ -283,6 +284,7 @@ class JobConfig:
             collectives=workload,
             gpu=spec,
             layers_per_chunk=workload.layers_per_chunk,
+            layer_pattern=layer_pattern(self.shape, spec),
         )
 
     def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:

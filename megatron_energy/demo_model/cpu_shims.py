@@ -12,7 +12,8 @@ nothing on the library's import path does. Each shim names the megatron-core 0.1
 
 :func:`install_moe_cpu_shims` (MoE models only) stands a no-op CPU stream in for CUDA streams and events:
 ``transformer/moe/token_dispatcher.py:469`` creates a ``torch.cuda.Stream`` for the all-to-all dispatcher's
-device-to-host copies and ``:922-946`` copies the token counts on it (a plain copy on CPU) and syncs its event;
+device-to-host copies and ``:922-946`` copies the token counts on it (a plain copy on CPU) and syncs its
+event;
 ``moe_utils.py:1184`` (``maybe_move_tensor_to_cpu``) turns the all-to-all's split sizes into numpy arrays only
 for CUDA tensors, so on CPU they reach ``all_to_all_single`` as tensors, which it refuses: the shim converts
 CPU tensors too.
@@ -81,7 +82,7 @@ _CPU_STREAM = _CpuStream()
 def install_moe_cpu_shims() -> None:
     """Let megatron-core's all-to-all token dispatcher run without CUDA (see the module docstring)."""
     torch.cuda.Stream = _CpuStream  # type: ignore[assignment,misc]
-    torch.cuda.current_stream = lambda *_args, **_kwargs: _CPU_STREAM  # type: ignore[assignment,return-value]
+    torch.cuda.current_stream = lambda *_args, **_kwargs: _CPU_STREAM  # type: ignore[assignment]
     torch.cuda.stream = lambda _stream: contextlib.nullcontext()  # type: ignore[assignment,return-value]
     from megatron.core.transformer.moe import token_dispatcher
 

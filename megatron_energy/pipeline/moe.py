@@ -38,7 +38,7 @@ ALL_TO_ALLS_PER_LAYER_PASS = 2
 """All-to-alls per MoE layer and pass: dispatch and combine (forward), their gradients (backward)."""
 
 ROUTER_PASSES = 4
-"""fp32 passes over the router's ``tokens x experts`` scores (softmax, top-k, probabilities, their gradient)."""
+"""fp32 passes over the router's ``tokens x experts`` scores (softmax, top-k, probabilities, gradient)."""
 
 ELEMENT_BYTES = 2
 """bf16 activations."""
@@ -84,7 +84,7 @@ class MoeShape:
         if self.num_experts % self.expert_parallel:
             raise ValueError(
                 f"moe.num_experts {self.num_experts} is not a multiple of moe.expert_parallel "
-                f"{self.expert_parallel}: megatron-core puts num_experts / expert_parallel experts on each rank"
+                f"{self.expert_parallel}: megatron-core puts num_experts / expert_parallel experts per rank"
             )
         bandwidth = self.all_to_all_bandwidth_gbps
         if bandwidth is not None and (isinstance(bandwidth, bool) or not isinstance(bandwidth, int | float)):

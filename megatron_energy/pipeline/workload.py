@@ -172,7 +172,7 @@ class TransformerShape:
         return elementwise + BF16_BYTES * activation_elements
 
     def layer_all_to_all_s(self, spec: GpuSpec) -> float:
-        """Exposed expert-parallel all-to-all time of one MoE layer's pass (0 without MoE or when overlapped)."""
+        """Exposed expert all-to-all time of one MoE layer's pass (0 without MoE or when overlapped)."""
         moe = self.moe
         if moe is None or moe.overlapped_all_to_all:
             return 0.0
@@ -254,7 +254,7 @@ def _memory_s(spec: GpuSpec, num_bytes: float) -> float:
     return num_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
 
 
-def _tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
+def tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
     """Time of one ring all-reduce of the hidden states over the tensor-parallel group."""
     if shape.tensor_parallel == 1:
         return 0.0
@@ -269,7 +269,7 @@ def _layer_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfil
         spec, shape.layer_forward_attention_flops(), ATTENTION_EFFICIENCY
     )
     fixed_s = (
-        2 * _tp_all_reduce_s(shape, spec)
+        2 * tp_all_reduce_s(shape, spec)
         + shape.layer_all_to_all_s(spec)
         + KERNELS_PER_LAYER[kind] * LAUNCH_GAP_S
     )
@@ -296,5 +296,5 @@ def _head_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile
     return WorkProfile(
         compute_s=factor * _gemm_s(spec, head_flops, GEMM_EFFICIENCY),
         memory_s=factor * _memory_s(spec, logits_bytes + norm_bytes),
-        fixed_s=_tp_all_reduce_s(shape, spec),
+        fixed_s=tp_all_reduce_s(shape, spec),
     )

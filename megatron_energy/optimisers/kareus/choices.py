@@ -201,7 +201,7 @@ class KareusModel:
     def _add_inline(
         self, inline: dict[Work, InlineComm], collective: Collective, choice: ClassChoice, load: CommLoad
     ) -> None:
-        """Add an inline class's per-instruction collectives (TP, expert all-to-all) to its rank's instructions."""
+        """Add an inline class's per-instruction collectives (TP, expert all-to-all) to its rank's work."""
         passes = 2 * self.dag.orders.num_microbatches * self.dag.num_chunks
         per_pass = collective.launches_per_iteration / passes
         part = InlinePart(
