@@ -29,10 +29,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from megatron_energy.pipeline.workload import TransformerShape
+
+class MicrobatchShape(Protocol):
+    """What the formulas read of ``pipeline.workload.TransformerShape`` (which holds a :class:`MoeShape`)."""
+
+    @property
+    def hidden_size(self) -> int: ...  # noqa: D102
+    @property
+    def ffn_hidden_size(self) -> int: ...  # noqa: D102
+    @property
+    def seq_length(self) -> int: ...  # noqa: D102
+    @property
+    def micro_batch_size(self) -> int: ...  # noqa: D102
+    @property
+    def tensor_parallel(self) -> int: ...  # noqa: D102
+    @property
+    def gated_mlp(self) -> bool: ...  # noqa: D102
+
 
 ALL_TO_ALLS_PER_LAYER_PASS = 2
 """All-to-alls per MoE layer and pass: dispatch and combine (forward), their gradients (backward)."""
@@ -108,21 +123,21 @@ class MoeShape:
             raise ValueError(f"moe is missing {missing}, e.g. moe: {{num_experts: 8, topk: 2}}")
         return cls(**data)
 
-    def expert_ffn(self, shape: TransformerShape) -> int:
+    def expert_ffn(self, shape: MicrobatchShape) -> int:
         """One expert's FFN width."""
         return self.ffn_hidden_size or shape.ffn_hidden_size
 
 
-def tokens_per_gpu(shape: TransformerShape) -> float:
+def tokens_per_gpu(shape: MicrobatchShape) -> float:
     """Tokens of one microbatch one GPU holds at an MoE layer: ``bs / TP`` (module docstring)."""
     return shape.micro_batch_size * shape.seq_length / shape.tensor_parallel
 
 
-def _mlp_matrices(shape: TransformerShape) -> int:
+def _mlp_matrices(shape: MicrobatchShape) -> int:
     return 3 if shape.gated_mlp else 2
 
 
-def all_to_all_bytes(shape: TransformerShape, moe: MoeShape) -> int:
+def all_to_all_bytes(shape: MicrobatchShape, moe: MoeShape) -> int:
     """Bytes of one dispatch (or combine) all-to-all of one microbatch on one GPU: ``t·k·h`` bf16 elements.
 
     That is the buffer the all-to-all exchanges (its ``bytes_per_launch``); the GPU sends
@@ -131,7 +146,7 @@ def all_to_all_bytes(shape: TransformerShape, moe: MoeShape) -> int:
     return round(ELEMENT_BYTES * tokens_per_gpu(shape) * moe.topk * shape.hidden_size)
 
 
-def all_to_all_s(shape: TransformerShape, moe: MoeShape, latency_s: float, bandwidth_gbps: float) -> float:
+def all_to_all_s(shape: MicrobatchShape, moe: MoeShape, latency_s: float, bandwidth_gbps: float) -> float:
     """Time of one all-to-all at ``bandwidth_gbps`` (0 with one expert-parallel rank: nothing crosses)."""
     ep = moe.expert_parallel
     if ep == 1:
@@ -139,34 +154,34 @@ def all_to_all_s(shape: TransformerShape, moe: MoeShape, latency_s: float, bandw
     return latency_s + (ep - 1) / ep * all_to_all_bytes(shape, moe) / (bandwidth_gbps * 1e9)
 
 
-def router_flops(shape: TransformerShape, moe: MoeShape) -> float:
+def router_flops(shape: MicrobatchShape, moe: MoeShape) -> float:
     """Forward FLOPs of the router GEMM on one GPU."""
     return 2 * tokens_per_gpu(shape) * shape.hidden_size * moe.num_experts
 
 
-def expert_flops(shape: TransformerShape, moe: MoeShape) -> float:
+def expert_flops(shape: MicrobatchShape, moe: MoeShape) -> float:
     """Forward FLOPs of the experts' GEMMs on one GPU (FC1 and FC2 of the ``k`` experts of each token)."""
     t, h = tokens_per_gpu(shape), shape.hidden_size
     return 2 * t * moe.topk * h * moe.expert_ffn(shape) * _mlp_matrices(shape)
 
 
-def router_bytes(shape: TransformerShape, moe: MoeShape) -> float:
+def router_bytes(shape: MicrobatchShape, moe: MoeShape) -> float:
     """Forward bytes of the router's softmax and top-k (fp32 scores)."""
     return ROUTER_PASSES * SCORE_BYTES * tokens_per_gpu(shape) * moe.num_experts
 
 
-def permute_bytes(shape: TransformerShape, moe: MoeShape) -> float:
+def permute_bytes(shape: MicrobatchShape, moe: MoeShape) -> float:
     """Forward bytes of permute or of unpermute (each reads and writes ``t·k·h`` elements)."""
     return 2 * ELEMENT_BYTES * tokens_per_gpu(shape) * moe.topk * shape.hidden_size
 
 
-def activation_bytes(shape: TransformerShape, moe: MoeShape) -> float:
+def activation_bytes(shape: MicrobatchShape, moe: MoeShape) -> float:
     """Forward bytes of the experts' activation function (as the dense MLP's, over ``t·k·f_e`` elements)."""
     elements = (_mlp_matrices(shape) - 1) * tokens_per_gpu(shape) * moe.topk * moe.expert_ffn(shape)
     return ELEMENT_BYTES * elements
 
 
-def layer_parameters(shape: TransformerShape, moe: MoeShape) -> float:
+def layer_parameters(shape: MicrobatchShape, moe: MoeShape) -> float:
     """MLP parameters of one MoE layer on one GPU: the router plus its ``E / EP`` whole experts."""
     h = shape.hidden_size
     local_experts = moe.num_experts // moe.expert_parallel
