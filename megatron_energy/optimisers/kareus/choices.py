@@ -145,12 +145,7 @@ class KareusModel:
 
     def load(self, collective: Collective, max_ctas: int | None) -> CommLoad:
         """The collective's CTA budget and link as a contention load."""
-        return CommLoad(
-            ctas=max_ctas or NCCL_DEFAULT_CTAS,
-            link_bandwidth_gbps=collective.bandwidth_gbps,
-            cta_bandwidth_gbps=self.spec.cta_bandwidth_gbps,
-            latency_s=self.spec.p2p_latency_s,
-        )
+        return comm_load(collective, max_ctas, self.spec)
 
     def boundary(self, collective: Collective, choice: ClassChoice) -> Boundary:
         """The launch point ``choice`` gives ``collective``."""
@@ -266,6 +261,16 @@ class KareusModel:
                 CollectiveAction(self.boundary(collective, choice), collective.name, choice.max_ctas)
             )
         return actions
+
+
+def comm_load(collective: Collective, max_ctas: int | None, spec: GpuSpec) -> CommLoad:
+    """``collective`` at ``max_ctas`` CTAs (``None``: NCCL's default) on its link, as a contention load."""
+    return CommLoad(
+        ctas=max_ctas or NCCL_DEFAULT_CTAS,
+        link_bandwidth_gbps=collective.bandwidth_gbps,
+        cta_bandwidth_gbps=spec.cta_bandwidth_gbps,
+        latency_s=spec.p2p_latency_s,
+    )
 
 
 def _snap(grid: list[int], clock_mhz: float) -> int:
