@@ -142,7 +142,7 @@ def communicator_config(
     return config
 
 
-FIXED_GROUPS = ("pp", "tp")
+FIXED_GROUPS = ("pp", "tp", "ep")
 """Groups whose collectives megatron-core launches itself: their budget is fixed for the run."""
 
 
