@@ -49,7 +49,11 @@ def test_examples_load_as_plausible_jobs():
     assert llama70.data_parallel > 1 and llama70.num_gpus == 256
     mixtral = jobs.pop("mixtral-8x7b-pp4-tp2-ep4-h200")  # its shape is a mapping: no known model name
     assert mixtral.shape.moe is not None and mixtral.name == "mixtral-8x7b-pp4-tp2-ep4-h200"
-    assert (mixtral.shape.moe.num_experts, mixtral.shape.moe.topk, mixtral.shape.moe.expert_parallel) == (8, 2, 4)
+    assert (mixtral.shape.moe.num_experts, mixtral.shape.moe.topk, mixtral.shape.moe.expert_parallel) == (
+        8,
+        2,
+        4,
+    )
     assert (mixtral.pipeline_stages, mixtral.tensor_parallel, mixtral.data_parallel) == (4, 2, 4)
     for stem, job in jobs.items():
         assert job.name == stem and job.model_name is not None and job.shape.moe is None
