@@ -15,7 +15,17 @@ Example::
 Optional keys: ``description``, ``seq_length`` (overrides the model's), ``sequence_parallel`` (default
 false), ``pipeline_bandwidth_gbps`` and ``data_parallel_bandwidth_gbps`` (GB/s per GPU of the links that
 pipeline transfers and the data-parallel gradient sync cross; both default to the GPU spec's
-``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes).
+``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes), and ``moe``
+for a mixture-of-experts model (every layer's MLP an MoE layer, ``pipeline.moe``)::
+
+    moe:
+      num_experts: 8             # --num-experts
+      topk: 2                    # --moe-router-topk
+      expert_parallel: 4         # --expert-model-parallel-size; divides tensor_parallel x data_parallel
+      ffn_hidden_size: 14336     # --moe-ffn-hidden-size (optional; default: the model's ffn_hidden_size)
+      all_to_all_bandwidth_gbps: 50   # optional; default NVLink (the expert-parallel group inside a node)
+
+MoE jobs with ``tensor_parallel`` > 1 need ``sequence_parallel: true``, as megatron-core does.
 
 :class:`JobConfig` also derives what the simulator needs: Megatron's instruction orders, the pipeline DAG with
 its transfer cost and iteration tail, and a modelled profile. The transfer and tail figures are *modelled*:
@@ -25,6 +35,8 @@ its transfer cost and iteration tail, and a modelled profile. The transfer and t
 * the data-parallel sync is a reduce-scatter plus all-gather (distributed optimizer, no overlap with the
   backward pass) of bf16 gradients of the largest stage, ``2 (dp-1)/dp`` times its bytes over
   ``data_parallel_bandwidth_gbps``;
+* an MoE layer's expert all-to-alls (dispatch and combine) are in its instructions' time, at the spec's P2P
+  latency plus the bytes it sends over ``moe.all_to_all_bandwidth_gbps`` (``pipeline.moe``);
 * the optimizer step is Adam over the rank's 1/dp shard: ``ADAM_BYTES_PER_PARAMETER`` bytes of HBM traffic per
   parameter (fp32 parameter, gradient and two moments read, three written, bf16 copy written).
 """
@@ -40,9 +52,11 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
-from megatron_energy.pipeline.collectives import CollectiveWorkload
+from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
+from megatron_energy.pipeline.modelled_phases import layer_pattern
+from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
@@ -64,6 +78,7 @@ _OPTIONAL = (
     "global_batch_size",
     "pipeline_bandwidth_gbps",
     "data_parallel_bandwidth_gbps",
+    "moe",
 )
 _BANDWIDTH_KEYS = ("pipeline_bandwidth_gbps", "data_parallel_bandwidth_gbps")
 _JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel")
@@ -191,7 +206,7 @@ class JobConfig:
     def iteration_tail(self, spec: GpuSpec | None = None) -> IterationTail:
         """Modelled data-parallel gradient sync and optimizer step (see the module docstring)."""
         spec = spec or self.spec()
-        parameters = _largest_stage_parameters(self.shape, self.pipeline_stages) / self.tensor_parallel
+        parameters = _largest_stage_parameters(self.shape, self.pipeline_stages)
         dp = self.data_parallel
         dp_sync_s = 0.0
         if dp > 1:
@@ -269,6 +284,7 @@ class JobConfig:
             collectives=workload,
             gpu=spec,
             layers_per_chunk=workload.layers_per_chunk,
+            layer_pattern=layer_pattern(self.shape, spec),
         )
 
     def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:
@@ -277,13 +293,8 @@ class JobConfig:
 
 
 def _largest_stage_parameters(shape: TransformerShape, num_stages: int) -> float:
-    """Parameters of the largest pipeline stage (its layers plus the embedding or output layer)."""
-    h, f = shape.hidden_size, shape.ffn_hidden_size
-    kv_width = shape.query_groups * (h // shape.num_attention_heads)
-    attention = h * (h + 2 * kv_width) + h * h
-    mlp = h * f * (3 if shape.gated_mlp else 2)
-    layers_per_stage = shape.num_layers / num_stages
-    return layers_per_stage * (attention + mlp) + shape.vocab_size * h
+    """Parameters on one GPU of the largest pipeline stage (its layers plus the embedding or output layer)."""
+    return shape.num_layers / num_stages * layer_parameters(shape) + edge_parameters(shape)
 
 
 def _positive_int(data: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -313,10 +324,40 @@ def _shape(data: dict[str, Any], tensor_parallel: int, micro_batch_size: int) ->
     if not isinstance(model, dict):
         raise ValueError(f"model must be a known model name or a mapping of shape fields, got {model!r}")
     fields = {item.name for item in dataclasses.fields(TransformerShape)} - set(_JOB_OWNED_SHAPE_FIELDS)
+    fields.discard("moe")  # the job's own key
     unknown = sorted(set(model) - fields)
     if unknown:
         raise ValueError(f"model has unknown field(s) {unknown}; allowed: {sorted(fields)}")
     return TransformerShape(**{**model, **overrides})
+
+
+def _moe(
+    data: dict[str, Any], tensor_parallel: int, data_parallel: int, sequence_parallel: bool
+) -> MoeShape | None:
+    """The job's ``moe`` section, checked against its parallelism (see the module docstring)."""
+    section = data.get("moe")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ValueError(f"moe must be a mapping, e.g. moe: {{num_experts: 8, topk: 2}}; got {section!r}")
+    moe = MoeShape.from_dict(section)
+    if moe.overlapped_all_to_all:
+        raise ValueError(
+            "moe.overlapped_all_to_all: only the combined 1F1B schedule overlaps the expert all-to-all, and "
+            "job files plan megatron-core's default schedules: drop the key"
+        )
+    if (tensor_parallel * data_parallel) % moe.expert_parallel:
+        raise ValueError(
+            f"moe.expert_parallel {moe.expert_parallel} does not divide tensor_parallel x data_parallel = "
+            f"{tensor_parallel * data_parallel}: megatron-core forms expert-parallel groups from those GPUs "
+            "(with --expert-tensor-parallel-size 1); pick a divisor"
+        )
+    if tensor_parallel > 1 and not sequence_parallel:
+        raise ValueError(
+            "moe with tensor_parallel > 1 needs sequence_parallel: true (megatron-core refuses MoE with "
+            "tensor parallelism otherwise)"
+        )
+    return moe
 
 
 def _num_microbatches(data: dict[str, Any], micro_batch_size: int, data_parallel: int) -> int:
@@ -362,6 +403,9 @@ def _parse(data: object) -> JobConfig:
     sequence_parallel = data.get("sequence_parallel", False)
     if not isinstance(sequence_parallel, bool):
         raise ValueError(f"sequence_parallel must be true or false, got {sequence_parallel!r}")
+    moe = _moe(data, shape.tensor_parallel, data_parallel, sequence_parallel)
+    if moe is not None:
+        shape = dataclasses.replace(shape, moe=moe)
     bandwidths = {key: _optional_positive_float(data, key) for key in _BANDWIDTH_KEYS}
     return JobConfig(
         name=data["name"],

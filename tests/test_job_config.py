@@ -28,7 +28,12 @@ def _load(tmp_path, **changes):
 
 def test_examples_load_as_plausible_jobs():
     jobs = {path.stem: JobConfig.load(path) for path in sorted(EXAMPLES.glob("*.yaml"))}
-    assert set(jobs) == {"gpt3-xl-pp4-h100", "llama-7b-pp4-tp2-h200", "llama-70b-pp8-tp8-a100"}
+    assert set(jobs) == {
+        "gpt3-xl-pp4-h100",
+        "llama-7b-pp4-tp2-h200",
+        "llama-70b-pp8-tp8-a100",
+        "mixtral-8x7b-pp4-tp2-ep4-h200",
+    }
     gpt = jobs["gpt3-xl-pp4-h100"]
     assert (gpt.gpu, gpt.pipeline_stages, gpt.num_microbatches, gpt.num_gpus) == ("h100-sxm", 4, 16, 32)
     assert gpt.global_batch_size * gpt.shape.seq_length == 512 * 2048
@@ -42,8 +47,16 @@ def test_examples_load_as_plausible_jobs():
     llama70 = jobs["llama-70b-pp8-tp8-a100"]
     assert (llama70.gpu, llama70.pipeline_stages, llama70.tensor_parallel) == ("a100-sxm-80gb", 8, 8)
     assert llama70.data_parallel > 1 and llama70.num_gpus == 256
+    mixtral = jobs.pop("mixtral-8x7b-pp4-tp2-ep4-h200")  # its shape is a mapping: no known model name
+    assert mixtral.shape.moe is not None and mixtral.name == "mixtral-8x7b-pp4-tp2-ep4-h200"
+    assert (mixtral.shape.moe.num_experts, mixtral.shape.moe.topk, mixtral.shape.moe.expert_parallel) == (
+        8,
+        2,
+        4,
+    )
+    assert (mixtral.pipeline_stages, mixtral.tensor_parallel, mixtral.data_parallel) == (4, 2, 4)
     for stem, job in jobs.items():
-        assert job.name == stem and job.model_name is not None
+        assert job.name == stem and job.model_name is not None and job.shape.moe is None
 
 
 def test_global_batch_size_and_explicit_model_shape(tmp_path):

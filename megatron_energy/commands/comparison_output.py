@@ -44,10 +44,14 @@ def modes_table(comparison: Comparison) -> Table:
         "energy vs perseus",
     ):
         table.add_column(header, justify="left" if header == "mode" else "right")
+    exchanges = comparison.row("stock").all_to_all is not None
+    if exchanges:
+        table.add_column("all-to-all (share)", justify="right")
     stock = comparison.row("stock")
     perseus = comparison.row("perseus")
     for mode in MODES:
         row = comparison.row(mode)
+        share = [row.all_to_all.text() if row.all_to_all is not None else "-"] if exchanges else []
         table.add_row(
             mode,
             f"{row.deadline_s:.4f}",
@@ -59,8 +63,21 @@ def modes_table(comparison: Comparison) -> Table:
             change_text(row.iteration_time_s / stock.iteration_time_s - 1),
             change_text(energy_change(stock.total_energy_j, row.total_energy_j)),
             change_text(energy_change(perseus.total_energy_j, row.total_energy_j)),
+            *share,
         )
     return table
+
+
+def all_to_all_line(comparison: Comparison) -> str | None:
+    """What the all-to-all column is (``None`` on a job without an expert all-to-all)."""
+    if comparison.row("stock").all_to_all is None:
+        return None
+    return (
+        "all-to-all (share): the expert-parallel all-to-all (ep.all_to_all: MoE dispatch and combine, "
+        "forward and backward) per iteration on the busiest stage at the CTA budget each mode's plan gives "
+        "it, and its part of that mode's iteration (modelled: Kareus's contention model; on the critical "
+        "path, not overlapped)"
+    )
 
 
 def stage_split_table(comparison: Comparison, modes: tuple[str, ...] = ("perseus", "all")) -> Table:
@@ -96,6 +113,9 @@ def all_vs_perseus_line(comparison: Comparison) -> str:
 def print_comparison(console: Console, comparison: Comparison) -> None:
     """Every table and line of a comparison: modes, static/dynamic split per stage, what ``all`` kept."""
     console.print(modes_table(comparison))
+    exchanges = all_to_all_line(comparison)
+    if exchanges is not None:
+        console.print(exchanges, markup=False)
     console.print(stage_split_table(comparison))
     for note in comparison.row("all").plan.notes:  # what `all` left out, or which part alone it is
         console.print(f"all: {note}", markup=False)

@@ -29,6 +29,7 @@ from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.target import EnergyTarget
@@ -154,6 +155,7 @@ def sweep_job(
             frontier_points=points,
             kept_points=2,
             layers_per_chunk=layers,
+            layer_pattern=layer_pattern(config.shape, spec),
         )
         instruction = PerseusOptimiser().plan(profile, job)
         phase = PhaseOptimiser().plan(profile, job, base=instruction)

@@ -15,7 +15,9 @@ change). A plan line, the demo's table and ``report`` print the same figures and
   it does not lose, or one of its parts' plans where that predicts less energy within the target
   (``composition``; the plan's notes say which).
 
-Every row's deadline is the target's on the stock iteration; no row's iteration exceeds it.
+Every row's deadline is the target's on the stock iteration; no row's iteration exceeds it. On an MoE job
+with expert parallelism each row also carries the expert all-to-all's part of its iteration
+(``commands.all_to_all_share``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron_energy.commands.all_to_all_share import AllToAllShare, all_to_all_share
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.composition import ComposedOptimiser
@@ -32,6 +35,7 @@ from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimis
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
@@ -61,6 +65,8 @@ class ModeResult:
     """The GPU's idle power: the static part of every second of the iteration."""
     plan: Plan
     """The mode's plan (stock: the Perseus plan, whose baseline is this row)."""
+    all_to_all: AllToAllShare | None = None
+    """The expert all-to-all's part of the iteration (modelled); ``None`` without one."""
 
     @property
     def total_energy_j(self) -> float:
@@ -163,20 +169,26 @@ def compare_modes(
     plans = {"perseus": perseus, "kareus": alone["kareus"], "all": both}
     deadline_s = planning.target.deadline_s(perseus.baseline.iteration_time_s)
     idle_w = profile.idle_power_w
+    collectives = build_collectives(planning.collectives) if planning.collectives is not None else []
+    stock_s = perseus.baseline.iteration_time_s
     rows = [
         ModeResult(
             "stock",
-            perseus.baseline.iteration_time_s,
+            stock_s,
             perseus.baseline.stage_energy_j,
             deadline_s,
             idle_w,
             perseus,
+            all_to_all_share(collectives, None, stock_s, spec),
         )
     ]
     for mode in MODES[1:]:
         point = plans[mode].target_point
         energies = tuple(rank.energy_j for rank in point.ranks)
-        rows.append(ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode]))
+        share = all_to_all_share(collectives, point, point.iteration_time_s, spec)
+        rows.append(
+            ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode], share)
+        )
     return Comparison(job, spec, tuple(rows), planning.switch_latency_s)
 
 
@@ -202,7 +214,7 @@ def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = No
             f"{folder}/job.json records no model shape or collectives (a job cached by an older version?): "
             "run the job again"
         )
-    shape = TransformerShape(**model)
+    shape = TransformerShape.from_dict(model)
     measured_path = folder / MEASURED_NAME
     measured = (
         MeasuredInputs.from_json(measured_path.read_text(encoding="utf-8"))

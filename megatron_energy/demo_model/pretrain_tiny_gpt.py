@@ -29,7 +29,7 @@ from datetime import datetime
 import torch
 
 from megatron_energy.demo_model.cpu_shims import install_cpu_shims, warnings_silenced
-from megatron_energy.demo_model.tiny_gpt import PipelineWorld
+from megatron_energy.demo_model.tiny_gpt import PipelineWorld, TinyGpt
 
 
 def log_iteration(
@@ -61,6 +61,8 @@ def pretrain_main() -> None:
             args.virtual_pipeline_model_parallel_size,
             microbatch_group_size=args.microbatch_group_size_per_vp_stage,
             layout=args.pipeline_model_parallel_layout,
+            shape=TinyGpt(num_experts=args.num_experts, moe_router_topk=args.moe_router_topk),
+            expert_parallel=args.expert_model_parallel_size,
         )
     world.config.timers = get_timers()
     last_rank = torch.distributed.get_rank() == torch.distributed.get_world_size() - 1

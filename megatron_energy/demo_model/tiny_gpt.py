@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from megatron_energy.demo_model.cpu_shims import warnings_silenced
+from megatron_energy.demo_model.cpu_shims import install_moe_cpu_shims, warnings_silenced
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,18 @@ class TinyGpt:
     vocab_size: int = 64
     seq_length: int = 8
     micro_batch_size: int = 2
+    num_experts: int | None = None
+    """Experts of every layer's MoE MLP (megatron-core's ``MoELayer``); ``None``: a dense MLP."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (with ``num_experts``)."""
 
     def describe(self) -> str:
         """The shape in words, for the log."""
+        moe = "" if self.num_experts is None else f", {self.num_experts} experts top-{self.moe_router_topk}"
         return (
             f"{self.layers_per_chunk} layer per model chunk, hidden size {self.hidden_size}, "
             f"{self.num_attention_heads} heads, vocabulary {self.vocab_size}, sequence {self.seq_length}, "
-            f"micro batch {self.micro_batch_size}"
+            f"micro batch {self.micro_batch_size}{moe}"
         )
 
 
@@ -78,6 +83,18 @@ def _num_layers(shape: TinyGpt, num_model_chunks: int, layout: str | None) -> in
     return sum(stage.count(LayerType.decoder) for stage in stages)
 
 
+def _moe_settings(shape: TinyGpt, expert_parallel: int) -> dict[str, object]:
+    """``TransformerConfig`` fields of the MoE MLP (none for a dense model): the all-to-all dispatcher."""
+    if shape.num_experts is None:
+        return {}
+    return {
+        "num_moe_experts": shape.num_experts,
+        "moe_router_topk": shape.moe_router_topk,
+        "moe_token_dispatcher_type": "alltoall",
+        "expert_model_parallel_size": expert_parallel,
+    }
+
+
 class PipelineWorld:
     """megatron-core parallel state plus a tiny ``GPTModel`` split over the pipeline, inside one worker."""
 
@@ -88,6 +105,7 @@ class PipelineWorld:
         shape: TinyGpt = TinyGpt(),
         microbatch_group_size: int | None = None,
         layout: str | None = None,
+        expert_parallel: int = 1,
     ):
         """Initialise model parallelism (data parallel = world / pipeline) and build this rank's chunks.
 
@@ -99,6 +117,8 @@ class PipelineWorld:
             layout: Megatron's ``--pipeline-model-parallel-layout`` (e.g. ``"E|t*3|t|tL"``): the decoder
                 layers of every model chunk, built as megatron-core builds them (``shape.layers_per_chunk``
                 is then unused); its virtual size must be ``virtual_size``.
+            expert_parallel: Expert-parallel size (with ``shape.num_experts``): the experts split over that
+                many data-parallel ranks, tokens exchanged by the ``alltoall`` dispatcher.
         """
         from megatron.core import parallel_state
         from megatron.core.models.gpt import GPTModel
@@ -106,11 +126,14 @@ class PipelineWorld:
         from megatron.core.tensor_parallel.random import initialize_rng_tracker
         from megatron.core.transformer import TransformerConfig
 
+        if shape.num_experts is not None:
+            install_moe_cpu_shims()
         parallel_state.destroy_model_parallel()
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=1,
             pipeline_model_parallel_size=pipeline_size,
             virtual_pipeline_model_parallel_size=virtual_size,
+            expert_model_parallel_size=expert_parallel,
         )
         # megatron/core/tensor_parallel/random.py:446: model_parallel_cuda_manual_seed needs CUDA
         initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
@@ -135,12 +158,13 @@ class PipelineWorld:
             gradient_accumulation_fusion=False,
             persist_layer_norm=False,
             apply_rope_fusion=False,
+            **_moe_settings(shape, expert_parallel),
         )
         with warnings_silenced():
             self.chunks = [
                 GPTModel(
                     self.config,
-                    get_gpt_layer_local_spec(),
+                    get_gpt_layer_local_spec(num_experts=shape.num_experts),
                     vocab_size=shape.vocab_size,
                     max_sequence_length=shape.seq_length,
                     pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=chunk),

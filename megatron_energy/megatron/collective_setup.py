@@ -11,7 +11,7 @@ Read from Megatron's parsed arguments and the parallel sizes (``pipeline.job_col
 * the DDP bucket layout of this rank, when the model chunks are known (``megatron.bucket_layout``; the
   session gathers every pipeline rank's before planning);
 * the levers (``pipeline.collective_levers``): ``--overlap-grad-reduce``, ``--overlap-param-gather``,
-  ``--tp-comm-overlap`` and the ``pp``/``tp`` budgets of the communicator config
+  ``--tp-comm-overlap`` and the ``pp``/``tp``/``ep`` budgets of the communicator config
   (``--nccl-communicator-config-path``), which megatron-core creates its communicators with at start-up.
 """
 

@@ -23,6 +23,7 @@ from megatron_energy.megatron.pipeline_layout import job_layers
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
+from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import Group, TorchComms
@@ -48,6 +49,25 @@ def transformer_shape(args: Any) -> TransformerShape:
         tensor_parallel=args.tensor_model_parallel_size,
         num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False) else None,
         gated_mlp=bool(getattr(args, "swiglu", False)),
+        moe=_moe_shape(args),
+    )
+
+
+def _moe_shape(args: Any) -> MoeShape | None:
+    """The MoE layers from ``--num-experts`` and friends (``None`` for a dense model).
+
+    Every layer is taken as an MoE layer with the all-to-all dispatcher (``pipeline.moe``); the expert group's
+    link is taken to be NVLink (the model's default, for simulated GPUs' timing and the collective scheduler).
+    """
+    num_experts = getattr(args, "num_experts", None)
+    if not num_experts:
+        return None
+    return MoeShape(
+        num_experts=num_experts,
+        topk=args.moe_router_topk,
+        expert_parallel=args.expert_model_parallel_size,
+        ffn_hidden_size=getattr(args, "moe_ffn_hidden_size", None),
+        overlapped_all_to_all=bool(getattr(args, "overlap_moe_expert_parallel_comm", False)),
     )
 
 

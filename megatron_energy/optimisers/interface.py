@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, LayerPattern
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, FrontierSample, MeasuredTail, Plan, PlanPoint
@@ -96,6 +97,10 @@ class PlanningJob:
 
     layers_per_chunk: int | None = None
     """Transformer layers one instruction runs (for the modelled phase split); ``None``: unknown."""
+
+    layer_pattern: LayerPattern = LAYER_PATTERN
+    """One layer's runs in order, for the modelled phase split (``pipeline.modelled_phases.layer_pattern``: an
+    MoE layer's router, experts and all-to-alls); a dense layer's by default."""
 
     tail_phases: Sequence[tuple[str, float]] = ()
     """Measured duration at the stock clock of each outside phase (``events.OUTSIDE_PHASES`` names: gradient

@@ -13,7 +13,10 @@ collective is launched *where* and with *how many CTAs*, as :class:`~megatron_en
   (distributed optimizer only);
 * ``pp.send_recv`` (``pp``, inline): activations and gradients between adjacent pipeline stages;
 * ``tp.all_reduce`` (``tp``, inline): tensor-parallel all-reduce without sequence parallelism;
-* ``tp.all_gather`` and ``tp.reduce_scatter`` (``tp``, inline): their sequence-parallel replacements.
+* ``tp.all_gather`` and ``tp.reduce_scatter`` (``tp``, inline): their sequence-parallel replacements;
+* ``ep.all_to_all`` (``ep``, inline): an MoE layer's token dispatch and combine over the expert-parallel group
+  (and their gradients in the backward pass), two per MoE layer and pass (``pipeline.moe``); on the critical
+  path unless :attr:`Collective.overlapped` (only the combined 1F1B schedule overlaps it).
 
 ``chunk<c>`` appears only when the job has more than one model chunk per stage (virtual pipeline): each chunk
 is its own megatron-core ``DistributedDataParallel`` with its own buckets. ``bucket<b>`` is megatron-core's
@@ -23,7 +26,7 @@ so bucket 0 holds the chunk's last layers, whose gradients are ready first in th
 
 **Process groups** (:data:`PROCESS_GROUPS`): ``dp`` is megatron-core's data-parallel group *with* context
 parallelism (``parallel_state.get_data_parallel_group(with_context_parallel=True)``, the group DDP reduces
-over), ``pp`` the pipeline group, ``tp`` the tensor-parallel group.
+over), ``pp`` the pipeline group, ``tp`` the tensor-parallel group, ``ep`` the expert-parallel group.
 
 **Launch points.** A launch point is a :class:`~megatron_energy.plan.Boundary`: an instruction and a phase
 inside it. Phase names (:func:`layer_phase`, :data:`END_PHASE`, :data:`AFTER_OPTIMIZER_PHASE`):
@@ -83,18 +86,21 @@ from typing import Literal
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.moe import ALL_TO_ALLS_PER_LAYER_PASS, all_to_all_bytes
+from megatron_energy.pipeline.moe import layer_parameters as moe_layer_parameters
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
 from megatron_energy.plan import Boundary
 
-GroupName = Literal["dp", "pp", "tp"]
-CollectiveOp = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv"]
+GroupName = Literal["dp", "pp", "tp", "ep"]
+CollectiveOp = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv", "all_to_all"]
 Link = Literal["nvlink", "nic", "pcie"]
 
 PROCESS_GROUPS: dict[str, str] = {
     "dp": "parallel_state.get_data_parallel_group(with_context_parallel=True)",
     "pp": "parallel_state.get_pipeline_model_parallel_group()",
     "tp": "parallel_state.get_tensor_model_parallel_group()",
+    "ep": "parallel_state.get_expert_model_parallel_group()",
 }
 """The megatron-core process group behind each group name."""
 
@@ -122,11 +128,13 @@ CTA_BUDGETS: dict[str, tuple[int, ...]] = {
     "tp.all_reduce": (4, 8, 16, 32),
     "tp.all_gather": (4, 8, 16, 32),
     "tp.reduce_scatter": (4, 8, 16, 32),
+    "ep.all_to_all": (4, 8, 16, 32),
 }
 """The CTA budgets a plan may give each class (besides ``None``, NCCL's default)."""
 
 _NAME = re.compile(
-    r"^(dp|pp|tp)\.(reduce_scatter|all_gather|all_reduce|send_recv)(?:\.chunk(\d+))?(?:\.bucket(\d+))?$"
+    r"^(dp|pp|tp|ep)\.(reduce_scatter|all_gather|all_reduce|send_recv|all_to_all)"
+    r"(?:\.chunk(\d+))?(?:\.bucket(\d+))?$"
 )
 _LAYER = re.compile(r"^layer(\d+)$")
 
@@ -185,7 +193,7 @@ def parse_collective_name(name: str) -> ParsedName:
     if match is None:
         raise CollectiveNameError(
             f"collective name {name!r} does not follow <group>.<op>[.chunk<c>][.bucket<b>] with group in "
-            "dp/pp/tp and op in reduce_scatter/all_gather/all_reduce/send_recv"
+            "dp/pp/tp/ep and op in reduce_scatter/all_gather/all_reduce/send_recv/all_to_all"
         )
     group, op, chunk, bucket = match.groups()
     parsed = ParsedName(
@@ -249,7 +257,8 @@ class CollectiveClass:
 def traffic_factor(op: str, group_size: int) -> float:
     """Bytes each GPU sends per byte of the full buffer, for NCCL's ring algorithms.
 
-    ``(n-1)/n`` for reduce-scatter and all-gather, ``2(n-1)/n`` for all-reduce, 1 for a send/recv.
+    ``(n-1)/n`` for reduce-scatter and all-gather, ``2(n-1)/n`` for all-reduce, 1 for a send/recv; ``(n-1)/n``
+    for an all-to-all of a GPU's buffer (the ``1/n`` bound for itself stays).
     """
     if group_size < 1:
         raise EnergyValueError(f"group size must be positive, got {group_size}")
@@ -258,7 +267,7 @@ def traffic_factor(op: str, group_size: int) -> float:
         return 1.0
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("reduce_scatter", "all_gather"):
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
         return (n - 1) / n
     raise CollectiveNameError(f"unknown collective op {op!r}")
 
@@ -289,6 +298,9 @@ class Collective:
     layers: tuple[int, int] = (0, 0)
     """Bucket classes: the chunk's layers (model order, ``[first, last)``) whose parameters the bucket holds;
     the embedding or output layer counts as a layer of its own just outside ``[0, L)``."""
+    overlapped: bool = False
+    """Inline classes: hidden behind other compute by the schedule (the expert all-to-all under the combined
+    1F1B schedule) instead of exposed inside its instructions; ``False``: on the critical path."""
 
     @property
     def traffic_bytes(self) -> float:
@@ -331,6 +343,8 @@ class CollectiveWorkload:
         pp_link: Link pipeline transfers cross.
         pp_bandwidth_gbps: Its bandwidth.
         tp_bandwidth_gbps: Bandwidth of the tensor-parallel group (NVLink inside a node).
+        ep_link: Link the expert-parallel group crosses (MoE models).
+        ep_bandwidth_gbps: Its bandwidth; ``None``: ``tp_bandwidth_gbps`` (NVLink).
         levers: What the running job lets a plan change (``pipeline.collective_levers``); ``None`` when
             planning offline, every lever free.
         measured_buckets: The running job's DDP bucket layout (every pipeline rank's); ``None``: modelled
@@ -347,6 +361,8 @@ class CollectiveWorkload:
     pp_link: Link
     pp_bandwidth_gbps: float
     tp_bandwidth_gbps: float
+    ep_link: Link = "nvlink"
+    ep_bandwidth_gbps: float | None = None
     bucket_elements: int | None = None
     levers: RuntimeLevers | None = None
     measured_buckets: tuple[MeasuredBucket, ...] | None = None
@@ -365,12 +381,17 @@ class CollectiveWorkload:
 
 
 def layer_parameters(shape: TransformerShape) -> float:
-    """Parameters of one transformer layer on one tensor-parallel rank (norms and biases ignored)."""
+    """Parameters of one transformer layer on one GPU (norms and biases ignored).
+
+    Attention and a dense MLP are split over the tensor-parallel group; an MoE layer's router and local
+    experts are whole on the GPU (``pipeline.moe.layer_parameters``).
+    """
     h, f = shape.hidden_size, shape.ffn_hidden_size
     kv_width = shape.query_groups * (h // shape.num_attention_heads)
-    attention = h * (h + 2 * kv_width) + h * h
-    mlp = h * f * (3 if shape.gated_mlp else 2)
-    return (attention + mlp) / shape.tensor_parallel
+    attention = (h * (h + 2 * kv_width) + h * h) / shape.tensor_parallel
+    if shape.moe is not None:
+        return attention + moe_layer_parameters(shape, shape.moe)
+    return attention + h * f * (3 if shape.gated_mlp else 2) / shape.tensor_parallel
 
 
 def edge_parameters(shape: TransformerShape) -> float:
@@ -559,4 +580,20 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                     else (first,),
                 )
             )
+    moe = shape.moe
+    if moe is not None and moe.expert_parallel > 1:
+        result.append(
+            Collective(
+                name=collective_name("ep", "all_to_all"),
+                stage=stage,
+                cls=_collective_class("ep", "all_to_all", per_bucket=False),
+                group_size=moe.expert_parallel,
+                bytes_per_launch=all_to_all_bytes(shape, moe),
+                launches_per_iteration=ALL_TO_ALLS_PER_LAYER_PASS * layers * passes,
+                link=workload.ep_link,
+                bandwidth_gbps=workload.ep_bandwidth_gbps or workload.tp_bandwidth_gbps,
+                launch_points=(first,),
+                overlapped=moe.overlapped_all_to_all,
+            )
+        )
     return result

@@ -111,7 +111,15 @@ class CollectiveSetup:
             pp_link=self.pp_link,
             pp_bandwidth_gbps=self.pp_bandwidth_gbps or spec.link_bandwidth_gbps(self.pp_link),
             tp_bandwidth_gbps=spec.nvlink_bandwidth_gbps,
+            ep_link=_ep_link(shape, spec),
+            ep_bandwidth_gbps=None if shape.moe is None else shape.moe.all_to_all_bandwidth_gbps,
             bucket_elements=self.bucket_elements,
             levers=self.levers,
             measured_buckets=self.buckets,
         )
+
+
+def _ep_link(shape: TransformerShape, spec: GpuSpec) -> Link:
+    """The expert-parallel group's link: the NIC where the job gives it less bandwidth than NVLink."""
+    bandwidth = None if shape.moe is None else shape.moe.all_to_all_bandwidth_gbps
+    return "nic" if bandwidth is not None and bandwidth < spec.nvlink_bandwidth_gbps else "nvlink"

@@ -9,6 +9,12 @@ its layers and laid out in that order; adjacent runs of one class (a layer's las
 layer's first norm) form one phase. The shares are assumptions (provenance ``modelled``): a measured kernel
 timeline (:func:`~megatron_energy.pipeline.phase_timeline.group_phases`) replaces them.
 
+An MoE layer (:func:`layer_pattern` of a shape with ``moe``) runs, after attention: the router (compute),
+permute (memory), the dispatch all-to-all (communication), the experts' FC1 (compute), activation (memory),
+FC2 (compute), the combine all-to-all (communication) and unpermute (memory). Its shares are not assumed but
+derived from the workload model's parts (``pipeline.workload``, ``pipeline.moe``): each run's FLOPs over the
+efficiency of its kernel kind, bytes, or seconds, over its class's total per layer.
+
 The iteration tail's phases (:func:`tail_phases`), one per outside phase the runtime hooks
 (``events.OUTSIDE_PHASES``), each of a modelled class (:data:`OUTSIDE_CLASSES`): the data-parallel gradient
 sync and the parameter all-gather are communication, the optimizer step memory-bound (Adam streams
@@ -21,7 +27,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.pipeline.moe import (
+    ALL_TO_ALLS_PER_LAYER_PASS,
+    activation_bytes,
+    expert_flops,
+    permute_bytes,
+    router_bytes,
+    router_flops,
+)
 from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, class_work
+from megatron_energy.pipeline.workload import (
+    ATTENTION_EFFICIENCY,
+    BF16_BYTES,
+    GEMM_EFFICIENCY,
+    KERNELS_PER_LAYER,
+    LAUNCH_GAP_S,
+    TransformerShape,
+    tp_all_reduce_s,
+)
 
 LAYER_PATTERN: tuple[tuple[PhaseClass, float], ...] = (
     ("memory", 0.25),  # input layer norm
@@ -35,6 +59,65 @@ LAYER_PATTERN: tuple[tuple[PhaseClass, float], ...] = (
     ("memory", 0.15),  # bias/dropout/residual add
 )
 """One layer's runs in order: (class, share of the layer's time of that class). Shares per class sum to 1."""
+
+LayerPattern = tuple[tuple[PhaseClass, float], ...]
+"""A layer's runs in order, as :data:`LAYER_PATTERN`."""
+
+ELEMENTWISE_SHARES = (0.25, 0.35, 0.15)
+"""How :data:`LAYER_PATTERN` splits a layer's elementwise bytes: input norm, residual + norm, residual."""
+
+
+def layer_pattern(shape: TransformerShape, spec: GpuSpec) -> LayerPattern:
+    """The runs of one of ``shape``'s layers: :data:`LAYER_PATTERN`, or an MoE layer's (module docstring).
+
+    Args:
+        shape: The model shape (with ``moe`` for an MoE model).
+        spec: The GPU (the communication runs' latency and bandwidths).
+    """
+    moe = shape.moe
+    if moe is None:
+        return LAYER_PATTERN
+    b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
+    attention_flops = shape.layer_forward_gemm_flops() - router_flops(shape, moe) - expert_flops(shape, moe)
+    matrices = 3 if shape.gated_mlp else 2
+    compute = {
+        "attention": attention_flops / GEMM_EFFICIENCY
+        + shape.layer_forward_attention_flops() / ATTENTION_EFFICIENCY,
+        "router": router_flops(shape, moe) / GEMM_EFFICIENCY,
+        "fc1": expert_flops(shape, moe) * (matrices - 1) / matrices / GEMM_EFFICIENCY,
+        "fc2": expert_flops(shape, moe) / matrices / GEMM_EFFICIENCY,
+    }
+    elementwise = BF16_BYTES * 16 * b * s * h / sum(ELEMENTWISE_SHARES)
+    norm, residual_norm, residual = (share * elementwise for share in ELEMENTWISE_SHARES)
+    memory = {
+        "norm": norm,
+        "residual_norm": residual_norm,
+        "permute": router_bytes(shape, moe) + permute_bytes(shape, moe),
+        "activation": activation_bytes(shape, moe),
+        "unpermute": permute_bytes(shape, moe),
+        "residual": residual,
+    }
+    gaps_s = KERNELS_PER_LAYER["forward"] * LAUNCH_GAP_S
+    exchange_s = shape.layer_all_to_all_s(spec) / ALL_TO_ALLS_PER_LAYER_PASS  # one all-to-all, exposed
+    communication = {"tp": tp_all_reduce_s(shape, spec) + gaps_s / 2, "exchange": exchange_s}
+    c, m = sum(compute.values()), sum(memory.values())
+    k = 2 * communication["tp"] + 2 * communication["exchange"]
+    return (
+        ("memory", memory["norm"] / m),
+        ("compute", compute["attention"] / c),
+        ("communication", communication["tp"] / k),  # TP all-reduce (SP: reduce-scatter), launch gaps
+        ("memory", memory["residual_norm"] / m),
+        ("compute", compute["router"] / c),
+        ("memory", memory["permute"] / m),  # router softmax / top-k and permute
+        ("communication", communication["exchange"] / k),  # dispatch all-to-all
+        ("compute", compute["fc1"] / c),
+        ("memory", memory["activation"] / m),
+        ("compute", compute["fc2"] / c),
+        ("communication", communication["exchange"] / k),  # combine all-to-all
+        ("memory", memory["unpermute"] / m),
+        ("communication", communication["tp"] / k),  # TP all-gather before the next layer, launch gaps
+        ("memory", memory["residual"] / m),
+    )
 
 
 def _class_time(work: WorkProfile, kind: PhaseClass) -> float:
@@ -58,12 +141,13 @@ def coalesce(runs: list[Phase]) -> list[Phase]:
     return phases
 
 
-def modelled_phases(work: WorkProfile, layers: int) -> list[Phase]:
-    """The instruction's phases, ``work`` split evenly over ``layers`` layers of :data:`LAYER_PATTERN`.
+def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYER_PATTERN) -> list[Phase]:
+    """The instruction's phases, ``work`` split evenly over ``layers`` layers of ``pattern``.
 
     Args:
         work: The instruction's work at the maximum clock.
         layers: Transformer layers the instruction runs (1 when unknown: the coarsest split).
+        pattern: One layer's runs (:func:`layer_pattern`); a dense layer's by default.
 
     Raises:
         ValueError: If ``layers`` is not positive.
@@ -74,7 +158,7 @@ def modelled_phases(work: WorkProfile, layers: int) -> list[Phase]:
     runs = [
         Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind)))
         for _ in range(layers)
-        for kind, share in LAYER_PATTERN
+        for kind, share in pattern
     ]
     return coalesce(runs)
 

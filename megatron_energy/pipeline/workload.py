@@ -13,6 +13,10 @@ tensor-parallel rank (everything below divided by the TP degree unless marked re
 * Fixed time: tensor-parallel all-reduces (two per layer and pass, ring, over the spec's NVLink bandwidth) and
   kernel launch gaps.
 
+With ``moe`` the dense MLP's GEMMs and activation give way to an MoE layer's router, experts, permute and
+unpermute, and its expert-parallel all-to-alls (dispatch and combine) join the fixed time unless overlapped:
+:mod:`megatron_energy.pipeline.moe` has their formulas.
+
 The embedding (gather, and its gradient) runs on the first stage's first chunk; the final norm, LM head GEMM
 (``2bshV``) and the vocab-parallel cross-entropy (fp32 passes over ``bsV`` logits) on the last stage's last
 chunk. So first and last stages carry more work than the middle ones, as in real pipelines. Decoder layers
@@ -41,6 +45,16 @@ from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.instruction import Work
+from megatron_energy.pipeline.moe import (
+    ALL_TO_ALLS_PER_LAYER_PASS,
+    MoeShape,
+    activation_bytes,
+    all_to_all_s,
+    expert_flops,
+    permute_bytes,
+    router_bytes,
+    router_flops,
+)
 
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = 0.60
@@ -66,7 +80,9 @@ class TransformerShape:
         vocab_size: Vocabulary size ``V``.
         tensor_parallel: Tensor-parallel degree (FLOPs and sharded bytes are divided by it).
         num_query_groups: Key/value heads for grouped-query attention; None means one per attention head.
-        gated_mlp: Whether the MLP is gated (SwiGLU: three weight matrices instead of two).
+        gated_mlp: Whether the MLP is gated (SwiGLU: three weight matrices instead of two; the experts' too).
+        moe: The MoE layers replacing every layer's dense MLP (:mod:`megatron_energy.pipeline.moe`);
+            ``None``: a dense model.
     """
 
     num_layers: int
@@ -79,8 +95,11 @@ class TransformerShape:
     tensor_parallel: int = 1
     num_query_groups: int | None = None
     gated_mlp: bool = False
+    moe: MoeShape | None = None
 
     def __post_init__(self) -> None:
+        if self.moe is not None and not isinstance(self.moe, MoeShape):
+            raise ValueError(f"TransformerShape.moe must be a MoeShape or None, got {self.moe!r}")
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
@@ -94,6 +113,18 @@ class TransformerShape:
     def query_groups(self) -> int:
         """Key/value heads (equal to the attention heads without grouped-query attention)."""
         return self.num_query_groups or self.num_attention_heads
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerShape:
+        """A shape from a mapping of its fields (``dataclasses.asdict`` of one, or a job file's ``model``).
+
+        Raises:
+            ValueError: If a field is unknown or invalid (the MoE section's errors name ``moe.<key>``).
+            TypeError: If a required field is missing.
+        """
+        fields = dict(data)
+        moe = fields.pop("moe", None)
+        return cls(**fields, moe=None if moe is None else MoeShape.from_dict(moe))
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> TransformerShape:
@@ -114,9 +145,11 @@ class TransformerShape:
         """GEMM FLOPs of one layer's forward pass on one TP rank."""
         b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
         kv_width = self.query_groups * (h // self.num_attention_heads)
+        attention = (2 * b * s * h * (h + 2 * kv_width) + 2 * b * s * h * h) / self.tensor_parallel
+        if self.moe is not None:
+            return attention + router_flops(self, self.moe) + expert_flops(self, self.moe)
         mlp_matrices = 3 if self.gated_mlp else 2
-        total = 2 * b * s * h * (h + 2 * kv_width) + 2 * b * s * h * h + 2 * b * s * h * f * mlp_matrices
-        return total / self.tensor_parallel
+        return attention + 2 * b * s * h * f * mlp_matrices / self.tensor_parallel
 
     def layer_forward_attention_flops(self) -> float:
         """Attention (scores and values) FLOPs of one layer's forward pass on one TP rank."""
@@ -126,8 +159,25 @@ class TransformerShape:
     def layer_forward_memory_bytes(self) -> float:
         """Bytes moved by memory-bound kernels of one layer's forward pass on one TP rank."""
         b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
+        elementwise = BF16_BYTES * 16 * b * s * h
+        if self.moe is not None:
+            moe = self.moe
+            return (
+                elementwise
+                + router_bytes(self, moe)
+                + 2 * permute_bytes(self, moe)
+                + activation_bytes(self, moe)
+            )
         activation_elements = (3 if self.gated_mlp else 2) * b * s * f / self.tensor_parallel
-        return BF16_BYTES * (16 * b * s * h + activation_elements)
+        return elementwise + BF16_BYTES * activation_elements
+
+    def layer_all_to_all_s(self, spec: GpuSpec) -> float:
+        """Exposed expert all-to-all time of one MoE layer's pass (0 without MoE or when overlapped)."""
+        moe = self.moe
+        if moe is None or moe.overlapped_all_to_all:
+            return 0.0
+        bandwidth_gbps = moe.all_to_all_bandwidth_gbps or spec.nvlink_bandwidth_gbps
+        return ALL_TO_ALLS_PER_LAYER_PASS * all_to_all_s(self, moe, spec.p2p_latency_s, bandwidth_gbps)
 
     def activation_bytes(self) -> int:
         """Bytes of one microbatch's hidden states sent between pipeline stages (bf16)."""
@@ -204,7 +254,7 @@ def _memory_s(spec: GpuSpec, num_bytes: float) -> float:
     return num_bytes / (spec.memory_bandwidth_gbps * 1e9 * MEMORY_EFFICIENCY)
 
 
-def _tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
+def tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
     """Time of one ring all-reduce of the hidden states over the tensor-parallel group."""
     if shape.tensor_parallel == 1:
         return 0.0
@@ -218,7 +268,11 @@ def _layer_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfil
     compute_s = _gemm_s(spec, shape.layer_forward_gemm_flops(), GEMM_EFFICIENCY) + _gemm_s(
         spec, shape.layer_forward_attention_flops(), ATTENTION_EFFICIENCY
     )
-    fixed_s = 2 * _tp_all_reduce_s(shape, spec) + KERNELS_PER_LAYER[kind] * LAUNCH_GAP_S
+    fixed_s = (
+        2 * tp_all_reduce_s(shape, spec)
+        + shape.layer_all_to_all_s(spec)
+        + KERNELS_PER_LAYER[kind] * LAUNCH_GAP_S
+    )
     return WorkProfile(
         compute_s=factor * compute_s,
         memory_s=factor * _memory_s(spec, shape.layer_forward_memory_bytes()),
@@ -242,5 +296,5 @@ def _head_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile
     return WorkProfile(
         compute_s=factor * _gemm_s(spec, head_flops, GEMM_EFFICIENCY),
         memory_s=factor * _memory_s(spec, logits_bytes + norm_bytes),
-        fixed_s=_tp_all_reduce_s(shape, spec),
+        fixed_s=tp_all_reduce_s(shape, spec),
     )

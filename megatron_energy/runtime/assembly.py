@@ -17,7 +17,7 @@ from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.dag import PipelineDag
-from megatron_energy.pipeline.modelled_phases import modelled_phases
+from megatron_energy.pipeline.modelled_phases import layer_pattern, modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.runtime.context import JobContext, planning_parts
 from megatron_energy.runtime.control_plane.comms import RankComms
@@ -90,7 +90,10 @@ def build_timer(
             "simulated GPUs time instructions from a transformer shape; the job context has none"
         )
     work = instruction_work(context.shape, spec, context.pipeline_size, context.num_chunks, context.layers)
-    phases = {key: [phase.work for phase in modelled_phases(piece, 1)] for key, piece in work.items()}
+    pattern = layer_pattern(context.shape, spec)
+    phases = {
+        key: [phase.work for phase in modelled_phases(piece, 1, pattern)] for key, piece in work.items()
+    }
     return SimulatedTimer(handle.gpus, index, work, comms, PipelineDag.build(context.orders), phases)
 
 

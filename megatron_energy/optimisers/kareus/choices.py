@@ -13,7 +13,7 @@ Launch choice per class (``ClassChoice.launch``):
 * ``dp.all_gather``: ``0`` = ``"after_optimizer"`` (default), ``1`` = prefetch at ``"layer0"`` of the chunk's
   first forward (``--overlap-param-gather``);
 * ``tp.*``: ``0`` = NCCL where megatron-core launches it, ``1`` = ``"gemm_overlap"`` (TE userbuffers);
-* ``pp.send_recv``: no choice (``0``).
+* ``pp.send_recv`` and ``ep.all_to_all``: no choice (``0``): megatron-core issues them; a plan gives a budget.
 
 Clock offset (``ClassChoice.clock_steps``): the instructions a class overlaps run ``clock_steps`` x
 :data:`CLOCK_STEP_MHZ` away from the base plan's clock (snapped to a profiled clock): the chunk's last
@@ -145,12 +145,7 @@ class KareusModel:
 
     def load(self, collective: Collective, max_ctas: int | None) -> CommLoad:
         """The collective's CTA budget and link as a contention load."""
-        return CommLoad(
-            ctas=max_ctas or NCCL_DEFAULT_CTAS,
-            link_bandwidth_gbps=collective.bandwidth_gbps,
-            cta_bandwidth_gbps=self.spec.cta_bandwidth_gbps,
-            latency_s=self.spec.p2p_latency_s,
-        )
+        return comm_load(collective, max_ctas, self.spec)
 
     def boundary(self, collective: Collective, choice: ClassChoice) -> Boundary:
         """The launch point ``choice`` gives ``collective``."""
@@ -201,13 +196,13 @@ class KareusModel:
     def _add_inline(
         self, inline: dict[Work, InlineComm], collective: Collective, choice: ClassChoice, load: CommLoad
     ) -> None:
-        """Add a tensor-parallel class's per-instruction collectives to every instruction of its rank."""
+        """Add an inline class's per-instruction collectives (TP, expert all-to-all) to its rank's work."""
         passes = 2 * self.dag.orders.num_microbatches * self.dag.num_chunks
         per_pass = collective.launches_per_iteration / passes
         part = InlinePart(
             per_pass * load.duration_s(collective.traffic_bytes),
             load,
-            self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE,
+            collective.overlapped or self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE,
         )
         profiled_s = per_pass * self.load(collective, None).duration_s(collective.traffic_bytes)
         for work in {node.work for node in self.dag.stage_order(collective.stage)}:
@@ -266,6 +261,16 @@ class KareusModel:
                 CollectiveAction(self.boundary(collective, choice), collective.name, choice.max_ctas)
             )
         return actions
+
+
+def comm_load(collective: Collective, max_ctas: int | None, spec: GpuSpec) -> CommLoad:
+    """``collective`` at ``max_ctas`` CTAs (``None``: NCCL's default) on its link, as a contention load."""
+    return CommLoad(
+        ctas=max_ctas or NCCL_DEFAULT_CTAS,
+        link_bandwidth_gbps=collective.bandwidth_gbps,
+        cta_bandwidth_gbps=spec.cta_bandwidth_gbps,
+        latency_s=spec.p2p_latency_s,
+    )
 
 
 def _snap(grid: list[int], clock_mhz: float) -> int:

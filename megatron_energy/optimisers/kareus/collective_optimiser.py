@@ -79,7 +79,7 @@ def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
     if key in ("dp.reduce_scatter", "dp.all_reduce"):
         launches = (-1, 0, 1, 2) if levers is None or levers.overlap_grad_reduce else (-1,)
         return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16, 32), launches=launches, clock_steps=(-2, -1, 0, 1))
-    if levers is not None and (key == "dp.all_gather" or group in ("pp", "tp")):
+    if levers is not None and (key == "dp.all_gather" or group in ("pp", "tp", "ep")):
         fixed = default_choice(key, levers)
         clocks = _tp_clock_steps(key) if group == "tp" else (0,)
         ctas = CTA_DEFAULT if fixed.max_ctas is None else fixed.max_ctas
@@ -88,6 +88,8 @@ def class_space(key: str, workload: CollectiveWorkload) -> ClassSpace:
         return ClassSpace(ctas=(CTA_DEFAULT, 2, 4, 8, 16), launches=(0, 1))
     if key == "pp.send_recv":
         return ClassSpace(ctas=(CTA_DEFAULT, 1, 2, 4, 8))
+    if key == "ep.all_to_all":  # inside every MoE layer, where megatron-core issues it: a budget only
+        return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32))
     overlaps = (0, 1) if workload.sequence_parallel else (0,)
     return ClassSpace(ctas=(CTA_DEFAULT, 4, 8, 16, 32), launches=overlaps, clock_steps=_tp_clock_steps(key))
 

@@ -92,7 +92,7 @@ class _Context:
             target_s = self.model.time_s(work, max(self.clocks))
             scale = target_s / total_s if total_s > 0 else 1.0
             return coalesce([Phase(p.kind, 0.0, p.work.scaled(scale), p.kernels) for p in phases])
-        return modelled_phases(work, self.job.layers_per_chunk or 1)
+        return modelled_phases(work, self.job.layers_per_chunk or 1, self.job.layer_pattern)
 
     def refine(self, point: PlanPoint) -> PlanPoint:
         """``point`` with phase actions after each instruction's clock action and in the tail."""

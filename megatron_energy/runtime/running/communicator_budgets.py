@@ -24,12 +24,13 @@ from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Action, CollectiveAction, Plan
 
-MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp"}
+MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp", "ep": "ep"}
 """Group of a plan's collective name (``pipeline.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
 
 DDP reduces gradients over ``intra_dp_cp_group``, which is the ``dp_cp`` communicator with a single
 distributed-optimizer instance (``parallel_state.py:967``); with ``--num-distributed-optimizer-instances``
-> 1 it is ``intra_dp_cp`` (not covered: see ``megatron.communicators``)."""
+> 1 it is ``intra_dp_cp`` (not covered: see ``megatron.communicators``). The MoE all-to-all runs on the
+expert-parallel group, created with the ``ep`` key (``parallel_state.py:1361``)."""
 
 MAX_CTAS_LIMIT = 64
 """Largest CTA budget NCCL accepts (``MAXCHANNELS`` of NCCL 2.17+; Hopper's default cap is 32)."""
@@ -141,7 +142,7 @@ def communicator_config(
     return config
 
 
-FIXED_GROUPS = ("pp", "tp")
+FIXED_GROUPS = ("pp", "tp", "ep")
 """Groups whose collectives megatron-core launches itself: their budget is fixed for the run."""
 
 
