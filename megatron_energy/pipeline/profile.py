@@ -27,7 +27,7 @@ from typing import Literal, get_args
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
-from megatron_energy.pipeline.instruction import KINDS, Work
+from megatron_energy.pipeline.instruction import KINDS, Work, is_fused_kind
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
 __all__ = ["ClockOption", "Profile", "ProfileSource", "RowWarning", "TransformerShape", "Work"]
@@ -331,8 +331,8 @@ def _checked_key(key: Work) -> Work:
     stage, chunk, kind = key
     if not (isinstance(stage, int) and stage >= 0 and isinstance(chunk, int) and chunk >= 0):
         raise ValueError(f"stage and chunk must be non-negative integers in key {key!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS} in key {key!r}")
+    if kind not in KINDS and not is_fused_kind(kind):
+        raise ValueError(f"kind must be one of {KINDS} or a fused kind (fused+b<chunk>) in key {key!r}")
     return key
 
 

@@ -83,7 +83,7 @@ def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
         lower_bound_j=point.lower_bound_j,
         ranks=tuple(
             RankPlan(
-                actions=clock_actions(point.clocks, dag.stage_order(stage)),
+                actions=clock_actions(point.clocks, dag.stage_steps(stage)),
                 energy_j=point.stage_energy_j[stage],
                 busy_s=point.stage_busy_s[stage],
             )

@@ -1,0 +1,79 @@
+"""The combined 1F1B orders (``pipeline_orders(..., combined=True)``) equal the steps megatron-core runs.
+
+A 4-rank gloo world runs megatron-core's real combined schedules (``combined_1f1b_world``: its loops, p2p and
+bookkeeping; the layer-wise step itself is a CPU stand-in) for every shape megatron-core takes the combined
+path on: no pipelining, and interleaved pipelines of 2 and 4 stages with 2 chunks, at several microbatch
+counts. Each rank's recorded steps must equal that rank's order, fused pair for fused pair.
+"""
+
+from __future__ import annotations
+
+import pytest
+from combined_1f1b_world import SHAPES, record_combined_orders
+from megatron_harness import spawn_world
+
+from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step
+
+WORLD_SIZE = 4
+SHAPE_KEYS = [
+    (pipeline_size, virtual_size or 1, microbatches)
+    for pipeline_size, virtual_size, counts in SHAPES
+    for microbatches in counts
+]
+
+
+def _as_recorded(step: Step) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """A step as the recorder writes it: ``((microbatch, chunk) of the forward, ... of the backward)``."""
+    if isinstance(step, FusedInstruction):
+        return (step.forward.microbatch, step.forward.chunk), (step.backward.microbatch, step.backward.chunk)
+    assert isinstance(step, Instruction)
+    ids = (step.microbatch, step.chunk)
+    return (ids, None) if step.kind == "forward" else (None, ids)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return spawn_world(record_combined_orders, WORLD_SIZE, tmp_path_factory.mktemp("combined_1f1b"))
+
+
+@pytest.mark.world
+@pytest.mark.parametrize("shape", SHAPE_KEYS, ids=lambda shape: "pp{}-vpp{}-m{}".format(*shape))
+def test_combined_orders_equal_the_steps_megatron_core_runs(recorded: list[dict], shape) -> None:
+    pipeline_size, num_chunks, microbatches = shape
+    orders = pipeline_orders(pipeline_size, microbatches, num_chunks, combined=True)
+    for rank_results in recorded:
+        result = rank_results[shape]
+        expected = [_as_recorded(step) for step in orders.steps(result["stage"])]
+        assert result["steps"] == expected
+    # the shape really fuses: every steady step runs a forward and a backward together
+    fused = sum(isinstance(step, FusedInstruction) for step in orders.all_steps())
+    assert fused > 0 or microbatches == 1
+
+
+def test_no_pipelining_is_one_forward_fused_pairs_and_one_backward() -> None:
+    labels = [step.label for step in pipeline_orders(1, 4, combined=True).steps(0)]
+    assert labels == ["F0c0", "F1c0+B0c0", "F2c0+B1c0", "F3c0+B2c0", "B3c0"]
+
+
+def test_interleaved_warmup_is_one_microbatch_longer_than_without_fusing() -> None:
+    plain = pipeline_orders(2, 4, 2)
+    combined = pipeline_orders(2, 4, 2, combined=True)
+    for stage in range(2):
+        plain_warmup = next(i for i, step in enumerate(plain.stage(stage)) if step.kind == "backward") - 1
+        combined_warmup = next(i for i, step in enumerate(combined.steps(stage)) if step.kind != "forward")
+        assert combined_warmup == plain_warmup + 1
+
+
+def test_the_two_passes_of_a_fused_step_never_depend_on_each_other() -> None:
+    for shape in SHAPE_KEYS:
+        for step in pipeline_orders(shape[0], shape[2], shape[1], combined=True).all_steps():
+            if isinstance(step, FusedInstruction):
+                assert step.forward.microbatch != step.backward.microbatch or (
+                    step.forward.chunk != step.backward.chunk
+                )
+
+
+def test_combined_pipelining_without_interleaving_is_refused_as_megatron_core_refuses_it() -> None:
+    with pytest.raises(ValueError, match="only when interleaved"):
+        pipeline_orders(2, 4, combined=True)
