@@ -234,8 +234,8 @@ class PipelineDag:
             The DAG.
 
         Raises:
-            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it), or a
-                measured tail does not give one energy per stage.
+            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it), a fused step
+                pairs a pass with one it waits for, or a measured tail does not give one energy per stage.
         """
         stage_orders = [list(orders.steps(stage)) for stage in range(orders.num_stages)]
         if tail is not None and tail.is_measured and len(tail.stage_energy_j) != len(stage_orders):
@@ -465,7 +465,8 @@ def _add_transfers(
                 receiver = step_of[receiver_pass]
                 if receiver == node:
                     raise EnergyValueError(
-                        f"{node.label} fuses {receiver_pass.label} with a pass it waits for"
+                        f"the step {node.label} fuses {receiver_pass.label} with {sender.label}, which it "
+                        "waits for: megatron-core never fuses dependent passes"
                     )
                 if receiver.stage == node.stage:
                     edges.append((node, receiver))

@@ -8,9 +8,10 @@ only and extrapolated the rest) or ``"simulated"`` (profiled on simulated GPUs, 
 with emulated noise).
 
 CSV format (interoperable with Perseus/lowtime): columns ``stage,instruction,frequency,time,energy`` (seconds,
-joules; ``instruction`` is ``forward`` or ``backward``), plus an optional ``chunk`` column (virtual-pipeline
-model chunk, 0 when absent) and an optional ``source`` column (the provenance, the same on every row; written
-by :meth:`Profile.to_csv_text`, so the provenance travels with the file). Other columns are ignored.
+joules; ``instruction`` is ``forward``, ``backward`` or, for a combined 1F1B step, ``fused+b<backward
+chunk>``), plus an optional ``chunk`` column (virtual-pipeline model chunk, 0 when absent) and an optional
+``source`` column (the provenance, the same on every row; written by :meth:`Profile.to_csv_text`, so the
+provenance travels with the file). Other columns are ignored.
 """
 
 from __future__ import annotations
@@ -427,6 +428,9 @@ def _parse_float(text: str, column: str, where: str) -> float:
 def _parse_kind(text: str, where: str) -> str:
     """Parse the instruction column."""
     kind = text.strip()
-    if kind not in KINDS:
-        raise ValueError(f"{where}: column 'instruction': expected 'forward' or 'backward', got {text!r}")
+    if kind not in KINDS and not is_fused_kind(kind):
+        raise ValueError(
+            f"{where}: column 'instruction': expected 'forward', 'backward' or a fused step's "
+            f"'fused+b<chunk>', got {text!r}"
+        )
     return kind
