@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from megatron_harness import PipelineWorld
+from megatron_harness import PipelineWorld, RecordingListener
 
 Pass = tuple[int, int]
 """``(microbatch, chunk)``."""
@@ -115,11 +115,32 @@ class _RecordingStep:
         return output_tensor, num_tokens, input_tensor_grad
 
 
+def _hooked(world: PipelineWorld, recorder: _RecordingStep, num_microbatches: int) -> tuple[Any, list]:
+    """The launcher's hooks on this world (``install_hooks(combined=True)``'s pieces): the timers proxy
+    with the forward/backward timers silenced, and ``combined_step_hooks`` around the recorder."""
+    from megatron.core.timers import Timers
+
+    from megatron_energy.megatron.hooks import (
+        ExpectedOrder,
+        HookedTimers,
+        ScheduleHooks,
+        combined_step_hooks,
+        current_rank_order,
+    )
+
+    listener = RecordingListener()
+    hooks = ScheduleHooks(listener)
+    expected = ExpectedOrder(lambda: current_rank_order(num_microbatches, combined=True))
+    world.config.timers = HookedTimers(Timers(0, "minmax"), hooks, expected, combined=True)
+    return combined_step_hooks(recorder, hooks, expected), listener.events
+
+
 def record_combined_orders(rank: int, world_size: int, payload: None) -> dict[tuple[int, int, int], dict]:
-    """Worker: run every shape of ``SHAPES`` that fits the world; per shape, this rank's recorded steps.
+    """Worker: run every shape of ``SHAPES`` that fits the world, under the launcher's combined-1F1B hooks.
 
     Returns:
-        ``(pipeline size, virtual size or 1, microbatches)`` -> ``{"stage": pipeline rank, "steps": [...]}``.
+        ``(pipeline size, virtual size or 1, microbatches)`` -> ``{"stage": pipeline rank, "steps": [...],
+        "events": the hooks' events, "losses": [...]}``.
     """
     from megatron.core.pipeline_parallel import combined_1f1b, utils
 
@@ -135,12 +156,15 @@ def record_combined_orders(rank: int, world_size: int, payload: None) -> dict[tu
                 chunk.config.overlap_moe_expert_parallel_comm = True
             for num_microbatches in microbatch_counts:
                 recorder = _RecordingStep(world)
-                combined_1f1b.combined_forward_backward_step = recorder
+                combined_1f1b.combined_forward_backward_step, events = _hooked(
+                    world, recorder, num_microbatches
+                )
                 losses = world.run(num_microbatches)
                 assert all(torch.isfinite(torch.tensor(losses))), losses
                 results[pipeline_size, virtual_size or 1, num_microbatches] = {
                     "stage": world.pipeline_rank,
                     "steps": recorder.steps,
+                    "events": events,
                     "losses": losses,
                 }
     finally:

@@ -32,6 +32,12 @@ def _as_recorded(step: Step) -> tuple[tuple[int, int] | None, tuple[int, int] | 
     return (ids, None) if step.kind == "forward" else (None, ids)
 
 
+def _as_events(step: Step) -> list[tuple]:
+    """The hooks' events of one step: one instruction, ``fused`` with the forward's ids for a pair."""
+    ids = (step.kind, step.microbatch, step.chunk)
+    return [("instruction_begin", *ids), ("instruction_end", *ids)]
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return spawn_world(record_combined_orders, WORLD_SIZE, tmp_path_factory.mktemp("combined_1f1b"))
@@ -77,3 +83,29 @@ def test_the_two_passes_of_a_fused_step_never_depend_on_each_other() -> None:
 def test_combined_pipelining_without_interleaving_is_refused_as_megatron_core_refuses_it() -> None:
     with pytest.raises(ValueError, match="only when interleaved"):
         pipeline_orders(2, 4, combined=True)
+
+
+@pytest.mark.world
+@pytest.mark.parametrize("shape", SHAPE_KEYS, ids=lambda shape: "pp{}-vpp{}-m{}".format(*shape))
+def test_hooks_report_every_combined_step_as_one_instruction(recorded: list[dict], shape) -> None:
+    pipeline_size, num_chunks, microbatches = shape
+    orders = pipeline_orders(pipeline_size, microbatches, num_chunks, combined=True)
+    for rank_results in recorded:
+        result = rank_results[shape]
+        events = [event for event in result["events"] if event[0].startswith(("instruction", "step"))]
+        expected = [event for step in orders.steps(result["stage"]) for event in _as_events(step)]
+        assert events == [("step_begin", 0), *expected, ("step_end", 0)]
+
+
+def test_a_combined_step_that_runs_other_passes_than_predicted_is_a_mismatch() -> None:
+    from megatron_energy.megatron.hooks import ExpectedOrder, ScheduleMismatchError
+
+    expected = ExpectedOrder(lambda: pipeline_orders(1, 3, combined=True).steps(0))
+    expected.start()
+    assert expected.begin_step(True, False, 0).label == "F0c0"
+    with pytest.raises(ScheduleMismatchError, match=r"is a forward, but .* predicts fused"):
+        expected.begin_step(True, False, 1)
+    expected.start()
+    expected.begin_step(True, False, 0)
+    with pytest.raises(ScheduleMismatchError, match=r"runs the forward of microbatch 2.*predicts F1c0\+B0c0"):
+        expected.begin_step(True, True, 2)
