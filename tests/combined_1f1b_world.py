@@ -12,9 +12,10 @@ a CPU stand-in that runs megatron-core's own ``forward_step`` then ``backward_st
 stand-in records which forward and which backward each call ran: the forward's ids from its arguments, the
 backward's from a tag its own forward put on the output tensor that megatron-core hands back for the backward.
 
-Two CPU shims, besides the harness's: ``pipeline_parallel.utils._COMM_STREAM`` is preset (``set_streams``
-creates a CUDA stream), and the flag is set on the built model's config (``TransformerConfig`` asserts
-EP > 1, an alltoall/flex dispatcher and bf16/fp16 before it accepts it).
+The energy session's world (``session_world``, ``combined=True``) uses the same stand-in
+(:func:`use_cpu_combined_step`). Two CPU shims, besides the harness's: ``pipeline_parallel.utils._COMM_STREAM``
+is preset (``set_streams`` creates a CUDA stream), and the flag is set on the built model's config
+(``TransformerConfig`` asserts EP > 1, an alltoall/flex dispatcher and bf16/fp16 before it accepts it).
 """
 
 from __future__ import annotations
@@ -135,6 +136,18 @@ def _hooked(world: PipelineWorld, recorder: _RecordingStep, num_microbatches: in
     return combined_step_hooks(recorder, hooks, expected), listener.events
 
 
+def use_cpu_combined_step(world: PipelineWorld) -> _RecordingStep:
+    """Make ``world`` run megatron-core's combined 1F1B schedules with the CPU stand-in step (until exit)."""
+    from megatron.core.pipeline_parallel import combined_1f1b, utils
+
+    utils._COMM_STREAM = utils._COMM_STREAM or "no CUDA stream on CPU"  # set_streams: torch.cuda.Stream
+    for chunk in world.chunks:
+        chunk.config.overlap_moe_expert_parallel_comm = True
+    recorder = _RecordingStep(world)
+    combined_1f1b.combined_forward_backward_step = recorder
+    return recorder
+
+
 def record_combined_orders(rank: int, world_size: int, payload: None) -> dict[tuple[int, int, int], dict]:
     """Worker: run every shape of ``SHAPES`` that fits the world, under the launcher's combined-1F1B hooks.
 
@@ -142,9 +155,8 @@ def record_combined_orders(rank: int, world_size: int, payload: None) -> dict[tu
         ``(pipeline size, virtual size or 1, microbatches)`` -> ``{"stage": pipeline rank, "steps": [...],
         "events": the hooks' events, "losses": [...]}``.
     """
-    from megatron.core.pipeline_parallel import combined_1f1b, utils
+    from megatron.core.pipeline_parallel import combined_1f1b
 
-    utils._COMM_STREAM = utils._COMM_STREAM or "no CUDA stream on CPU"  # set_streams: torch.cuda.Stream
     original = combined_1f1b.combined_forward_backward_step
     results: dict[tuple[int, int, int], dict] = {}
     try:

@@ -109,3 +109,39 @@ def test_a_combined_step_that_runs_other_passes_than_predicted_is_a_mismatch() -
     expected.begin_step(True, False, 0)
     with pytest.raises(ScheduleMismatchError, match=r"runs the forward of microbatch 2.*predicts F1c0\+B0c0"):
         expected.begin_step(True, True, 2)
+
+
+@pytest.mark.world
+def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path) -> None:
+    """PP=2 x VPP=2 combined 1F1B on simulated GPUs (modelled figures): fused steps are timed while profiling,
+    Perseus plans a clock per fused step, and every rank runs that plan."""
+    import json
+
+    from session_world import SessionSettings, run_world
+
+    from megatron_energy.plan import Plan
+    from megatron_energy.runtime.session_phase import SessionPhase
+
+    energy_dir = tmp_path / "energy"
+    settings = SessionSettings(
+        pipeline_size=2,
+        virtual_size=2,
+        num_microbatches=4,
+        combined=True,
+        freq_grid=(1980, 1530, 1305),
+        profile_iters=1,
+        run_steps=3,
+        energy_dir=energy_dir,
+    )
+    reports = run_world(settings, tmp_path / "results")
+    orders = pipeline_orders(2, 4, 2, combined=True)
+    fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
+    plan = Plan.load(energy_dir / fingerprint / "plan.json")
+    assert plan.optimisers == ("perseus",)
+    for report in reports:
+        assert [step.phase for step in report.steps][-settings.run_steps :] == [SessionPhase.PLANNED] * 3
+        for phase in (SessionPhase.PROFILING, SessionPhase.PLANNED):
+            timed = [(kind, mb) for _, ph, kind, mb, _, _ in report.instructions if ph == phase]
+            expected = [(step.kind, step.microbatch) for step in orders.steps(report.stage)]
+            assert timed[: len(expected)] == expected  # one timed sample per step, fused ones as such
+        assert list(plan.target_point.step_clocks(report.stage)) == list(orders.steps(report.stage))

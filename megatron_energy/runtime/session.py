@@ -75,7 +75,7 @@ from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.baseline_length import pilot_steps, stock_steps_needed
 from megatron_energy.runtime.cache import JobCache
@@ -186,6 +186,11 @@ class EnergySession:
     ) -> None:
         self.config = config
         self.context = context
+        self._fused_steps = {
+            step.forward: step
+            for step in context.orders.steps(context.pipeline_rank)
+            if isinstance(step, FusedInstruction)
+        }
         self.optimiser = optimiser
         self.controller = controller
         self.meter = meter
@@ -286,14 +291,26 @@ class EnergySession:
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
 
+    def _step(self, kind: str, microbatch: int, chunk: int) -> Step:
+        """The step an instruction event names: a pass, or (kind ``fused``, with the forward's ids) a pair."""
+        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        if kind != FUSED:
+            return instruction
+        return self._fused_steps[instruction._replace(kind="forward")]
+
     @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary.
 
         The clocks of phases inside it go to the phase switcher, anchored to the same boundary marker.
         """
-        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
-        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+        instruction = self._step(kind, microbatch, chunk)
+        # kernel ranges cover single passes only: the kernel optimiser plans no combined 1F1B steps
+        if (
+            self.kernel_timeline is not None
+            and self.kernel_timeline.recording
+            and isinstance(instruction, Instruction)
+        ):
             self.kernel_timeline.instruction_begin(instruction)
         boundary = self.timer.begin(instruction)
         if self.runner is not None:
@@ -308,11 +325,15 @@ class EnergySession:
     @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end (the phase switcher drops its requests the GPU passes it by)."""
-        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        instruction = self._step(kind, microbatch, chunk)
         marker = self.timer.end(instruction)
         if self.phase_switcher is not None:
             self.phase_switcher.end(instruction, marker)
-        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+        if (
+            self.kernel_timeline is not None
+            and self.kernel_timeline.recording
+            and isinstance(instruction, Instruction)
+        ):
             self.kernel_timeline.instruction_end(instruction)
 
     @host_timed
@@ -813,7 +834,7 @@ class EnergySession:
                 release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
             )
             runner = PlanRunner(
-                plan, self.context.pipeline_rank, self.context.orders.stage(self.context.pipeline_rank)
+                plan, self.context.pipeline_rank, self.context.orders.steps(self.context.pipeline_rank)
             )
             problem = None
         except Exception as error:  # agreed on below, never raised into the step
@@ -1004,7 +1025,7 @@ class EnergySession:
         if not self.safety.observe_stock(figures.iteration_s, stock_s, self.baseline.iteration_noise_s):
             return
         rank = self.context.pipeline_rank
-        self.runner = PlanRunner(plan, rank, self.context.orders.stage(rank))
+        self.runner = PlanRunner(plan, rank, self.context.orders.steps(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.phase = SessionPhase.PLANNED
         self.printer(
