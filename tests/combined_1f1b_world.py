@@ -13,9 +13,10 @@ stand-in records which forward and which backward each call ran: the forward's i
 backward's from a tag its own forward put on the output tensor that megatron-core hands back for the backward.
 
 The energy session's world (``session_world``, ``combined=True``) uses the same stand-in
-(:func:`use_cpu_combined_step`). Two CPU shims, besides the harness's: ``pipeline_parallel.utils._COMM_STREAM``
-is preset (``set_streams`` creates a CUDA stream), and the flag is set on the built model's config
-(``TransformerConfig`` asserts EP > 1, an alltoall/flex dispatcher and bf16/fp16 before it accepts it).
+(:func:`use_cpu_combined_step`). Two CPU shims, besides the harness's: ``_COMM_STREAM`` in
+``pipeline_parallel.utils`` is preset (``set_streams`` creates a CUDA stream), and the flag is set on the
+built model's config (``TransformerConfig`` asserts EP > 1, an alltoall/flex dispatcher and bf16/fp16 before
+it accepts it).
 """
 
 from __future__ import annotations
