@@ -112,13 +112,14 @@ def test_a_combined_step_that_runs_other_passes_than_predicted_is_a_mismatch() -
 
 
 @pytest.mark.world
-def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path) -> None:
+def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path, capsys) -> None:
     """PP=2 x VPP=2 combined 1F1B on simulated GPUs (modelled figures): fused steps are timed while profiling,
     Perseus plans a clock per fused step, and every rank runs that plan."""
     import json
 
     from session_world import SessionSettings, run_world
 
+    from megatron_energy.cli import main
     from megatron_energy.plan import Plan
     from megatron_energy.runtime.session_phase import SessionPhase
 
@@ -145,3 +146,11 @@ def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path) -> 
             expected = [(step.kind, step.microbatch) for step in orders.steps(report.stage)]
             assert timed[: len(expected)] == expected  # one timed sample per step, fused ones as such
         assert list(plan.target_point.step_clocks(report.stage)) == list(orders.steps(report.stage))
+    # the cache names the schedule (a plain 1F1B job's plan is never reused), and the report rebuilds its DAG
+    assert json.loads((energy_dir / fingerprint / "job.json").read_text())["parts"]["combined_1f1b"] is True
+    assert main(["report", "--energy-dir", str(energy_dir)]) == 0
+    timeline = json.loads((energy_dir / fingerprint / "timeline.json").read_text())
+    fused_events = [
+        e for e in timeline["traceEvents"] if e["ph"] == "X" and "+B" in str(e["args"].get("instruction"))
+    ]
+    assert fused_events
