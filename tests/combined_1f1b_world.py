@@ -13,10 +13,9 @@ stand-in records which forward and which backward each call ran: the forward's i
 backward's from a tag its own forward put on the output tensor that megatron-core hands back for the backward.
 
 The energy session's world (``session_world``, ``combined=True``) uses the same stand-in
-(:func:`use_cpu_combined_step`). Two CPU shims, besides the harness's: ``_COMM_STREAM`` in
-``pipeline_parallel.utils`` is preset (``set_streams`` creates a CUDA stream), and the flag is set on the
-built model's config (``TransformerConfig`` asserts EP > 1, an alltoall/flex dispatcher and bf16/fp16 before
-it accepts it).
+(:func:`use_cpu_combined_step`). Two CPU shims, besides the harness's: the communication stream is preset
+(``set_streams`` otherwise creates a CUDA stream), and the flag is set on the built model's config
+(``TransformerConfig`` asserts EP > 1, an alltoall/flex dispatcher and bf16/fp16 before it accepts it).
 """
 
 from __future__ import annotations
@@ -139,9 +138,10 @@ def _hooked(world: PipelineWorld, recorder: _RecordingStep, num_microbatches: in
 
 def use_cpu_combined_step(world: PipelineWorld) -> _RecordingStep:
     """Make ``world`` run megatron-core's combined 1F1B schedules with the CPU stand-in step (until exit)."""
-    from megatron.core.pipeline_parallel import combined_1f1b, utils
+    from megatron.core.pipeline_parallel import combined_1f1b
 
-    utils._COMM_STREAM = utils._COMM_STREAM or "no CUDA stream on CPU"  # set_streams: torch.cuda.Stream
+    # set_streams keeps the first stream it is given; without one it creates a CUDA stream
+    combined_1f1b.set_streams(comm_stream="no CUDA stream on CPU")
     for chunk in world.chunks:
         chunk.config.overlap_moe_expert_parallel_comm = True
     recorder = _RecordingStep(world)
@@ -165,10 +165,8 @@ def record_combined_orders(rank: int, world_size: int, payload: None) -> dict[tu
             if world_size % pipeline_size:
                 continue
             world = PipelineWorld(pipeline_size=pipeline_size, virtual_size=virtual_size)
-            for chunk in world.chunks:
-                chunk.config.overlap_moe_expert_parallel_comm = True
             for num_microbatches in microbatch_counts:
-                recorder = _RecordingStep(world)
+                recorder = use_cpu_combined_step(world)
                 combined_1f1b.combined_forward_backward_step, events = _hooked(
                     world, recorder, num_microbatches
                 )
