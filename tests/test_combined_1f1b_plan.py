@@ -117,3 +117,14 @@ def test_perseus_clocks_every_fused_step_and_saves_energy_within_the_time_budget
     assert result.total_energy_j < plan.baseline.energy_j
     fused = next(s for s in dag.stage_steps(stages - 1) if isinstance(s, FusedInstruction))
     assert loaded.clock_for(stages - 1, fused.forward) == clocks[fused]
+
+
+def test_a_profile_with_fused_steps_survives_its_csv(tmp_path) -> None:
+    orders = pipeline_orders(2, 4, 2, combined=True)
+    profile = with_fused_steps(_profile(2, 2), orders)
+    path = tmp_path / "profile.csv"
+    path.write_text(profile.to_csv_text())
+    loaded = Profile.from_csv(path, gpu_name=profile.gpu_name)
+    assert set(loaded) == set(profile) and set(fused_works(orders)) <= set(loaded)
+    for work in fused_works(orders):
+        assert loaded.options(work) == profile.options(work)
