@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     try:
-        require_supported(refused_in_argv(megatron_args))
+        require_supported(refused_in_argv(megatron_args, config.mode if config.optimise else None))
     except UnsupportedModeError as refused:
         print(f"megatron_energy.launch: {refused}", file=sys.stderr)
         return 2
@@ -178,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     installation = install_hooks(
         ListenerFanout(listeners),
         microbatch_group_size=settings.microbatch_group_size_per_virtual_pipeline_stage,
+        combined=settings.overlap_moe_expert_parallel_comm,
     )
     try:
         run_script(script, megatron_args)

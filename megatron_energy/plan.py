@@ -37,7 +37,7 @@ from typing import Any, Literal, NamedTuple
 from megatron_energy import __version__
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.instruction import KINDS, Instruction
+from megatron_energy.pipeline.instruction import KINDS, FusedInstruction, Instruction, Step, StepKey
 
 SCHEMA_VERSION = 2
 """Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes."""
@@ -54,9 +54,25 @@ class Boundary(NamedTuple):
     """Where an action takes effect: the start of an instruction, or of a named phase inside it."""
 
     instruction: Instruction
-    """The instruction."""
+    """The instruction (of a fused step: its forward, with which the step starts)."""
     phase: str | None = None
     """A phase (kernel group) inside the instruction; ``None`` for the instruction's start."""
+    backward: Instruction | None = None
+    """Combined 1F1B: the backward run with ``instruction`` as one fused step; ``None`` for a single pass."""
+
+    @property
+    def step(self) -> Step:
+        """The DAG node the boundary belongs to: the instruction, or the fused step it starts."""
+        return (
+            self.instruction if self.backward is None else FusedInstruction(self.instruction, self.backward)
+        )
+
+
+def step_boundary(step: Step, phase: str | None = None) -> Boundary:
+    """The boundary at the start of a step (or of a phase inside it)."""
+    if isinstance(step, FusedInstruction):
+        return Boundary(step.forward, phase, step.backward)
+    return Boundary(step, phase)
 
 
 @dataclass(frozen=True)
@@ -122,9 +138,16 @@ class PlanPoint:
         return self.energy_j / self.lower_bound_j - 1.0
 
     def clock_table(self, stage: int) -> dict[Instruction, int]:
-        """The clock locked at each instruction start of one rank."""
+        """The clock locked at each instruction start of one rank (a fused step's under its forward)."""
         return {
-            action.at.instruction: action.clock_mhz
+            step.forward if isinstance(step, FusedInstruction) else step: clock
+            for step, clock in self.step_clocks(stage).items()
+        }
+
+    def step_clocks(self, stage: int) -> dict[Step, int]:
+        """The clock locked at each step start of one rank, keyed by DAG node (fused steps as such)."""
+        return {
+            action.at.step: action.clock_mhz
             for action in self.ranks[stage].actions
             if isinstance(action, ClockAction) and action.at.phase is None
         }
@@ -390,6 +413,8 @@ def _boundary_json(at: Boundary) -> dict[str, Any]:
     body: dict[str, Any] = {"stage": stage, "chunk": chunk, "microbatch": microbatch, "kind": kind}
     if at.phase is not None:
         body["phase"] = at.phase
+    if at.backward is not None:
+        body |= {"backward_chunk": at.backward.chunk, "backward_microbatch": at.backward.microbatch}
     return body
 
 
@@ -487,7 +512,15 @@ def _boundary(entry: object, stage: int, where: str) -> Boundary:
     phase = data.get("phase")
     if phase is not None:
         _require(phase, str, f"{where}.phase")
-    return Boundary(_instruction(data, stage, where), phase)
+    backward = None
+    if "backward_chunk" in data or "backward_microbatch" in data:
+        backward = Instruction(
+            stage,
+            _index(data.get("backward_chunk"), f"{where}.backward_chunk"),
+            _index(data.get("backward_microbatch"), f"{where}.backward_microbatch"),
+            "backward",
+        )
+    return Boundary(_instruction(data, stage, where), phase, backward)
 
 
 def _action(entry: object, stage: int, where: str) -> Action:
@@ -642,6 +675,6 @@ def _parse_v1(body: Mapping[str, Any]) -> Plan:
 _PARSERS: dict[int, Callable[[Mapping[str, Any]], Plan]] = {1: _parse_v1, 2: _parse_v2}
 
 
-def clock_actions(clocks: Mapping[Instruction, int], order: Sequence[Instruction]) -> tuple[Action, ...]:
-    """One clock action at the start of every instruction of ``order``, in that order."""
-    return tuple(ClockAction(Boundary(instruction), clocks[instruction]) for instruction in order)
+def clock_actions(clocks: Mapping[StepKey, int], order: Sequence[StepKey]) -> tuple[Action, ...]:
+    """One clock action at the start of every step of ``order`` (instructions, or fused steps), in order."""
+    return tuple(ClockAction(step_boundary(step), clocks[step]) for step in order)

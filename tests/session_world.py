@@ -104,6 +104,13 @@ class SessionSettings:
     planning: Planning = "auto"
     """``--energy-planning`` (``auto`` waits for the planner on simulated GPUs)."""
 
+    virtual_size: int | None = None
+    """Model chunks per rank (interleaved schedule); ``None`` for plain 1F1B."""
+
+    combined: bool = False
+    """``--overlap-moe-expert-parallel-comm``: megatron-core's combined 1F1B schedule, its layer-wise step
+    replaced by ``combined_1f1b_world``'s CPU stand-in (the launcher's hooks wrap that stand-in)."""
+
     sys_path: tuple[Path, ...] = ()
     """Folders put first on every rank's ``sys.path`` (a plugin optimiser's, ``plugin_site``)."""
 
@@ -183,14 +190,19 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         ddp_world = DdpWorld(settings.pipeline_size, bucket_size=None)
         world, run_schedule = ddp_world.world, ddp_world.run
     else:
-        world = PipelineWorld(settings.pipeline_size)
+        world = PipelineWorld(settings.pipeline_size, settings.virtual_size)
         run_schedule = world.run
+    if settings.combined:
+        from combined_1f1b_world import use_cpu_combined_step
+
+        use_cpu_combined_step(world)
     scalars: list[tuple[str, float, int]] = []
     args = SimpleNamespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=settings.pipeline_size)
     args.__dict__.update(settings.megatron_args)
     context, comms = parallel_job_context(
         shape=TransformerShape.from_name(settings.model),
         num_microbatches=settings.num_microbatches,
+        combined=settings.combined,
         log_interval=settings.log_interval,
         log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
         collectives=collective_setup(args, settings.data_parallel_size, ranks_per_node=world_size),
@@ -218,7 +230,9 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
     session = build_session(config, context, comms, printer=printer, handle=handle)
     probe = OutsideClockProbe(session, context.local_device_index)
     installation = install_hooks(
-        ListenerFanout([session, probe]), num_microbatches_fn=lambda: settings.num_microbatches
+        ListenerFanout([session, probe]),
+        num_microbatches_fn=lambda: settings.num_microbatches,
+        combined=settings.combined,
     )
     world.config.timers = global_vars.Timers(0, "minmax")
     gpu = session.meter.gpus.state(context.local_device_index)

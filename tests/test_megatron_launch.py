@@ -75,7 +75,14 @@ def test_launcher_without_energy_flags_only_runs_the_script(
 @pytest.mark.parametrize(
     ("megatron_args", "flag"),
     [
-        (["--overlap-moe-expert-parallel-comm"], "--overlap-moe-expert-parallel-comm"),
+        (
+            ["--overlap-moe-expert-parallel-comm", "--pipeline-model-parallel-size", "2"],
+            "--overlap-moe-expert-parallel-comm with --pipeline-model-parallel-size 2 and no virtual stages",
+        ),
+        (
+            ["--overlap-moe-expert-parallel-comm", "--energy-mode", "kareus"],
+            "--overlap-moe-expert-parallel-comm with --energy-mode kareus",
+        ),
         (["--cuda-graph-impl", "full_iteration"], "--cuda-graph-impl full_iteration"),
         (["--cuda-graph-impl=full_iteration"], "--cuda-graph-impl full_iteration"),
         (["--cuda-graph-modules", "full_iteration"], "--cuda-graph-impl full_iteration"),
@@ -93,6 +100,26 @@ def test_launcher_refuses_modes_whose_instructions_cannot_be_observed(
 
 def test_launcher_accepts_per_layer_cuda_graphs() -> None:
     assert refused_in_argv(["--cuda-graph-impl", "local", "--cuda-graph-modules", "attn", "mlp"]) == []
+
+
+@pytest.mark.parametrize(
+    "megatron_args",
+    [
+        [],
+        ["--pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "2"],
+        ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+    ],
+)
+def test_launcher_accepts_the_combined_1f1b_schedules_megatron_core_runs(megatron_args: list[str]) -> None:
+    argv = ["--overlap-moe-expert-parallel-comm", *megatron_args]
+    assert refused_in_argv(argv, "perseus") == []
+    assert refused_in_argv(argv, None) == []  # a trace only
+
+
+def test_patched_training_refuses_the_combined_1f1b_schedule() -> None:
+    args = argparse.Namespace(overlap_moe_expert_parallel_comm=True, energy_optimise=True, energy_trace=None)
+    with pytest.raises(UnsupportedModeError, match=r"on the patched path.*python -m megatron_energy\.launch"):
+        launch.attach_to_training(args, model_config=object())
 
 
 def test_patched_training_refuses_the_same_modes() -> None:

@@ -27,7 +27,7 @@ from megatron_energy.commands.optimiser_comparison import compare_optimisers
 from megatron_energy.config import positive_int
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_outcome import change_text, energy_change
 from megatron_energy.report.console import output_console
@@ -197,14 +197,14 @@ def _run_latency_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_clocks(plan: Plan, gpu_name: str) -> dict[Instruction, int]:
+def _plan_clocks(plan: Plan, gpu_name: str) -> dict[Step, int]:
     """The plan's clock per instruction at its target point, after checking it was made for this GPU."""
     if plan.gpu_name != gpu_name:
         raise PlanError(f"the plan was made for GPU {plan.gpu_name!r}, the job runs on {gpu_name!r}")
     return {
         instruction: clock
         for stage in range(plan.num_stages)
-        for instruction, clock in plan.target_point.clock_table(stage).items()
+        for instruction, clock in plan.target_point.step_clocks(stage).items()
     }
 
 

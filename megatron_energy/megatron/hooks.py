@@ -24,6 +24,13 @@ files changes; two of its own extension points are used.
   ``--overlap-param-gather`` is off) as ``param-gather``. With ``--overlap-param-gather`` the all-gather runs
   on a communication stream beside the next step's first forward: not a phase of its own on the GPU's one
   SM clock, so it has no hook and runs at that instruction's clock.
+- *Combined 1F1B* (``--overlap-moe-expert-parallel-comm``): every step of that schedule is one call of
+  ``combined_1f1b.combined_forward_backward_step`` (a warm-up forward, a fused forward-backward pair, or a
+  cool-down backward), which starts ``'forward-compute'`` but never ``'backward-compute'``. With
+  ``combined=True`` the forward/backward timers fire nothing; ``install_hooks`` wraps that function instead,
+  and each call fires one instruction: ``"fused"`` (with the forward's microbatch and chunk) for a pair,
+  ``"forward"`` or ``"backward"`` for a pass alone. ``ExpectedOrder`` walks the rank's combined order and
+  checks every call against it (which passes it runs, the forward's microbatch).
 - *P2P communicator swap.* Schedules build ``P2PCommunicator(...)`` from the module-global name in
   ``megatron.core.pipeline_parallel.schedules``; ``install_hooks`` points that name at a subclass whose
   ``_communicate`` fires ``on_p2p_begin/end``.
@@ -41,6 +48,7 @@ Hooks fire on the CPU when Megatron *launches* the work; nothing here synchronis
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,9 +58,9 @@ import torch
 from megatron_energy.errors import EnergyRuntimeError
 from megatron_energy.events import OutsidePhaseListener, ScheduleListener
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Step
 
-RankOrder = Sequence[Instruction]
+RankOrder = Sequence[Step]
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -169,33 +177,45 @@ class ScheduleMismatchError(EnergyRuntimeError):
     """The instructions Megatron ran differ from the order ``pipeline_orders`` predicts for this rank."""
 
 
-def current_rank_order(num_microbatches: int, microbatch_group_size: int | None = None) -> RankOrder:
-    """This rank's expected instruction order for the next schedule, from megatron-core's parallel state.
+def current_rank_order(
+    num_microbatches: int, microbatch_group_size: int | None = None, combined: bool = False
+) -> RankOrder:
+    """This rank's expected order of steps for the next schedule, from megatron-core's parallel state.
 
     Args:
         num_microbatches: Microbatches in the step.
         microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
+        combined: The combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``).
 
     Returns:
-        This pipeline rank's instructions in execution order.
+        This pipeline rank's steps (instructions; with ``combined``, fused pairs too) in execution order.
     """
     from megatron.core import parallel_state
 
     num_stages = parallel_state.get_pipeline_model_parallel_world_size()
     num_chunks = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
     rank = parallel_state.get_pipeline_model_parallel_rank()
-    return _rank_order(num_stages, num_microbatches, num_chunks, microbatch_group_size, rank)
+    return _rank_order(num_stages, num_microbatches, num_chunks, microbatch_group_size, rank, combined)
 
 
 @functools.lru_cache(maxsize=16)
 def _rank_order(
-    num_stages: int, num_microbatches: int, num_chunks: int, microbatch_group_size: int | None, rank: int
+    num_stages: int,
+    num_microbatches: int,
+    num_chunks: int,
+    microbatch_group_size: int | None,
+    rank: int,
+    combined: bool,
 ) -> RankOrder:
     """``pipeline_orders`` for one rank, once per schedule shape (which changes only with batch ramp-up)."""
     orders = pipeline_orders(
-        num_stages, num_microbatches, num_chunks, microbatch_group_size=microbatch_group_size
+        num_stages,
+        num_microbatches,
+        num_chunks,
+        microbatch_group_size=microbatch_group_size,
+        combined=combined,
     )
-    return orders.stage(rank)
+    return orders.steps(rank)
 
 
 class ExpectedOrder:
@@ -232,7 +252,8 @@ class ExpectedOrder:
                 "Megatron's schedule in a way the launcher cannot follow: apply the patch set "
                 "(`megatron-energy patch apply`) so the schedule reports its own ids"
             )
-        _, chunk, microbatch, _ = self._order[self._position]
+        step = self._order[self._position]
+        chunk, microbatch = step.chunk, step.microbatch  # a fused step's are its forward's
         self._position += 1
         self._running[kind] = (microbatch, chunk)
         return microbatch, chunk
@@ -240,6 +261,28 @@ class ExpectedOrder:
     def end(self, kind: str) -> tuple[int, int]:
         """The running instruction of ``kind`` ends; return its ``(microbatch, chunk)``."""
         return self._running.pop(kind)
+
+    def begin_step(self, has_forward: bool, has_backward: bool, forward_microbatch: int | None) -> Step:
+        """A combined 1F1B step starts (``combined_forward_backward_step``); return the expected step.
+
+        Args:
+            has_forward: The call runs a forward (``f_model`` given).
+            has_backward: The call runs a backward (``b_model`` given).
+            forward_microbatch: The call's ``current_microbatch`` (``None`` where megatron-core passes none).
+
+        Raises:
+            ScheduleMismatchError: The call runs other passes, or another forward microbatch, than the order.
+        """
+        kind = FUSED if has_forward and has_backward else "forward" if has_forward else "backward"
+        self.begin(kind)
+        step = self._order[self._position - 1]
+        forward = step.forward if isinstance(step, FusedInstruction) else step
+        if has_forward and forward_microbatch is not None and forward_microbatch != forward.microbatch:
+            raise ScheduleMismatchError(
+                f"combined 1F1B step {self._position - 1} of this step runs the forward of microbatch "
+                f"{forward_microbatch}, but megatron-core's schedule table predicts {step.label}"
+            )
+        return step
 
     def finish(self) -> None:
         """The schedule ended; check that every expected instruction ran.
@@ -279,22 +322,25 @@ class _HookedTimer:
 class HookedTimers:
     """Megatron's ``Timers`` with hooks on the schedule's timer names; every other use passes through."""
 
-    def __init__(self, timers: Any, hooks: ScheduleHooks, expected: ExpectedOrder):
+    def __init__(self, timers: Any, hooks: ScheduleHooks, expected: ExpectedOrder, combined: bool = False):
         """Wrap ``timers``.
 
         Args:
             timers: Megatron's ``Timers`` (or anything callable as ``timers(name, log_level=None)``).
             hooks: The gate the events go through.
             expected: Supplies microbatch and chunk ids.
+            combined: The combined 1F1B schedule runs: its steps are reported by ``combined_step_hooks``, so
+                the forward and backward timers fire nothing.
         """
         self.timers = timers
         self.hooks = hooks
         self.expected = expected
         self._handlers: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
             STEP_TIMER: (self._schedule_begin, self._schedule_end),
-            FORWARD_TIMER: (self._forward_begin, self._forward_end),
-            BACKWARD_TIMER: (self._backward_begin, self._backward_end),
         }
+        if not combined:
+            self._handlers[FORWARD_TIMER] = (self._forward_begin, self._forward_end)
+            self._handlers[BACKWARD_TIMER] = (self._backward_begin, self._backward_end)
         for timer_name, phase in OUTSIDE_TIMERS.items():
             self._handlers[timer_name] = (
                 functools.partial(hooks.on_outside_begin, phase),
@@ -341,6 +387,42 @@ class HookedTimers:
     def _backward_end(self) -> None:
         if self.hooks.in_training_schedule:
             self.hooks.on_instruction_end(BACKWARD, *self.expected.end(BACKWARD))
+
+
+def combined_step_hooks(
+    step_function: Callable[..., Any], hooks: ScheduleHooks, expected: ExpectedOrder
+) -> Any:
+    """Wrap megatron-core's ``combined_forward_backward_step`` so every call fires one instruction's hooks.
+
+    Args:
+        step_function: ``megatron.core.pipeline_parallel.combined_1f1b.combined_forward_backward_step``.
+        hooks: The gate the events go through.
+        expected: Walks this rank's combined order and checks each call against it.
+
+    Returns:
+        The wrapper: ``on_instruction_begin`` before the call, ``on_instruction_end`` after it (also when it
+        raises), with kind ``"fused"`` (and the forward's ids) for a fused pair.
+    """
+    signature = inspect.signature(step_function)
+
+    @functools.wraps(step_function)
+    def combined_forward_backward_step(*args: Any, **kwargs: Any) -> Any:
+        if not hooks.in_training_schedule:
+            return step_function(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        step = expected.begin_step(
+            bound.arguments.get("f_model") is not None,
+            bound.arguments.get("b_model") is not None,
+            bound.arguments.get("current_microbatch"),
+        )
+        kind, chunk, microbatch = step.kind, step.chunk, step.microbatch  # a fused step's are its forward's
+        hooks.on_instruction_begin(kind, microbatch, chunk)
+        try:
+            return step_function(*args, **kwargs)
+        finally:
+            hooks.on_instruction_end(kind, microbatch, chunk)
+
+    return combined_forward_backward_step
 
 
 def traced_p2p_communicator(base: type[Any], hooks: ScheduleHooks) -> type[Any]:
@@ -399,8 +481,12 @@ def install_hooks(
     *,
     num_microbatches_fn: Callable[[], int] = default_num_microbatches,
     microbatch_group_size: int | None = None,
+    combined: bool = False,
 ) -> HookInstallation:
     """Install the unpatched-path hooks: the timers proxy and the P2P communicator swap.
+
+    With ``combined`` (``--overlap-moe-expert-parallel-comm``) the combined 1F1B schedule's steps are
+    reported by wrapping ``combined_1f1b.combined_forward_backward_step`` (``combined_step_hooks``).
 
     Call before Megatron creates its global timers (``set_global_variables``, inside
     ``parse_and_validate_args``); the launcher does. If they already exist they are wrapped in place.
@@ -409,18 +495,21 @@ def install_hooks(
         listener: Receives the events of training schedules.
         num_microbatches_fn: Microbatches of the step that is starting (Megatron's calculator by default).
         microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
+        combined: Megatron runs the combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``).
 
     Returns:
         The installation; ``uninstall()`` restores Megatron's names.
     """
-    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.pipeline_parallel import combined_1f1b, schedules
     from megatron.training import global_vars
 
     hooks = ScheduleHooks(listener)
-    expected = ExpectedOrder(lambda: current_rank_order(num_microbatches_fn(), microbatch_group_size))
+    expected = ExpectedOrder(
+        lambda: current_rank_order(num_microbatches_fn(), microbatch_group_size, combined=combined)
+    )
 
     def hooked_timers(timers: Any) -> HookedTimers:
-        return HookedTimers(timers, hooks, expected)
+        return HookedTimers(timers, hooks, expected, combined=combined)
 
     installation = HookInstallation(hooks)
     timers_class = global_vars.Timers
@@ -438,6 +527,12 @@ def install_hooks(
         installation._restore.append(lambda: setattr(global_vars, "_GLOBAL_TIMERS", existing))
     schedules.P2PCommunicator = traced_p2p_communicator(original_communicator, hooks)
     installation._restore.append(lambda: setattr(schedules, "P2PCommunicator", original_communicator))
+    if combined:
+        step_function = combined_1f1b.combined_forward_backward_step
+        combined_1f1b.combined_forward_backward_step = combined_step_hooks(step_function, hooks, expected)
+        installation._restore.append(
+            lambda: setattr(combined_1f1b, "combined_forward_backward_step", step_function)
+        )
     return installation
 
 

@@ -3,8 +3,12 @@
 Per-instruction clocks need every forward and backward pass of a training step to be reported with its
 microbatch. These Megatron settings break that, so ``--energy-optimise`` (and ``--energy-trace``) refuse them:
 
-- ``--overlap-moe-expert-parallel-comm`` runs the combined 1F1B schedule (``combined_1f1b.py``), which fuses
-  the forward of one microbatch with the backward of another and starts no per-instruction timers.
+- ``--overlap-moe-expert-parallel-comm`` (the combined 1F1B schedule, ``combined_1f1b.py``) is supported
+  through the launcher, whose hooks wrap ``combined_forward_backward_step`` (one node per fused step), with
+  ``--energy-mode perseus``. Refused: on the patched path (the patch set's hooks sit in ``forward_step`` and
+  ``backward_step``, which that schedule bypasses); with pipelining but no virtual stages (megatron-core
+  itself runs no combined schedule there); with an energy mode whose planner knows single passes only
+  (Kareus collectives, kernel phases).
 - ``--cuda-graph-impl full_iteration`` (also spelled ``--cuda-graph-modules full_iteration``) captures the
   whole forward-backward step in one CUDA graph (``FullCudaGraphWrapper``); Python hooks run only at capture.
 - ``--hybrid-context-parallel`` runs the hybrid-CP schedule, which splits microbatches into a variable
@@ -43,17 +47,58 @@ class UnsupportedModeError(EnergyRuntimeError):
     """Megatron runs in a mode whose pipeline instructions cannot be observed."""
 
 
-def _modes(args: Any) -> list[RefusedMode]:
+COMBINED_FLAG = "--overlap-moe-expert-parallel-comm"
+COMBINED_MODES = ("perseus",)
+"""The ``--energy-mode`` values whose planners know the combined 1F1B schedule's fused steps."""
+
+
+def _combined_modes(args: Any, patched: bool, energy_mode: str | None) -> list[RefusedMode]:
+    """What of the combined 1F1B schedule cannot be followed (see the module docstring)."""
+    if not getattr(args, "overlap_moe_expert_parallel_comm", False):
+        return []
+    if patched:
+        return [
+            RefusedMode(
+                COMBINED_FLAG + " on the patched path",
+                "the combined 1F1B schedule bypasses forward_step and backward_step, where the patch set's "
+                "hooks sit",
+                "Start the job through `python -m megatron_energy.launch` (its hooks wrap "
+                "combined_forward_backward_step), or drop the flag.",
+            )
+        ]
     refused = []
-    if getattr(args, "overlap_moe_expert_parallel_comm", False):
+    pipeline_size = getattr(args, "pipeline_model_parallel_size", 1) or 1
+    virtual = any(
+        getattr(args, name, None) is not None
+        for name in (
+            "num_layers_per_virtual_pipeline_stage",
+            "num_virtual_stages_per_pipeline_rank",
+            "virtual_pipeline_model_parallel_size",
+        )
+    )
+    if pipeline_size > 1 and not virtual:
         refused.append(
             RefusedMode(
-                "--overlap-moe-expert-parallel-comm",
-                "it runs the combined 1F1B schedule, which fuses the forward and backward passes of "
-                "different microbatches and reports no per-instruction boundaries",
-                "Drop --overlap-moe-expert-parallel-comm to optimise energy, or drop the --energy-* flags.",
+                f"{COMBINED_FLAG} with --pipeline-model-parallel-size {pipeline_size} and no virtual stages",
+                "megatron-core runs the combined 1F1B schedule with pipelining only when it is interleaved",
+                "Use --num-virtual-stages-per-pipeline-rank (or --num-layers-per-virtual-pipeline-stage), or "
+                "--pipeline-model-parallel-size 1.",
             )
         )
+    if energy_mode is not None and energy_mode not in COMBINED_MODES:
+        refused.append(
+            RefusedMode(
+                f"{COMBINED_FLAG} with --energy-mode {energy_mode}",
+                "only the perseus planner clocks the combined 1F1B schedule's fused forward-backward steps; "
+                "Kareus collectives and kernel phases are planned per single pass",
+                "Use --energy-mode perseus, or drop the flag.",
+            )
+        )
+    return refused
+
+
+def _modes(args: Any, patched: bool, energy_mode: str | None = None) -> list[RefusedMode]:
+    refused = _combined_modes(args, patched, energy_mode)
     graph_modules = [str(m) for m in (getattr(args, "cuda_graph_modules", None) or [])]
     graph_scope = [str(m) for m in (getattr(args, "cuda_graph_scope_deprecated", None) or [])]
     if (
@@ -89,6 +134,9 @@ def megatron_settings_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cuda-graph-scope", nargs="+", dest="cuda_graph_scope_deprecated", default=[])
     parser.add_argument("--hybrid-context-parallel", action="store_true")
     parser.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None)
+    parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    parser.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    parser.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     return parser
 
 
@@ -105,14 +153,19 @@ def read_megatron_settings(argv: Sequence[str]) -> argparse.Namespace:
     return settings
 
 
-def refused_in_argv(argv: Sequence[str]) -> list[RefusedMode]:
-    """The refused modes a Megatron command line asks for."""
-    return _modes(read_megatron_settings(argv))
+def refused_in_argv(argv: Sequence[str], energy_mode: str | None = None) -> list[RefusedMode]:
+    """The refused modes a Megatron command line asks for, started through the launcher.
+
+    Args:
+        argv: Megatron's arguments (without the script name).
+        energy_mode: ``--energy-mode`` when energy is optimised; ``None`` for a trace only.
+    """
+    return _modes(read_megatron_settings(argv), patched=False, energy_mode=energy_mode)
 
 
 def refused_in_args(args: argparse.Namespace) -> list[RefusedMode]:
-    """The refused modes in Megatron's parsed (and validated) arguments."""
-    return _modes(args)
+    """The refused modes in Megatron's parsed (and validated) arguments, on the patched path."""
+    return _modes(args, patched=True)
 
 
 def require_supported(refused: Sequence[RefusedMode]) -> None:

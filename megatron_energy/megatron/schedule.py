@@ -7,12 +7,20 @@ warm-up forwards a rank runs) and ``get_schedule_table`` (which microbatch and m
 microbatch id maps to). :func:`pipeline_orders` calls both and replays the schedule's loop structure
 (warm-up forwards, steady one-forward-one-backward, cool-down backwards), so the order is Megatron's, not a
 re-derivation of 1F1B.
+
+The combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``, ``combined_1f1b.py``) runs every step
+through ``combined_forward_backward_step``: warm-up forwards alone, then each steady forward *fused* with a
+backward (one :class:`~megatron_energy.pipeline.instruction.FusedInstruction`), then cool-down backwards
+alone.
+Megatron-core takes it without pipelining (``combined_1f1b_schedule_for_no_pipelining``: one forward, then
+fused pairs, then one backward) and with interleaving, whose warm-up ``get_pp_rank_microbatches`` lengthens
+by one microbatch so the two halves of every fused step are independent.
 """
 
 import warnings
 from dataclasses import dataclass
 
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step, passes
 from megatron_energy.pipeline.orders import PipelineOrders
 
 
@@ -82,12 +90,33 @@ def check_schedule_arguments(
         )
 
 
+def check_combined_arguments(num_stages: int, num_chunks: int) -> None:
+    """Reject pipeline shapes megatron-core runs no combined 1F1B schedule for.
+
+    Args:
+        num_stages: Pipeline-parallel size.
+        num_chunks: Model chunks per rank (virtual pipeline size).
+
+    Raises:
+        ValueError: For pipelining without interleaving, which ``TransformerConfig`` refuses with
+            ``--overlap-moe-expert-parallel-comm``.
+    """
+    if num_stages > 1 and num_chunks == 1:
+        raise ValueError(
+            f"megatron-core runs the combined 1F1B schedule (--overlap-moe-expert-parallel-comm) with "
+            f"{num_stages} pipeline stages only when interleaved: add "
+            "--num-layers-per-virtual-pipeline-stage (or --num-virtual-stages-per-pipeline-rank), or use "
+            "pipeline-parallel size 1"
+        )
+
+
 def pipeline_orders(
     num_stages: int,
     num_microbatches: int,
     num_chunks: int = 1,
     *,
     microbatch_group_size: int | None = None,
+    combined: bool = False,
 ) -> PipelineOrders:
     """Return every pipeline rank's instruction order for one training iteration, as the schedule runs it.
 
@@ -101,16 +130,20 @@ def pipeline_orders(
         num_chunks: Model chunks per rank (virtual pipeline size); 1 without interleaving.
         microbatch_group_size: Megatron's ``microbatch_group_size_per_vp_stage``; defaults to ``num_stages``
             like ``ModelParallelConfig``. Ignored without interleaving.
+        combined: The combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``): steady steps are
+            fused forward-backward pairs.
 
     Returns:
         Every rank's instructions in execution order, with the schedule parameters (group size included).
 
     Raises:
         ValueError: If megatron-core would refuse the combination (for instance an interleaved schedule whose
-            microbatch count is not a multiple of the pipeline size).
+            microbatch count is not a multiple of the pipeline size, or a combined one without interleaving).
     """
     group_size = num_stages if microbatch_group_size is None else microbatch_group_size
     check_schedule_arguments(num_stages, num_microbatches, num_chunks, group_size)
+    if combined:
+        check_combined_arguments(num_stages, num_chunks)
     with warnings.catch_warnings():
         # megatron-core warns at import about fused kernels (TE, Apex) that the schedule does not use.
         warnings.simplefilter("ignore")
@@ -127,17 +160,29 @@ def pipeline_orders(
         ]
         communicator = _CommunicatorView(_PipelineGroupView(num_stages, rank), virtual_size)
         total, _, num_warmup, _ = get_pp_rank_microbatches(
-            num_microbatches, num_chunks, group_size, p2p_communicator=communicator
+            num_microbatches,
+            num_chunks,
+            group_size,
+            overlap_moe_expert_parallel_comm=combined,
+            p2p_communicator=communicator,
         )
-        order = forwards[:num_warmup]
+        if combined and num_stages == 1:
+            # combined_1f1b_schedule_for_no_pipelining: the first forward runs alone.
+            num_warmup = min(1, total)
+        order: list[Step] = list(forwards[:num_warmup])
         for k in range(num_warmup, total):
-            order.append(forwards[k])
-            order.append(backwards[k - num_warmup])
+            if combined:
+                order.append(FusedInstruction(forwards[k], backwards[k - num_warmup]))
+            else:
+                order += [forwards[k], backwards[k - num_warmup]]
         order.extend(backwards[total - num_warmup :])
         orders.append(tuple(order))
+    group = microbatch_group_size if num_chunks > 1 else None
+    if combined:
+        return PipelineOrders.combined(tuple(orders), num_microbatches, num_chunks, group)
     return PipelineOrders(
-        tuple(orders),
+        tuple(tuple(p for step in order for p in passes(step)) for order in orders),
         num_microbatches=num_microbatches,
         num_chunks=num_chunks,
-        microbatch_group_size=microbatch_group_size if num_chunks > 1 else None,
+        microbatch_group_size=group,
     )

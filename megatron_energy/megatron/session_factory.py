@@ -86,6 +86,7 @@ def parallel_job_context(
     shape: TransformerShape,
     num_microbatches: int,
     microbatch_group_size: int | None = None,
+    combined: bool = False,
     layers: ChunkLayers | None = None,
     log_interval: int = 10,
     log_sinks: tuple[Any, ...] = (),
@@ -100,6 +101,7 @@ def parallel_job_context(
         shape: The transformer shape whose work simulated GPUs time (and the fingerprint names).
         num_microbatches: Microbatches per iteration (per data-parallel replica).
         microbatch_group_size: ``microbatch_group_size_per_vp_stage``; ``None``: the pipeline size.
+        combined: Megatron runs the combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``).
         layers: Decoder layers per model chunk from ``--pipeline-model-parallel-layout``; ``None``: even.
         log_interval: Steps between energy log lines.
         log_sinks: Scalar writers ``(name, value, step)``.
@@ -121,6 +123,7 @@ def parallel_job_context(
         num_microbatches,
         ps.get_virtual_pipeline_model_parallel_world_size() or 1,
         microbatch_group_size=microbatch_group_size,
+        combined=combined,
     )
     context = JobContext(
         pipeline_rank=ps.get_pipeline_model_parallel_rank(),
@@ -174,6 +177,7 @@ def megatron_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
         microbatch_group_size=getattr(args, "microbatch_group_size_per_vp_stage", None),
+        combined=bool(getattr(args, "overlap_moe_expert_parallel_comm", False)),
         layers=job_layers(args),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),

@@ -1,8 +1,11 @@
 """The pipeline-parallel training iteration as a DAG of instructions, communication and the iteration tail.
 
 A node is one piece of work with a duration: a forward or backward pass of one microbatch on one pipeline
-stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), one point-to-point
-transfer between stages (a :class:`Transfer`, named after the instruction that sends), a per-stage tail step
+stage and model chunk (an :class:`~megatron_energy.pipeline.instruction.Instruction`), or, in the combined
+1F1B schedule, a forward and another microbatch's backward run as one step (a
+:class:`~megatron_energy.pipeline.instruction.FusedInstruction`, whose dependencies are both passes'), one
+point-to-point
+transfer between stages (a :class:`Transfer`, named after the pass that sends), a per-stage tail step
 (:class:`TailStep` ``dp_sync``, ``optimizer``, or ``outside`` for a measured tail) or the dummy
 ``"source"`` / ``"sink"``. Edges are dependencies: each rank runs its instructions in the order it is given,
 and a stage cannot start a pass before its neighbour's activation (forward) or gradient (backward) has
@@ -24,7 +27,7 @@ import networkx as nx
 import numpy as np
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step, passes
 from megatron_energy.pipeline.orders import PipelineOrders
 
 
@@ -45,8 +48,8 @@ class TailStep(NamedTuple):
     """Pipeline stage."""
 
 
-NodeId = Instruction | Transfer | TailStep | str
-"""A node of the DAG: an instruction, a transfer, a tail step, or the strings ``"source"`` / ``"sink"``."""
+NodeId = Instruction | FusedInstruction | Transfer | TailStep | str
+"""A node of the DAG: an instruction or fused pair, a transfer, a tail step, or ``"source"`` / ``"sink"``."""
 
 SOURCE = "source"
 SINK = "sink"
@@ -231,10 +234,10 @@ class PipelineDag:
             The DAG.
 
         Raises:
-            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it), or a
-                measured tail does not give one energy per stage.
+            EnergyValueError: If the orders deadlock (a rank waits for work scheduled after it), a fused step
+                pairs a pass with one it waits for, or a measured tail does not give one energy per stage.
         """
-        stage_orders = [list(order) for order in orders.ranks]
+        stage_orders = [list(orders.steps(stage)) for stage in range(orders.num_stages)]
         if tail is not None and tail.is_measured and len(tail.stage_energy_j) != len(stage_orders):
             raise EnergyValueError(
                 f"the measured iteration tail gives {len(tail.stage_energy_j)} stage energies for "
@@ -257,13 +260,38 @@ class PipelineDag:
 
     # ----- structure -------------------------------------------------------------------------------------
 
+    def compute_steps(self) -> list[Step]:
+        """Compute nodes (passes, and combined 1F1B's fused pairs) in topological order."""
+        return [step for step in map(self.nodes.__getitem__, self._compute) if isinstance(step, Step)]
+
+    def stage_steps(self, stage: int) -> list[Step]:
+        """Compute nodes of ``stage`` (passes, and combined 1F1B's fused pairs) in execution order."""
+        return list(self.orders.steps(stage))
+
     def compute_nodes(self) -> list[Instruction]:
-        """Forward and backward nodes in topological order."""
-        return [self.nodes[i] for i in self._compute]
+        """Forward and backward nodes in topological order, for planners that know no fused steps.
+
+        Raises:
+            EnergyValueError: On a combined 1F1B DAG (use :meth:`compute_steps`).
+        """
+        self._require_passes()
+        return [node for node in self.compute_steps() if isinstance(node, Instruction)]
 
     def stage_order(self, stage: int) -> list[Instruction]:
-        """Instructions of ``stage`` in that rank's execution order."""
+        """Instructions of ``stage`` in that rank's execution order, for planners that know no fused steps.
+
+        Raises:
+            EnergyValueError: On a combined 1F1B DAG (use :meth:`stage_steps`).
+        """
+        self._require_passes()
         return list(self.orders.stage(stage))
+
+    def _require_passes(self) -> None:
+        if self.orders.is_combined:
+            raise EnergyValueError(
+                "this planner does not know the combined 1F1B schedule's fused steps "
+                "(--overlap-moe-expert-parallel-comm); use --energy-mode perseus, or drop the flag"
+            )
 
     def topological_order(self) -> list[NodeId]:
         """All nodes in topological order (the index order)."""
@@ -395,7 +423,7 @@ class PipelineDag:
         return start, end, binding
 
 
-def _add_compute(graph: nx.DiGraph, stage_orders: list[list[Instruction]]) -> list[tuple[NodeId, NodeId]]:
+def _add_compute(graph: nx.DiGraph, stage_orders: list[list[Step]]) -> list[tuple[NodeId, NodeId]]:
     """Add the compute nodes; return the source edges and each rank's order edges."""
     edges: list[tuple[NodeId, NodeId]] = []
     for order in stage_orders:
@@ -419,36 +447,47 @@ def _add_compute(graph: nx.DiGraph, stage_orders: list[list[Instruction]]) -> li
 
 
 def _add_transfers(
-    graph: nx.DiGraph, stage_orders: list[list[Instruction]], num_chunks: int, comm_s: float
+    graph: nx.DiGraph, stage_orders: list[list[Step]], num_chunks: int, comm_s: float
 ) -> list[tuple[NodeId, NodeId]]:
-    """Add a transfer node on every cross-stage dependency; return the dependency edges."""
+    """Add a transfer node on every cross-stage dependency; return the dependency edges.
+
+    A fused step depends on what both its passes receive, and both its passes' outputs leave when it ends.
+    """
     num_stages = len(stage_orders)
+    step_of = {instruction: step for order in stage_orders for step in order for instruction in passes(step)}
     edges: list[tuple[NodeId, NodeId]] = []
     for order in stage_orders:
         for node in order:
-            receiver = _receiver(node, num_stages, num_chunks)
-            if receiver is None:
-                continue
-            if receiver.stage == node.stage:
-                edges.append((node, receiver))
-                continue
-            send = Transfer(node)
-            graph.add_node(
-                send,
-                type="comm",
-                kind=node.kind,
-                stage=node.stage,
-                dst_stage=receiver.stage,
-                chunk=node.chunk,
-                microbatch=node.microbatch,
-                duration_s=comm_s,
-            )
-            edges += [(node, send), (send, receiver)]
+            for sender in passes(node):
+                receiver_pass = _receiver(sender, num_stages, num_chunks)
+                if receiver_pass is None:
+                    continue
+                receiver = step_of[receiver_pass]
+                if receiver == node:
+                    raise EnergyValueError(
+                        f"the step {node.label} fuses {receiver_pass.label} with {sender.label}, which it "
+                        "waits for: megatron-core never fuses dependent passes"
+                    )
+                if receiver.stage == node.stage:
+                    edges.append((node, receiver))
+                    continue
+                send = Transfer(sender)
+                graph.add_node(
+                    send,
+                    type="comm",
+                    kind=sender.kind,
+                    stage=sender.stage,
+                    dst_stage=receiver.stage,
+                    chunk=sender.chunk,
+                    microbatch=sender.microbatch,
+                    duration_s=comm_s,
+                )
+                edges += [(node, send), (send, receiver)]
     return edges
 
 
 def _add_tail(
-    graph: nx.DiGraph, stage_orders: list[list[Instruction]], tail: IterationTail
+    graph: nx.DiGraph, stage_orders: list[list[Step]], tail: IterationTail
 ) -> list[tuple[NodeId, NodeId]]:
     """Add each stage's tail steps after its last compute node; return their edges.
 

@@ -8,9 +8,10 @@ only and extrapolated the rest) or ``"simulated"`` (profiled on simulated GPUs, 
 with emulated noise).
 
 CSV format (interoperable with Perseus/lowtime): columns ``stage,instruction,frequency,time,energy`` (seconds,
-joules; ``instruction`` is ``forward`` or ``backward``), plus an optional ``chunk`` column (virtual-pipeline
-model chunk, 0 when absent) and an optional ``source`` column (the provenance, the same on every row; written
-by :meth:`Profile.to_csv_text`, so the provenance travels with the file). Other columns are ignored.
+joules; ``instruction`` is ``forward``, ``backward`` or, for a combined 1F1B step, ``fused+b<backward
+chunk>``), plus an optional ``chunk`` column (virtual-pipeline model chunk, 0 when absent) and an optional
+``source`` column (the provenance, the same on every row; written by :meth:`Profile.to_csv_text`, so the
+provenance travels with the file). Other columns are ignored.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Literal, get_args
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
-from megatron_energy.pipeline.instruction import KINDS, Work
+from megatron_energy.pipeline.instruction import KINDS, Work, is_fused_kind
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
 __all__ = ["ClockOption", "Profile", "ProfileSource", "RowWarning", "TransformerShape", "Work"]
@@ -331,8 +332,8 @@ def _checked_key(key: Work) -> Work:
     stage, chunk, kind = key
     if not (isinstance(stage, int) and stage >= 0 and isinstance(chunk, int) and chunk >= 0):
         raise ValueError(f"stage and chunk must be non-negative integers in key {key!r}")
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS} in key {key!r}")
+    if kind not in KINDS and not is_fused_kind(kind):
+        raise ValueError(f"kind must be one of {KINDS} or a fused kind (fused+b<chunk>) in key {key!r}")
     return key
 
 
@@ -427,6 +428,9 @@ def _parse_float(text: str, column: str, where: str) -> float:
 def _parse_kind(text: str, where: str) -> str:
     """Parse the instruction column."""
     kind = text.strip()
-    if kind not in KINDS:
-        raise ValueError(f"{where}: column 'instruction': expected 'forward' or 'backward', got {text!r}")
+    if kind not in KINDS and not is_fused_kind(kind):
+        raise ValueError(
+            f"{where}: column 'instruction': expected 'forward', 'backward' or a fused step's "
+            f"'fused+b<chunk>', got {text!r}"
+        )
     return kind

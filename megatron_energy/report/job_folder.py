@@ -62,5 +62,6 @@ def read_job_folder(folder: Path) -> JobFolder:
         parts["num_microbatches"],
         parts.get("num_chunks", 1),
         microbatch_group_size=parts.get("microbatch_group_size"),
+        combined=parts.get("combined_1f1b", False),
     )
     return JobFolder(folder, parts, spec, plan, profile, orders)

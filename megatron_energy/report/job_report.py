@@ -98,7 +98,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     clocks = {
         instruction: clock
         for stage in range(plan.num_stages)
-        for instruction, clock in plan.target_point.clock_table(stage).items()
+        for instruction, clock in plan.target_point.step_clocks(stage).items()
     }
     dag = PipelineDag.build(job.orders)
     result = Simulator(dag, profile, switch_latency_s=plan.switch_latency_s).run(clocks)

@@ -109,6 +109,8 @@ class JobContext:
         }
         if self.layers is not None:  # jobs without a layout keep the fingerprints they had
             parts["layers"] = [list(row) for row in self.layers.counts]
+        if self.orders.is_combined:  # the same: only combined 1F1B jobs name their schedule
+            parts["combined_1f1b"] = True
         return parts
 
 

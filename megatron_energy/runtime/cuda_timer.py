@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.runtime.timing import InstructionSample, StepTiming
 
 
@@ -49,7 +49,7 @@ class _SealedStep:
     start: Any
     """The step's start event (``None``: the step was never begun)."""
 
-    marks: list[tuple[Instruction, Any, Any]] = field(default_factory=list)
+    marks: list[tuple[Step, Any, Any]] = field(default_factory=list)
     """Each instruction with its start and end events, in execution order."""
 
     cycle_s: float | None = None
@@ -72,7 +72,7 @@ class CudaEventTimer:
         self._parity = 1  # the first step_begin flips it to pool 0
         self._used = 0
         self._step = _SealedStep(start=None)
-        self._open: dict[Instruction, Any] = {}
+        self._open: dict[Step, Any] = {}
         self._sealed: _SealedStep | None = None
         self._last_end_s: float | None = None
         self._stream: Any = None
@@ -111,13 +111,13 @@ class CudaEventTimer:
         self._step = _SealedStep(start=self._event())
         return self._step.start
 
-    def begin(self, instruction: Instruction) -> Any:
+    def begin(self, instruction: Step) -> Any:
         """Record the instruction's start event and return it as the boundary marker."""
         event = self._event()
         self._open[instruction] = event
         return event
 
-    def end(self, instruction: Instruction) -> Any:
+    def end(self, instruction: Step) -> Any:
         """Record the instruction's end event and return it (``None`` for an instruction never begun)."""
         start = self._open.pop(instruction, None)
         if start is None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron_energy.dvfs.controller import BoundaryEvent
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,11 +93,11 @@ class PhaseSwitching(Protocol):
 
     counts: SwitchCounts
 
-    def begin(self, instruction: Instruction, anchor: Any, requests: Sequence[InsideRequest]) -> None:
+    def begin(self, instruction: Step, anchor: Any, requests: Sequence[InsideRequest]) -> None:
         """An instruction starts: request each of ``requests`` at its offset from ``anchor`` (its start)."""
         ...
 
-    def end(self, instruction: Instruction, marker: Any) -> None:
+    def end(self, instruction: Step, marker: Any) -> None:
         """An instruction ends (``marker``: its end event, or ``None``)."""
         ...
 

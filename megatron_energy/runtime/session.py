@@ -46,7 +46,7 @@ from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimisers.interface import Optimiser
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import RankComms
@@ -119,6 +119,11 @@ class EnergySession:
     ) -> None:
         self.config = config
         self.context = context
+        self._fused_steps = {
+            step.forward: step
+            for step in context.orders.steps(context.pipeline_rank)
+            if isinstance(step, FusedInstruction)
+        }
         self.optimiser = optimiser
         self.controller = controller
         self.meter = meter
@@ -233,14 +238,26 @@ class EnergySession:
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
 
+    def _step(self, kind: str, microbatch: int, chunk: int) -> Step:
+        """The step an instruction event names: a pass, or (kind ``fused``, with the forward's ids) a pair."""
+        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        if kind != FUSED:
+            return instruction
+        return self._fused_steps[instruction._replace(kind="forward")]
+
     @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary.
 
         The clocks of phases inside it go to the phase switcher, anchored to the same boundary marker.
         """
-        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
-        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+        instruction = self._step(kind, microbatch, chunk)
+        # kernel ranges cover single passes only: the kernel optimiser plans no combined 1F1B steps
+        if (
+            self.kernel_timeline is not None
+            and self.kernel_timeline.recording
+            and isinstance(instruction, Instruction)
+        ):
             self.kernel_timeline.instruction_begin(instruction)
         boundary = self.timer.begin(instruction)
         if self.runner is not None:
@@ -255,11 +272,15 @@ class EnergySession:
     @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end (the phase switcher drops its requests the GPU passes it by)."""
-        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
+        instruction = self._step(kind, microbatch, chunk)
         marker = self.timer.end(instruction)
         if self.state.phase_switcher is not None:
             self.state.phase_switcher.end(instruction, marker)
-        if self.kernel_timeline is not None and self.kernel_timeline.recording:
+        if (
+            self.kernel_timeline is not None
+            and self.kernel_timeline.recording
+            and isinstance(instruction, Instruction)
+        ):
             self.kernel_timeline.instruction_end(instruction)
 
     @host_timed

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.instruction import Step, Work, passes
 from megatron_energy.runtime.control_plane.comms import RankComms
 
 
@@ -26,7 +26,7 @@ from megatron_energy.runtime.control_plane.comms import RankComms
 class InstructionSample:
     """One instruction's timing within a step."""
 
-    instruction: Instruction
+    instruction: Step
     """Which instruction ran."""
 
     start_s: float
@@ -95,11 +95,11 @@ class InstructionTimer(Protocol):
         """Mark the start of a step; returns the boundary marker (a CUDA event) or ``None``."""
         ...
 
-    def begin(self, instruction: Instruction) -> Any:
+    def begin(self, instruction: Step) -> Any:
         """Mark an instruction's start; returns the boundary marker (a CUDA event) or ``None``."""
         ...
 
-    def end(self, instruction: Instruction) -> Any:
+    def end(self, instruction: Step) -> Any:
         """Mark an instruction's end; returns the end marker (a CUDA event) or ``None``."""
         ...
 
@@ -188,13 +188,13 @@ class SimulatedTimer:
     ) -> None:
         self._gpus = gpus
         self._phases = phases or {}
-        self._inside: dict[Instruction, Sequence[tuple[float, Callable[[], object]]]] = {}
+        self._inside: dict[Step, Sequence[tuple[float, Callable[[], object]]]] = {}
         self._index = gpu_index
         self._work = work
         self._comms = comms
         self._dag = dag
-        self._runs: list[tuple[Instruction, float, float]] = []
-        self._gaps_s: dict[Instruction, float] = {}
+        self._runs: list[tuple[Step, float, float]] = []
+        self._gaps_s: dict[Step, float] = {}
         self._waited_s = 0.0
         self._waited_j = 0.0
         self._last_end_s: float | None = None
@@ -224,7 +224,7 @@ class SimulatedTimer:
         self._waited_s = self._waited_j = 0.0
         return None
 
-    def begin(self, instruction: Instruction) -> Any:
+    def begin(self, instruction: Step) -> Any:
         """Wait the blocked time this instruction waited for its input in the previous step."""
         gap_s = self._gaps_s.get(instruction, 0.0)
         if gap_s > 0.0:
@@ -232,9 +232,7 @@ class SimulatedTimer:
             self._waited_s += gap_s
         return None
 
-    def schedule_inside(
-        self, instruction: Instruction, timed: Sequence[tuple[float, Callable[[], object]]]
-    ) -> None:
+    def schedule_inside(self, instruction: Step, timed: Sequence[tuple[float, Callable[[], object]]]) -> None:
         """Call each ``(offset_s, call)`` at its offset from the instruction's start while it runs.
 
         Raises:
@@ -244,14 +242,19 @@ class SimulatedTimer:
             raise KeyError(f"no phases of {instruction.work} to run clocks inside it")
         self._inside[instruction] = timed
 
-    def end(self, instruction: Instruction) -> Any:
+    def end(self, instruction: Step) -> Any:
         """Execute the instruction's modelled work (as its phases, with clocks inside it); no end marker."""
         timed = self._inside.pop(instruction, ())
         if timed:
             works = self._phases[instruction.work]
             time_s, energy_j = self._gpus.execute_sequence(self._index, works, timed)
         else:
-            time_s, energy_j = self._gpus.execute(self._index, self._work[instruction.work])
+            # a combined 1F1B step runs both passes' work, one after the other (what the modelled profile
+            # assumes too: the all-to-all it hides is not emulated)
+            time_s = energy_j = 0.0
+            for part in passes(instruction):
+                part_s, part_j = self._gpus.execute(self._index, self._work[part.work])
+                time_s, energy_j = time_s + part_s, energy_j + part_j
         self._runs.append((instruction, time_s, energy_j))
         return None
 
@@ -327,9 +330,9 @@ class SimulatedTimer:
         return StepTiming(samples, schedule.makespan_s, "modelled", energy_j, cycle_s, outside_j)
 
 
-def _gaps_before(samples: Sequence[InstructionSample]) -> dict[Instruction, float]:
+def _gaps_before(samples: Sequence[InstructionSample]) -> dict[Step, float]:
     """Blocked time before each instruction of one stage: its start less the previous one's end."""
-    gaps: dict[Instruction, float] = {}
+    gaps: dict[Step, float] = {}
     previous_end = 0.0
     for sample in sorted(samples, key=lambda s: s.start_s):
         gaps[sample.instruction] = max(0.0, sample.start_s - previous_end)

@@ -24,7 +24,7 @@ def slowest_power_w(dag: PipelineDag, profile: Profile) -> float:
     clocks = {
         instruction: min(option.clock_mhz for option in profile.options(instruction.work))
         for stage in range(dag.num_stages)
-        for instruction in dag.stage_order(stage)
+        for instruction in dag.stage_steps(stage)
     }
     result = Simulator(dag, profile).run(clocks)
     return result.total_energy_j / (dag.num_stages * result.iteration_time_s)

@@ -51,7 +51,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from megatron_energy.pipeline.dag import NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.instruction import StepKey, Work
 
 
 class _Option(Protocol):
@@ -247,14 +247,14 @@ class Simulator:
             self._options[key] = {option.clock_mhz: option for option in profile.options(key)}
             self._fastest[key] = profile.fastest(key)
         self._stage_of = np.array([key.stage for key in self._keys], dtype=np.int64)
-        self._last_compute = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
+        self._last_compute = [dag.index[dag.stage_steps(stage)[-1]] for stage in range(dag.num_stages)]
         self._preds: list[list[int]] | None = None  # built by the first run with a switch latency
         self._position: list[int] = []  # compute position of every node index, -1 for other nodes
         self._stage_list: list[int] = []
         self._clock_grid: dict[Work, list[int]] = {}
 
     def run(
-        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[StepKey, int] | None = None, switch_latency_s: float | None = None
     ) -> SimResult:
         """Simulate one iteration.
 
@@ -280,7 +280,7 @@ class Simulator:
         )
 
     def evaluate(
-        self, clocks: Mapping[Instruction, int] | None = None, switch_latency_s: float | None = None
+        self, clocks: Mapping[StepKey, int] | None = None, switch_latency_s: float | None = None
     ) -> tuple[float, float]:
         """Iteration time and energy of :meth:`run` (the same floats) without building the timeline.
 
@@ -300,7 +300,7 @@ class Simulator:
     def _latency(self, switch_latency_s: float | None) -> float:
         return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
 
-    def _chosen(self, clocks: Mapping[Instruction, int] | None) -> list[_Option]:
+    def _chosen(self, clocks: Mapping[StepKey, int] | None) -> list[_Option]:
         """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from megatron_energy.pipeline.dag import Transfer
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import FusedInstruction, Instruction
 from megatron_energy.sim.overlap import CommSlice
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
@@ -61,9 +61,9 @@ def _compute_parts(piece: Slice) -> list[_Part]:
 
 
 def _slice_name(piece: Slice) -> str:
-    """``F3c1`` for compute, ``send F3c1`` for a transfer, ``dp_sync`` / ``optimizer`` for the tail."""
+    """``F3c1`` (``F3c1+B1c0`` fused) for compute, ``send F3c1`` for a transfer, ``dp_sync`` for the tail."""
     node = piece.node
-    if isinstance(node, Instruction):
+    if isinstance(node, Instruction | FusedInstruction):
         return node.label
     if isinstance(node, Transfer):
         return f"send {node.sender.label}"

@@ -4,6 +4,8 @@ It sweeps the frontier of the job's DAG (``FrontierSolver``), picks the point fo
 up to ``PlanningJob.kept_points`` other points executable under the GPU's clock-switch latency
 (``perseus.switch_latency``) and writes them as a :class:`~megatron_energy.plan.Plan`: a clock action at the
 start of every instruction. The other points serve data-parallel replicas that follow a straggler's pace.
+With the combined 1F1B schedule the DAG's nodes are its steps, fused forward-backward pairs among them, and
+each gets its own clock (``pipeline.fused_profile`` supplies their options where the profile is modelled).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.perseus.frontier import FrontierPoint
 from megatron_energy.optimisers.perseus.target_point import Planner
+from megatron_energy.pipeline.fused_profile import with_fused_steps
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import (
     Baseline,
@@ -39,6 +42,7 @@ class PerseusOptimiser:
         """
         if base is not None:
             raise ValueError("the perseus optimiser plans from scratch; it must come first in a composition")
+        profile = with_fused_steps(profile, job.orders)
         planner = Planner(
             job.dag(),
             profile,
@@ -83,7 +87,7 @@ def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
         lower_bound_j=point.lower_bound_j,
         ranks=tuple(
             RankPlan(
-                actions=clock_actions(point.clocks, dag.stage_order(stage)),
+                actions=clock_actions(point.clocks, dag.stage_steps(stage)),
                 energy_j=point.stage_energy_j[stage],
                 busy_s=point.stage_busy_s[stage],
             )

@@ -128,7 +128,7 @@ class FrontierSolver:
             self._succs[u].append(v)
         self._pred_pairs, self._succ_pairs = neighbour_pairs(self._preds), neighbour_pairs(self._succs)
         self._sink = dag.index["sink"]
-        self._last = [dag.index[dag.stage_order(stage)[-1]] for stage in range(dag.num_stages)]
+        self._last = [dag.index[dag.stage_steps(stage)[-1]] for stage in range(dag.num_stages)]
         marginal_w = np.full(num_nodes, self._powers[0])
         marginal_w[self._last] = self._powers[1]
         self._compute: list[int] = dag.compute_indices().tolist()
@@ -146,7 +146,7 @@ class FrontierSolver:
             {i: hulls[key] for i, key in keys.items()}, marginal_w, self._bypassed(), self._last
         )
         fixed_s = dag.fixed_durations_s().tolist()
-        chains = [[dag.index[node] for node in dag.stage_order(stage)] for stage in range(dag.num_stages)]
+        chains = [[dag.index[node] for node in dag.stage_steps(stage)] for stage in range(dag.num_stages)]
         self._search = LocalSearch(
             self._preds, self._succs, self._tables, fixed_s, self._last, self._sink, self._powers, chains
         )

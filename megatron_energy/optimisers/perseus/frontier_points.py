@@ -13,21 +13,21 @@ from pathlib import Path
 import numpy as np
 
 from megatron_energy.optimisers.perseus.local_search import REL_TOL
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.sim.simulator import SimResult
 
 
-class PlanClocks(Mapping[Instruction, int]):
+class PlanClocks(Mapping[Step, int]):
     """The SM clock of every compute node of one plan, stored as an array (a read-only mapping)."""
 
-    def __init__(self, positions: Mapping[Instruction, int], clocks: Sequence[int]):
+    def __init__(self, positions: Mapping[Step, int], clocks: Sequence[int]):
         self._positions = positions
         self._clocks = tuple(clocks)
 
-    def __getitem__(self, node: Instruction) -> int:
+    def __getitem__(self, node: Step) -> int:
         return self._clocks[self._positions[node]]
 
-    def __iter__(self) -> Iterator[Instruction]:
+    def __iter__(self) -> Iterator[Step]:
         return iter(self._positions)
 
     def __len__(self) -> int:
@@ -62,7 +62,7 @@ class FrontierPoint:
     lower_bound_j: float
     stage_energy_j: tuple[float, ...]
     stage_busy_s: tuple[float, ...]
-    clocks: Mapping[Instruction, int]
+    clocks: Mapping[Step, int]
     exact_bound: bool = True
 
     @property

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron_energy.pipeline.dag import SINK, NodeId, PipelineDag
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.sim.simulator import ProfileLike, SimResult, Simulator, Slice, StagePowers
 
 _REL_TOL = 1e-9
@@ -61,7 +61,7 @@ class SwitchAwarePlan:
         evaluations: Latency-aware simulations the post-pass ran.
     """
 
-    clocks: dict[Instruction, int]
+    clocks: dict[Step, int]
     result: SimResult
     unadjusted: SimResult
     deadline_s: float
@@ -75,7 +75,7 @@ class SwitchAwarePlan:
         return self.result.iteration_time_s <= self.deadline_s * (1.0 + _REL_TOL)
 
 
-def count_switches(dag: PipelineDag, clocks: Mapping[Instruction, int]) -> int:
+def count_switches(dag: PipelineDag, clocks: Mapping[Step, int]) -> int:
     """Clock requests per iteration in the steady state.
 
     Per stage, the instructions whose clock differs from the previous instruction's (the first one compared
@@ -87,7 +87,7 @@ def count_switches(dag: PipelineDag, clocks: Mapping[Instruction, int]) -> int:
     """
     switches = 0
     for stage in range(dag.num_stages):
-        order = [clocks[node] for node in dag.stage_order(stage)]
+        order = [clocks[node] for node in dag.stage_steps(stage)]
         switches += sum(1 for i, clock in enumerate(order) if clock != order[i - 1])
     return switches
 
@@ -95,7 +95,7 @@ def count_switches(dag: PipelineDag, clocks: Mapping[Instruction, int]) -> int:
 def make_switch_aware(
     dag: PipelineDag,
     profile: ProfileLike,
-    clocks: Mapping[Instruction, int],
+    clocks: Mapping[Step, int],
     switch_latency_s: float,
     deadline_s: float,
     powers: StagePowers | None = None,
@@ -149,12 +149,10 @@ def make_switch_aware(
     )
 
 
-def _filled(
-    dag: PipelineDag, profile: ProfileLike, clocks: Mapping[Instruction, int]
-) -> dict[Instruction, int]:
+def _filled(dag: PipelineDag, profile: ProfileLike, clocks: Mapping[Step, int]) -> dict[Step, int]:
     """``clocks`` with the fastest option's clock for every compute node it lacks."""
     filled = {}
-    for node in dag.compute_nodes():
+    for node in dag.compute_steps():
         clock = clocks.get(node)
         filled[node] = clock if clock is not None else profile.fastest(node.work).clock_mhz
     return filled
@@ -173,7 +171,7 @@ class _Search:
         self.deadline_s = deadline_s
         self.latency_s = simulator.switch_latency_s
         self.blocked_power_w = simulator.powers.blocked_power_w
-        self.orders = [dag.stage_order(stage) for stage in range(dag.num_stages)]
+        self.orders = [dag.stage_steps(stage) for stage in range(dag.num_stages)]
         self.keys = [[node.work for node in order] for order in self.orders]
         self._place: dict[NodeId, tuple[int, int]] = {
             node: (s, i) for s, order in enumerate(self.orders) for i, node in enumerate(order)
@@ -191,12 +189,12 @@ class _Search:
 
     # ----- evaluation --------------------------------------------------------------------------------------
 
-    def fastest_clock(self, node: Instruction) -> int:
+    def fastest_clock(self, node: Step) -> int:
         """Clock of the fastest option of a compute node's instruction."""
         stage, i = self._place[node]
         return self._fastest[self.keys[stage][i]]
 
-    def to_clocks(self, state: _State) -> dict[Instruction, int]:
+    def to_clocks(self, state: _State) -> dict[Step, int]:
         """The clock plan of a state."""
         return {
             node: clock
@@ -308,7 +306,7 @@ class _Search:
 
     @staticmethod
     def _segment(requests: list[int], j: int, n: int) -> list[int]:
-        """Instruction indices of cyclic segment ``j`` (from request ``j`` up to the next request)."""
+        """Step indices of cyclic segment ``j`` (from request ``j`` up to the next request)."""
         first, after = requests[j], requests[(j + 1) % len(requests)]
         length = (after - first) % n or n
         return [(first + k) % n for k in range(length)]

@@ -458,7 +458,7 @@ class PlanningRound:
                 release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
             )
             runner = PlanRunner(
-                plan, self.context.pipeline_rank, self.context.orders.stage(self.context.pipeline_rank)
+                plan, self.context.pipeline_rank, self.context.orders.steps(self.context.pipeline_rank)
             )
             problem = None
         except Exception as error:  # agreed on below, never raised into the step

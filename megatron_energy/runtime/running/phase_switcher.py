@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.dvfs.controller import BoundaryEvent
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plugin_threads import register_current_thread
 from megatron_energy.runtime.parts import InsideController, SwitchCounts, inactive_reason
 from megatron_energy.runtime.running.plan_runner import InsideRequest
@@ -97,7 +97,7 @@ class PhaseSwitcher:
         self._anchor_event = anchor_event
         self._clock = clock
         self._jobs: collections.deque[_Job] = collections.deque()
-        self._open: dict[Instruction, _Job] = {}
+        self._open: dict[Step, _Job] = {}
         self._changed = threading.Condition()
         self._interrupted = threading.Condition()  # wakes a wait for a request's time: cancel or close
         self._generation = 0
@@ -105,9 +105,7 @@ class PhaseSwitcher:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def begin(
-        self, instruction: Instruction, anchor: BoundaryEvent, requests: Sequence[InsideRequest]
-    ) -> None:
+    def begin(self, instruction: Step, anchor: BoundaryEvent, requests: Sequence[InsideRequest]) -> None:
         """Queue an instruction's requests, anchored to its start marker (a CUDA event) or the switcher's own.
 
         Called right after the instruction's boundary request, so the next boundary request is never
@@ -129,7 +127,7 @@ class PhaseSwitcher:
             self._thread = threading.Thread(target=self._run, name="PhaseSwitcher", daemon=True)
             self._thread.start()
 
-    def end(self, instruction: Instruction, marker: BoundaryEvent | None) -> None:
+    def end(self, instruction: Step, marker: BoundaryEvent | None) -> None:
         """Note an instruction's end marker: its requests not made once the GPU passes it are dropped."""
         job = self._open.pop(instruction, None)
         if job is not None:

@@ -32,9 +32,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
-from megatron_energy.plan import Boundary, ClockAction, CollectiveAction, Plan, PlanError, PlanPoint
+from megatron_energy.plan import (
+    Boundary,
+    ClockAction,
+    CollectiveAction,
+    Plan,
+    PlanError,
+    PlanPoint,
+    step_boundary,
+)
 
 
 class InsideRequest(NamedTuple):
@@ -58,15 +66,15 @@ class PlanRunner:
         PlanError: The plan does not cover this rank, or names an instruction this rank does not run.
     """
 
-    def __init__(self, plan: Plan, stage: int, order: tuple[Instruction, ...]) -> None:
+    def __init__(self, plan: Plan, stage: int, order: tuple[Step, ...]) -> None:
         if not 0 <= stage < plan.num_stages:
             raise PlanError(f"the plan covers pipeline ranks 0..{plan.num_stages - 1}, not rank {stage}")
         executed = set(order)
         for point in plan.points:
             for action in point.ranks[stage].actions:
-                if action.at.instruction not in executed:
+                if action.at.step not in executed:
                     raise PlanError(
-                        f"the plan has an action at {action.at.instruction}, "
+                        f"the plan has an action at {action.at.step}, "
                         f"which rank {stage} does not run: it "
                         "was made for another schedule (stages, microbatches, virtual pipeline size or group "
                         "size); rerun planning"
@@ -76,7 +84,7 @@ class PlanRunner:
         self.index = plan.target_index
         self._clocks: dict[Boundary, int] = {}
         self._outside: dict[str, tuple[int, ...]] = {}
-        self._inside: dict[Instruction, tuple[InsideRequest, ...]] = {}
+        self._inside: dict[Step, tuple[InsideRequest, ...]] = {}
         self._inside_provenance: set[str] = set()
         self._unhooked = 0
         self._collectives: dict[str, CollectiveAction] = {}
@@ -89,7 +97,7 @@ class PlanRunner:
         clocks = [action for action in actions if isinstance(action, ClockAction)]
         self._clocks = {action.at: action.clock_mhz for action in clocks}
         outside: dict[str, list[int]] = {}
-        inside: dict[Instruction, list[InsideRequest]] = {}
+        inside: dict[Step, list[InsideRequest]] = {}
         self._inside_provenance = set()
         self._unhooked = 0
         for action in clocks:
@@ -100,7 +108,7 @@ class PlanRunner:
                 outside.setdefault(label.hook, []).append(action.clock_mhz)
             elif label is not None and label.scope in INSIDE_SCOPES:
                 offset_s = max(0.0, label.at_s - label.lead_s)
-                inside.setdefault(action.at.instruction, []).append(InsideRequest(offset_s, action.clock_mhz))
+                inside.setdefault(action.at.step, []).append(InsideRequest(offset_s, action.clock_mhz))
                 self._inside_provenance.add(label.provenance)
             else:
                 self._unhooked += 1
@@ -130,15 +138,15 @@ class PlanRunner:
         """The running point's predicted energy of this rank's GPU per iteration (modelled)."""
         return self.point.ranks[self.stage].energy_j
 
-    def clock_at(self, instruction: Instruction, phase: str | None = None) -> int | None:
-        """The clock to lock at an instruction's start (or a phase inside it); ``None``: leave it."""
-        return self._clocks.get(Boundary(instruction, phase))
+    def clock_at(self, instruction: Step, phase: str | None = None) -> int | None:
+        """The clock to lock at a step's start (or a phase inside it); ``None``: leave it."""
+        return self._clocks.get(step_boundary(instruction, phase))
 
     def outside_clocks(self, name: str, end: bool = False) -> tuple[int, ...]:
         """The clocks to request, in order, when the outside phase ``name`` begins (or ``end`` s)."""
         return self._outside.get(f"{name}.end" if end else name, ())
 
-    def inside_requests(self, instruction: Instruction) -> tuple[InsideRequest, ...]:
+    def inside_requests(self, instruction: Step) -> tuple[InsideRequest, ...]:
         """The clocks to request inside ``instruction``, in plan order (empty when it has none)."""
         return self._inside.get(instruction, ())
 

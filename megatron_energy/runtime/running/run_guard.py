@@ -222,7 +222,7 @@ class RunGuard:
         ):
             return
         rank = self.context.pipeline_rank
-        self.state.runner = PlanRunner(plan, rank, self.context.orders.stage(rank))
+        self.state.runner = PlanRunner(plan, rank, self.context.orders.steps(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.state.phase = SessionPhase.PLANNED
         self.printer(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.instruction import Step
 from megatron_energy.runtime.parts import InsideController, SwitchCounts, inactive_reason
 from megatron_energy.runtime.running.plan_runner import InsideRequest
 from megatron_energy.runtime.timing import SimulatedTimer
@@ -44,7 +44,7 @@ class SimulatedPhaseSwitcher:
         self._pending = 0  # requests of the running instruction
         self._made = 0  # of those, reached on the virtual clock so far
 
-    def begin(self, instruction: Instruction, anchor: object, requests: Sequence[InsideRequest]) -> None:
+    def begin(self, instruction: Step, anchor: object, requests: Sequence[InsideRequest]) -> None:
         """Have the timer call each request at its offset while the instruction runs."""
         if self._stopped or not requests:
             return
@@ -55,7 +55,7 @@ class SimulatedPhaseSwitcher:
         self._made = 0
         self._pending = len(requests)
 
-    def end(self, instruction: Instruction, marker: object) -> None:
+    def end(self, instruction: Step, marker: object) -> None:
         """The instruction has run: the requests its time never reached were stale."""
         if self._pending:
             self.counts.stale += self._pending - self._made
