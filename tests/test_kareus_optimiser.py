@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from megatron_energy.optimisers.perseus.clock_optimiser import plan_point
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
 from megatron_energy.pipeline.profile import Profile
-from megatron_energy.plan import Baseline, CollectiveAction, Plan
+from megatron_energy.plan import Baseline, CollectiveAction, Plan, PlanPoint
 from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
@@ -111,6 +112,25 @@ def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
     assert plan.optimisers == ("perseus", "kareus")
     assert plan.target_point.iteration_time_s <= plan.target_point.deadline_s * (1 + 1e-9)
     assert plan.target_point.deadline_s >= base.target_point.deadline_s
+
+
+def _halved(point: PlanPoint) -> PlanPoint:
+    """``point`` with every rank's predicted energy halved."""
+    ranks = tuple(dataclasses.replace(rank, energy_j=rank.energy_j / 2) for rank in point.ranks)
+    return dataclasses.replace(point, ranks=ranks)
+
+
+def test_a_refinement_that_improves_no_point_is_the_base_plan_and_does_not_name_kareus() -> None:
+    """A base whose points no schedule of the collectives beats comes back as it is, not renamed.
+
+    The base is Perseus's plan with every point's predicted energy halved: nothing Kareus prices is cheaper.
+    """
+    job = JobConfig.load(EXAMPLE_7B)
+    profile, planning = job.synthetic_profile(), planning_job(job)
+    perseus = perseus_plan_of(EXAMPLE_7B)
+    cheap = dataclasses.replace(perseus, points=tuple(_halved(point) for point in perseus.points))
+    assert KareusOptimiser(budget=FAST).plan(profile, planning, cheap) is cheap
+    assert KareusOptimiser(budget=FAST).plan(profile, planning, perseus).optimisers == ("perseus", "kareus")
 
 
 def test_all_composed_predicts_less_energy_than_perseus_alone_on_the_example_job() -> None:

@@ -115,9 +115,9 @@ class KareusOptimiser:
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
         """Plan the collectives of ``job`` (alone at stock clocks, or refining ``base``).
 
-        Without the job's collective workload, a composition's ``base`` is returned as it is (its
-        ``optimisers`` then do not name ``kareus``: nothing of the plan came from it), so ``all`` keeps
-        working where the runtime does not yet describe the collectives.
+        Without the job's collective workload, or where no point of a composition's ``base`` is improved,
+        ``base`` is returned as it is (its ``optimisers`` then do not name ``kareus``: nothing of the plan
+        came from it), so ``all`` keeps working where the runtime does not yet describe the collectives.
 
         Raises:
             EnergyValueError: If the job carries no collective workload and there is no base plan, or the GPU
@@ -163,6 +163,7 @@ class KareusOptimiser:
         start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
         base_clocks[target_index] = start
         points = []
+        improved = False
         for index, clocks in enumerate(base_clocks):
             reference = references[index]
             priced = price_point(model, simulator, clocks, best)
@@ -171,8 +172,11 @@ class KareusOptimiser:
                 points.append(
                     _point(model, labels[index], best, priced, reference.deadline_s, lower_bounds[index])
                 )
+                improved = True
             else:  # nothing beat the base point (or stock clocks): it stays, with the default collectives
                 points.append(_with_default_collectives(model, reference, defaults))
+        if base is not None and not improved:
+            return base  # no point of base improved: the plan is base's, and does not name kareus
         baseline = _baseline(stock_priced)  # this model's stock iteration, which its points are set against
         return job.new_plan(
             profile,
