@@ -166,9 +166,17 @@ def test_a_budget_no_plan_meets_is_said_once_on_rank_0_and_its_profile_is_kept_f
     (replanned,) = [line for line in reachable[0].lines if "planning inputs changed" in line]
     assert f"planning.target: '{UNREACHABLE_W}' -> 'power:400'" in replanned
     assert "without profiling" in replanned
-    # the same unreachable budget again: planning from the kept profile fails again, so it profiles
+    # the same unreachable budget again: planning from the kept profile finds it out of reach again, and
+    # profiling would end alike: every rank runs at stock clocks from the first step, rank 0 says why once
     (retry,) = [line for line in again[0].lines if "holds this job's profile but no plan" in line]
-    assert "no plan fits" in retry and "profiling again" in retry
+    assert "out of reach again, so the job is not profiled again" in retry
+    said = printed(again, "no plan fits; the lowest reachable average power is")
+    assert said[0] == 1 and sum(said.values()) == 1, "once, on rank 0"
+    (line,) = [line for line in again[0].lines if "no plan fits" in line]
+    assert line.startswith("[energy] not optimising, training continues at stock clocks on every rank: ")
+    assert "run with another --energy-target to plan from that profile without profiling" in line
+    for report in again:
+        assert phases(report) == ["stock (planning failed)"] * RUN_STEPS
 
 
 @pytest.fixture(scope="module")

@@ -187,7 +187,7 @@ class EnergySession:
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self.planning.start_from_cache()
         self.laps.lap()
-        if self.state.plan is None:
+        if self.state.phase == SessionPhase.PROFILING:
             self.planning.refuse_budget_out_of_reach()
 
     @property

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.atomic import folder_lock, write_atomically
+from megatron_energy.errors import TargetUnreachableError
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 from megatron_energy.runtime.planning_round.cache_manifest import (
     MANIFEST_NAME,
@@ -92,6 +93,10 @@ class CacheLoad:
 
     quarantined: Path | None = None
     """Where a folder that failed verification was moved; None otherwise."""
+
+    unreachable: str | None = None
+    """Why this job's target cannot be met, found by planning again from the profile its folder holds
+    (``errors.TargetUnreachableError``): profiling again would end the same way. None otherwise."""
 
 
 class JobCache:
@@ -165,7 +170,8 @@ class JobCache:
         message names the failure and the quarantine folder.
 
         A job whose folder is empty is re-planned from a cached run of it with other planning inputs, when
-        there is one (see the module docstring). A hit (re-planned or not) makes this job the most recent one
+        there is one (see the module docstring). A hit (re-planned or not), or a cached profile whose target
+        is out of reach (``CacheLoad.unreachable``), makes this job the most recent one
         (``<dir>/last_job.json``), so the summary and ``megatron-energy report`` describe the job that runs.
 
         Args:
@@ -180,9 +186,13 @@ class JobCache:
             return self._replanned_from_own_profile(required)
         loaded = self._verified(required)
         if loaded.hit:
-            with contextlib.suppress(OSError):  # a read-only record costs the report its default, not the hit
-                write_atomically(self.root / LAST_JOB, self._job_record())
+            self._record_as_last()
         return loaded
+
+    def _record_as_last(self) -> None:
+        """Make this job the most recent one (``<dir>/last_job.json``); a read-only record costs only that."""
+        with contextlib.suppress(OSError):  # the report then loses its default, not the run its cache
+            write_atomically(self.root / LAST_JOB, self._job_record())
 
     def _verified(self, required: tuple[str, ...]) -> CacheLoad:
         """Read and verify the artefacts of a folder that holds some (see :meth:`load`)."""
@@ -237,7 +247,16 @@ class JobCache:
         try:
             self.store(self.replan(own.artefacts, self.fingerprint))
             stored = self._verified(required)
-        except Exception as problem:  # e.g. the same target, still out of reach: profile again
+        except TargetUnreachableError as problem:  # the same profile and target: profiling would end alike
+            self._record_as_last()  # the job that runs is this one, on its cached profile
+            return CacheLoad(
+                self.folder,
+                False,
+                f"energy cache at {self.folder} holds this job's profile but no plan; planning from it found "
+                "the target out of reach again, so the job is not profiled again",
+                unreachable=str(problem),
+            )
+        except Exception as problem:  # the profile could not be planned from: profile again
             return CacheLoad(
                 self.folder,
                 False,

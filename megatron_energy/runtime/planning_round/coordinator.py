@@ -167,11 +167,14 @@ class PlanningRound:
     def start_from_cache(self) -> None:
         """Rank 0 loads the cached release (if any and verified); every rank adopts it, or all profile.
 
+        Where the cached profile shows the target out of reach, every rank falls back at once, and rank 0
+        says why (``planning.load_release``).
+
         A cache that verifies but cannot be used (a baseline that is not one, a plan of another job, a plan
         some rank cannot run) is moved aside by rank 0 like one that fails verification, so the store after
         re-planning never overwrites it.
         """
-        decision: PlanRelease | None = None
+        decision: PlanRelease | Fallback | None = None
         if self.context.global_rank == 0:
             try:
                 decision, message = load_release(self.cache)
@@ -179,7 +182,9 @@ class PlanningRound:
                 decision, message = None, self._set_cache_aside(f"unusable ({problem})")
             self.printer(f"[energy] {message}")
         decision = broadcast_from_root(self.comms, decision)
-        if decision is not None and not self._adopt_everywhere(decision):
+        if isinstance(decision, Fallback):  # the cached profile already says the target is out of reach
+            self.fall_back(decision, once=True)
+        elif decision is not None and not self._adopt_everywhere(decision):
             if self.context.global_rank == 0:
                 self.printer(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
             self.printer(

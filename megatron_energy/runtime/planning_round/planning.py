@@ -181,15 +181,23 @@ def store_release(cache: JobCache, release: PlanRelease) -> None:
     cache.store(release_artefacts(release))
 
 
-def load_release(cache: JobCache) -> tuple[PlanRelease | None, str]:
+def load_release(cache: JobCache) -> tuple[PlanRelease | Fallback | None, str]:
     """The cached release of this job, verified, and a line for the log saying what was found.
 
-    A cached folder that fails verification is moved aside by ``JobCache.load`` (the line says where).
+    A cached folder that fails verification is moved aside by ``JobCache.load`` (the line says where). A
+    folder holding this job's profile whose plan is out of reach of its target gives the fallback every
+    rank takes at once (``CacheLoad.unreachable``): profiling again would end the same way.
 
     Raises:
         ValueError: The cached baseline is not one (the plan is checked by every rank as it parses it).
     """
     load = cache.load(REQUIRED_ARTEFACTS)
+    if load.unreachable is not None:
+        reason = (
+            f"{load.unreachable} (planned again from the profile cached in {load.folder}); run with another "
+            "--energy-target to plan from that profile without profiling"
+        )
+        return Fallback(reason), load.message
     if not load.hit:
         return None, load.message
     text = {name: content.decode("utf-8") for name, content in load.artefacts.items()}
