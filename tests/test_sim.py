@@ -216,3 +216,36 @@ def test_simulate_refuses_a_plan_made_for_another_job(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "another job" in err
     assert Plan.load(plan_path).fingerprint in err and JobConfig.load(EXAMPLE).fingerprint() in err
+
+
+def test_a_pass_resumed_from_an_earlier_one_is_the_whole_pass_to_the_last_float():
+    """``Simulator.evaluate_options`` resumed from a checkpoint equals the whole pass, for any move."""
+    job = JobConfig.load(EXAMPLE)
+    spec = job.spec()
+    profile = job.synthetic_profile(spec)
+    simulator = Simulator(job.build_dag(spec=spec), profile, switch_latency_s=spec.switch_latency_s)
+    positions = simulator.compute_positions()
+    nodes = sorted(positions, key=positions.__getitem__)
+    options = [list(profile.options(node.work)) for node in nodes]
+    assert len(nodes) > 64  # long enough for the pass to resume after its start
+    base = [choices[0] for choices in options]
+    *_, checkpoint = simulator.evaluate_options(base)
+    assert checkpoint is not None
+    rng = random.Random(0)
+    resumed_count = 0
+    for _ in range(40):
+        trial = list(base)
+        first = rng.randrange(len(trial))
+        for position in range(first, min(first + rng.randint(1, 6), len(trial))):
+            trial[position] = rng.choice(options[position])
+        whole = simulator.evaluate_options(trial)
+        resumed = simulator.evaluate_options(trial, checkpoint)
+        assert whole[:2] == resumed[:2]
+        assert whole[2] is not None and resumed[2] is not None
+        assert whole[2].passed == resumed[2].passed and whole[2].states == resumed[2].states
+        resumed_count += resumed[2].states[0] is checkpoint.states[0]  # its kept states were reused
+    assert resumed_count > 5  # the test saw moves far enough in to resume
+    assert simulator.evaluate_options(list(base), checkpoint)[:2] == simulator.evaluate_options(base)[:2]
+    # and the public pass agrees: evaluate() of the same clocks gives the same floats
+    clocks = {node: option.clock_mhz for node, option in zip(nodes, base, strict=True)}
+    assert simulator.evaluate(clocks) == simulator.evaluate_options(base)[:2]

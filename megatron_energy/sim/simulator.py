@@ -211,6 +211,22 @@ class _Pass(NamedTuple):
     stale_energy_j: list[float]
 
 
+_SNAPSHOT_EVERY = 32
+"""A switch-latency pass keeps the stages' clock state every this many nodes, to be resumed from there."""
+
+
+class PassCheckpoint(NamedTuple):
+    """A switch-latency pass kept so that a pass of options that differ only later can resume from it."""
+
+    chosen: list[_Option]
+    """The options it ran, by compute position."""
+    passed: _Pass
+    """Its figures."""
+    states: list[tuple[list[int], list[int], list[float]]]
+    """Every stage's effective clock, requested clock and switch due time before node ``k *
+    _SNAPSHOT_EVERY``, for every ``k``."""
+
+
 class Simulator:
     """Simulates a pipeline DAG under per-instruction clocks with a profile's time and energy per clock."""
 
@@ -248,6 +264,8 @@ class Simulator:
             self._fastest[key] = profile.fastest(key)
         self._stage_of = np.array([key.stage for key in self._keys], dtype=np.int64)
         self._last_compute = [dag.index[dag.stage_steps(stage)[-1]] for stage in range(dag.num_stages)]
+        self._last_compute_set = frozenset(self._last_compute)
+        self._compute_list: list[int] = self._compute.tolist()
         self._preds: list[list[int]] | None = None  # built by the first run with a switch latency
         self._position: list[int] = []  # compute position of every node index, -1 for other nodes
         self._stage_list: list[int] = []
@@ -297,6 +315,35 @@ class Simulator:
         stages = self._stage_energies(passed)
         return passed.iteration_s, sum(stage.total_energy_j for stage in stages)
 
+    def compute_positions(self) -> dict[StepKey, int]:
+        """The position of every compute node in the order :meth:`evaluate_options` takes options in."""
+        nodes = self.dag.nodes
+        return {nodes[i]: position for position, i in enumerate(self._compute.tolist())}
+
+    def evaluate_options(
+        self, chosen: list[_Option], base: PassCheckpoint | None = None
+    ) -> tuple[float, float, PassCheckpoint | None]:
+        """:meth:`evaluate` at this simulator's switch latency, of options already chosen, unchecked.
+
+        The solvers' fast path: ``chosen`` holds the option of every compute node by its position
+        (:meth:`compute_positions`), each one of the profile's own options for that node, so no clock is
+        looked up or validated here. With a switch latency the pass resumes from ``base`` (an earlier
+        call's checkpoint) at the last kept state before the first node whose option differs: every node
+        before it is scheduled exactly as in ``base``, so the figures are the same floats as a whole pass.
+
+        Returns:
+            ``(iteration_time_s, total_energy_j, checkpoint)``, both figures modelled; the checkpoint to
+            resume a later call from (``None`` with instant switches, whose pass is not resumed).
+        """
+        checkpoint = None
+        if self.switch_latency_s > 0.0:
+            checkpoint = self._switching_pass(chosen, self.switch_latency_s, base)
+            passed = checkpoint.passed
+        else:
+            passed = self._pass(chosen, 0.0)
+        stages = self._stage_energies(passed)
+        return passed.iteration_s, sum(stage.total_energy_j for stage in stages), checkpoint
+
     def _latency(self, switch_latency_s: float | None) -> float:
         return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
 
@@ -327,7 +374,7 @@ class Simulator:
     def _pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
         """Schedule the iteration: the DAG's ASAP pass, or the switch-latency pass when ``latency_s > 0``."""
         if latency_s > 0.0:
-            return self._switching_pass(chosen, latency_s)
+            return self._switching_pass(chosen, latency_s).passed
         times_s = [option.time_s for option in chosen]
         durations_s = self.dag.fixed_durations_s()
         durations_s[self._compute] = np.array(times_s)
@@ -343,23 +390,47 @@ class Simulator:
             stale_energy_j=[0.0] * len(chosen),
         )
 
-    def _switching_pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
-        """ASAP pass in which each compute node's duration depends on its stage's clock in effect."""
+    def _switching_pass(
+        self, chosen: list[_Option], latency_s: float, base: PassCheckpoint | None = None
+    ) -> PassCheckpoint:
+        """ASAP pass in which each compute node's duration depends on its stage's clock in effect.
+
+        Resumed from ``base`` (same latency) where its options differ from ``chosen`` only after the start.
+        """
         preds, position = self._structure()
         durations = self.dag.fixed_durations_s().tolist()
         stage_of = self._stage_list
-        # Steady state: the stage's last instruction's clock is in effect, nothing pending.
-        effective = [chosen[position[i]].clock_mhz for i in self._last_compute]
-        requested = list(effective)
-        due_s = [0.0] * len(effective)
-        start = [0.0] * len(durations)
-        end = [0.0] * len(durations)
-        times_s = [0.0] * len(chosen)
-        energies_j = [0.0] * len(chosen)
-        stale_clock: list[int | None] = [None] * len(chosen)
-        stale_s = [0.0] * len(chosen)
-        stale_j = [0.0] * len(chosen)
-        for v, node_preds in enumerate(preds):
+        first = 0 if base is None else self._first_changed_node(chosen, base.chosen)
+        stale_clock: list[int | None]
+        if base is not None and first >= _SNAPSHOT_EVERY:
+            k = min(first, len(preds) - 1) // _SNAPSHOT_EVERY  # no change at all: from the last kept state
+            resumed_at = k * _SNAPSHOT_EVERY
+            kept_effective, kept_requested, kept_due_s = base.states[k]
+            effective, requested, due_s = list(kept_effective), list(kept_requested), list(kept_due_s)
+            states = base.states[:k]
+            previous = base.passed
+            start, end = list(previous.start_s), list(previous.end_s)
+            times_s, energies_j = list(previous.times_s), list(previous.energies_j)
+            stale_clock, stale_s = list(previous.stale_clock_mhz), list(previous.stale_s)
+            stale_j = list(previous.stale_energy_j)
+        else:
+            resumed_at = 0
+            # Steady state: the stage's last instruction's clock is in effect, nothing pending.
+            effective = [chosen[position[i]].clock_mhz for i in self._last_compute]
+            requested = list(effective)
+            due_s = [0.0] * len(effective)
+            states = []
+            start = [0.0] * len(durations)
+            end = [0.0] * len(durations)
+            times_s = [0.0] * len(chosen)
+            energies_j = [0.0] * len(chosen)
+            stale_clock = [None] * len(chosen)
+            stale_s = [0.0] * len(chosen)
+            stale_j = [0.0] * len(chosen)
+        for v in range(resumed_at, len(preds)):
+            if v % _SNAPSHOT_EVERY == 0:
+                states.append((list(effective), list(requested), list(due_s)))
+            node_preds = preds[v]
             begin = max(map(end.__getitem__, node_preds)) if node_preds else 0.0
             start[v] = begin
             pos = position[v]
@@ -387,7 +458,22 @@ class Simulator:
                 stale_clock[pos], stale_s[pos] = effective[stage], ran_s
             times_s[pos], energies_j[pos] = time_s, energy_j
             end[v] = begin + time_s
-        return _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s, stale_j)
+        passed = _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s, stale_j)
+        return PassCheckpoint(chosen, passed, states)
+
+    def _first_changed_node(self, chosen: list[_Option], before: list[_Option]) -> int:
+        """The first node (in schedule order) whose option differs; 0 if a stage's last one does.
+
+        A stage's last instruction sets the clock the pass starts from (the steady state), so a change
+        there changes the pass from its first node.
+        """
+        pairs = zip(self._compute_list, chosen, before, strict=True)
+        nodes = [node for node, mine, theirs in pairs if mine is not theirs]
+        if not nodes:
+            return len(self._position)
+        if any(node in self._last_compute_set for node in nodes):
+            return 0
+        return min(nodes)
 
     def _structure(self) -> tuple[list[list[int]], list[int]]:
         """Predecessor indices and compute position (-1: not compute) of every node, built once."""

@@ -34,10 +34,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from megatron_energy.pipeline.dag import SINK, NodeId, PipelineDag
 from megatron_energy.pipeline.instruction import Step
-from megatron_energy.sim.simulator import ProfileLike, SimResult, Simulator, Slice, StagePowers
+from megatron_energy.sim.simulator import (
+    PassCheckpoint,
+    ProfileLike,
+    SimResult,
+    Simulator,
+    Slice,
+    StagePowers,
+)
 
 _REL_TOL = 1e-9
 """Relative tolerance of the deadline check and of an energy improvement (floating-point noise)."""
@@ -184,8 +192,17 @@ class _Search:
         self.grids = [
             sorted(set.intersection(*(set(self._options[key]) for key in set(keys)))) for keys in self.keys
         ]
+        positions: dict[NodeId, int] = simulator.compute_positions()
+        self._positions = [[positions[node] for node in order] for order in self.orders]
+        """The simulator's compute position of every node of a state, per stage in execution order."""
+        self._num_compute = len(positions)
+        assert sum(map(len, self._positions)) == self._num_compute, "the stages' orders hold every node"
         self.evaluations = 0
         self._cache: dict[tuple[tuple[int, ...], ...], tuple[float, float]] = {}
+        self._base: PassCheckpoint | None = None
+        """The pass new simulations resume from (the state the improvement search stands on)."""
+        self._recent: tuple[tuple[tuple[int, ...], ...], PassCheckpoint | None] = ((), None)
+        """The last simulated state and its pass."""
 
     # ----- evaluation --------------------------------------------------------------------------------------
 
@@ -203,13 +220,39 @@ class _Search:
         }
 
     def evaluate(self, state: _State) -> tuple[float, float]:
-        """Latency-aware iteration time and energy of a state (memoised)."""
+        """Latency-aware iteration time and energy of a state (memoised).
+
+        The simulation resumes from the pass of the state the search stands on (:meth:`stand_on`), so a move
+        that changes clocks late in the iteration re-simulates only from there (the same floats).
+        """
         key = tuple(map(tuple, state))
         found = self._cache.get(key)
         if found is None:
             self.evaluations += 1
-            found = self._cache[key] = self.simulator.evaluate(self.to_clocks(state))
+            time_s, energy_j, checkpoint = self.simulator.evaluate_options(self._chosen(state), self._base)
+            found = self._cache[key] = (time_s, energy_j)
+            self._recent = (key, checkpoint)
+            if self._base is None:
+                self._base = checkpoint
         return found
+
+    def stand_on(self, state: _State) -> None:
+        """Resume later simulations from ``state``'s pass, if it was the last one simulated."""
+        key, checkpoint = self._recent
+        if checkpoint is not None and key == tuple(map(tuple, state)):
+            self._base = checkpoint
+
+    def _chosen(self, state: _State) -> list[Any]:
+        """The profile's option of every node of ``state``, by the simulator's compute position.
+
+        What ``Simulator.evaluate`` would pick for ``to_clocks(state)``, without building that mapping: the
+        grids hold only clocks every instruction of a stage has an option at.
+        """
+        chosen: list[Any] = [None] * self._num_compute
+        for positions, keys, clocks in zip(self._positions, self.keys, state, strict=True):
+            for position, key, clock in zip(positions, keys, clocks, strict=True):
+                chosen[position] = self._options[key][clock]
+        return chosen
 
     def feasible(self, time_s: float) -> bool:
         """Whether an iteration time meets the deadline (up to rounding)."""
@@ -434,6 +477,7 @@ class _Search:
         time_s, energy_j = self.evaluate(state)
         if not self.feasible(time_s):
             return state
+        self.stand_on(state)
         budget = self.evaluations + max_evaluations
         for step in (16, 4, 1):
             improved = True
@@ -447,6 +491,7 @@ class _Search:
                             trial_s, trial_j = self.evaluate(trial)
                             if self.feasible(trial_s) and trial_j < energy_j * (1.0 - _REL_TOL):
                                 state, energy_j, improved = trial, trial_j, True
+                                self.stand_on(state)
                                 break
                         k += 1
         return state
