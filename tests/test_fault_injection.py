@@ -13,10 +13,10 @@ with ``main``'s on one shared ``--energy-dir``. ``main``'s last job runs a cache
 SIGKILLs rank 1 with its clock watchdog and the ranks' parent process.
 
 Every test asserts what the brief of this module asks: no hang (gloo collectives time out after
-``COLLECTIVE_TIMEOUT_S``, and no step nor the time around the steps may take ``WAIT_LIMIT_S``), training
-finished (every step, finite losses), the same outcome on every rank (read from each rank's own log lines),
-the simulated GPU back at stock clocks after the job, and nothing deleted (a damaged file is found byte for
-byte in a quarantine folder).
+``COLLECTIVE_TIMEOUT_S``, and no step, less the planner's own run, nor the time around the steps may take
+``WAIT_LIMIT_S``), training finished (every step, finite losses), the same outcome on every rank (read from
+each rank's own log lines), the simulated GPU back at stock clocks after the job, and nothing deleted (a
+damaged file is found byte for byte in a quarantine folder).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
@@ -45,6 +45,7 @@ from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
+from fault_optimisers import TEST_OPTIMISERS
 from megatron_harness import (
     TINY_GPT_SCRIPT,
     PipelineWorld,
@@ -72,7 +73,9 @@ COLLECTIVE_TIMEOUT_S = 30
 WAIT_LIMIT_S = 20.0
 """No single step of a job, nor its set-up and close together, may take this long: a rank waiting for a
 collective that never comes, or for a timeout of its own, sits still for ``COLLECTIVE_TIMEOUT_S`` or so. The
-whole job is not timed: ten steps of two ranks on a loaded two-core machine can take half a minute."""
+step that waits for rank 0's planner is allowed the planner's own run on top (the planner is niced: on a
+loaded two-core machine it once took 24.7 s). The whole job is not timed: ten steps of two ranks on a loaded
+two-core machine can take half a minute."""
 
 WORLD_LIMIT_S = 600.0
 """Longest wait for the whole fault world (every job of both worlds), however loaded the machine."""
@@ -199,55 +202,6 @@ MAIN_JOBS = (
     Job("killed", "killed", prepare="copy-clean", until_killed=True, steps=10_000),
 )
 WORLDS = (World("main", MAIN_JOBS), World("peer", CONCURRENT))
-
-
-# ---------------------------------------------------------------------------------- test optimisers
-
-
-class RaisingOptimiser:
-    """An optimiser whose planning fails (on rank 0, the only rank that plans)."""
-
-    def __init__(self) -> None:
-        from megatron_energy.optimisers.interface import ProfileRequest
-
-        self.request = ProfileRequest()
-
-    def plan(self, profile: Any, job: Any, base: Any = None) -> Any:
-        """Fail as a solver bug would."""
-        raise RuntimeError("injected planner failure")
-
-
-class RankOneCannotRunOptimiser:
-    """Perseus's plan, with rank 1's actions moved to a microbatch rank 1 never runs."""
-
-    def __init__(self) -> None:
-        from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
-
-        self.inner = PerseusOptimiser()
-        self.request = self.inner.request
-
-    def plan(self, profile: Any, job: Any, base: Any = None) -> Any:
-        """Plan with Perseus, then break rank 1's part."""
-        plan = self.inner.plan(profile, job, base)
-        points = []
-        for point in plan.points:
-            rank1 = point.ranks[1]
-            moved = tuple(
-                dataclasses.replace(
-                    action,
-                    at=action.at._replace(instruction=action.at.instruction._replace(microbatch=999)),
-                )
-                for action in rank1.actions
-            )
-            ranks = (point.ranks[0], dataclasses.replace(rank1, actions=moved), *point.ranks[2:])
-            points.append(dataclasses.replace(point, ranks=ranks))
-        return dataclasses.replace(plan, points=tuple(points))
-
-
-TEST_OPTIMISERS: dict[str, Callable[[], Any]] = {
-    "fault-raises": RaisingOptimiser,
-    "fault-rank1-plan": RankOneCannotRunOptimiser,
-}
 
 
 # -------------------------------------------------------------------------- damage and preparations
@@ -670,13 +624,37 @@ def lines_with(result: RankResult, text: str) -> list[str]:
     return [line for line in result.lines if text in line]
 
 
+PLAN_TOOK_EFFECT = re.compile(r"plan took effect at iteration (\d+): computed in ([\d.]+) s")
+
+
+def planner_wait(results: list[RankResult]) -> tuple[int, float] | None:
+    """The step every rank waited in for rank 0's planner (simulated GPUs wait), and the planner's seconds.
+
+    Read from rank 0's own line (the iteration it names is the one after the step that waited, 1-based).
+    The planner is a child interpreter that lowers its own priority: on a loaded two-core machine it may
+    run for longer than a collective's timeout, and that step is not a hang.
+    """
+    for line in results[0].lines:
+        if found := PLAN_TOOK_EFFECT.search(line):
+            return int(found[1]) - 2, float(found[2])
+    return None
+
+
 def assert_finished(results: list[RankResult], steps: int = JOB_STEPS) -> None:
-    """Every step ran on both ranks, the last stage has finite losses, and nothing sat in a long wait."""
+    """Every step ran on both ranks, the last stage has finite losses, and nothing sat in a long wait.
+
+    A step's wait is its wall time, less the planner's own run in the step that waited for the planner.
+    """
+    waited = planner_wait(results)
     for result in results:
         assert len(result.phases) == steps, (result.rank, result.phases)
-        longest_step = max(result.step_seconds)
+        step_waits = list(result.step_seconds)
+        if waited is not None:
+            step, planner_s = waited
+            step_waits[step] -= planner_s
+        longest_step = max(step_waits)
         around_steps = result.seconds - sum(result.step_seconds)
-        assert longest_step < WAIT_LIMIT_S, f"rank {result.rank}: a step took {longest_step:.1f} s"
+        assert longest_step < WAIT_LIMIT_S, f"rank {result.rank}: a step waited {longest_step:.1f} s"
         assert around_steps < WAIT_LIMIT_S, f"rank {result.rank}: set-up and close took {around_steps:.1f} s"
     last = results[-1]
     assert len(last.losses) == steps * NUM_MICROBATCHES
