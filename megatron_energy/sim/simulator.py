@@ -52,15 +52,13 @@ import numpy as np
 
 from megatron_energy.pipeline.dag import NodeId, PipelineDag
 from megatron_energy.pipeline.instruction import StepKey, Work
-
-
-class _Option(Protocol):
-    @property
-    def clock_mhz(self) -> int: ...
-    @property
-    def time_s(self) -> float: ...
-    @property
-    def energy_j(self) -> float: ...
+from megatron_energy.sim.switching_pass import (
+    Option,
+    Pass,
+    PassCheckpoint,
+    SwitchingGraph,
+    switching_pass,
+)
 
 
 class ProfileLike(Protocol):
@@ -86,11 +84,11 @@ class ProfileLike(Protocol):
         """Power while idle after the last instruction."""
         ...
 
-    def options(self, key: Work) -> Sequence[_Option]:
+    def options(self, key: Work) -> Sequence[Option]:
         """All options of one instruction."""
         ...
 
-    def fastest(self, key: Work) -> _Option:
+    def fastest(self, key: Work) -> Option:
         """The fastest option of one instruction."""
         ...
 
@@ -194,39 +192,6 @@ class SimResult:
         return sum(stage.total_energy_j for stage in self.stages)
 
 
-_DUE_TOLERANCE_S = 1e-12
-"""A pending switch this close to an instruction's start is in effect (as in the simulated GPU)."""
-
-
-class _Pass(NamedTuple):
-    """What one schedule pass gives: node times by index, effective busy figures by compute position."""
-
-    start_s: list[float]
-    end_s: list[float]
-    iteration_s: float
-    times_s: list[float]
-    energies_j: list[float]
-    stale_clock_mhz: list[int | None]
-    stale_s: list[float]
-    stale_energy_j: list[float]
-
-
-_SNAPSHOT_EVERY = 32
-"""A switch-latency pass keeps the stages' clock state every this many nodes, to be resumed from there."""
-
-
-class PassCheckpoint(NamedTuple):
-    """A switch-latency pass kept so that a pass of options that differ only later can resume from it."""
-
-    chosen: list[_Option]
-    """The options it ran, by compute position."""
-    passed: _Pass
-    """Its figures."""
-    states: list[tuple[list[int], list[int], list[float]]]
-    """Every stage's effective clock, requested clock and switch due time before node ``k *
-    _SNAPSHOT_EVERY``, for every ``k``."""
-
-
 class Simulator:
     """Simulates a pipeline DAG under per-instruction clocks with a profile's time and energy per clock."""
 
@@ -257,18 +222,14 @@ class Simulator:
         self._compute = dag.compute_indices()
         self._keys: list[Work] = [dag.nodes[i].work for i in self._compute]
         self._compute_nodes = frozenset(dag.nodes[i] for i in self._compute)
-        self._options: dict[Work, dict[int, _Option]] = {}
-        self._fastest: dict[Work, _Option] = {}
+        self._options: dict[Work, dict[int, Option]] = {}
+        self._fastest: dict[Work, Option] = {}
         for key in set(self._keys):
             self._options[key] = {option.clock_mhz: option for option in profile.options(key)}
             self._fastest[key] = profile.fastest(key)
         self._stage_of = np.array([key.stage for key in self._keys], dtype=np.int64)
         self._last_compute = [dag.index[dag.stage_steps(stage)[-1]] for stage in range(dag.num_stages)]
-        self._last_compute_set = frozenset(self._last_compute)
-        self._compute_list: list[int] = self._compute.tolist()
-        self._preds: list[list[int]] | None = None  # built by the first run with a switch latency
-        self._position: list[int] = []  # compute position of every node index, -1 for other nodes
-        self._stage_list: list[int] = []
+        self._graph: SwitchingGraph | None = None  # built by the first run with a switch latency
         self._clock_grid: dict[Work, list[int]] = {}
 
     def run(
@@ -321,15 +282,15 @@ class Simulator:
         return {nodes[i]: position for position, i in enumerate(self._compute.tolist())}
 
     def evaluate_options(
-        self, chosen: list[_Option], base: PassCheckpoint | None = None
+        self, chosen: list[Option], base: PassCheckpoint | None = None
     ) -> tuple[float, float, PassCheckpoint | None]:
         """:meth:`evaluate` at this simulator's switch latency, of options already chosen, unchecked.
 
         The solvers' fast path: ``chosen`` holds the option of every compute node by its position
         (:meth:`compute_positions`), each one of the profile's own options for that node, so no clock is
-        looked up or validated here. With a switch latency the pass resumes from ``base`` (an earlier
-        call's checkpoint) at the last kept state before the first node whose option differs: every node
-        before it is scheduled exactly as in ``base``, so the figures are the same floats as a whole pass.
+        looked up or validated here. With a switch latency the pass reruns, from ``base`` (an earlier
+        call's checkpoint), only the nodes the changed options reach
+        (:mod:`~megatron_energy.sim.switching_pass`): the figures are the same floats as a whole pass.
 
         Returns:
             ``(iteration_time_s, total_energy_j, checkpoint)``, both figures modelled; the checkpoint to
@@ -347,7 +308,7 @@ class Simulator:
     def _latency(self, switch_latency_s: float | None) -> float:
         return self.switch_latency_s if switch_latency_s is None else _checked_latency(switch_latency_s)
 
-    def _chosen(self, clocks: Mapping[StepKey, int] | None) -> list[_Option]:
+    def _chosen(self, clocks: Mapping[StepKey, int] | None) -> list[Option]:
         """The option of every compute node, by compute position."""
         clocks = clocks or {}
         nodes = self.dag.nodes
@@ -371,7 +332,7 @@ class Simulator:
             chosen.append(option)
         return chosen
 
-    def _pass(self, chosen: list[_Option], latency_s: float) -> _Pass:
+    def _pass(self, chosen: list[Option], latency_s: float) -> Pass:
         """Schedule the iteration: the DAG's ASAP pass, or the switch-latency pass when ``latency_s > 0``."""
         if latency_s > 0.0:
             return self._switching_pass(chosen, latency_s).passed
@@ -379,7 +340,7 @@ class Simulator:
         durations_s = self.dag.fixed_durations_s()
         durations_s[self._compute] = np.array(times_s)
         schedule = self.dag.schedule_array(durations_s)
-        return _Pass(
+        return Pass(
             start_s=schedule.start_s.tolist(),
             end_s=schedule.end_s.tolist(),
             iteration_s=schedule.makespan_s,
@@ -391,102 +352,19 @@ class Simulator:
         )
 
     def _switching_pass(
-        self, chosen: list[_Option], latency_s: float, base: PassCheckpoint | None = None
+        self, chosen: list[Option], latency_s: float, base: PassCheckpoint | None = None
     ) -> PassCheckpoint:
-        """ASAP pass in which each compute node's duration depends on its stage's clock in effect.
-
-        Resumed from ``base`` (same latency) where its options differ from ``chosen`` only after the start.
-        """
-        preds, position = self._structure()
-        durations = self.dag.fixed_durations_s().tolist()
-        stage_of = self._stage_list
-        first = 0 if base is None else self._first_changed_node(chosen, base.chosen)
-        stale_clock: list[int | None]
-        if base is not None and first >= _SNAPSHOT_EVERY:
-            k = min(first, len(preds) - 1) // _SNAPSHOT_EVERY  # no change at all: from the last kept state
-            resumed_at = k * _SNAPSHOT_EVERY
-            kept_effective, kept_requested, kept_due_s = base.states[k]
-            effective, requested, due_s = list(kept_effective), list(kept_requested), list(kept_due_s)
-            states = base.states[:k]
-            previous = base.passed
-            start, end = list(previous.start_s), list(previous.end_s)
-            times_s, energies_j = list(previous.times_s), list(previous.energies_j)
-            stale_clock, stale_s = list(previous.stale_clock_mhz), list(previous.stale_s)
-            stale_j = list(previous.stale_energy_j)
-        else:
-            resumed_at = 0
-            # Steady state: the stage's last instruction's clock is in effect, nothing pending.
-            effective = [chosen[position[i]].clock_mhz for i in self._last_compute]
-            requested = list(effective)
-            due_s = [0.0] * len(effective)
-            states = []
-            start = [0.0] * len(durations)
-            end = [0.0] * len(durations)
-            times_s = [0.0] * len(chosen)
-            energies_j = [0.0] * len(chosen)
-            stale_clock = [None] * len(chosen)
-            stale_s = [0.0] * len(chosen)
-            stale_j = [0.0] * len(chosen)
-        for v in range(resumed_at, len(preds)):
-            if v % _SNAPSHOT_EVERY == 0:
-                states.append((list(effective), list(requested), list(due_s)))
-            node_preds = preds[v]
-            begin = max(map(end.__getitem__, node_preds)) if node_preds else 0.0
-            start[v] = begin
-            pos = position[v]
-            if pos < 0:
-                end[v] = begin + durations[v]
-                continue
-            option, stage = chosen[pos], stage_of[pos]
-            if requested[stage] != effective[stage] and due_s[stage] <= begin + _DUE_TOLERANCE_S:
-                effective[stage] = requested[stage]
-            if option.clock_mhz != requested[stage]:
-                requested[stage] = option.clock_mhz
-                due_s[stage] = begin + latency_s
-            time_s, energy_j = option.time_s, option.energy_j
-            if effective[stage] != option.clock_mhz:
-                old_time_s, old_energy_j = self._price(self._keys[pos], effective[stage])
-                ran_s = due_s[stage] - begin
-                if ran_s >= old_time_s:
-                    time_s, energy_j, ran_s = old_time_s, old_energy_j, old_time_s
-                    stale_j[pos] = old_energy_j
-                else:
-                    done = ran_s / old_time_s
-                    time_s = ran_s + (1.0 - done) * time_s
-                    energy_j = done * old_energy_j + (1.0 - done) * energy_j
-                    stale_j[pos] = done * old_energy_j
-                stale_clock[pos], stale_s[pos] = effective[stage], ran_s
-            times_s[pos], energies_j[pos] = time_s, energy_j
-            end[v] = begin + time_s
-        passed = _Pass(start, end, end[-1], times_s, energies_j, stale_clock, stale_s, stale_j)
-        return PassCheckpoint(chosen, passed, states)
-
-    def _first_changed_node(self, chosen: list[_Option], before: list[_Option]) -> int:
-        """The first node (in schedule order) whose option differs; 0 if a stage's last one does.
-
-        A stage's last instruction sets the clock the pass starts from (the steady state), so a change
-        there changes the pass from its first node.
-        """
-        pairs = zip(self._compute_list, chosen, before, strict=True)
-        nodes = [node for node, mine, theirs in pairs if mine is not theirs]
-        if not nodes:
-            return len(self._position)
-        if any(node in self._last_compute_set for node in nodes):
-            return 0
-        return min(nodes)
-
-    def _structure(self) -> tuple[list[list[int]], list[int]]:
-        """Predecessor indices and compute position (-1: not compute) of every node, built once."""
-        if self._preds is None:
-            preds: list[list[int]] = [[] for _ in self.dag.nodes]
-            for u, v in self.dag.edges_array().tolist():
-                preds[v].append(u)
-            self._preds = preds
-            self._position = [-1] * len(preds)
-            for pos, i in enumerate(self._compute.tolist()):
-                self._position[i] = pos
-            self._stage_list = self._stage_of.tolist()
-        return self._preds, self._position
+        """The switch-latency pass (:func:`~megatron_energy.sim.switching_pass.switching_pass`)."""
+        if self._graph is None:
+            self._graph = SwitchingGraph.build(
+                len(self.dag.nodes),
+                self.dag.edges_array().tolist(),
+                self.dag.fixed_durations_s().tolist(),
+                self._compute.tolist(),
+                self._stage_of.tolist(),
+                self.dag.num_stages,
+            )
+        return switching_pass(self._graph, self._price, self._keys, chosen, latency_s, base)
 
     def _price(self, key: Work, clock_mhz: int) -> tuple[float, float]:
         """Time and energy of instruction ``key`` at ``clock_mhz``, interpolated between profiled clocks."""
@@ -507,7 +385,7 @@ class Simulator:
             low.energy_j + weight * (high.energy_j - low.energy_j),
         )
 
-    def _stage_energies(self, passed: _Pass) -> list[SimulatedStage]:
+    def _stage_energies(self, passed: Pass) -> list[SimulatedStage]:
         """Busy, blocked and idle time and energy of every stage."""
         num_stages = self.dag.num_stages
         busy_s = np.bincount(self._stage_of, weights=passed.times_s, minlength=num_stages)
@@ -548,7 +426,7 @@ class Simulator:
         """:meth:`tail_offsets_j` over all stages."""
         return sum(self.tail_offsets_j())
 
-    def _timeline(self, passed: _Pass, chosen: list[_Option]) -> list[Slice]:
+    def _timeline(self, passed: Pass, chosen: list[Option]) -> list[Slice]:
         """Slices of every compute, transfer and tail node, in index (topological) order."""
         position = {i: pos for pos, i in enumerate(self._compute.tolist())}
         attrs = self.dag.graph.nodes

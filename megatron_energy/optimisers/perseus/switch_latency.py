@@ -39,13 +39,13 @@ from typing import Any
 from megatron_energy.pipeline.dag import SINK, NodeId, PipelineDag
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.sim.simulator import (
-    PassCheckpoint,
     ProfileLike,
     SimResult,
     Simulator,
     Slice,
     StagePowers,
 )
+from megatron_energy.sim.switching_pass import PassCheckpoint
 
 _REL_TOL = 1e-9
 """Relative tolerance of the deadline check and of an energy improvement (floating-point noise)."""
