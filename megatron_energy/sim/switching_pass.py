@@ -164,9 +164,9 @@ def switching_pass(
     Returns:
         The pass, kept to be resumed from.
     """
-    changed = _changed_positions(chosen, base)
+    changed = [] if base is None else _changed_positions(chosen, base.chosen)
     steady = [chosen[pos].clock_mhz for pos in graph.last_positions]
-    if base is None or changed is None or any(pos in graph.last_positions for pos in changed):
+    if base is None or any(pos in graph.last_positions for pos in changed):
         num_nodes, num_compute = len(graph.preds), len(chosen)
         start, end = [0.0] * num_nodes, [math.nan] * num_nodes  # nothing equals nan: every node spreads
         times_s, energies_j = [0.0] * num_compute, [0.0] * num_compute
@@ -241,10 +241,6 @@ def switching_pass(
     return PassCheckpoint(chosen, passed, states)
 
 
-def _changed_positions(chosen: list[Option], base: PassCheckpoint | None) -> list[int] | None:
-    """Compute positions whose option differs from ``base``'s; ``None`` without a base."""
-    if base is None:
-        return None
-    return [
-        pos for pos, (mine, theirs) in enumerate(zip(chosen, base.chosen, strict=True)) if mine is not theirs
-    ]
+def _changed_positions(chosen: list[Option], before: list[Option]) -> list[int]:
+    """Compute positions whose option is not the one in ``before``."""
+    return [pos for pos, (mine, theirs) in enumerate(zip(chosen, before, strict=True)) if mine is not theirs]
