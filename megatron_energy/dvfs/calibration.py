@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 
@@ -252,6 +253,10 @@ def spec_differences(shipped: GpuSpec, calibrated: GpuSpec, rel_tol: float = 0.0
             if old != new:
                 lines.append(f"{f.name}: {_clock_summary(old)} -> {_clock_summary(new)}")
             continue
+        if isinstance(old, dict):
+            if old != new:
+                lines.append(f"{f.name}: {_activities_text(old)} -> {_activities_text(new)}")
+            continue
         if old is None or new is None or abs(new - old) <= rel_tol * abs(old):
             continue
         lines.append(f"{f.name}: {old:g} -> {new:g} ({100 * (new / old - 1):+.1f} %)")
@@ -280,8 +285,8 @@ def comparison_lines(shipped: GpuSpec, calibrated: GpuSpec) -> list[str]:
             continue
         old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
         provenance = "measured" if calibrated.sources.get(f.name, "").startswith("measured") else "carried"
-        if isinstance(old, tuple):
-            old_text, new_text = _clock_summary(old), _clock_summary(new)
+        if isinstance(old, tuple | dict):
+            old_text, new_text = _summary(old), _summary(new)
             change = "same" if old == new else "differs"
         else:
             old_text = "-" if old is None else f"{old:g}"
@@ -293,6 +298,16 @@ def comparison_lines(shipped: GpuSpec, calibrated: GpuSpec) -> list[str]:
             f"  {f.name:26s} shipped {old_text:>22s}  calibrated {new_text:>22s}  ({change})  {provenance}"
         )
     return lines
+
+
+def _summary(value: tuple[int, ...] | dict[KernelClass, float]) -> str:
+    """A clock list or a class-activity map in a few words."""
+    return _clock_summary(value) if isinstance(value, tuple) else _activities_text(value)
+
+
+def _activities_text(activities: dict[KernelClass, float]) -> str:
+    """``gemm_fp8 1.31, attention 0.82`` (``none`` for an empty map)."""
+    return ", ".join(f"{k} {a:.3g}" for k, a in activities.items()) or "none"
 
 
 def _clock_summary(clocks: tuple[int, ...]) -> str:
@@ -322,6 +337,8 @@ def write_spec_yaml(spec: GpuSpec, path: Path, header: str) -> None:
             value = list(value)
         elif f.name == "sources":
             value = dict(value)
+        elif f.name == "class_activity":
+            value = {str(k): float(a) for k, a in value.items()}
         document[f.name] = value
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     body = yaml.safe_dump(document, sort_keys=False, width=10_000, allow_unicode=True)

@@ -6,53 +6,62 @@ at the maximum clock ``f_max``, split into a clock-sensitive (compute-bound) par
 kernels that run one after another, so their times add (the per-kernel two-domain model of kernel-dvfs.md
 section 8 takes the max instead; an instruction is hundreds of kernels, each mostly one or the other).
 
-Time at an effective SM clock ``f`` (``f_sat`` = ``spec.memory_saturation_mhz``)::
+Time at an effective SM clock ``f`` and memory clock ``m`` (``f_sat`` = ``spec.memory_saturation_mhz``,
+``m_max`` the top memory clock)::
 
-    t(f) = F + C * f_max / f + M * max(1, f_sat / f)
+    t(f, m) = F + C * f_max / f + M * max(1, f_sat / f, m_max / m)
 
-Compute-bound time scales with the clock. Memory-bound time is flat down to ``f_sat``, below which the issue
-rate and L2 (in the core clock domain) cannot keep HBM busy (Spaan et al., CF'26; the two-domain model of
-kernel-dvfs.md section 8).
+Compute-bound time scales with the SM clock. Memory-bound time is flat down to ``f_sat``, below which the
+issue rate and L2 (in the core clock domain) cannot keep HBM busy (Spaan et al., CF'26; the two-domain model
+of kernel-dvfs.md section 8), and scales with the memory clock's bandwidth below ``m_max``.
 
-Core voltage (Kernel Tuner / Schoonhoven et al., PMBS'22)::
+Core voltage (Kernel Tuner / Schoonhoven et al., PMBS'22; the slope above the knee is what
+``megatron-energy calibrate`` fits from the clocks the GPU chooses at its power limit)::
 
     V(f) = V_min                                                      for f <= f_knee
     V(f) = V_min + (V_max - V_min) * (f - f_knee) / (f_max - f_knee)  above
 
-Energy and power at clock ``f`` with ``v(f) = V(f) / V_max``::
+Energy and power with ``v(f) = V(f) / V_max``::
 
-    E(f) = P_idle * t(f)                                              static, paid for all busy time
-         + P_dyn * v(f)^2 * (C + a * M * max(f, f_sat) / f_max)       core switching: P_dyn * f/f_max * v^2
-                                                                      while computing, a times that while
-                                                                      streaming memory
-         + P_mem * M                                                  HBM traffic, fixed energy per byte
-    P(f) = E(f) / t(f)
+    E(f, m) = P_static(m) * t(f, m)                                   static, paid for all busy time
+            + P_dyn * v(f)^2 * (A * C + a * M * max(f, f_sat) / f_max)   core switching: P_dyn * f/f_max * v^2
+                                                                      times the activity of the kernels
+            + P_mem * M                                               HBM traffic, fixed energy per byte
+    P_static(m) = P_idle - P_mem_idle * (1 - m / m_max)
+    P(f, m) = E(f, m) / t(f, m)
 
-``P_idle`` = ``idle_power_w``, ``P_dyn`` = ``dynamic_power_max_w``, ``P_mem`` = ``memory_power_w`` and
-``a`` = ``memory_core_activity``. ``P(f)`` rises with ``f``.
+``P_idle`` = ``idle_power_w``, ``P_mem_idle`` = ``memory_idle_power_w`` (the memory clock's share of static
+power), ``P_dyn`` = ``dynamic_power_max_w``, ``P_mem`` = ``memory_power_w``, ``a`` = ``memory_core_activity``
+and ``A`` the activity of the work's compute kernels: the mean of ``spec.class_activity`` over the work's
+:class:`~megatron_energy.dvfs.kernel_classes.ClassMix` (1 for the bf16 matrix product and for work without a
+mix). ``P(f, m)`` rises with ``f``.
 
-Power cap: when the power of the kernels, ``P_k(f) = (E(f) - P_idle * F) / (t(f) - F)``, exceeds
+Power cap: when the power of the kernels, ``P_k(f) = (E(f) - P_static * F) / (t(f) - F)``, exceeds
 ``power_limit_w`` the GPU lowers its clock, as real GPUs do. The fixed part (communication, launch gaps) draws
 static power only and does not let the kernels around it run faster: the power controller reacts within
 milliseconds, not over a whole instruction. The effective clock is the highest clock ``f <= f_requested`` with
 ``P_k(f) <= power_limit_w`` (continuous: the average of the clocks the controller dithers between), and time
-and energy are those at that clock, so ``P(f) <= P_k(f) <= power_limit_w``.
-Requested clocks outside the supported range are clamped to it, as the driver does for locked clocks.
-The memory clock is taken to be at its maximum.
+and energy are those at that clock, so ``P(f) <= P_k(f) <= power_limit_w``. A lower memory clock lowers
+static power and so lets capped compute-bound work run at a higher SM clock (Spaan et al. measured
+matrix products 2-3 % faster and 12-16 % cheaper at a lower memory clock).
+Requested clocks outside the supported range are clamped to it, as the driver does for locked clocks; a memory
+clock of ``None`` is the top one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from megatron_energy.dvfs.kernel_classes import REFERENCE_CLASS, ClassMix
 from megatron_energy.dvfs.spec import GpuSpec
 
 _CAP_CACHE_SIZE = 4096
+_REFERENCE_MIX = ClassMix.single(REFERENCE_CLASS)
 
 
 @dataclass(frozen=True)
@@ -63,11 +72,14 @@ class WorkProfile:
         compute_s: Clock-sensitive (compute-bound) time at the maximum clock; scales as f_max / f.
         memory_s: Memory-bound time at the maximum clock; flat down to the saturation clock, then f_sat / f.
         fixed_s: Clock-independent time (launch gaps, communication).
+        compute_mix: The kernel classes of the compute-bound time; ``None`` is all bf16 matrix products (the
+            spec's reference class).
     """
 
     compute_s: float
     memory_s: float
     fixed_s: float = 0.0
+    compute_mix: ClassMix | None = None
 
     def __post_init__(self) -> None:
         for name in ("compute_s", "memory_s", "fixed_s"):
@@ -75,37 +87,61 @@ class WorkProfile:
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"WorkProfile.{name} must be finite and non-negative, got {value!r}")
 
+    @classmethod
+    def from_parts(cls, parts: Iterable[float], compute_mix: ClassMix | None = None) -> WorkProfile:
+        """The work of ``(compute_s, memory_s, fixed_s)`` given as any three numbers (e.g. a fit's vector)."""
+        compute_s, memory_s, fixed_s = (float(value) for value in parts)
+        return cls(compute_s, memory_s, fixed_s, compute_mix)
+
     def __add__(self, other: WorkProfile) -> WorkProfile:
+        mix = self.compute_mix
+        if mix != other.compute_mix:
+            mix = _mix_or_reference(mix).blend(
+                self.compute_s, _mix_or_reference(other.compute_mix), other.compute_s
+            )
         return WorkProfile(
-            self.compute_s + other.compute_s, self.memory_s + other.memory_s, self.fixed_s + other.fixed_s
+            self.compute_s + other.compute_s,
+            self.memory_s + other.memory_s,
+            self.fixed_s + other.fixed_s,
+            mix,
         )
 
     def scaled(self, factor: float) -> WorkProfile:
-        """Return this work repeated ``factor`` times (all parts scaled)."""
-        return WorkProfile(self.compute_s * factor, self.memory_s * factor, self.fixed_s * factor)
+        """Return this work repeated ``factor`` times (all parts scaled, the same class mix)."""
+        return WorkProfile(
+            self.compute_s * factor, self.memory_s * factor, self.fixed_s * factor, self.compute_mix
+        )
+
+
+def _mix_or_reference(mix: ClassMix | None) -> ClassMix:
+    """``mix``, or the reference class alone for work without one."""
+    return mix if mix is not None else _REFERENCE_MIX
 
 
 class GpuPowerModel:
-    """Time, power and energy of work on one GPU model at a requested SM clock."""
+    """Time, power and energy of work on one GPU model at a requested SM clock (and memory clock)."""
 
     def __init__(self, spec: GpuSpec):
         """Create the model for ``spec``; every parameter comes from the spec."""
         self.spec = spec
         self._f_max = float(spec.max_sm_clock_mhz)
         self._f_min = float(spec.min_sm_clock_mhz)
+        self._m_max = float(spec.max_memory_clock_mhz)
         self.saturation_clock_mhz = float(spec.memory_saturation_mhz or self._f_min)
         """f_sat: below this clock memory-bound work slows down."""
-        self._cap_clocks: dict[WorkProfile, float] = {}
+        self._cap_clocks: dict[tuple[WorkProfile, float | None], float] = {}
 
     def describe(self) -> str:
         """One line naming the spec and every model parameter, for reports of *modelled* figures."""
         spec = self.spec
+        activities = "".join(f", A[{k}] {a:g}" for k, a in spec.class_activity.items())
+        memory = f", P_mem_idle {spec.memory_idle_power_w:g} W" if spec.memory_idle_power_w else ""
         return (
             f"modelled ({spec.name}: f {spec.min_sm_clock_mhz}-{spec.max_sm_clock_mhz} MHz, "
             f"f_sat {self.saturation_clock_mhz:g} MHz, V {spec.voltage_min_v:g}-{spec.voltage_max_v:g} V "
             f"knee {spec.voltage_knee_mhz:g} MHz, P_idle {spec.idle_power_w:g} W, "
-            f"P_dyn {spec.dynamic_power_max_w:g} W, P_mem {spec.memory_power_w:g} W, "
-            f"memory core activity {spec.memory_core_activity:g}, "
+            f"P_dyn {spec.dynamic_power_max_w:g} W, P_mem {spec.memory_power_w:g} W{memory}, "
+            f"memory core activity {spec.memory_core_activity:g}{activities}, "
             f"cap {spec.power_limit_w:g} W)"
         )
 
@@ -117,82 +153,123 @@ class GpuPowerModel:
         rise = (clock_mhz - spec.voltage_knee_mhz) / (self._f_max - spec.voltage_knee_mhz)
         return spec.voltage_min_v + (spec.voltage_max_v - spec.voltage_min_v) * rise
 
-    def uncapped_time_s(self, work: WorkProfile, clock_mhz: float) -> float:
+    def dynamic_scale(self, clock_mhz: float) -> float:
+        """``(f / f_max) v(f)^2``: dynamic power at ``clock_mhz`` relative to the top clock, same kernels."""
+        v_rel = self.voltage_v(clock_mhz) / self.spec.voltage_max_v
+        return clock_mhz / self._f_max * v_rel**2
+
+    def compute_activity(self, work: WorkProfile) -> float:
+        """``A``: the mean activity of the kernel classes of ``work``'s compute-bound time."""
+        if work.compute_mix is None:
+            return 1.0
+        return work.compute_mix.activity(self.spec.class_activity)
+
+    def static_power_w(self, memory_clock_mhz: float | None = None) -> float:
+        """``P_static(m)``: busy power without switching; the idle power less the memory clock's saving."""
+        if memory_clock_mhz is None:
+            return self.spec.idle_power_w
+        return self.spec.idle_power_w - self.spec.memory_idle_power_w * (1.0 - memory_clock_mhz / self._m_max)
+
+    def uncapped_time_s(
+        self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None
+    ) -> float:
         """Time of ``work`` if it ran at exactly ``clock_mhz`` (no power cap)."""
+        memory_slowdown = self.saturation_clock_mhz / clock_mhz
+        if memory_clock_mhz is not None:
+            memory_slowdown = max(memory_slowdown, self._m_max / memory_clock_mhz)
         return (
             work.fixed_s
             + work.compute_s * self._f_max / clock_mhz
-            + work.memory_s * max(1.0, self.saturation_clock_mhz / clock_mhz)
+            + work.memory_s * max(1.0, memory_slowdown)
         )
 
-    def uncapped_energy_j(self, work: WorkProfile, clock_mhz: float) -> float:
+    def uncapped_energy_j(
+        self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None
+    ) -> float:
         """Energy of ``work`` if it ran at exactly ``clock_mhz`` (no power cap)."""
         spec = self.spec
         v_rel = self.voltage_v(clock_mhz) / spec.voltage_max_v
-        core_work_s = work.compute_s + spec.memory_core_activity * work.memory_s * (
+        core_work_s = self.compute_activity(
+            work
+        ) * work.compute_s + spec.memory_core_activity * work.memory_s * (
             max(clock_mhz, self.saturation_clock_mhz) / self._f_max
         )
         return (
-            spec.idle_power_w * self.uncapped_time_s(work, clock_mhz)
+            self.static_power_w(memory_clock_mhz) * self.uncapped_time_s(work, clock_mhz, memory_clock_mhz)
             + spec.dynamic_power_max_w * v_rel**2 * core_work_s
             + spec.memory_power_w * work.memory_s
         )
 
-    def uncapped_power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+    def uncapped_power_w(
+        self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None
+    ) -> float:
         """Average busy power of ``work`` at exactly ``clock_mhz``, possibly above the power limit."""
-        time_s = self.uncapped_time_s(work, clock_mhz)
+        time_s = self.uncapped_time_s(work, clock_mhz, memory_clock_mhz)
         if time_s == 0.0:
-            return self.spec.idle_power_w
-        return self.uncapped_energy_j(work, clock_mhz) / time_s
+            return self.static_power_w(memory_clock_mhz)
+        return self.uncapped_energy_j(work, clock_mhz, memory_clock_mhz) / time_s
 
-    def kernel_power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+    def kernel_power_w(
+        self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None
+    ) -> float:
         """Power while the kernels of ``work`` run (its fixed part excluded) at exactly ``clock_mhz``."""
-        kernel_s = self.uncapped_time_s(work, clock_mhz) - work.fixed_s
+        static_w = self.static_power_w(memory_clock_mhz)
+        kernel_s = self.uncapped_time_s(work, clock_mhz, memory_clock_mhz) - work.fixed_s
         if kernel_s <= 0.0:
-            return self.spec.idle_power_w
-        return (self.uncapped_energy_j(work, clock_mhz) - self.spec.idle_power_w * work.fixed_s) / kernel_s
+            return static_w
+        return (
+            self.uncapped_energy_j(work, clock_mhz, memory_clock_mhz) - static_w * work.fixed_s
+        ) / kernel_s
 
-    def effective_clock_mhz(self, work: WorkProfile, requested_mhz: float) -> float:
+    def effective_clock_mhz(
+        self, work: WorkProfile, requested_mhz: float, memory_clock_mhz: float | None = None
+    ) -> float:
         """The clock ``work`` really runs at: the request clamped to range, lowered to fit the power cap."""
         if not math.isfinite(requested_mhz) or requested_mhz <= 0:
             raise ValueError(f"requested clock must be a positive number of MHz, got {requested_mhz!r}")
         clock = min(max(float(requested_mhz), self._f_min), self._f_max)
-        return min(clock, self.power_cap_clock_mhz(work))
+        return min(clock, self.power_cap_clock_mhz(work, memory_clock_mhz))
 
-    def power_cap_clock_mhz(self, work: WorkProfile) -> float:
+    def power_cap_clock_mhz(self, work: WorkProfile, memory_clock_mhz: float | None = None) -> float:
         """The highest clock at which the kernels of ``work`` fit the power limit (f_max if they always do).
 
         Kernel power rises with the clock, so this is the root of ``P_k(f) = power_limit_w``; every request
         above it runs at it. When even the minimum clock exceeds the limit, the minimum clock.
         """
-        cached = self._cap_clocks.get(work)
+        key = (work, memory_clock_mhz)
+        cached = self._cap_clocks.get(key)
         if cached is None:
             limit = self.spec.power_limit_w
-            if self.kernel_power_w(work, self._f_max) <= limit:
+            if self.kernel_power_w(work, self._f_max, memory_clock_mhz) <= limit:
                 cached = self._f_max
-            elif self.kernel_power_w(work, self._f_min) >= limit:
+            elif self.kernel_power_w(work, self._f_min, memory_clock_mhz) >= limit:
                 cached = self._f_min
             else:
                 from scipy.optimize import brentq  # on first use: ~0.5 s that most processes never need
 
-                cached = brentq(lambda f: self.kernel_power_w(work, f) - limit, self._f_min, self._f_max)
+                cached = brentq(
+                    lambda f: self.kernel_power_w(work, f, memory_clock_mhz) - limit, self._f_min, self._f_max
+                )
             if len(self._cap_clocks) >= _CAP_CACHE_SIZE:
                 self._cap_clocks.clear()
-            self._cap_clocks[work] = cached
+            self._cap_clocks[key] = cached
         return cached
 
-    def time_s(self, work: WorkProfile, clock_mhz: float) -> float:
+    def time_s(self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None) -> float:
         """Time of ``work`` at requested clock ``clock_mhz``, including power-cap throttling."""
-        return self.uncapped_time_s(work, self.effective_clock_mhz(work, clock_mhz))
+        effective = self.effective_clock_mhz(work, clock_mhz, memory_clock_mhz)
+        return self.uncapped_time_s(work, effective, memory_clock_mhz)
 
-    def power_w(self, work: WorkProfile, clock_mhz: float) -> float:
+    def power_w(self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None) -> float:
         """Average busy power of ``work`` at requested clock ``clock_mhz``; never above the power limit."""
-        power = self.uncapped_power_w(work, self.effective_clock_mhz(work, clock_mhz))
-        return min(power, self.spec.power_limit_w)
+        effective = self.effective_clock_mhz(work, clock_mhz, memory_clock_mhz)
+        return min(self.uncapped_power_w(work, effective, memory_clock_mhz), self.spec.power_limit_w)
 
-    def energy_j(self, work: WorkProfile, clock_mhz: float) -> float:
+    def energy_j(self, work: WorkProfile, clock_mhz: float, memory_clock_mhz: float | None = None) -> float:
         """Energy of ``work`` at requested clock ``clock_mhz`` (busy power x time)."""
-        return self.power_w(work, clock_mhz) * self.time_s(work, clock_mhz)
+        return self.power_w(work, clock_mhz, memory_clock_mhz) * self.time_s(
+            work, clock_mhz, memory_clock_mhz
+        )
 
 
 @dataclass(frozen=True)
@@ -277,7 +354,7 @@ def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
     scale = float(np.max(times))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        work = WorkProfile(*(scale * x))
+        work = WorkProfile.from_parts(scale * x)
         modelled_t = np.array([model.time_s(work, c) for c in clocks])
         modelled_e = np.array([model.energy_j(work, c) for c in clocks])
         return np.concatenate([modelled_t / times - 1.0, modelled_e / energies - 1.0])
@@ -289,7 +366,7 @@ def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
         if best is None or result.cost < best.cost:
             best = result
     assert best is not None  # the loop above runs three times
-    return WorkProfile(*(float(v) for v in scale * best.x))
+    return WorkProfile.from_parts(scale * best.x)
 
 
 def _rms_errors(model: GpuPowerModel, work: WorkProfile, data: np.ndarray) -> tuple[float, float]:

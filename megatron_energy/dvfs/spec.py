@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from megatron_energy.dvfs.kernel_classes import KernelClass, parse_activities
+
 CONFIG_DIR_ENV = "MEGATRON_ENERGY_CONFIG_DIR"
 
 # Default memory saturation clock as a fraction of the maximum: Spaan et al. found memory-bound kernels lose
@@ -71,6 +73,12 @@ class GpuSpec:
             reference system (one NIC per GPU); collectives whose group spans nodes cross it.
         cta_bandwidth_gbps: Bandwidth one CTA (one NCCL channel) of a collective kernel drives; a collective
             with ``c`` CTAs moves at ``min(link, c x this)`` (``sim.contention``).
+        class_activity: Dynamic power of each compute kernel class relative to the bf16 matrix product that
+            ``dynamic_power_max_w`` describes (:mod:`megatron_energy.dvfs.kernel_classes`); a class not listed
+            has activity 1. Empty: every class draws like the reference.
+        memory_idle_power_w: The part of ``idle_power_w`` that scales with the memory clock (HBM background,
+            memory controller and PHY at the top memory clock); a lower memory clock ``m`` saves
+            ``memory_idle_power_w x (1 - m / m_max)`` of static power.
     """
 
     name: str
@@ -101,11 +109,16 @@ class GpuSpec:
     pcie_bandwidth_gbps: float = 64.0
     nic_bandwidth_gbps: float = 50.0
     cta_bandwidth_gbps: float = 24.0
+    class_activity: Mapping[KernelClass, float] = field(default_factory=dict, hash=False)
+    memory_idle_power_w: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sm_clocks_mhz", tuple(int(c) for c in self.sm_clocks_mhz))
         object.__setattr__(self, "memory_clocks_mhz", tuple(int(c) for c in self.memory_clocks_mhz))
         object.__setattr__(self, "sources", dict(self.sources))
+        object.__setattr__(
+            self, "class_activity", parse_activities({str(k): v for k, v in self.class_activity.items()})
+        )
         if self.memory_saturation_mhz is None and self.sm_clocks_mhz:
             object.__setattr__(
                 self, "memory_saturation_mhz", DEFAULT_SATURATION_FRACTION * self.max_sm_clock_mhz
@@ -123,6 +136,11 @@ class GpuSpec:
     def min_sm_clock_mhz(self) -> int:
         """The lowest supported SM clock."""
         return self.sm_clocks_mhz[-1]
+
+    @property
+    def max_memory_clock_mhz(self) -> int:
+        """The highest supported memory clock (the one every GPU runs at stock)."""
+        return self.memory_clocks_mhz[0]
 
     def link_bandwidth_gbps(self, link: str) -> float:
         """Bandwidth per GPU and direction of ``"nvlink"``, ``"pcie"`` or ``"nic"``.
@@ -191,6 +209,10 @@ def _first_problem(spec: GpuSpec) -> str | None:
     checks += [
         (spec.p2p_latency_s >= 0, "p2p_latency_s must be non-negative"),
         (spec.memory_power_w >= 0, "memory_power_w must be non-negative"),
+        (
+            0 <= spec.memory_idle_power_w < spec.idle_power_w,
+            "need 0 <= memory_idle_power_w < idle_power_w",
+        ),
         (0 <= spec.memory_core_activity <= 1, "memory_core_activity must lie in [0, 1]"),
         (0 < spec.prior_compute_fraction <= 1, "prior_compute_fraction must lie in (0, 1]"),
     ]
@@ -294,6 +316,10 @@ def _convert_field(path: Path, name: str, value: Any) -> Any:
             return _clock_grid(value)
         if name == "memory_clocks_mhz":
             return tuple(sorted((_integer(v) for v in value), reverse=True))
+        if name == "class_activity":
+            if not isinstance(value, dict):
+                raise TypeError("expected a mapping of kernel class to activity")
+            return parse_activities(value)
         if name in ("default_sm_clock_mhz", "sm_count"):
             return _integer(value)
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -106,12 +106,12 @@ def fit_class_split(response: Mapping[int, float], reference_mhz: int, model: Gp
     start, _ = nnls(np.vstack([design, SUM_WEIGHT * np.ones(3)]), np.append(target, SUM_WEIGHT))
 
     def ratios(x: np.ndarray) -> np.ndarray:
-        work = WorkProfile(*(float(v) for v in x))
+        work = WorkProfile.from_parts(x)
         return np.array([model.time_s(work, f) for f in clocks]) / model.time_s(work, reference_mhz)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.append(ratios(x) - target, SUM_WEIGHT * (x.sum() - 1.0))
 
     fitted = least_squares(residuals, np.clip(start, 1e-6, None), bounds=(0.0, np.inf)).x
-    work = WorkProfile(*(float(v) for v in fitted))
+    work = WorkProfile.from_parts(fitted)
     return work.scaled(1.0 / model.time_s(work, reference_mhz))
