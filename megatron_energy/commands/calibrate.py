@@ -1,24 +1,23 @@
-r"""``megatron-energy calibrate``: a GPU spec measured on this GPU at stock clocks, read-only.
+r"""``megatron-energy calibrate``: a GPU spec fitted to what this GPU does by itself at stock clocks.
 
-Nothing on the GPU is changed: no clock, power limit or persistence setting. Four loops run on one GPU for
-``--loop-s`` seconds each (at least 2 s, so that the ~100 ms energy counter advances 20+ times; default 3 s,
-about 30 s in all) while a sampler thread polls NVML every ``--poll-s`` (``dvfs.calibration_nvml``, which also
-tripwires every NVML setter):
+Nothing on the GPU is changed: no clock, power limit or other setting. One workload per kernel class runs for
+``--loop-s`` seconds back to back (the second half is measured, so that clock and power have settled) and
+then ``--duty-s`` seconds duty-cycled, bursts of kernels with idle gaps, below the power limit
+(``dvfs.calibration_loops``): bf16, fp16, tf32 and fp8 matrix products at 8192³ (they reach the power cap on
+Hopper GPUs) and bf16 at 2048³ (it stays near the top clock), causal fused attention, an elementwise loop and
+a device copy (memory-bound), a spinning wait (``blocked``) and an idle window; a sampler thread polls NVML
+every ``--poll-s`` (``dvfs.calibration_nvml``, which tripwires every NVML setter). About two minutes in all.
 
-1. ``compute``: a bf16 8192 x 8192 x 8192 matrix product, repeated (compute-bound; the clock the GPU chooses
-   under its power limit is the sampled SM clock);
-2. ``memory``: a device-to-device copy of ``--copy-gib`` GiB, repeated (memory-bound; GB/s counts bytes read
-   and written);
-3. ``blocked``: ``torch.cuda._sleep``, one thread block spinning on the SM clock counter, back to back (how
-   NCCL's kernels keep one SM busy while a collective waits for its peer);
-4. ``idle``: nothing launched, right after the loops (warm idle).
+Under its power limit the GPU chooses a lower SM clock for hotter kernels. From those clocks and the
+duty-cycled powers ``dvfs.calibration_fit`` fits the voltage curve above its knee, the bf16 product's dynamic
+power and each class's activity, then predicts every class's cap clock and prints it beside the measured one
+(the table's "error" column). Figures from the GPU are *measured*; predictions are *modelled*. Fields the run
+cannot measure are carried from the shipped spec (``--shipped``) and the written file says which. Use the
+result with ``--energy-gpu-spec PATH.yaml``::
 
-Power per loop is the least-squares slope of the total-energy counter over its updates inside the loop
-(``dvfs.calibration.power_from_counter``). Every figure is *measured*; fields the run cannot measure are
-carried from the shipped spec (``--shipped``) and the written file says which. Use the result with
-``--energy-gpu-spec PATH.yaml``::
+    megatron-energy calibrate --shipped h100-sxm --out h100-sxm.calibrated.yaml --json calibration.json
 
-    megatron-energy calibrate --shipped h200 --out h200.calibrated.yaml --json calibration.json
+``--from-json`` fits a run recorded earlier (no GPU needed).
 """
 
 from __future__ import annotations
@@ -30,22 +29,24 @@ import time
 from pathlib import Path
 
 from megatron_energy.dvfs.calibration import (
+    CalibrationRun,
     calibrate_spec,
     comparison_lines,
     spec_differences,
     write_spec_yaml,
 )
-from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.dvfs.calibration_fit import fit_curve, residual_lines
+from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 
-LOOP_S_RANGE = (2.0, 10.0)
-"""Seconds per loop: the energy counter updates every ~100 ms; four loops stay under a minute."""
+LOOP_S_RANGE = (2.0, 20.0)
+"""Seconds per loop: the energy counter updates every ~100 ms and half of each loop is measured."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``calibrate`` subcommand."""
     parser = subparsers.add_parser(
         "calibrate",
-        help="measure a GPU spec on this GPU at stock clocks (read-only: nothing on the GPU is changed)",
+        help="fit a GPU spec to what this GPU does at stock clocks (read-only: nothing on it is changed)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -56,25 +57,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="the spec file to write (default: ./<shipped>.calibrated.yaml)"
     )
-    parser.add_argument("--json", type=Path, default=None, help="also write the raw measurements as JSON")
-    parser.add_argument("--loop-s", type=float, default=3.0, help="seconds per loop (2 to 10)")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="also write the measurements and the fit as JSON"
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="fit the run recorded in this --json file instead of measuring",
+    )
+    parser.add_argument(
+        "--loop-s", type=float, default=6.0, help="seconds of each back-to-back loop (2 to 20)"
+    )
+    parser.add_argument("--duty-s", type=float, default=4.0, help="seconds of each duty-cycled run (2 to 20)")
     parser.add_argument("--poll-s", type=float, default=0.005, help="NVML sampling period in seconds")
-    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the memory loop's copy")
+    parser.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy loop's copy")
     parser.set_defaults(func=run)
 
 
 def problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags or this machine for a calibration, or ``None``."""
     low, high = LOOP_S_RANGE
-    if not low <= args.loop_s <= high:
-        return (
-            f"--loop-s {args.loop_s:g}: give {low:g} to {high:g} s (the energy counter updates every "
-            "~100 ms; four loops should stay under a minute)"
-        )
+    for flag, value in (("--loop-s", args.loop_s), ("--duty-s", args.duty_s)):
+        if not low <= value <= high:
+            return f"{flag} {value:g}: give {low:g} to {high:g} s (the energy counter updates every ~100 ms)"
     try:
         load_gpu_spec(args.shipped)
     except ValueError as error:
         return f"--shipped: {error}"
+    if args.from_json is not None:
+        return None if args.from_json.is_file() else f"--from-json {args.from_json}: no such file"
     import torch
 
     if not torch.cuda.is_available():
@@ -90,13 +102,21 @@ def run(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"megatron-energy calibrate: {reason}")
         return 2
-    from megatron_energy.dvfs.calibration_loops import measure_gpu
-
     started = time.perf_counter()
     shipped = load_gpu_spec(args.shipped)
     out: Path = args.out or Path(f"{shipped.name}.calibrated.yaml")
-    measured = measure_gpu(args.gpu, max(shipped.sm_clocks_mhz), args.copy_gib, args.loop_s, args.poll_s)
-    spec = calibrate_spec(shipped, measured, name=out.stem)
+    measured = _measured_run(args, shipped)
+    report: dict[str, object] = {"source": "measured (NVML counters, CUDA events)", "run": measured.to_dict()}
+    if args.json:  # the measurements first: a fit that fails loses nothing
+        _write_json(args.json, report)
+    try:
+        fit = fit_curve(
+            measured, shipped.voltage_knee_mhz, shipped.memory_power_w, shipped.memory_saturation_mhz or 0.0
+        )
+        spec = calibrate_spec(shipped, measured, fit, name=out.stem)
+    except ValueError as error:
+        print(f"megatron-energy calibrate: the measurements cannot be fitted: {error}")
+        return 2
     header = (
         f"{measured.gpu_name} calibrated at stock clocks by megatron-energy calibrate on {measured.date} "
         f"(driver {measured.driver_version}); read-only, nothing on the GPU was changed.\n"
@@ -104,17 +124,29 @@ def run(args: argparse.Namespace) -> int:
     )
     write_spec_yaml(spec, out, header)
     if args.json:
-        report = {"source": "measured (NVML counters, CUDA events)", "run": dataclasses.asdict(measured)}
+        report["fit"] = dataclasses.asdict(fit)
         report["differences_vs_shipped"] = spec_differences(shipped, spec)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str))
-    for loop in (measured.compute, measured.memory, measured.blocked, measured.idle):
-        print(
-            f"{loop.name:8s} {loop.power_w:7.1f} W  SM {loop.median_sm_clock_mhz:6.0f} MHz  "
-            f"{loop.duration_s:5.2f} s  rate {loop.rate:8.1f}  (measured)"
-        )
+        _write_json(args.json, report)
     print(f"counter period {measured.counter_period_s} s, power limit {measured.power_limit_w} W (measured)")
+    print("\n".join(residual_lines(fit)))
     print(f"wrote {out} in {time.perf_counter() - started:.0f} s (measured wall clock)")
     print("\n".join(comparison_lines(shipped, spec)))
     print(f"use it with --energy-gpu-spec {out}")
     return 0
+
+
+def _measured_run(args: argparse.Namespace, shipped: GpuSpec) -> CalibrationRun:
+    """The run: read from ``--from-json``, or measured on the GPU now (one line per loop as it ends)."""
+    if args.from_json is not None:
+        return CalibrationRun.from_dict(json.loads(args.from_json.read_text())["run"])
+    from megatron_energy.dvfs.calibration_loops import measure_gpu
+    from megatron_energy.dvfs.calibration_nvml import LoopTiming
+
+    timing = LoopTiming(loop_s=args.loop_s, duty_s=args.duty_s, poll_s=args.poll_s)
+    top = max(shipped.sm_clocks_mhz)
+    return measure_gpu(args.gpu, top, args.copy_gib, timing, progress=lambda line: print(line, flush=True))
+
+
+def _write_json(path: Path, report: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str))

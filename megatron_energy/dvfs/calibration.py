@@ -1,17 +1,13 @@
 """A GPU spec calibrated from a read-only run at stock clocks (``megatron-energy calibrate``).
 
-The calibration run changes nothing on the GPU. It holds four loops for a few seconds each and reads the
-cumulative energy counter, the SM clock and the supported clocks:
-
-* ``compute``: a bf16 matrix-product loop (compute-bound; often power-capped below the maximum clock);
-* ``memory``: a device-to-device copy loop of a few GB (memory-bound);
-* ``blocked``: a single spinning wait kernel, the way NCCL's kernels spin on a flag while a collective or a
-  pipeline receive waits for its peer;
-* ``idle``: nothing launched (the GPU still warm from the loops before it).
-
-:func:`calibrate_spec` turns these into the :class:`GpuSpec` fields that they determine, through the
-equations of :mod:`megatron_energy.dvfs.model`, and carries every other field from the shipped spec with its
-source. Which field comes from where:
+The calibration run changes nothing on the GPU. It holds one workload per kernel class for a few seconds
+each, back to back and duty-cycled (``dvfs.calibration_loops``), then a spinning wait and an idle window, and
+reads the cumulative energy counter, the SM clock, the clock-event reasons and the supported clocks.
+Under a heavy load the GPU lowers its own clock at its power limit, and classes of different activity land
+at different clocks: :mod:`megatron_energy.dvfs.calibration_fit` fits the voltage curve and the activities
+from those clocks and the duty-cycled powers. :func:`calibrate_spec` turns the run and the fit into the
+:class:`GpuSpec` fields that they determine, and carries every other field from the shipped spec with its
+source:
 
 =========================  ==============================================================================
 field                      from
@@ -23,16 +19,16 @@ power_limit_w              the power-management limit in force (NVML), measured
 idle_power_w               power of the idle loop, measured
 blocked_power_w            power of the spinning-wait loop, measured
 energy_counter_period_s    median interval between energy-counter updates, measured
-dynamic_power_max_w        compute loop: ``P = P_idle + P_dyn · (f / f_max) · v(f)²`` solved for ``P_dyn``
-                           at the measured power ``P`` and the clock ``f`` the GPU chose (the voltage
-                           curve ``v`` is the shipped spec's)
-memory_core_activity       memory loop: ``P = P_idle + a · P_dyn · v(f)² · max(f, f_sat) / f_max + P_mem``
+voltage_min_v              fitted: ``V_min / V_max`` times the shipped ``voltage_max_v`` (knee kept)
+dynamic_power_max_w        fitted: the reference bf16 matrix product's dynamic power at the top clock
+class_activity             fitted: each other compute class's activity
+memory_core_activity       the copy loop: ``P = P_idle + a · P_dyn · g(f) · max(f, f_sat) / f + P_mem``
                            solved for ``a`` (``P_mem`` is the shipped spec's), clamped to [0, 1]
-everything else            carried from the shipped spec (voltage curve, switch latency, interconnect,
-                           datasheet peaks, saturation clock, memory power, prior)
+everything else            carried from the shipped spec (knee, switch latency, interconnect, datasheet
+                           peaks, saturation clock, memory power, the memory clock's idle share, prior)
 =========================  ==============================================================================
 
-Pure Python + numpy + PyYAML: no torch, NVML or zeus imports; the script does the measuring.
+Pure Python + numpy + PyYAML: no torch, NVML or zeus imports; the command does the measuring.
 """
 
 from __future__ import annotations
@@ -42,27 +38,38 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
 from megatron_energy.dvfs.kernel_classes import KernelClass
-from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
+
+if TYPE_CHECKING:
+    from megatron_energy.dvfs.calibration_fit import CurveFit
 
 
 @dataclass(frozen=True)
 class LoopMeasurement:
-    """One loop of the calibration run, held at stock clocks.
+    """One loop of the calibration run, held at stock clocks (every figure measured).
 
     Attributes:
-        name: ``"compute"``, ``"memory"``, ``"blocked"`` or ``"idle"``.
-        duration_s: How long the loop ran (CUDA events; wall clock for the idle loop).
+        name: The workload, e.g. ``"gemm_fp8_8192"``, ``"copy"``, ``"blocked"``, ``"idle"``; a duty-cycled
+            run of a workload is named ``"<workload>@duty"``.
+        duration_s: How long the loop ran (CUDA events; wall clock for the idle loop and duty runs).
         power_w: Mean power over the loop (slope of the energy counter over its updates).
         median_sm_clock_mhz: Median of the SM clock sampled during the loop (the clock the GPU chose).
-        rate: Achieved throughput: TFLOP/s for ``compute``, GB/s (bytes read + written) for ``memory``,
-            0 otherwise.
+        rate: Achieved throughput while busy: TFLOP/s for compute loops, GB/s (bytes read + written) for
+            memory loops, 0 otherwise.
         detail: What the loop did, in words (kernel, sizes, repetitions).
+        kernel_class: The kernel class of the loop's kernels (None for ``blocked`` and ``idle``).
+        busy_fraction: Share of the loop's time the GPU ran its kernels (1 for a back-to-back loop; the
+            CUDA-event busy time over the wall time for a duty-cycled run).
+        clock_p10_mhz: 10th percentile of the sampled SM clock.
+        clock_p90_mhz: 90th percentile of the sampled SM clock.
+        power_cap_share: Share of the samples whose clock-event reasons held the software power cap.
+        burst_clock_mhz: Median SM clock sampled inside the bursts of a duty-cycled run (None otherwise).
     """
 
     name: str
@@ -71,11 +78,30 @@ class LoopMeasurement:
     median_sm_clock_mhz: float
     rate: float = 0.0
     detail: str = ""
+    kernel_class: KernelClass | None = None
+    busy_fraction: float = 1.0
+    clock_p10_mhz: float = 0.0
+    clock_p90_mhz: float = 0.0
+    power_cap_share: float = 0.0
+    burst_clock_mhz: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernel_class is not None:
+            object.__setattr__(self, "kernel_class", KernelClass(self.kernel_class))
 
     @property
     def energy_j(self) -> float:
         """Energy of the loop: mean power x duration."""
         return self.power_w * self.duration_s
+
+    @property
+    def is_duty(self) -> bool:
+        """Whether this is the duty-cycled run of a workload."""
+        return self.name.endswith(DUTY_SUFFIX)
+
+
+DUTY_SUFFIX = "@duty"
+"""Appended to a workload's name for its duty-cycled run."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +116,8 @@ class CalibrationRun:
         supported_memory_clocks_mhz: Supported memory clocks.
         power_limit_w: The power-management limit in force.
         counter_period_s: Median interval between energy-counter updates (None if not resolved).
-        compute: The compute-bound loop.
-        memory: The memory-bound loop.
+        loops: The workloads' loops in the order they ran: each back-to-back loop, then its duty-cycled run
+            where it has one.
         blocked: The spinning-wait loop.
         idle: The idle window.
     """
@@ -103,10 +129,40 @@ class CalibrationRun:
     supported_memory_clocks_mhz: tuple[int, ...]
     power_limit_w: float
     counter_period_s: float | None
-    compute: LoopMeasurement
-    memory: LoopMeasurement
+    loops: tuple[LoopMeasurement, ...]
     blocked: LoopMeasurement
     idle: LoopMeasurement
+
+    def loop(self, name: str) -> LoopMeasurement | None:
+        """The loop named ``name``, or None."""
+        return next((loop for loop in self.loops if loop.name == name), None)
+
+    def to_dict(self) -> dict[str, object]:
+        """The run as JSON-ready values (``from_dict`` reads it back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> CalibrationRun:
+        """A run from :meth:`to_dict`'s values (e.g. a ``calibrate --json`` file's ``run``).
+
+        Raises:
+            ValueError: If a field is missing or of the wrong kind.
+        """
+        try:
+            return cls(
+                gpu_name=str(raw["gpu_name"]),
+                driver_version=str(raw["driver_version"]),
+                date=str(raw["date"]),
+                supported_sm_clocks_mhz=tuple(int(c) for c in raw["supported_sm_clocks_mhz"]),
+                supported_memory_clocks_mhz=tuple(int(c) for c in raw["supported_memory_clocks_mhz"]),
+                power_limit_w=float(raw["power_limit_w"]),
+                counter_period_s=None if raw["counter_period_s"] is None else float(raw["counter_period_s"]),
+                loops=tuple(LoopMeasurement(**loop) for loop in raw["loops"]),
+                blocked=LoopMeasurement(**raw["blocked"]),
+                idle=LoopMeasurement(**raw["idle"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"not a calibration run: {error!r}") from error
 
 
 def power_from_counter(times_s: Sequence[float], energies_j: Sequence[float]) -> tuple[float, float | None]:
@@ -141,17 +197,18 @@ def power_from_counter(times_s: Sequence[float], energies_j: Sequence[float]) ->
     return slope, period
 
 
-def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
-    """The spec the calibration run determines, every other field carried from ``shipped``.
+def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, fit: CurveFit, name: str) -> GpuSpec:
+    """The spec the calibration run and its fit determine, every other field carried from ``shipped``.
 
     Args:
-        shipped: The shipped spec of this GPU model (its voltage curve and assumptions are kept).
+        shipped: The shipped spec of this GPU model (its knee and assumptions are kept).
         run: The measurements.
+        fit: :func:`~megatron_energy.dvfs.calibration_fit.fit_curve` of ``run``.
         name: The new spec's name (the stem of the file it will be written to).
 
     Returns:
-        A validated spec whose ``sources`` say, per field, what was measured (GPU, driver, date, loop) or
-        from which shipped source it was carried.
+        A validated spec whose ``sources`` say, per field, what was measured or fitted (GPU, driver, date,
+        loops) or from which shipped source it was carried.
 
     Raises:
         ValueError: If the measurements make an inconsistent spec (e.g. idle power above the power limit).
@@ -165,7 +222,6 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
         sources[field] = f"{where}: {how}"
 
     clocks = tuple(sorted(run.supported_sm_clocks_mhz, reverse=True))
-    f_max = float(clocks[0])
     measured("sm_clocks_mhz", clocks, f"{len(clocks)} supported SM clocks, {clocks[-1]}-{clocks[0]} MHz")
     measured("memory_clocks_mhz", tuple(sorted(run.supported_memory_clocks_mhz, reverse=True)), "NVML list")
     measured("default_sm_clock_mhz", clocks[0], "highest supported SM clock (stock boost)")
@@ -181,55 +237,58 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
             round(run.counter_period_s, 3),
             "median interval between total-energy counter updates",
         )
-
-    voltage_model = GpuPowerModel(shipped)
-    compute = run.compute
-    f_compute = min(compute.median_sm_clock_mhz, f_max)
-    v_compute = voltage_model.voltage_v(f_compute) / shipped.voltage_max_v
-    p_dyn = (compute.power_w - idle.power_w) / ((f_compute / f_max) * v_compute**2)
+    loops = "; ".join(_loop_text(loop) for loop in run.loops)
+    worst = fit.worst_capped_clock_error()
+    measured(
+        "voltage_min_v",
+        round(fit.voltage_ratio * shipped.voltage_max_v, 4),
+        f"fitted V_min/V_max {fit.voltage_ratio:.3f} ± {fit.voltage_ratio_error:.3f} (linear from the knee "
+        f"{fit.knee_mhz:.0f} MHz, kept, to V_max) to the clocks the GPU chose at its power limit and the "
+        f"duty-cycled powers of {len(fit.workloads)} compute workloads; worst capped-clock error {worst:.1%}",
+    )
     measured(
         "dynamic_power_max_w",
-        round(p_dyn, 1),
-        f"{_loop_text(compute)}; P = P_idle + P_dyn (f/f_max) v(f)^2 with the shipped voltage curve "
-        f"(v = {v_compute:.3f})",
+        round(fit.dynamic_power_max_w, 1),
+        f"fitted ± {fit.dynamic_power_error_w:.0f} W: the {fit.workloads[0].name} workload's dynamic power "
+        f"at the top clock; loops: {loops}",
     )
-
-    memory = run.memory
-    f_memory = min(memory.median_sm_clock_mhz, f_max)
-    v_memory = voltage_model.voltage_v(f_memory) / shipped.voltage_max_v
-    f_sat = float(shipped.memory_saturation_mhz or 0.0)
-    core_w = p_dyn * v_memory**2 * max(f_memory, f_sat) / f_max
-    activity = (memory.power_w - idle.power_w - shipped.memory_power_w) / core_w
-    clipped = min(max(activity, 0.0), 1.0)
-    note = "" if clipped == activity else f" (solved {activity:.3f}, clamped to [0, 1])"
+    activities = fit.class_activities()
     measured(
-        "memory_core_activity",
-        round(clipped, 3),
-        f"{_loop_text(memory)}; P = P_idle + a P_dyn v(f)^2 max(f, f_sat)/f_max + P_mem with the shipped "
-        f"P_mem {shipped.memory_power_w:g} W{note}",
+        "class_activity",
+        activities,
+        "fitted: "
+        + ", ".join(
+            f"{w.kernel_class} {w.activity:.3f} ± {w.activity_error:.3f} ({w.name})"
+            for w in fit.workloads
+            if activities.get(w.kernel_class) == round(w.activity, 3)
+        ),
     )
-
+    if fit.memory:
+        copy = fit.memory[0]
+        note = "" if fit.memory_core_activity == copy.activity else f" (solved {copy.activity:.3f}, clamped)"
+        measured(
+            "memory_core_activity",
+            round(fit.memory_core_activity, 3),
+            f"the {copy.name} loop: P = P_idle + a P_dyn g(f) max(f, f_sat)/f + P_mem with the shipped P_mem "
+            f"{shipped.memory_power_w:g} W{note}",
+        )
     carried = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(GpuSpec)}
     carried.update(values, name=name, sources=sources)
     carried["display_name"] = f"{shipped.display_name} (calibrated {run.date})"
-    spec = GpuSpec(**carried)
-    cap_mhz = GpuPowerModel(spec).power_cap_clock_mhz(WorkProfile(compute_s=1.0, memory_s=0.0))
-    sources["dynamic_power_max_w"] += (
-        f"; check: the calibrated model caps pure compute at {cap_mhz:.0f} MHz (modelled) "
-        f"vs {compute.median_sm_clock_mhz:.0f} MHz measured"
-    )
-    return dataclasses.replace(spec, sources=sources)
+    return GpuSpec(**carried)
 
 
 def _loop_text(loop: LoopMeasurement) -> str:
     """One loop's figures for a source entry."""
     rate = ""
     if loop.rate:
-        rate = f", {loop.rate:.0f} {'TFLOP/s' if loop.name == 'compute' else 'GB/s'}"
+        unit = "GB/s" if loop.kernel_class == KernelClass.MEMORY else "TFLOP/s"
+        rate = f", {loop.rate:.0f} {unit}"
+    busy = f", busy {loop.busy_fraction:.0%}" if loop.is_duty else ""
     detail = f" ({loop.detail})" if loop.detail else ""
     return (
         f"{loop.name} loop{detail}: {loop.power_w:.1f} W over {loop.duration_s:.1f} s at median SM "
-        f"{loop.median_sm_clock_mhz:.0f} MHz{rate}"
+        f"{loop.median_sm_clock_mhz:.0f} MHz{busy}{rate}"
     )
 
 

@@ -8,6 +8,7 @@ tests (the NVML boundary).
 
 Read-only by construction and by check: only these NVML functions are called —
 ``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetPowerUsage``, ``nvmlDeviceGetClockInfo``,
+``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on older bindings),
 ``nvmlDeviceGetSupportedMemoryClocks``, ``nvmlDeviceGetSupportedGraphicsClocks``,
 ``nvmlDeviceGetPowerManagementLimit``, ``nvmlDeviceGetName``, ``nvmlSystemGetDriverVersion`` — and
 :class:`SetterTripwires` replaces every ``nvmlDeviceSet*``/``Reset*``/``Clear*`` function of the module with
@@ -21,17 +22,17 @@ import datetime
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_energy.dvfs.calibration import CalibrationRun, LoopMeasurement, power_from_counter
+import numpy as np
+
+from megatron_energy.dvfs.calibration import DUTY_SUFFIX, CalibrationRun, LoopMeasurement, power_from_counter
+from megatron_energy.dvfs.kernel_classes import KernelClass
 
 NVML_SETTER_PREFIXES = ("nvmlDeviceSet", "nvmlDeviceReset", "nvmlDeviceClear")
 """Every NVML function that could change a device setting starts with one of these."""
-
-LOOP_NAMES = ("compute", "memory", "blocked")
-"""The loops :func:`run_calibration` needs, in the order it runs them (idle comes last, launching nothing)."""
 
 
 class SetterTripwires:
@@ -57,6 +58,13 @@ class SetterTripwires:
         return tripped
 
 
+POWER_CAP_REASON = 0x4
+"""NVML's clock-event reason bit for the software power cap (``nvmlClocksEventReasonSwPowerCap``)."""
+
+REFERENCE_LOOP_CLASS = KernelClass.GEMM_BF16
+"""A run needs at least one back-to-back loop of this class (the spec's reference class)."""
+
+
 @dataclass(frozen=True)
 class Sample:
     """One poll of the GPU (all measured).
@@ -66,16 +74,18 @@ class Sample:
         energy_j: Cumulative energy counter, joules.
         sm_clock_mhz: SM clock in effect.
         power_w: NVML's instant-power field.
+        reasons: The clock-event reason bits (0 where the driver cannot say).
     """
 
     time_s: float
     energy_j: float
     sm_clock_mhz: float
     power_w: float
+    reasons: int = 0
 
 
 class NvmlSampler:
-    """A thread polling the energy counter, SM clock and power of one GPU (read-only NVML calls).
+    """A thread polling the energy counter, SM clock, power and clock-event reasons of one GPU (read-only).
 
     Args:
         nvml: The ``pynvml`` module (or a stand-in with the same functions).
@@ -87,6 +97,7 @@ class NvmlSampler:
         self._nvml = nvml
         self._handle = handle
         self._poll_s = poll_s
+        self._reasons = _reasons_reader(nvml)
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
@@ -106,7 +117,8 @@ class NvmlSampler:
             now = time.perf_counter()
             clock = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
             power_w = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-            self.samples.append(Sample(now, energy_j, clock, power_w))
+            reasons = int(self._reasons(handle)) if self._reasons is not None else 0
+            self.samples.append(Sample(now, energy_j, clock, power_w, reasons))
             self._stop.wait(self._poll_s)
 
     def window(self, start_s: float, end_s: float) -> list[Sample]:
@@ -114,19 +126,35 @@ class NvmlSampler:
         return [sample for sample in list(self.samples) if start_s <= sample.time_s <= end_s]
 
 
+def _reasons_reader(nvml: Any) -> Callable[[object], int] | None:
+    """NVML's clock-event reasons getter under its current or its older name, or None."""
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        reader = getattr(nvml, name, None)
+        if reader is not None:
+            return reader
+    return None
+
+
 def loop_from_samples(
-    name: str, samples: list[Sample], duration_s: float, detail: str
+    name: str,
+    samples: list[Sample],
+    duration_s: float,
+    detail: str,
+    bursts: Sequence[tuple[float, float]] = (),
 ) -> tuple[LoopMeasurement, float | None]:
-    """Power (energy-counter slope), median SM clock and counter period of one loop's samples.
+    """Power (energy-counter slope), SM clock figures and counter period of one loop's samples.
 
     Args:
         name: The loop's name.
         samples: The samples inside the loop (its ramp left out).
         duration_s: How long the loop ran.
         detail: What the loop did, in words.
+        bursts: For a duty-cycled run, the ``(start, end)`` times of its bursts: the burst clock is the
+            median of the samples inside them.
 
     Returns:
-        The measurement (rate 0, for the caller to fill) and the counter period seen (None if unresolved).
+        The measurement (rate 0, class None, busy fraction 1, for the caller to fill) and the counter period
+        seen (None if unresolved).
 
     Raises:
         ValueError: If the counter changed fewer than twice in the window (hold the loop longer).
@@ -134,82 +162,150 @@ def loop_from_samples(
     if not samples:
         raise ValueError(f"{name} loop: no NVML sample inside it; hold the loop longer or poll faster")
     power_w, period_s = power_from_counter([s.time_s for s in samples], [s.energy_j for s in samples])
-    clock = statistics.median(s.sm_clock_mhz for s in samples)
+    clocks = [s.sm_clock_mhz for s in samples]
+    p10, p90 = (float(v) for v in np.percentile(clocks, [10, 90]))
+    capped = sum(1 for s in samples if s.reasons & POWER_CAP_REASON) / len(samples)
+    in_bursts = [s.sm_clock_mhz for s in samples if any(start <= s.time_s <= end for start, end in bursts)]
     instant_w = statistics.median(s.power_w for s in samples)
     detail = f"{detail}; NVML instant-power field median {instant_w:.0f} W"
-    return LoopMeasurement(name, duration_s, power_w, clock, 0.0, detail), period_s
+    loop = LoopMeasurement(
+        name,
+        duration_s,
+        power_w,
+        statistics.median(clocks),
+        detail=detail,
+        clock_p10_mhz=p10,
+        clock_p90_mhz=p90,
+        power_cap_share=capped,
+        burst_clock_mhz=statistics.median(in_bursts) if in_bursts else None,
+    )
+    return loop, period_s
+
+
+@dataclass(frozen=True)
+class BurstRun:
+    """What a duty-cycled run did: bursts of kernels with idle gaps between them.
+
+    Attributes:
+        duration_s: Wall time of the whole run.
+        busy_s: The bursts' time on the GPU, CUDA events.
+        repetitions: Kernels run.
+        windows: ``perf_counter`` ``(start, end)`` of each burst (launch to completion).
+    """
+
+    duration_s: float
+    busy_s: float
+    repetitions: int
+    windows: tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True)
 class Loop:
-    """A loop the caller runs on the GPU.
+    """A workload the caller runs on the GPU.
 
     Attributes:
-        run: Runs the loop for about the given seconds; returns its measured duration (CUDA events) and the
-            repetitions done.
+        run: Runs the workload back to back for about the given seconds; returns its measured duration (CUDA
+            events) and the repetitions done.
         detail: What it does, in words.
         rate: Throughput from ``(repetitions, duration_s)`` (TFLOP/s, GB/s); None for no rate.
+        kernel_class: The class of its kernels (None for the blocked loop).
+        bursts: Runs it duty-cycled for ``(seconds, burst_s, gap_s)``: bursts of about ``burst_s`` of kernels,
+            each waited for, then ``gap_s`` with nothing launched; None where no duty-cycled run is wanted.
     """
 
     run: Callable[[float], tuple[float, int]]
     detail: str
     rate: Callable[[int, float], float] | None = None
+    kernel_class: KernelClass | None = None
+    bursts: Callable[[float, float, float], BurstRun] | None = None
+
+
+@dataclass(frozen=True)
+class LoopTiming:
+    """How long each loop is held and how a duty-cycled run is cut.
+
+    Attributes:
+        loop_s: Seconds of each back-to-back loop; its first half is left out (clock and power settle).
+        duty_s: Seconds of each duty-cycled run.
+        burst_s: Seconds of kernels per burst of a duty-cycled run.
+        gap_s: Idle seconds between bursts (with ``burst_s``, the duty cycle: 1/3 by default, below the
+            power limit for every class measured so far).
+        ramp_s: Samples in the first ``ramp_s`` of a duty-cycled run, the blocked loop and idle are left out.
+        poll_s: Seconds between NVML polls.
+    """
+
+    loop_s: float = 6.0
+    duty_s: float = 4.0
+    burst_s: float = 0.010
+    gap_s: float = 0.020
+    ramp_s: float = 0.3
+    poll_s: float = 0.005
 
 
 def run_calibration(
     nvml: Any,
     handle: object,
     loops: Mapping[str, Loop],
-    loop_s: float,
-    poll_s: float = 0.005,
-    ramp_s: float = 0.3,
+    timing: LoopTiming,
     idle: Callable[[float], None] = time.sleep,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> CalibrationRun:
-    """Hold each loop for ``loop_s``, then idle as long, sampling NVML throughout; nothing is set.
+    """Hold each loop (and its duty-cycled run), then idle, sampling NVML throughout; nothing is set.
 
     Args:
         nvml: The ``pynvml`` module (initialised) or a stand-in; its setters are tripwired for the run.
         handle: The device handle.
-        loops: ``compute``, ``memory`` and ``blocked`` (:data:`LOOP_NAMES`).
-        loop_s: Seconds per loop and of idle.
-        poll_s: Seconds between NVML polls.
-        ramp_s: Samples in the first ``ramp_s`` of each loop are left out (clock and power settle).
+        loops: Workload name -> loop, in the order to run them; ``blocked`` (a spinning wait, class None)
+            and at least one loop of the reference class (bf16 matrix products) are required.
+        timing: Seconds per loop, duty cycle, polling.
         idle: Waits the given seconds without launching work.
+        progress: Called with one line as each loop ends.
 
     Returns:
-        The run: the GPU's facts (name, driver, clocks, power limit) and the four measured loops.
+        The run: the GPU's facts (name, driver, clocks, power limit) and every measured loop.
 
     Raises:
-        ValueError: A loop is missing, or a loop's window saw fewer than two counter updates.
+        ValueError: A required loop is missing, or a loop's window saw fewer than two counter updates.
         AssertionError: Something reached an NVML setter (the run stops there).
     """
-    missing = [name for name in LOOP_NAMES if name not in loops]
-    if missing:
-        raise ValueError(f"run_calibration: loops {missing} missing; give {list(LOOP_NAMES)}")
+    if "blocked" not in loops or not any(
+        loop.kernel_class == REFERENCE_LOOP_CLASS for loop in loops.values()
+    ):
+        raise ValueError(
+            f"run_calibration: give a 'blocked' loop and at least one {REFERENCE_LOOP_CLASS} loop; got "
+            f"{sorted(loops)}"
+        )
     tripwires = SetterTripwires()
     tripwires.install(nvml)
     memory_clocks = tuple(int(c) for c in nvml.nvmlDeviceGetSupportedMemoryClocks(handle))
     sm_clocks = tuple(int(c) for c in nvml.nvmlDeviceGetSupportedGraphicsClocks(handle, max(memory_clocks)))
-    measured: dict[str, LoopMeasurement] = {}
+    measured: list[LoopMeasurement] = []
     periods: list[float] = []
-    with NvmlSampler(nvml, handle, poll_s) as sampler:
-        for name in (*LOOP_NAMES, "idle"):
+
+    def keep(loop: LoopMeasurement, period: float | None) -> LoopMeasurement:
+        measured.append(loop)
+        periods.extend([] if period is None else [period])
+        progress(describe_loop(loop))
+        return loop
+
+    with NvmlSampler(nvml, handle, timing.poll_s) as sampler:
+        for name, workload in loops.items():
             began = time.perf_counter()
-            if name == "idle":
-                idle(loop_s)
-                duration_s, repetitions, detail = time.perf_counter() - began, 0, "no kernel"
-            else:
-                duration_s, repetitions = loops[name].run(loop_s)
-                detail = loops[name].detail
+            duration_s, repetitions = workload.run(timing.loop_s)
+            ramp_s = timing.ramp_s if workload.kernel_class is None else timing.loop_s / 2
             window = sampler.window(began + ramp_s, time.perf_counter())
-            loop, period = loop_from_samples(name, window, duration_s, detail)
-            rate = loops[name].rate if name in loops else None
-            if rate is not None:
-                loop = dataclasses.replace(loop, rate=rate(repetitions, duration_s))
-            measured[name] = loop
-            periods += [] if period is None else [period]
+            loop, period = loop_from_samples(name, window, duration_s, workload.detail)
+            rate = workload.rate(repetitions, duration_s) if workload.rate is not None else 0.0
+            keep(dataclasses.replace(loop, rate=rate, kernel_class=workload.kernel_class), period)
+            if workload.bursts is not None:
+                keep(*_duty_run(sampler, name, workload, timing))
+        began = time.perf_counter()
+        idle(timing.loop_s)
+        window = sampler.window(began + timing.ramp_s, time.perf_counter())
+        idle_loop = keep(*loop_from_samples("idle", window, time.perf_counter() - began, "no kernel"))
     if tripwires.calls:  # pragma: no cover - the tripwire raised already
         raise AssertionError(f"setters reached: {tripwires.calls}")
+    blocked = next(loop for loop in measured if loop.name == "blocked")
     return CalibrationRun(
         gpu_name=_text(nvml.nvmlDeviceGetName(handle)),
         driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
@@ -218,10 +314,41 @@ def run_calibration(
         supported_memory_clocks_mhz=memory_clocks,
         power_limit_w=nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0,
         counter_period_s=statistics.median(periods) if periods else None,
-        compute=measured["compute"],
-        memory=measured["memory"],
-        blocked=measured["blocked"],
-        idle=measured["idle"],
+        loops=tuple(loop for loop in measured if loop.name not in ("blocked", "idle")),
+        blocked=blocked,
+        idle=idle_loop,
+    )
+
+
+def _duty_run(
+    sampler: NvmlSampler, name: str, workload: Loop, timing: LoopTiming
+) -> tuple[LoopMeasurement, float | None]:
+    """The duty-cycled run of ``workload``: its power, busy fraction and the clock inside its bursts."""
+    assert workload.bursts is not None  # the caller checks
+    began = time.perf_counter()
+    bursts = workload.bursts(timing.duty_s, timing.burst_s, timing.gap_s)
+    window = sampler.window(began + timing.ramp_s, time.perf_counter())
+    detail = (
+        f"{workload.detail}, duty-cycled: ~{timing.burst_s * 1e3:g} ms bursts, {timing.gap_s * 1e3:g} ms gaps"
+    )
+    loop, period = loop_from_samples(
+        f"{name}{DUTY_SUFFIX}", window, bursts.duration_s, detail, bursts.windows
+    )
+    rate = workload.rate(bursts.repetitions, bursts.busy_s) if workload.rate is not None else 0.0
+    busy = bursts.busy_s / bursts.duration_s
+    return dataclasses.replace(
+        loop, rate=rate, kernel_class=workload.kernel_class, busy_fraction=busy
+    ), period
+
+
+def describe_loop(loop: LoopMeasurement) -> str:
+    """One line of a loop's figures, each measured."""
+    burst = f", in bursts {loop.burst_clock_mhz:.0f} MHz" if loop.burst_clock_mhz is not None else ""
+    busy = f"  busy {loop.busy_fraction:4.0%}" if loop.is_duty else ""
+    return (
+        f"{loop.name:22s} {loop.power_w:6.1f} W  SM {loop.median_sm_clock_mhz:5.0f} MHz "
+        f"({loop.clock_p10_mhz:.0f}-{loop.clock_p90_mhz:.0f}{burst}){busy}  "
+        f"power cap {loop.power_cap_share:4.0%}  rate {loop.rate:7.1f}  (measured)"
     )
 
 
