@@ -12,6 +12,10 @@ equations of the model (:mod:`megatron_energy.dvfs.model`, ``g(f) = (f / f_max) 
 
       P'_w = P_idle + d_w A_w P_dyn g(f'_w)
 
+  ``f'_w`` is the clock the bursts' throughput says they ran at (``f_w`` times the throughput ratio: the
+  products are compute-bound), not NVML's clock reading: on an H100 the reading says the top clock inside
+  10 ms bursts while a faster power limit (~925 W) holds the kernels some 20 % lower.
+
 ``P_idle`` is the idle loop's power, ``A`` of the reference workload (the first bf16 matrix product) is 1
 and ``v(f)`` runs linearly from ``V_min / V_max`` at the knee (kept from the shipped spec: no class caps low
 enough to see it) to 1 at ``f_max``. Least squares over the relative power errors fits ``V_min / V_max``,
@@ -33,6 +37,9 @@ import numpy as np
 from megatron_energy.dvfs.calibration import DUTY_SUFFIX, CalibrationRun, LoopMeasurement
 from megatron_energy.dvfs.kernel_classes import REFERENCE_CLASS, KernelClass
 
+SPEC_MEMORY_WORKLOAD = "copy"
+"""The memory-bound workload whose core activity the spec takes (the others are checked against it)."""
+
 CAPPED_SHARE = 0.5
 """A back-to-back loop held the power cap when at least this share of its samples said so."""
 
@@ -50,6 +57,8 @@ class WorkloadFit:
         activity: Its fitted activity ``A`` (1 for the reference workload).
         activity_error: One standard error of ``activity`` from the fit (0 for the reference).
         measured_clock_mhz: The clock the GPU chose back to back (median of the samples).
+        burst_clock_mhz: The clock its duty-cycled bursts ran at, from their throughput.
+        burst_power_w: The power of those bursts (the duty-cycled power over the busy share, idle gaps out).
         predicted_clock_mhz: The clock the fitted model predicts for it back to back at the power limit.
         capped: Whether the GPU held the power cap in that loop (clock-event reasons, or the clock below top).
         power_error: Relative error of the modelled power, back to back.
@@ -61,6 +70,8 @@ class WorkloadFit:
     activity: float
     activity_error: float
     measured_clock_mhz: float
+    burst_clock_mhz: float
+    burst_power_w: float
     predicted_clock_mhz: float
     capped: bool
     power_error: float
@@ -115,7 +126,7 @@ class CurveFit:
 
     @property
     def memory_core_activity(self) -> float:
-        """The memory-bound activity the spec takes: the first memory workload's (the copy), in [0, 1]."""
+        """The memory-bound activity the spec takes: the copy's (else the first memory workload's), in [0, 1]."""
         return min(max(self.memory[0].activity, 0.0), 1.0) if self.memory else math.nan
 
     def class_activities(self) -> dict[KernelClass, float]:
@@ -181,15 +192,16 @@ def fit_curve(
         raise ValueError(f"workloads without a duty-cycled run: {missing}")
     f_max = float(max(run.supported_sm_clocks_mhz))
     idle_w = run.idle.power_w
+    bursts = [effective_burst_clock(loop, duty, f_max) for loop, duty in zip(compute, duties, strict=True)]
 
     def residuals(x: np.ndarray) -> np.ndarray:
         curve = _Curve(f_max, knee_mhz, x[0])
         dynamic = x[1] * np.concatenate([[1.0], x[2:]])
         errors = []
-        for loop, duty, p_dyn in zip(compute, duties, dynamic, strict=True):
+        for loop, duty, burst_mhz, p_dyn in zip(compute, duties, bursts, dynamic, strict=True):
             assert duty is not None
             errors.append((idle_w + p_dyn * curve.g(loop.median_sm_clock_mhz)) / loop.power_w - 1.0)
-            modelled = idle_w + duty.busy_fraction * p_dyn * curve.g(_burst_clock(duty))
+            modelled = idle_w + duty.busy_fraction * p_dyn * curve.g(burst_mhz)
             errors.append(modelled / duty.power_w - 1.0)
         return np.array(errors)
 
@@ -211,12 +223,17 @@ def fit_curve(
             activity=float(activity),
             activity_error=float(error),
             measured_clock_mhz=loop.median_sm_clock_mhz,
+            burst_clock_mhz=bursts[i],
+            burst_power_w=_burst_power(duty, idle_w),
             predicted_clock_mhz=curve.cap_clock(activity * p_dyn, headroom, f_min),
             capped=_held_the_cap(loop, f_max),
             power_error=float(result.fun[2 * i]),
             duty_power_error=float(result.fun[2 * i + 1]),
         )
-        for i, (loop, activity, error) in enumerate(zip(compute, activities, activity_errors, strict=True))
+        for i, (loop, duty, activity, error) in enumerate(
+            zip(compute, duties, activities, activity_errors, strict=True)
+        )
+        if duty is not None
     )
     memory = _memory_fits(run, curve, p_dyn, memory_power_w, memory_saturation_mhz)
     return CurveFit(
@@ -236,9 +253,24 @@ def _is_compute(loop: LoopMeasurement) -> bool:
     return loop.kernel_class is not None and KernelClass(loop.kernel_class).is_compute
 
 
-def _burst_clock(duty: LoopMeasurement) -> float:
-    """The clock inside a duty-cycled run's bursts (the run's median where no sample fell in a burst)."""
+def effective_burst_clock(full: LoopMeasurement, duty: LoopMeasurement | None, f_max: float) -> float:
+    """The clock a duty-cycled run's bursts ran at: the back-to-back clock times the throughput ratio.
+
+    Compute-bound kernels' throughput is proportional to the clock they really run at. Without rates, NVML's
+    clock inside the bursts (or the run's median), which a fast power limit can hide.
+    """
+    if duty is None:
+        return full.median_sm_clock_mhz
+    if full.rate > 0 and duty.rate > 0:
+        return min(f_max, full.median_sm_clock_mhz * duty.rate / full.rate)
     return duty.burst_clock_mhz if duty.burst_clock_mhz is not None else duty.median_sm_clock_mhz
+
+
+def _burst_power(duty: LoopMeasurement | None, idle_w: float) -> float:
+    """Power inside a duty-cycled run's bursts, its idle gaps taken out."""
+    if duty is None or duty.busy_fraction <= 0:
+        return math.nan
+    return (duty.power_w - idle_w * (1.0 - duty.busy_fraction)) / duty.busy_fraction
 
 
 def _held_the_cap(loop: LoopMeasurement, f_max: float) -> bool:
@@ -262,6 +294,7 @@ def _memory_fits(
 ) -> tuple[MemoryFit, ...]:
     """Each memory-bound workload's core activity; errors against the first one's (the spec's) activity."""
     loops = [loop for loop in run.loops if loop.kernel_class == KernelClass.MEMORY and not loop.is_duty]
+    loops.sort(key=lambda loop: loop.name != SPEC_MEMORY_WORKLOAD)
 
     def core_w(loop: LoopMeasurement) -> float:
         clock = loop.median_sm_clock_mhz
@@ -289,14 +322,15 @@ def residual_lines(fit: CurveFit) -> list[str]:
         labelled as such.
     """
     lines = [
-        f"{'workload':18s} {'class':12s} {'activity':>14s}  {'clock measured':>14s}  {'predicted':>9s}  "
-        f"{'error':>7s}  {'P err':>6s}  {'duty P err':>10s}"
+        f"{'workload':18s} {'class':12s} {'activity':>14s}  {'bursts':>15s}  {'clock measured':>14s}  "
+        f"{'predicted':>9s}  {'error':>7s}  {'P err':>6s}  {'duty P err':>10s}"
     ]
     for w in fit.workloads:
         duty = "-" if w.duty_power_error is None else f"{w.duty_power_error:+.1%}"
         state = "cap" if w.capped else "top"
         lines.append(
             f"{w.name:18s} {w.kernel_class:12s} {w.activity:7.3f} ±{w.activity_error:5.3f}  "
+            f"{w.burst_power_w:4.0f} W {w.burst_clock_mhz:4.0f} MHz  "
             f"{w.measured_clock_mhz:7.0f} MHz {state}  {w.predicted_clock_mhz:5.0f} MHz  "
             f"{w.clock_error:+7.1%}  {w.power_error:+6.1%}  {duty:>10s}"
         )

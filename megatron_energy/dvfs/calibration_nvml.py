@@ -8,7 +8,7 @@ tests (the NVML boundary).
 
 Read-only by construction and by check: only these NVML functions are called —
 ``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetPowerUsage``, ``nvmlDeviceGetClockInfo``,
-``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on older bindings),
+``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on older bindings), ``nvmlDeviceGetTemperature``,
 ``nvmlDeviceGetSupportedMemoryClocks``, ``nvmlDeviceGetSupportedGraphicsClocks``,
 ``nvmlDeviceGetPowerManagementLimit``, ``nvmlDeviceGetName``, ``nvmlSystemGetDriverVersion`` — and
 :class:`SetterTripwires` replaces every ``nvmlDeviceSet*``/``Reset*``/``Clear*`` function of the module with
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import statistics
 import threading
 import time
@@ -75,6 +76,7 @@ class Sample:
         sm_clock_mhz: SM clock in effect.
         power_w: NVML's instant-power field.
         reasons: The clock-event reason bits (0 where the driver cannot say).
+        temperature_c: GPU temperature, °C (NaN where the driver cannot say).
     """
 
     time_s: float
@@ -82,6 +84,7 @@ class Sample:
     sm_clock_mhz: float
     power_w: float
     reasons: int = 0
+    temperature_c: float = math.nan
 
 
 class NvmlSampler:
@@ -118,8 +121,16 @@ class NvmlSampler:
             clock = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
             power_w = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
             reasons = int(self._reasons(handle)) if self._reasons is not None else 0
-            self.samples.append(Sample(now, energy_j, clock, power_w, reasons))
+            temperature = self._temperature()
+            self.samples.append(Sample(now, energy_j, clock, power_w, reasons, temperature))
             self._stop.wait(self._poll_s)
+
+    def _temperature(self) -> float:
+        """The GPU's temperature, °C, or NaN where NVML (or its stand-in) cannot read it."""
+        reader = getattr(self._nvml, "nvmlDeviceGetTemperature", None)
+        if reader is None:
+            return math.nan
+        return float(reader(self._handle, self._nvml.NVML_TEMPERATURE_GPU))
 
     def window(self, start_s: float, end_s: float) -> list[Sample]:
         """The samples taken in ``[start_s, end_s]``."""
@@ -167,7 +178,9 @@ def loop_from_samples(
     capped = sum(1 for s in samples if s.reasons & POWER_CAP_REASON) / len(samples)
     in_bursts = [s.sm_clock_mhz for s in samples if any(start <= s.time_s <= end for start, end in bursts)]
     instant_w = statistics.median(s.power_w for s in samples)
-    detail = f"{detail}; NVML instant-power field median {instant_w:.0f} W"
+    temperature = statistics.median(s.temperature_c for s in samples)
+    degrees = "" if math.isnan(temperature) else f", {temperature:.0f} °C"
+    detail = f"{detail}; NVML instant-power field median {instant_w:.0f} W{degrees}"
     loop = LoopMeasurement(
         name,
         duration_s,
