@@ -126,7 +126,7 @@ class CurveFit:
 
     @property
     def memory_core_activity(self) -> float:
-        """The memory-bound activity the spec takes: the copy's (else the first memory workload's), in [0, 1]."""
+        """The memory-bound activity the spec takes: the copy loop's (else the first), in [0, 1]."""
         return min(max(self.memory[0].activity, 0.0), 1.0) if self.memory else math.nan
 
     def class_activities(self) -> dict[KernelClass, float]:

@@ -8,8 +8,8 @@ tests (the NVML boundary).
 
 Read-only by construction and by check: only these NVML functions are called —
 ``nvmlDeviceGetTotalEnergyConsumption``, ``nvmlDeviceGetPowerUsage``, ``nvmlDeviceGetClockInfo``,
-``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on older bindings), ``nvmlDeviceGetTemperature``,
-``nvmlDeviceGetSupportedMemoryClocks``, ``nvmlDeviceGetSupportedGraphicsClocks``,
+``nvmlDeviceGetCurrentClocksEventReasons`` (``...ThrottleReasons`` on older bindings),
+``nvmlDeviceGetTemperature``,``nvmlDeviceGetSupportedMemoryClocks``, ``nvmlDeviceGetSupportedGraphicsClocks``,
 ``nvmlDeviceGetPowerManagementLimit``, ``nvmlDeviceGetName``, ``nvmlSystemGetDriverVersion`` — and
 :class:`SetterTripwires` replaces every ``nvmlDeviceSet*``/``Reset*``/``Clear*`` function of the module with
 one that records the call and raises, so a setter reached by mistake stops the run before it changes the GPU.
