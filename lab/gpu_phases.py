@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn import functional
 from torch.profiler import ProfilerActivity, profile
 
-from megatron_energy.dvfs.calibration_loops import cuda_loop  # the calibration's back-to-back CUDA loop
+from megatron_energy.dvfs.calibration_loops import back_to_back  # the calibration's back-to-back CUDA loop
 from megatron_energy.dvfs.calibration_nvml import NvmlSampler, loop_from_samples
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.pipeline.kineto_trace import kernels_from_trace
@@ -182,7 +182,7 @@ def class_power(model: Model, seconds: float, handle: object) -> list[dict[str, 
     with NvmlSampler(pynvml, handle, POLL_S) as sampler:
         for name, fn in loops.items():
             began = time.perf_counter()
-            duration_s, repetitions = cuda_loop(fn)(seconds)
+            duration_s, repetitions = back_to_back(fn)(seconds)
             window = sampler.window(began + RAMP_S, time.perf_counter())
             loop, _ = loop_from_samples(name, window, duration_s, repetitions_text(rows, h, f))
             results.append(

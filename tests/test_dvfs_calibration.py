@@ -1,101 +1,91 @@
-import dataclasses
+"""The calibrated spec: fields measured, fitted or carried, each with its source; its file round-trips."""
 
 import numpy as np
 import pytest
+from calibration_truth import IDLE_W, KNEE_MHZ, MEMORY_POWER_W, WORKLOADS, synthetic_run
 
 from megatron_energy.dvfs.calibration import (
     CalibrationRun,
-    LoopMeasurement,
     calibrate_spec,
     power_from_counter,
     spec_differences,
     write_spec_yaml,
 )
+from megatron_energy.dvfs.calibration_fit import fit_curve
+from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 
-SHIPPED = load_gpu_spec("h200")
-# A GPU that differs from the shipped spec in what a calibration run determines.
-TRUTH = dataclasses.replace(SHIPPED, idle_power_w=112.0, dynamic_power_max_w=950.0, memory_core_activity=0.35)
+SHIPPED = load_gpu_spec("h100-sxm")
 
 
-def loop_from_model(name: str, work: WorkProfile, rate: float = 0.0) -> LoopMeasurement:
-    """What the calibration script would measure on a GPU that follows ``TRUTH`` exactly."""
-    model = GpuPowerModel(TRUTH)
-    clock = model.effective_clock_mhz(work, TRUTH.default_sm_clock_mhz)
-    return LoopMeasurement(name, 4.0, model.power_w(work, clock), clock, rate)
-
-
-def made_up_run(blocked_w: float = 140.0) -> CalibrationRun:
-    return CalibrationRun(
-        gpu_name="NVIDIA H200",
-        driver_version="580.159.04",
-        date="2026-12-01",
-        supported_sm_clocks_mhz=tuple(range(345, 1981, 15)),
-        supported_memory_clocks_mhz=(2201, 3201),
-        power_limit_w=700.0,
-        counter_period_s=0.1,
-        compute=loop_from_model("compute", WorkProfile(compute_s=1.0, memory_s=0.0), rate=700.0),
-        memory=loop_from_model("memory", WorkProfile(compute_s=0.0, memory_s=1.0), rate=4300.0),
-        blocked=LoopMeasurement("blocked", 4.0, blocked_w, 1980.0),
-        idle=LoopMeasurement("idle", 4.0, 112.0, 1980.0),
+def calibrated(run: CalibrationRun | None = None, name: str = "h100-sxm.calibrated"):
+    run = run or synthetic_run()
+    fit = fit_curve(
+        run, SHIPPED.voltage_knee_mhz, SHIPPED.memory_power_w, SHIPPED.memory_saturation_mhz or 0.0
     )
+    return calibrate_spec(SHIPPED, run, fit, name=name)
 
 
-def test_calibration_recovers_the_power_model_of_the_measured_gpu():
-    run = made_up_run()
-    assert run.compute.median_sm_clock_mhz < 1980  # the made-up compute loop is power-capped
-    spec = calibrate_spec(SHIPPED, run, name="h200.calibrated")
-    assert spec.idle_power_w == pytest.approx(112.0)
-    assert spec.blocked_power_w == pytest.approx(140.0)
-    assert spec.dynamic_power_max_w == pytest.approx(950.0, rel=1e-3)
-    assert spec.memory_core_activity == pytest.approx(0.35, abs=1e-3)
-    # The calibrated model reproduces the measured capped clock and power.
+def test_the_calibrated_model_predicts_every_class_cap_clock_it_was_fitted_to():
+    run = synthetic_run()
+    spec = calibrated(run)
+    assert SHIPPED.voltage_knee_mhz == KNEE_MHZ and SHIPPED.memory_power_w == MEMORY_POWER_W
+    assert spec.idle_power_w == pytest.approx(IDLE_W)
     model = GpuPowerModel(spec)
-    compute = WorkProfile(compute_s=1.0, memory_s=0.0)
-    assert model.effective_clock_mhz(compute, 1980) == pytest.approx(
-        run.compute.median_sm_clock_mhz, rel=2e-3
-    )
-    assert model.power_w(compute, 1980) == pytest.approx(run.compute.power_w, rel=2e-3)
+    for name, (kernel_class, _) in WORKLOADS.items():
+        loop = run.loop(name)
+        assert loop is not None
+        work = WorkProfile(1.0, 0.0, compute_mix=ClassMix.single(kernel_class))
+        assert model.effective_clock_mhz(work, 1980) == pytest.approx(loop.median_sm_clock_mhz, rel=3e-3), (
+            name
+        )
+    assert set(spec.class_activity) == {k for k, _ in WORKLOADS.values()} - {KernelClass.GEMM_BF16}
 
 
 def test_every_field_says_where_it_came_from():
-    spec = calibrate_spec(SHIPPED, made_up_run(), name="h200.calibrated")
-    assert spec.sources["idle_power_w"].startswith("measured NVIDIA H200 (driver 580.159.04, 2026-12-01")
+    spec = calibrated()
+    assert spec.sources["idle_power_w"].startswith(
+        "measured NVIDIA H100 80GB HBM3 (driver 580.159.04, 2026-12-06"
+    )
     assert "idle loop" in spec.sources["idle_power_w"]
-    assert spec.sources["voltage_knee_mhz"].startswith("carried from h200.yaml: ")
-    assert "caps pure compute at" in spec.sources["dynamic_power_max_w"]
+    assert spec.sources["voltage_knee_mhz"].startswith("carried from h100-sxm.yaml: ")
+    assert "fitted V_min/V_max 0.500" in spec.sources["voltage_min_v"]
+    assert "gemm_fp8 1.270" in spec.sources["class_activity"]
+    assert "gemm_bf16_8192@duty loop" in spec.sources["dynamic_power_max_w"]
     assert spec.voltage_knee_mhz == SHIPPED.voltage_knee_mhz
 
 
 def test_blocked_power_below_idle_is_raised_to_idle_and_says_so():
-    spec = calibrate_spec(SHIPPED, made_up_run(blocked_w=100.0), name="x")
-    assert spec.blocked_power_w == pytest.approx(112.0)
+    spec = calibrated(synthetic_run(blocked_w=100.0), name="x")
+    assert spec.blocked_power_w == pytest.approx(IDLE_W)
     assert "below idle" in spec.sources["blocked_power_w"]
 
 
 def test_written_spec_loads_back_identically(tmp_path):
-    spec = calibrate_spec(SHIPPED, made_up_run(), name="h200.calibrated")
-    path = tmp_path / "h200.calibrated.yaml"
-    write_spec_yaml(spec, path, header="calibrated on a made-up H200\nsecond line")
+    spec = calibrated()
+    path = tmp_path / "h100-sxm.calibrated.yaml"
+    write_spec_yaml(spec, path, header="calibrated on a made-up H100\nsecond line")
     text = path.read_text()
-    assert text.startswith("# calibrated on a made-up H200\n# second line\n")
+    assert text.startswith("# calibrated on a made-up H100\n# second line\n")
     assert "sm_clocks_mhz:\n  max: 1980\n  min: 345\n  step: 15" in text
     loaded = load_gpu_spec(str(path))
     assert loaded == spec and loaded.sources == spec.sources
 
 
 def test_written_spec_must_be_named_after_its_file(tmp_path):
-    spec = calibrate_spec(SHIPPED, made_up_run(), name="other")
+    spec = calibrated(name="other")
     with pytest.raises(ValueError, match="file stem"):
-        write_spec_yaml(spec, tmp_path / "h200.calibrated.yaml", header="")
+        write_spec_yaml(spec, tmp_path / "h100-sxm.calibrated.yaml", header="")
 
 
 def test_differences_name_the_changed_fields():
-    spec = calibrate_spec(SHIPPED, made_up_run(), name="h200.calibrated")
+    spec = calibrated()
     lines = spec_differences(SHIPPED, spec)
-    change = 100 * (112.0 / SHIPPED.idle_power_w - 1)
-    assert f"idle_power_w: {SHIPPED.idle_power_w:g} -> 112 ({change:+.1f} %)" in lines
+    change = 100 * (spec.dynamic_power_max_w / SHIPPED.dynamic_power_max_w - 1)
+    expected = f"dynamic_power_max_w: {SHIPPED.dynamic_power_max_w:g} -> {spec.dynamic_power_max_w:g}"
+    assert f"{expected} ({change:+.1f} %)" in lines
+    assert any(line.startswith("class_activity: none -> gemm_fp16 1.12") for line in lines)
     assert not any(line.startswith("sm_clocks_mhz") for line in lines)
     assert not any(line.startswith("voltage_knee_mhz") for line in lines)
 
