@@ -19,14 +19,14 @@ training goes on.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.dvfs.clock_events import ClockEventReader
 from megatron_energy.dvfs.model import GpuPowerModel, fit_work_profile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.instruction import FUSED, Step, Work, is_fused_kind
-from megatron_energy.runtime.profiling.collector import PlannedStep, ProfileCollector, ProfileRow
+from megatron_energy.runtime.profiling.collector import PlannedStep, ProfileRow
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,15 @@ class PowerCapWatch:
         if event.held_at_power_cap(self.stock_clock_mhz):
             self._capped[step.work].append(event.sm_clock_mhz)
 
-    def summary(self, collector: ProfileCollector, spec: GpuSpec, global_rank: int) -> PowerCapSamples:
+    def summary(
+        self, rows: Callable[[], Sequence[ProfileRow]], spec: GpuSpec, global_rank: int
+    ) -> PowerCapSamples:
         """What this rank sends rank 0: the classes held at the cap with the model's clock for each.
+
+        Args:
+            rows: This rank's profile rows (``ProfileCollector.rows``), asked for only if a read was capped.
+            spec: The GPU spec of the model.
+            global_rank: This rank.
 
         Never raises: profile rows that cannot be had or fitted (no energy measured) make the check
         unavailable on this rank, and say why.
@@ -112,7 +119,7 @@ class PowerCapWatch:
         if self.unavailable is not None or not self._capped:
             return PowerCapSamples(global_rank, reads, unavailable=self.unavailable)
         try:
-            capped = self._predicted(collector.rows(), spec)
+            capped = self._predicted(rows(), spec)
         except Exception as problem:  # the check must never stop profiling from ending
             why = f"no work profile to predict the clocks from ({type(problem).__name__}: {problem})"
             return PowerCapSamples(global_rank, reads, unavailable=why)
