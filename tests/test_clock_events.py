@@ -96,3 +96,12 @@ def test_a_gpu_without_an_nvml_handle_has_no_reader() -> None:
         open_clock_events(_Gpus([SimpleNamespace()]), 0)  # type: ignore[arg-type]
     with pytest.raises(ClockEventsUnavailableError, match="no NVML handle"):
         open_clock_events(_Gpus([]), 0)  # type: ignore[arg-type]
+
+
+def test_an_nvidia_gpus_reads_go_to_pynvml_whose_refusal_is_an_nvml_error() -> None:
+    """A zeus GPU's NVML handle is read through the real ``pynvml`` (here NVML has no GPU to answer)."""
+    import pynvml
+
+    reader = open_clock_events(_Gpus([SimpleNamespace(handle=object())]), 0)  # type: ignore[arg-type]
+    with pytest.raises(pynvml.NVMLError):
+        reader.read()
