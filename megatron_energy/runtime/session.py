@@ -11,7 +11,10 @@ The session is the event dispatcher of four rooms over one explicit phase (``Ses
    timed exactly as the run phase times its steps (lagged, no device sync) and are the stock baseline every
    measured change is compared with; the **synchronous profile steps** wait for the device at their begin
    and end, so the counter laps separate the pipeline span's energy from what ran between two schedules
-   (``runtime.step_figures``): they give the profile rows and the measured iteration tail.
+   (``runtime.step_figures``): they give the profile rows and the measured iteration tail; at the stock
+   clock, the planning replica also reads the SM clock and its power-cap reason at their instruction ends,
+   and at profiling's end rank 0 sets the clock of those held at the cap against the model's
+   (``runtime.profiling.power_cap_watch``, ``runtime.profiling.power_cap_check``).
 2. **The planning round** (``runtime.planning_round.coordinator.PlanningRound``): a verified cached plan at
    the start, else, at profiling's end, the planning replica's profiles on rank 0, the planner in a process
    of its own, polled every K steps while training goes on at stock clocks (real GPUs) or waited for
@@ -101,8 +104,8 @@ class EnergySession:
         phase_switcher: Requests a plan's clocks inside instructions (``runtime.running.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
         power_cap: Reads the clock at instruction ends of the stock profile steps, for the power-cap check
-            (``runtime.profiling.power_cap_watch``); give one to every rank of the planning replica or to
-            none. ``None``: no reads (the check finds nothing held at the cap).
+            (``runtime.profiling.power_cap_watch``), on the ranks of the planning replica. ``None``: this rank
+            reads nothing (it still sends rank 0 its empty samples at profiling's end).
     """
 
     def __init__(
