@@ -25,10 +25,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pynvml
 from megatron_harness import PipelineWorld, spawn_world
 
 from megatron_energy.config import EnergyConfig, PhaseSwitchingChoice, Planning
 from megatron_energy.dvfs.emulation import Emulation
+from megatron_energy.dvfs.simulated_nvml import SimulatedNvml
 from megatron_energy.events import ListenerFanout
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.target import EnergyTarget
@@ -114,6 +116,13 @@ class SessionSettings:
     sys_path: tuple[Path, ...] = ()
     """Folders put first on every rank's ``sys.path`` (a plugin optimiser's, ``plugin_site``)."""
 
+    log_file: Path | None = None
+    """``--energy-log-file``."""
+
+    nvml_refusing_ranks: tuple[int, ...] = ()
+    """Ranks whose simulated GPUs' NVML refuses the clock-event reasons call as a driver without it does
+    (``NVMLError_FunctionNotFound``): a mock at the NVML boundary, ``DriverWithoutReasons``."""
+
     def energy_config(self) -> EnergyConfig:
         """The ``--energy-*`` configuration every rank's session gets."""
         return EnergyConfig(
@@ -129,6 +138,7 @@ class SessionSettings:
             dry_run=self.dry_run,
             phase_switching=self.phase_switching,
             planning=self.planning,
+            log_file=self.log_file,
         )
 
 
@@ -214,19 +224,22 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
 
     config = settings.energy_config()
     handle = None
-    if settings.emulation is not None:
+    if settings.emulation is not None or rank in settings.nvml_refusing_ranks:
         from dataclasses import replace
 
         from megatron_energy.dvfs.backends import open_gpus
 
+        emulation = settings.emulation
         handle = open_gpus(
             "simulated",
             settings.gpu_spec,
             settings.dry_run,
             local_index=context.local_device_index,
             state_path=Path(config.dir) / "simulated" / f"rank{rank}.json",
-            emulation=replace(settings.emulation, seed=settings.emulation.seed + rank),
+            emulation=None if emulation is None else replace(emulation, seed=emulation.seed + rank),
         )
+        if rank in settings.nvml_refusing_ranks:
+            handle.gpus.nvml = DriverWithoutReasons(handle.gpus)  # type: ignore[attr-defined]
     session = build_session(config, context, comms, printer=printer, handle=handle)
     probe = OutsideClockProbe(session, context.local_device_index)
     installation = install_hooks(
@@ -276,6 +289,14 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         outside_clocks=tuple(probe.clocks),
         instructions=tuple(instructions),
     )
+
+
+class DriverWithoutReasons(SimulatedNvml):
+    """The simulated GPUs' NVML reads, but for a driver that lacks the clock-event reasons call."""
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:  # noqa: N802 - NVML's name
+        """Refuse as ``pynvml`` does when the driver has no such function."""
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
 class OutsideClockProbe:

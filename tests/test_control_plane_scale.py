@@ -15,7 +15,8 @@ ask (``runtime.control_plane.staged_exchange``, ``runtime.control_plane.exchange
 - per exchange of the energy line, the bytes a rank moves stay within a small fixed bound, about the same at
   16,384 ranks as at 128;
 - the planning inputs come from the planning replica alone (one gather over its pipeline), the plan reaches
-  every rank down the groups' tree.
+  every rank down the groups' tree; the power-cap check's reads come from it too, in one more gather over its
+  pipeline, once.
 
 The simulated timer's own exchange over the pipeline (the simulated GPUs standing in for the pipeline) is
 not the session's and is left out. Marked ``world``: it takes as long as one.
@@ -173,8 +174,11 @@ def test_per_exchange_of_the_energy_line_the_bytes_per_rank_do_not_grow_with_the
 def test_the_planning_replica_alone_sends_its_profile_and_the_plan_comes_down_the_groups(runs, shape):
     collectives = _session_collectives(runs[shape])
     gathers = [record for record in collectives if record.kind in ("gather", "all_gather")]
-    assert {(record.group, record.origin) for record in gathers} == {("pipeline", "replica_profile")}
-    assert len(gathers) == shape.pipeline  # one per stage of the planning replica
+    for origin in ("replica_profile", "session"):  # the profile; the power-cap check's reads
+        mine = [record for record in gathers if record.origin == origin]
+        assert {record.group for record in mine} == {"pipeline"}, origin
+        assert sorted(record.stage for record in mine) == list(range(shape.pipeline)), origin  # once a stage
+    assert len(gathers) == 2 * shape.pipeline
     broadcasts = [record for record in collectives if record.kind == "broadcast"]
     # the cache look-up's answer at start, then the plan: each once over every group, down the tree
     for stage in range(shape.pipeline):

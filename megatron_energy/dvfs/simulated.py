@@ -13,8 +13,9 @@ given offsets from its start (the GPU's own notion of the instruction's start), 
 an instruction change the rest of it piecewise, in virtual time. The
 cumulative energy counter advances in steps of ``spec.energy_counter_period_s`` like NVML's, with the
 seeded noise of an :class:`~megatron_energy.dvfs.emulation.Emulation` if one is given (which also says
-whether the instruction timer may report exact energies, and what runs between two schedules). All figures
-are *modelled*.
+whether the instruction timer may report exact energies, and what runs between two schedules). NVML's reads
+of the SM clock and its clock-event reasons (the power-cap bit when the model's power limit lowers the clock)
+come from ``SimulatedGPUs.nvml`` (:mod:`~megatron_energy.dvfs.simulated_nvml`). All figures are *modelled*.
 
 Observable state (clock locks, clock in effect, virtual time, energy, setter call counts) lives in a small
 JSON file written atomically, so another process (the clock watchdog, a test) can read it with
@@ -41,8 +42,10 @@ import numpy as np
 from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
 
 from megatron_energy.atomic import write_atomically
+from megatron_energy.dvfs.clock_events import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated_nvml import SimulatedNvml
 from megatron_energy.dvfs.simulated_state import STATE_SCHEMA_VERSION, read_state, reset_state_file
 from megatron_energy.dvfs.spec import GpuSpec
 
@@ -87,6 +90,10 @@ class _GpuState:
     """Power of the most recent segment of virtual time."""
     throttle_sm_clock_mhz: int | None = None
     """Thermal throttling ceiling (``SimulatedGPUs.throttle``): work runs no faster than this; None = none."""
+    running_sm_clock_mhz: float = 0.0
+    """The clock the latest stretch of virtual time ran at (work: the model's effective clock)."""
+    clock_event_reasons: int = GPU_IDLE
+    """Why that clock is below the clock in effect, as NVML's bit mask (``dvfs.simulated_nvml``)."""
     set_calls: int = 0
     reset_calls: int = 0
     recent: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
@@ -217,8 +224,14 @@ class SimulatedGPUs(GPUs):
         self._write_interval_s = state_write_interval_s
         self._lock = threading.RLock()
         self._last_write_s = -math.inf
-        self._states = [_GpuState(index=i, sm_clock_mhz=spec.default_sm_clock_mhz) for i in range(num_gpus)]
+        default_mhz = spec.default_sm_clock_mhz
+        self._states = [
+            _GpuState(index=i, sm_clock_mhz=default_mhz, running_sm_clock_mhz=default_mhz)
+            for i in range(num_gpus)
+        ]
         self._gpus = [SimulatedGPU(i, self) for i in range(num_gpus)]
+        self.nvml = SimulatedNvml(self)
+        """The NVML reads of these GPUs' clocks and clock-event reasons (``dvfs.clock_events``)."""
         self.write_state()
 
     def __del__(self) -> None:
@@ -317,11 +330,12 @@ class SimulatedGPUs(GPUs):
                 while remaining > 0.0:
                     while pending and start_s + pending[0][0] <= state.virtual_time_s + _TIME_TOLERANCE_S:
                         pending.popleft()[1]()
-                    clock = min(state.sm_clock_mhz, state.throttle_sm_clock_mhz or state.sm_clock_mhz)
+                    clock = _clock_in_effect(state)
                     full_time_s, power_w = self._rate(work, whole, clock)
                     needed_s = remaining * full_time_s
                     until_call_s = start_s + pending[0][0] - state.virtual_time_s if pending else math.inf
                     step_s = min(needed_s, self._time_to_switch(state), until_call_s)
+                    self._note_running_clock(state, whole, clock)
                     self._advance(state, step_s, power_w)
                     remaining = 0.0 if step_s >= needed_s else remaining - step_s / full_time_s
             self._persist(force=False)
@@ -335,6 +349,14 @@ class SimulatedGPUs(GPUs):
         return self.model.uncapped_time_s(work, effective_mhz), self.model.uncapped_power_w(
             work, effective_mhz
         )
+
+    def _note_running_clock(self, state: _GpuState, whole: WorkProfile, clock_mhz: float) -> None:
+        """What NVML would report while ``whole`` runs at ``clock_mhz``: its effective clock, and why."""
+        state.running_sm_clock_mhz = self.model.effective_clock_mhz(whole, clock_mhz)
+        capped = self.model.power_cap_clock_mhz(whole) < clock_mhz
+        throttled = clock_mhz < state.sm_clock_mhz
+        reasons = (SW_POWER_CAP if capped else 0) | (SW_THERMAL_SLOWDOWN if throttled else 0)
+        state.clock_event_reasons = reasons
 
     def wait(self, index: int, duration_s: float, blocked: bool) -> float:
         """Spend ``duration_s`` of virtual time on GPU ``index`` without work.
@@ -357,6 +379,8 @@ class SimulatedGPUs(GPUs):
             left_s = duration_s
             while left_s > 0.0:
                 step_s = min(left_s, self._time_to_switch(state))
+                state.running_sm_clock_mhz = _clock_in_effect(state)
+                state.clock_event_reasons = 0 if blocked else GPU_IDLE
                 self._advance(state, step_s, power_w)
                 left_s -= step_s
             self._persist(force=False)
@@ -447,3 +471,8 @@ class SimulatedGPUs(GPUs):
             ),
             durable=False,
         )
+
+
+def _clock_in_effect(state: _GpuState) -> int:
+    """The clock work runs at before the power cap: the one in effect, or a thermal throttle's ceiling."""
+    return min(state.sm_clock_mhz, state.throttle_sm_clock_mhz or state.sm_clock_mhz)

@@ -9,6 +9,7 @@ from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clocks_mhz
+from megatron_energy.dvfs.clock_events import ClockEventsUnavailableError, open_clock_events
 from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
@@ -21,12 +22,13 @@ from megatron_energy.pipeline.modelled_phases import layer_pattern, modelled_pha
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.runtime.context import JobContext, planning_parts
 from megatron_energy.runtime.control_plane.comms import RankComms
-from megatron_energy.runtime.control_plane.group_chain import reduce_everywhere
+from megatron_energy.runtime.control_plane.group_chain import in_planning_replica, reduce_everywhere
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
 from megatron_energy.runtime.planning_round.replanning import Replanner
 from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline, TorchKernelTimeline
+from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
 from megatron_energy.runtime.running.phase_switcher import PhaseSwitcher
 from megatron_energy.runtime.running.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.session import EnergySession
@@ -293,7 +295,23 @@ def build_session(
         printer=printer,
         kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser),
         phase_switcher=build_phase_switcher(config, parts.controller, parts.timer),
+        power_cap=build_power_cap_watch(parts.handle, context.local_device_index, parts.grid[0], comms),
     )
+
+
+def build_power_cap_watch(
+    handle: GpuHandle, index: int, stock_clock_mhz: int, comms: RankComms
+) -> PowerCapWatch | None:
+    """The power-cap check's reads of GPU ``index`` on a rank of the planning replica; ``None`` elsewhere.
+
+    Where the clock-event reasons cannot be read, a watch that says why (once, on rank 0, after profiling).
+    """
+    if not in_planning_replica(comms):
+        return None
+    try:
+        return PowerCapWatch(open_clock_events(handle.gpus, index), stock_clock_mhz)
+    except ClockEventsUnavailableError as problem:
+        return PowerCapWatch(None, stock_clock_mhz, str(problem))
 
 
 def build_kernel_timeline(handle: GpuHandle, spec: GpuSpec, optimiser: Optimiser) -> KernelTimeline | None:

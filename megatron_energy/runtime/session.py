@@ -11,7 +11,10 @@ The session is the event dispatcher of four rooms over one explicit phase (``Ses
    timed exactly as the run phase times its steps (lagged, no device sync) and are the stock baseline every
    measured change is compared with; the **synchronous profile steps** wait for the device at their begin
    and end, so the counter laps separate the pipeline span's energy from what ran between two schedules
-   (``runtime.step_figures``): they give the profile rows and the measured iteration tail.
+   (``runtime.step_figures``): they give the profile rows and the measured iteration tail; at the stock
+   clock, the planning replica also reads the SM clock and its power-cap reason at their instruction ends,
+   and at profiling's end rank 0 sets the clock of those held at the cap against the model's
+   (``runtime.profiling.power_cap_watch``, ``runtime.profiling.power_cap_check``).
 2. **The planning round** (``runtime.planning_round.coordinator.PlanningRound``): a verified cached plan at
    the start, else, at profiling's end, the planning replica's profiles on rank 0, the planner in a process
    of its own, polled every K steps while training goes on at stock clocks (real GPUs) or waited for
@@ -50,10 +53,12 @@ from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instru
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import RankComms
+from megatron_energy.runtime.control_plane.group_chain import gather_replica
 from megatron_energy.runtime.energy_log.energy_logger import EnergyLogger
 from megatron_energy.runtime.energy_log.host_cost import HostCost, host_timed
 from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 from megatron_energy.runtime.energy_log.overhead_check import WINDOW as OVERHEAD_WINDOW
+from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
 from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import JobCache
@@ -61,6 +66,8 @@ from megatron_energy.runtime.planning_round.coordinator import PlanningRound
 from megatron_energy.runtime.profiling.baseline_length import agree_stock_steps, pilot_steps
 from megatron_energy.runtime.profiling.collector import ProfileCollector
 from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
+from megatron_energy.runtime.profiling.power_cap_check import check_line, power_cap_check, unavailable_line
+from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.running.run_guard import RunGuard
@@ -96,6 +103,9 @@ class EnergySession:
             (``runtime.profiling.collector``). ``None``: the phase planner uses the modelled per-class split.
         phase_switcher: Requests a plan's clocks inside instructions (``runtime.running.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
+        power_cap: Reads the clock at instruction ends of the stock profile steps, for the power-cap check
+            (``runtime.profiling.power_cap_watch``), on the ranks of the planning replica. ``None``: this rank
+            reads nothing (it still sends rank 0 its empty samples at profiling's end).
     """
 
     def __init__(
@@ -116,6 +126,7 @@ class EnergySession:
         printer: Callable[[str], Any] = print,
         kernel_timeline: KernelTimeline | None = None,
         phase_switcher: PhaseSwitching | None = None,
+        power_cap: PowerCapWatch | None = None,
     ) -> None:
         self.config = config
         self.context = context
@@ -146,6 +157,7 @@ class EnergySession:
             stock_iters=pilot_steps(config.profile_iters),
             record_kernels=self.kernel_timeline is not None,
         )
+        self.power_cap = power_cap or PowerCapWatch(None, self.collector.clocks_mhz[0])
         self.state = SessionState(phase_switcher=phase_switcher)
         """The phase, the adopted plan and its runner: written by the planning round and the run guard."""
         self.run_guard = RunGuard(
@@ -226,6 +238,7 @@ class EnergySession:
         A baseline step, like a run-phase step, does none of that.
         """
         planned = self.collector.begin_step() if self.state.phase == SessionPhase.PROFILING else None
+        self.power_cap.begin_step(planned)
         self._step_lagged = planned is None or not planned.synchronised
         self._lapped_at_start = not self._step_lagged
         if self._lapped_at_start:
@@ -274,6 +287,7 @@ class EnergySession:
         """Mark the instruction's end (the phase switcher drops its requests the GPU passes it by)."""
         instruction = self._step(kind, microbatch, chunk)
         marker = self.timer.end(instruction)
+        self.power_cap.instruction_end(instruction)
         if self.state.phase_switcher is not None:
             self.state.phase_switcher.end(instruction, marker)
         if (
@@ -378,12 +392,32 @@ class EnergySession:
                 period_s = 0.0 if figures.exact else self.spec.energy_counter_period_s
                 agree_stock_steps(self.collector, self.comms, period_s)
             if self.collector.done:
+                self._check_power_cap(sealed.step)
                 self.planning.begin(sealed.step)
         elif sealed.phase != SessionPhase.PLANNING:  # while planning, at stock clocks: nothing to police
             self.run_guard.after_step(sealed.step, figures, sealed.phase)
         self.energy_logger.add(
             sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
         )
+
+    def _check_power_cap(self, step: int) -> None:
+        """At profiling's end: the power-cap check (``runtime.profiling.power_cap_check``) on rank 0.
+
+        The planning replica's samples go to rank 0 in one gather over its pipeline (no other rank takes
+        part). Rank 0 says once where the check could not be made, and, when some instruction was read held
+        at the power cap, prints the check's line and appends its record to ``--energy-log-file``.
+        """
+        samples = self.power_cap.summary(self.collector.rows, self.spec, self.context.global_rank)
+        gathered = gather_replica(self.comms, samples)
+        if gathered is None:
+            return
+        unavailable = unavailable_line(gathered)
+        if unavailable is not None:
+            self.printer(unavailable)
+        check = power_cap_check(gathered, self.spec.name, self.power_cap.stock_clock_mhz, self.timer.source)
+        if check is not None:
+            self.printer(check_line(check))
+            self.energy_logger.write_record(PowerCapRecord(step + 1, check, self.cache.fingerprint))
 
     def _flush(self, why: str = "last") -> None:
         """At close (or suspension): the step the timer still holds joins the history and the log window.

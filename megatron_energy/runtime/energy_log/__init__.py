@@ -3,5 +3,6 @@
 ``energy_logger`` (one rank's part of the log line, its scalars and records), ``energy_line``, ``log_window``
 and ``log_aggregate`` (the line, its window and its job-wide figures), ``meter_thread`` (the counter read off
 the training thread), ``stock_check`` (model vs measured at stock clocks), ``host_cost`` and
-``overhead_check`` (the plugin's own cost).
+``overhead_check`` (the plugin's own cost), ``power_cap_record`` (the power-cap check's record beside the
+iteration records).
 """

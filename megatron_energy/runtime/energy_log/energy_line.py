@@ -223,13 +223,21 @@ def append_record(path: Path, record: EnergyRecord) -> None:
         name: value if math.isfinite(value) else None for name, value in record.scalars.items()
     }
     data["time_utc"] = record.time_utc or datetime.now(UTC).isoformat(timespec="seconds")
+    append_json_line(path, data)
+
+
+def append_json_line(path: Path, data: dict[str, Any]) -> None:
+    """Append ``data`` to the JSON-lines file ``path`` (created with its folder if missing) as strict JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(data, allow_nan=False) + "\n")
 
 
 def read_records(path: Path) -> list[EnergyRecord]:
-    """The records of a ``--energy-log-file``, in the order they were written.
+    """The iteration records of a ``--energy-log-file``, in the order they were written.
+
+    Lines of other record types (a ``"record"`` key names them: ``runtime.energy_log.power_cap_record``) are
+    left out.
 
     Raises:
         ValueError: A line is not such a record.
@@ -238,6 +246,8 @@ def read_records(path: Path) -> list[EnergyRecord]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
             data = json.loads(line)
+            if "record" in data:
+                continue
             records.append(
                 EnergyRecord(
                     int(data["iteration"]),

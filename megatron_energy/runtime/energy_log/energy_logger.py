@@ -40,6 +40,7 @@ from megatron_energy.runtime.energy_log.energy_line import (
     EnergyRecord,
     StageEnergy,
     StockSamples,
+    append_json_line,
     append_record,
     format_energy_line,
     publish,
@@ -47,6 +48,7 @@ from megatron_energy.runtime.energy_log.energy_line import (
 )
 from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.energy_log.log_window import PhaseWindow
+from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.power_watch import with_power_budget
 from megatron_energy.runtime.step_figures import StepFigures
@@ -201,7 +203,7 @@ class EnergyLogger:
             write_scalars(scalars, end.iteration, self.context.log_sinks)
             return
         publish(line, scalars, end.iteration, self.context.log_sinks, self.printer)
-        self._write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
+        self.write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
 
     def _period(self, exact: bool) -> float:
         """The energy counter's period; 0 when the energies are exact (simulated GPUs)."""
@@ -214,12 +216,15 @@ class EnergyLogger:
         period_s = 0.0 if exact else self.counter_period_s
         return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
 
-    def _write_record(self, record: EnergyRecord) -> None:
+    def write_record(self, record: EnergyRecord | PowerCapRecord) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
         if self.log_file is None:
             return
         try:
-            append_record(self.log_file, record)
+            if isinstance(record, PowerCapRecord):
+                append_json_line(self.log_file, record.to_json())
+            else:
+                append_record(self.log_file, record)
         except OSError as problem:
             self.printer(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
             self.log_file = None
