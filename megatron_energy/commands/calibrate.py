@@ -35,7 +35,7 @@ from megatron_energy.dvfs.calibration import (
     spec_differences,
     write_spec_yaml,
 )
-from megatron_energy.dvfs.calibration_fit import fit_curve, residual_lines
+from megatron_energy.dvfs.calibration_fit import fit_curve, residual_lines, spec_check_lines
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 
 LOOP_S_RANGE = (2.0, 20.0)
@@ -117,9 +117,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"megatron-energy calibrate: the measurements cannot be fitted: {error}")
         return 2
+    source = (
+        f"--from-json {args.from_json}"
+        if args.from_json
+        else f"--loop-s {args.loop_s:g} --duty-s {args.duty_s:g}"
+    )
     header = (
         f"{measured.gpu_name} calibrated at stock clocks by megatron-energy calibrate on {measured.date} "
         f"(driver {measured.driver_version}); read-only, nothing on the GPU was changed.\n"
+        f"Written by: megatron-energy calibrate --shipped {args.shipped} {source} --out {out}\n"
         f"Fields marked 'measured' come from this run; the rest are carried from {shipped.name}.yaml."
     )
     write_spec_yaml(spec, out, header)
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
     print(f"counter period {measured.counter_period_s} s, power limit {measured.power_limit_w} W (measured)")
     print("\n".join(residual_lines(fit)))
+    print("\n".join(spec_check_lines(shipped, fit)))
     print(f"wrote {out} in {time.perf_counter() - started:.0f} s (measured wall clock)")
     print("\n".join(comparison_lines(shipped, spec)))
     print(f"use it with --energy-gpu-spec {out}")

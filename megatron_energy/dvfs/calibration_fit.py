@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron_energy.dvfs.calibration import DUTY_SUFFIX, CalibrationRun, LoopMeasurement
-from megatron_energy.dvfs.kernel_classes import REFERENCE_CLASS, KernelClass
+from megatron_energy.dvfs.kernel_classes import REFERENCE_CLASS, ClassMix, KernelClass
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.spec import GpuSpec
 
 SPEC_MEMORY_WORKLOAD = "copy"
 """The memory-bound workload whose core activity the spec takes (the others are checked against it)."""
@@ -312,6 +314,28 @@ def _memory_fits(
         )
         for loop, activity in solved
     )
+
+
+def spec_check_lines(spec: GpuSpec, fit: CurveFit) -> list[str]:
+    """How a spec's model (e.g. the shipped one) predicts the cap clocks this run measured, per workload.
+
+    Each workload is priced as work of its class alone (``ClassMix.single``), so a workload whose size draws
+    less than its class's reference (e.g. a 2048³ product) shows the spread a class hides.
+
+    Returns:
+        A header and one line per compute workload: measured clock, the spec's predicted clock, the error.
+    """
+    model = GpuPowerModel(spec)
+    lines = [f"{spec.name}'s model against this run's cap clocks (measured clock, modelled prediction):"]
+    for w in fit.workloads:
+        predicted = model.power_cap_clock_mhz(
+            WorkProfile(1.0, 0.0, compute_mix=ClassMix.single(w.kernel_class))
+        )
+        lines.append(
+            f"  {w.name:18s} {w.kernel_class:12s} measured {w.measured_clock_mhz:5.0f} MHz  "
+            f"{spec.name} predicts {predicted:5.0f} MHz  ({predicted / w.measured_clock_mhz - 1:+.1%})"
+        )
+    return lines
 
 
 def residual_lines(fit: CurveFit) -> list[str]:
