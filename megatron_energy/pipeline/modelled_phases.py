@@ -13,7 +13,8 @@ An MoE layer (:func:`layer_pattern` of a shape with ``moe``) runs, after attenti
 permute (memory), the dispatch all-to-all (communication), the experts' FC1 (compute), activation (memory),
 FC2 (compute), the combine all-to-all (communication) and unpermute (memory). Its shares are not assumed but
 derived from the workload model's parts (``pipeline.workload``, ``pipeline.moe``): each run's FLOPs over the
-efficiency of its kernel kind, bytes, or seconds, over its class's total per layer.
+efficiency of its kernel kind and its GEMM class's peak (``pipeline.precision``), bytes, or seconds, over its
+class's total per layer.
 
 The iteration tail's phases (:func:`tail_phases`), one per outside phase the runtime hooks
 (``events.OUTSIDE_PHASES``), each of a modelled class (:data:`OUTSIDE_CLASSES`): the data-parallel gradient
@@ -37,6 +38,7 @@ from megatron_energy.pipeline.moe import (
     router_flops,
 )
 from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, class_work
+from megatron_energy.pipeline.precision import PEAK_OVER_BF16
 from megatron_energy.pipeline.workload import (
     ATTENTION_EFFICIENCY,
     BF16_BYTES,
@@ -80,12 +82,14 @@ def layer_pattern(shape: TransformerShape, spec: GpuSpec) -> LayerPattern:
     b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
     attention_flops = shape.layer_forward_gemm_flops() - router_flops(shape, moe) - expert_flops(shape, moe)
     matrices = 3 if shape.gated_mlp else 2
+    layer_gemm = GEMM_EFFICIENCY * PEAK_OVER_BF16[shape.layer_gemm_class]
+    router_gemm = GEMM_EFFICIENCY * PEAK_OVER_BF16[shape.params_gemm_class]
     compute = {
-        "attention": attention_flops / GEMM_EFFICIENCY
+        "attention": attention_flops / layer_gemm
         + shape.layer_forward_attention_flops() / ATTENTION_EFFICIENCY,
-        "router": router_flops(shape, moe) / GEMM_EFFICIENCY,
-        "fc1": expert_flops(shape, moe) * (matrices - 1) / matrices / GEMM_EFFICIENCY,
-        "fc2": expert_flops(shape, moe) / matrices / GEMM_EFFICIENCY,
+        "router": router_flops(shape, moe) / router_gemm,
+        "fc1": expert_flops(shape, moe) * (matrices - 1) / matrices / layer_gemm,
+        "fc2": expert_flops(shape, moe) / matrices / layer_gemm,
     }
     elementwise = BF16_BYTES * 16 * b * s * h / sum(ELEMENTWISE_SHARES)
     norm, residual_norm, residual = (share * elementwise for share in ELEMENTWISE_SHARES)
@@ -144,6 +148,8 @@ def coalesce(runs: list[Phase]) -> list[Phase]:
 def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYER_PATTERN) -> list[Phase]:
     """The instruction's phases, ``work`` split evenly over ``layers`` layers of ``pattern``.
 
+    Every compute phase carries the instruction's class mix (``work.compute_mix``).
+
     Args:
         work: The instruction's work at the maximum clock.
         layers: Transformer layers the instruction runs (1 when unknown: the coarsest split).
@@ -156,7 +162,7 @@ def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYE
         raise ValueError(f"an instruction runs at least one layer, got {layers}")
     per_layer = work.scaled(1.0 / layers)
     runs = [
-        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind)))
+        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind), per_layer.compute_mix))
         for _ in range(layers)
         for kind, share in pattern
     ]
