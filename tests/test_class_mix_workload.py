@@ -15,7 +15,7 @@ from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.megatron.session_factory import transformer_shape
 from megatron_energy.optimisers.interface import ProfileRequest
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.pipeline.modelled_phases import modelled_phases
+from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, layer_pattern, modelled_phases, run_mixes
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.workload import TransformerShape, instruction_mixes, instruction_work
 from megatron_energy.runtime.profiling.collector import ProfileRow
@@ -102,11 +102,34 @@ def test_moe_experts_run_in_the_layer_class_and_the_router_in_the_params_class()
     }
 
 
-def test_modelled_phases_carry_the_instructions_mix() -> None:
-    work = instruction_work(dataclasses.replace(SHAPE, fp8=True), H100, 4)[Work(1, 0, "forward")]
-    phases = modelled_phases(work, 8)
-    assert {p.work.compute_mix for p in phases if p.kind == "compute"} == {work.compute_mix}
+@pytest.mark.parametrize("shape", [SHAPE, dataclasses.replace(SHAPE, moe=MoeShape(num_experts=8, topk=2))])
+def test_modelled_phases_put_attention_in_the_attention_block_and_add_up_to_the_instructions_mix(
+    shape,
+) -> None:
+    fp8 = dataclasses.replace(shape, fp8=True)
+    work = instruction_work(fp8, H100, 4)[Work(1, 0, "forward")]
+    phases = modelled_phases(work, 8, layer_pattern(fp8, H100))
+    compute = [p for p in phases if p.kind == "compute"]
+    total = sum((p.work for p in compute), WorkProfile(0.0, 0.0))
+    assert dict(total.compute_mix.shares) == pytest.approx(dict(work.compute_mix.shares))
+    attention_block, mlp = compute[0].work.compute_mix.as_dict(), compute[1].work.compute_mix.as_dict()
+    assert attention_block["attention"] > work.compute_mix.as_dict()["attention"] and "attention" not in mlp
     assert all(p.work.compute_mix is None for p in phases if p.kind != "compute")
+    # under a calibrated spec the attention block (cooler) caps higher than the fp8 MLP GEMMs
+    assert MODEL.power_cap_clock_mhz(compute[0].work) > MODEL.power_cap_clock_mhz(compute[1].work)
+
+
+def test_attention_beyond_the_attention_blocks_share_spills_over_the_other_compute_runs() -> None:
+    mix = ClassMix.of({K.GEMM_BF16: 0.2, K.ATTENTION: 0.8})
+    block, fc1, fc2 = (
+        m
+        for (kind, _), m in zip(LAYER_PATTERN, run_mixes(mix, LAYER_PATTERN), strict=True)
+        if kind == "compute"
+    )
+    assert block == ClassMix.single(K.ATTENTION)
+    assert fc1 == fc2  # the 0.35 of attention left over, over the MLP's 0.55 by their shares
+    assert fc1.as_dict() == pytest.approx({"gemm_bf16": 0.2 / 0.55, "attention": 0.35 / 0.55})
+    assert run_mixes(ClassMix.single(K.GEMM_FP8), LAYER_PATTERN) == [ClassMix.single(K.GEMM_FP8)] * 9
 
 
 def test_job_files_and_megatron_arguments_name_the_precision() -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.moe import (
@@ -145,10 +146,38 @@ def coalesce(runs: list[Phase]) -> list[Phase]:
     return phases
 
 
+def run_mixes(mix: ClassMix | None, pattern: LayerPattern) -> list[ClassMix | None]:
+    """Each run's class mix, so that the layer's compute runs together hold ``mix``.
+
+    A layer's first compute run is its attention block (both patterns'): it holds the attention time, up to
+    its share of the layer's compute time (what does not fit is spread over the other compute runs by their
+    shares); the rest of every run is the mix's GEMM classes in their proportions. Runs of other classes,
+    and every run of work without a mix or without attention, keep ``mix``.
+    """
+    attention = 0.0 if mix is None else dict(mix.shares).get(KernelClass.ATTENTION, 0.0)
+    compute = [share for kind, share in pattern if kind == "compute"]
+    if mix is None or attention <= 0.0 or attention >= 1.0 or sum(compute[1:]) <= 0.0:
+        return [mix] * len(pattern)
+    block = min(attention, compute[0])
+    overflow = (attention - block) / sum(compute[1:])
+    gemms = [(k, share / (1.0 - attention)) for k, share in mix.shares if k != KernelClass.ATTENTION]
+    mixes: list[ClassMix | None] = []
+    first = True
+    for kind, share in pattern:
+        if kind != "compute" or share <= 0.0:
+            mixes.append(mix)
+            continue
+        held = block if first else overflow * share
+        first = False
+        rest = max(0.0, share - held)
+        mixes.append(ClassMix.of([*((k, rest * g) for k, g in gemms), (KernelClass.ATTENTION, held)]))
+    return mixes
+
+
 def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYER_PATTERN) -> list[Phase]:
     """The instruction's phases, ``work`` split evenly over ``layers`` layers of ``pattern``.
 
-    Every compute phase carries the instruction's class mix (``work.compute_mix``).
+    Compute phases carry the instruction's class mix as :func:`run_mixes` splits it over a layer's runs.
 
     Args:
         work: The instruction's work at the maximum clock.
@@ -161,10 +190,11 @@ def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYE
     if layers <= 0:
         raise ValueError(f"an instruction runs at least one layer, got {layers}")
     per_layer = work.scaled(1.0 / layers)
+    mixes = run_mixes(work.compute_mix, pattern)
     runs = [
-        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind), per_layer.compute_mix))
+        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind), mix))
         for _ in range(layers)
-        for kind, share in pattern
+        for (kind, share), mix in zip(pattern, mixes, strict=True)
     ]
     return coalesce(runs)
 
