@@ -12,15 +12,19 @@ from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig, JobConfigError
+from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.megatron.session_factory import transformer_shape
-from megatron_energy.optimisers.interface import ProfileRequest
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
+from megatron_energy.optimisers.kernel.phase_optimiser import _Context
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, layer_pattern, modelled_phases, run_mixes
 from megatron_energy.pipeline.moe import MoeShape
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape, instruction_mixes, instruction_work
 from megatron_energy.runtime.profiling.collector import ProfileRow
 from megatron_energy.runtime.profiling.extrapolation import extrapolate_rows
 from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
+from megatron_energy.target import EnergyTarget
 
 K = KernelClass
 H100 = load_gpu_spec("h100-sxm")
@@ -199,3 +203,30 @@ def test_measured_phases_write_their_mix_as_a_typed_object() -> None:
     older = json.loads(text) | {"phase_timelines": [entry | {"phases": [["compute", unmixed]]}]}
     (phase,) = MeasuredInputs.from_json(json.dumps(older)).phase_timelines[Work(0, 0, "forward")]
     assert phase == ("compute", WorkProfile(0.01, 0.0, 0.001))
+
+
+def test_the_phase_planner_fits_each_instruction_with_its_timelines_mix_else_the_workload_models() -> None:
+    shape = TransformerShape.from_name("gpt3-1.3b", fp8=True)
+    profile = Profile.synthetic(shape, H100, 2, clocks_mhz=[1980, 1500, 1005])
+    measured = ClassMix.of({K.GEMM_BF16: 1.0, K.ATTENTION: 1.0})
+    forward, backward = Work(0, 0, "forward"), Work(0, 0, "backward")
+    job = PlanningJob(
+        pipeline_orders(2, 4),
+        "0123456789abcdef",
+        EnergyTarget("iso-time"),
+        phase_timelines={
+            forward: [("memory", WorkProfile(0.0, 1e-3)), ("compute", WorkProfile(2e-3, 0.0, 0.0, measured))]
+        },
+        compute_mixes=instruction_mixes(shape, H100, 2),
+    )
+    context = _Context(MODEL, profile, job)
+    assert context.compute_mix(forward) == measured  # recorded: the timeline's
+    assert context.compute_mix(backward) == job.compute_mixes[backward]  # not recorded: the workload model's
+    assert K.GEMM_FP8 in dict(context.compute_mix(backward).shares)
+    assert context.compute_mix(Work(1, 0, "forward")) == job.compute_mixes[Work(1, 0, "forward")]
+    assert (
+        _Context(
+            MODEL, profile, dataclasses.replace(job, phase_timelines=None, compute_mixes=None)
+        ).compute_mix(forward)
+        is None
+    )
