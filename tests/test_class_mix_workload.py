@@ -67,7 +67,9 @@ def test_an_fp8_instruction_caps_lower_than_a_bf16_one_and_attention_as_its_acti
     assert caps["fp8"] < caps["bf16"]
     assert gemm_bf16 < caps["bf16"] < caps["attn"] < attention  # attention (0.85) is the cooler class
     assert attention_heavy.compute_mix.as_dict()["attention"] > 0.5 > bf16.compute_mix.as_dict()["attention"]
-    # without activities every mix prices as the bf16 GEMM it used to be
+    # without activities every mix prices as the bf16 GEMM it used to be, to the last bit (same plans)
+    odd = ClassMix.of({K.GEMM_BF16: 1.0, K.ATTENTION: 6.0, K.GEMM_FP8: 15.0})
+    assert sum(share for _, share in odd.shares) != 1.0 and odd.activity({}) == 1.0
     uncalibrated = GpuPowerModel(H100)
     assert uncalibrated.power_cap_clock_mhz(fp8) == uncalibrated.power_cap_clock_mhz(
         dataclasses.replace(fp8, compute_mix=None)
