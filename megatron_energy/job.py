@@ -16,7 +16,10 @@ Optional keys: ``description``, ``seq_length`` (overrides the model's), ``sequen
 false), ``pipeline_bandwidth_gbps`` and ``data_parallel_bandwidth_gbps`` (GB/s per GPU of the links that
 pipeline transfers and the data-parallel gradient sync cross; both default to the GPU spec's
 ``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes), and ``moe``
-for a mixture-of-experts model (every layer's MLP an MoE layer, ``pipeline.moe``)::
+``params_dtype`` (``bf16``, the default, ``fp16`` or ``fp32``: Megatron's ``--bf16``, ``--fp16`` or neither)
+and ``fp8`` (default false; true where Megatron runs with ``--fp8-format``: the decoder layers' GEMMs in fp8,
+``pipeline.precision``), and ``moe`` for a mixture-of-experts model (every layer's MLP an MoE layer,
+``pipeline.moe``)::
 
     moe:
       num_experts: 8             # --num-experts
@@ -59,7 +62,7 @@ from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
-from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
+from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY, instruction_mixes
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 from megatron_energy.target import EnergyTarget
 
@@ -78,10 +81,12 @@ _OPTIONAL = (
     "global_batch_size",
     "pipeline_bandwidth_gbps",
     "data_parallel_bandwidth_gbps",
+    "params_dtype",
+    "fp8",
     "moe",
 )
 _BANDWIDTH_KEYS = ("pipeline_bandwidth_gbps", "data_parallel_bandwidth_gbps")
-_JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel")
+_JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel", "params_dtype", "fp8")
 
 
 class JobConfigError(EnergyValueError):
@@ -187,7 +192,8 @@ class JobConfig:
 
     def fingerprint(self) -> str:
         """The job's fingerprint: every plan made for this job carries it (``plan --config``)."""
-        return fingerprint(kind="job-config", **dataclasses.asdict(self))[:FINGERPRINT_DIGITS]
+        fields = dataclasses.asdict(self) | {"shape": self.shape.identity()}
+        return fingerprint(kind="job-config", **fields)[:FINGERPRINT_DIGITS]
 
     def orders(self) -> PipelineOrders:
         """Megatron's instruction order on every pipeline rank (imports megatron-core)."""
@@ -285,6 +291,7 @@ class JobConfig:
             gpu=spec,
             layers_per_chunk=workload.layers_per_chunk,
             layer_pattern=layer_pattern(self.shape, spec),
+            compute_mixes=instruction_mixes(self.shape, spec, self.pipeline_stages, self.virtual_stages),
         )
 
     def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:
@@ -314,9 +321,14 @@ def _optional_positive_float(data: dict[str, Any], key: str) -> float | None:
 
 
 def _shape(data: dict[str, Any], tensor_parallel: int, micro_batch_size: int) -> TransformerShape:
-    """The model shape from ``model`` (a known name or a mapping of fields) and the job's batch and TP."""
+    """The model shape from ``model`` (a known name or fields) and the job's batch, TP and precision."""
     model = data["model"]
-    overrides: dict[str, Any] = {"tensor_parallel": tensor_parallel, "micro_batch_size": micro_batch_size}
+    overrides: dict[str, Any] = {
+        "tensor_parallel": tensor_parallel,
+        "micro_batch_size": micro_batch_size,
+        "params_dtype": data.get("params_dtype", "bf16"),
+        "fp8": data.get("fp8", False),
+    }
     if "seq_length" in data:
         overrides["seq_length"] = _positive_int(data, "seq_length")
     if isinstance(model, str):

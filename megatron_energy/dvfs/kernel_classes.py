@@ -125,8 +125,14 @@ class ClassMix:
         return cls(((kernel_class, 1.0),))
 
     def activity(self, activities: Mapping[KernelClass, float]) -> float:
-        """The mix's mean activity: each class's activity (1 where ``activities`` has none) by its share."""
-        return sum(share * activities.get(kernel_class, 1.0) for kernel_class, share in self.shares)
+        """The mix's mean activity: each class's activity (1 where ``activities`` has none) by its share.
+
+        Summed as 1 plus each class's excess over 1, so that a mix of classes without activities is exactly 1
+        (its shares' floating-point sum may miss 1 by an ulp): work of such a mix prices as work without one.
+        """
+        return 1.0 + sum(
+            share * (activities.get(kernel_class, 1.0) - 1.0) for kernel_class, share in self.shares
+        )
 
     def blend(self, own_s: float, other: ClassMix, other_s: float) -> ClassMix:
         """The mix of this work's ``own_s`` of compute time together with ``other_s`` of ``other``'s."""

@@ -292,7 +292,9 @@ class FitResult:
     rms_energy_error: float
 
 
-def fit_work_profile(spec: GpuSpec, points: Sequence[tuple[float, float, float]]) -> FitResult:
+def fit_work_profile(
+    spec: GpuSpec, points: Sequence[tuple[float, float, float]], compute_mix: ClassMix | None = None
+) -> FitResult:
     """Fit a :class:`WorkProfile` to measured ``(clock_mhz, time_s, energy_j)`` points.
 
     With two or more distinct clocks, ``compute_s``, ``memory_s`` and ``fixed_s`` are fitted by bounded least
@@ -303,6 +305,8 @@ def fit_work_profile(spec: GpuSpec, points: Sequence[tuple[float, float, float]]
     Args:
         spec: The GPU the points were measured on.
         points: Measurements; clocks are the *requested* (locked) clocks.
+        compute_mix: The kernel classes of the work's compute-bound time (a kernel timeline's, or the
+            workload model's); the fit prices the work with it, and the fitted work keeps it.
 
     Returns:
         The fit, with ``source`` saying whether it was fitted or taken from the prior.
@@ -320,14 +324,14 @@ def fit_work_profile(spec: GpuSpec, points: Sequence[tuple[float, float, float]]
     model = GpuPowerModel(spec)
     clocks = np.unique(data[:, 0])
     if len(clocks) == 1:
-        work = _prior_work(model, clock_mhz=float(clocks[0]), time_s=float(np.mean(data[:, 1])))
+        work = _prior_work(model, float(clocks[0]), float(np.mean(data[:, 1])), compute_mix)
         source: Literal["fitted", "prior"] = "prior"
         how = (
             f"only one clock ({clocks[0]:.0f} MHz) measured: compute/memory split taken from the {spec.name} "
             f"prior ({spec.prior_compute_fraction:.0%} compute-bound), scaled to the measured time"
         )
     else:
-        work = _least_squares_work(model, data)
+        work = _least_squares_work(model, data, compute_mix)
         source = "fitted"
         how = f"fitted to {len(data)} points at {len(clocks)} clocks"
     time_error, energy_error = _rms_errors(model, work, data)
@@ -335,15 +339,17 @@ def fit_work_profile(spec: GpuSpec, points: Sequence[tuple[float, float, float]]
     return FitResult(work, source, message, time_error, energy_error)
 
 
-def _prior_work(model: GpuPowerModel, clock_mhz: float, time_s: float) -> WorkProfile:
+def _prior_work(
+    model: GpuPowerModel, clock_mhz: float, time_s: float, compute_mix: ClassMix | None
+) -> WorkProfile:
     """The prior compute/memory split, scaled so that its modelled time at ``clock_mhz`` is ``time_s``."""
     fraction = model.spec.prior_compute_fraction
-    unit = WorkProfile(compute_s=fraction, memory_s=1.0 - fraction)
+    unit = WorkProfile(compute_s=fraction, memory_s=1.0 - fraction, compute_mix=compute_mix)
     # Power is intensive, so scaling all parts scales the (possibly capped) time by the same factor.
     return unit.scaled(time_s / model.time_s(unit, clock_mhz))
 
 
-def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
+def _least_squares_work(model: GpuPowerModel, data: np.ndarray, compute_mix: ClassMix | None) -> WorkProfile:
     """Bounded least squares on relative time and energy errors, started from an NNLS fit of the times."""
     from scipy.optimize import least_squares, nnls  # on first use, as in effective_clock_mhz
 
@@ -354,7 +360,7 @@ def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
     scale = float(np.max(times))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        work = WorkProfile.from_parts(scale * x)
+        work = WorkProfile.from_parts(scale * x, compute_mix)
         modelled_t = np.array([model.time_s(work, c) for c in clocks])
         modelled_e = np.array([model.energy_j(work, c) for c in clocks])
         return np.concatenate([modelled_t / times - 1.0, modelled_e / energies - 1.0])
@@ -366,7 +372,7 @@ def _least_squares_work(model: GpuPowerModel, data: np.ndarray) -> WorkProfile:
         if best is None or result.cost < best.cost:
             best = result
     assert best is not None  # the loop above runs three times
-    return WorkProfile.from_parts(scale * best.x)
+    return WorkProfile.from_parts(scale * best.x, compute_mix)
 
 
 def _rms_errors(model: GpuPowerModel, work: WorkProfile, data: np.ndarray) -> tuple[float, float]:

@@ -50,7 +50,19 @@ def transformer_shape(args: Any) -> TransformerShape:
         num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False) else None,
         gated_mlp=bool(getattr(args, "swiglu", False)),
         moe=_moe_shape(args),
+        params_dtype=_params_dtype(args),
+        fp8=bool(getattr(args, "fp8", None)),
     )
+
+
+def _params_dtype(args: Any) -> str:
+    """``bf16``, ``fp16`` or ``fp32`` from ``--bf16`` / ``--fp16``.
+
+    Arguments without either flag (not Megatron's parser) give bf16, the job files' default.
+    """
+    if getattr(args, "fp16", False):
+        return "fp16"
+    return "bf16" if getattr(args, "bf16", True) else "fp32"
 
 
 def _moe_shape(args: Any) -> MoeShape | None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Work
@@ -111,6 +112,11 @@ class PlanningJob:
     """Measured phases of each instruction class, in order: (class, work at the maximum clock), from kernel
     timelines (``ProfileRequest.phases``); ``None`` until the runtime measures them (phases are then
     modelled from each instruction's per-class split)."""
+
+    compute_mixes: Mapping[Work, ClassMix] | None = None
+    """The kernel classes of each instruction class's compute-bound time from the workload model
+    (``pipeline.workload.instruction_mixes``: GEMM dtype, attention); ``None``: not known (bf16 GEMMs). A
+    measured kernel timeline's classes take precedence where one was recorded."""
 
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""

@@ -10,7 +10,8 @@ reference clock is the class's *measured* response.
 :func:`fit_class_split` turns a response into the split of the class's time between compute-bound,
 memory-bound and fixed work whose time under the GPU power model
 (:meth:`~megatron_energy.dvfs.model.GpuPowerModel.time_s`) follows the measured response best (least
-squares over the measured clocks). The
+squares over the measured clocks; the compute-bound part priced with the class mix of the timeline's compute
+kernels, whose power caps the clock). The
 phases of a measured timeline then carry that split instead of the class's assumed one (all compute-bound,
 all memory-bound, all fixed), so the phase planner prices them at every clock by measurement; their power at
 a clock stays the model's.
@@ -22,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.phase_timeline import KernelRecord, PhaseClass, classify_kernel
@@ -80,7 +82,12 @@ def _first_instances(steps: Sequence[KernelsByRange]) -> dict[str, Sequence[Kern
     return found
 
 
-def fit_class_split(response: Mapping[int, float], reference_mhz: int, model: GpuPowerModel) -> WorkProfile:
+def fit_class_split(
+    response: Mapping[int, float],
+    reference_mhz: int,
+    model: GpuPowerModel,
+    compute_mix: ClassMix | None = None,
+) -> WorkProfile:
     """The compute/memory/fixed split whose modelled time follows ``response`` best.
 
     Non-negative least squares on the clocks' ratios as a linear mix of the three pure classes' ratios
@@ -91,13 +98,18 @@ def fit_class_split(response: Mapping[int, float], reference_mhz: int, model: Gp
         response: Clock (MHz) -> time there over time at ``reference_mhz``.
         reference_mhz: The clock the ratios are relative to.
         model: The GPU power model whose time law the split is fitted under.
+        compute_mix: The kernel classes of the compute-bound part (``None``: bf16 GEMMs).
 
     Returns:
         The work that takes one second at ``reference_mhz``, split as fitted.
     """
     from scipy.optimize import least_squares, nnls  # on first use, as in dvfs.model
 
-    units = (WorkProfile(1.0, 0.0), WorkProfile(0.0, 1.0), WorkProfile(0.0, 0.0, 1.0))
+    units = (
+        WorkProfile(1.0, 0.0, compute_mix=compute_mix),
+        WorkProfile(0.0, 1.0),
+        WorkProfile(0.0, 0.0, 1.0),
+    )
     clocks = sorted(response)
     target = np.array([response[f] for f in clocks])
     design = np.array(
@@ -106,12 +118,12 @@ def fit_class_split(response: Mapping[int, float], reference_mhz: int, model: Gp
     start, _ = nnls(np.vstack([design, SUM_WEIGHT * np.ones(3)]), np.append(target, SUM_WEIGHT))
 
     def ratios(x: np.ndarray) -> np.ndarray:
-        work = WorkProfile.from_parts(x)
+        work = WorkProfile.from_parts(x, compute_mix)
         return np.array([model.time_s(work, f) for f in clocks]) / model.time_s(work, reference_mhz)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return np.append(ratios(x) - target, SUM_WEIGHT * (x.sum() - 1.0))
 
     fitted = least_squares(residuals, np.clip(start, 1e-6, None), bounds=(0.0, np.inf)).x
-    work = WorkProfile.from_parts(fitted)
+    work = WorkProfile.from_parts(fitted, compute_mix)
     return work.scaled(1.0 / model.time_s(work, reference_mhz))

@@ -13,7 +13,8 @@ An MoE layer (:func:`layer_pattern` of a shape with ``moe``) runs, after attenti
 permute (memory), the dispatch all-to-all (communication), the experts' FC1 (compute), activation (memory),
 FC2 (compute), the combine all-to-all (communication) and unpermute (memory). Its shares are not assumed but
 derived from the workload model's parts (``pipeline.workload``, ``pipeline.moe``): each run's FLOPs over the
-efficiency of its kernel kind, bytes, or seconds, over its class's total per layer.
+efficiency of its kernel kind and its GEMM class's peak (``pipeline.precision``), bytes, or seconds, over its
+class's total per layer.
 
 The iteration tail's phases (:func:`tail_phases`), one per outside phase the runtime hooks
 (``events.OUTSIDE_PHASES``), each of a modelled class (:data:`OUTSIDE_CLASSES`): the data-parallel gradient
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.moe import (
@@ -37,6 +39,7 @@ from megatron_energy.pipeline.moe import (
     router_flops,
 )
 from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, class_work
+from megatron_energy.pipeline.precision import PEAK_OVER_BF16
 from megatron_energy.pipeline.workload import (
     ATTENTION_EFFICIENCY,
     BF16_BYTES,
@@ -80,12 +83,14 @@ def layer_pattern(shape: TransformerShape, spec: GpuSpec) -> LayerPattern:
     b, s, h = shape.micro_batch_size, shape.seq_length, shape.hidden_size
     attention_flops = shape.layer_forward_gemm_flops() - router_flops(shape, moe) - expert_flops(shape, moe)
     matrices = 3 if shape.gated_mlp else 2
+    layer_gemm = GEMM_EFFICIENCY * PEAK_OVER_BF16[shape.layer_gemm_class]
+    router_gemm = GEMM_EFFICIENCY * PEAK_OVER_BF16[shape.params_gemm_class]
     compute = {
-        "attention": attention_flops / GEMM_EFFICIENCY
+        "attention": attention_flops / layer_gemm
         + shape.layer_forward_attention_flops() / ATTENTION_EFFICIENCY,
-        "router": router_flops(shape, moe) / GEMM_EFFICIENCY,
-        "fc1": expert_flops(shape, moe) * (matrices - 1) / matrices / GEMM_EFFICIENCY,
-        "fc2": expert_flops(shape, moe) / matrices / GEMM_EFFICIENCY,
+        "router": router_flops(shape, moe) / router_gemm,
+        "fc1": expert_flops(shape, moe) * (matrices - 1) / matrices / layer_gemm,
+        "fc2": expert_flops(shape, moe) / matrices / layer_gemm,
     }
     elementwise = BF16_BYTES * 16 * b * s * h / sum(ELEMENTWISE_SHARES)
     norm, residual_norm, residual = (share * elementwise for share in ELEMENTWISE_SHARES)
@@ -141,8 +146,38 @@ def coalesce(runs: list[Phase]) -> list[Phase]:
     return phases
 
 
+def run_mixes(mix: ClassMix | None, pattern: LayerPattern) -> list[ClassMix | None]:
+    """Each run's class mix, so that the layer's compute runs together hold ``mix``.
+
+    A layer's first compute run is its attention block (both patterns'): it holds the attention time, up to
+    its share of the layer's compute time (what does not fit is spread over the other compute runs by their
+    shares); the rest of every run is the mix's GEMM classes in their proportions. Runs of other classes,
+    and every run of work without a mix or without attention, keep ``mix``.
+    """
+    attention = 0.0 if mix is None else dict(mix.shares).get(KernelClass.ATTENTION, 0.0)
+    compute = [share for kind, share in pattern if kind == "compute"]
+    if mix is None or attention <= 0.0 or attention >= 1.0 or sum(compute[1:]) <= 0.0:
+        return [mix] * len(pattern)
+    block = min(attention, compute[0])
+    overflow = (attention - block) / sum(compute[1:])
+    gemms = [(k, share / (1.0 - attention)) for k, share in mix.shares if k != KernelClass.ATTENTION]
+    mixes: list[ClassMix | None] = []
+    first = True
+    for kind, share in pattern:
+        if kind != "compute" or share <= 0.0:
+            mixes.append(mix)
+            continue
+        held = block if first else overflow * share
+        first = False
+        rest = max(0.0, share - held)
+        mixes.append(ClassMix.of([*((k, rest * g) for k, g in gemms), (KernelClass.ATTENTION, held)]))
+    return mixes
+
+
 def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYER_PATTERN) -> list[Phase]:
     """The instruction's phases, ``work`` split evenly over ``layers`` layers of ``pattern``.
+
+    Compute phases carry the instruction's class mix as :func:`run_mixes` splits it over a layer's runs.
 
     Args:
         work: The instruction's work at the maximum clock.
@@ -155,10 +190,11 @@ def modelled_phases(work: WorkProfile, layers: int, pattern: LayerPattern = LAYE
     if layers <= 0:
         raise ValueError(f"an instruction runs at least one layer, got {layers}")
     per_layer = work.scaled(1.0 / layers)
+    mixes = run_mixes(work.compute_mix, pattern)
     runs = [
-        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind)))
+        Phase(kind, 0.0, class_work(kind, share * _class_time(per_layer, kind), mix))
         for _ in range(layers)
-        for kind, share in pattern
+        for (kind, share), mix in zip(pattern, mixes, strict=True)
     ]
     return coalesce(runs)
 

@@ -13,6 +13,13 @@ tensor-parallel rank (everything below divided by the TP degree unless marked re
 * Fixed time: tensor-parallel all-reduces (two per layer and pass, ring, over the spec's NVLink bandwidth) and
   kernel launch gaps.
 
+Every instruction's compute-bound time carries its kernel classes
+(:class:`~megatron_energy.dvfs.kernel_classes.ClassMix`): the decoder layers' GEMMs in the job's layer GEMM
+class (``params_dtype``, or fp8 with ``fp8``), the LM head's and the MoE router's in the parameters' class,
+attention in ``attention``; each GEMM class at its own tensor-core peak
+(:mod:`megatron_energy.pipeline.precision`). Memory-bound time stays the memory term, communication the fixed
+time.
+
 With ``moe`` the dense MLP's GEMMs and activation give way to an MoE layer's router, experts, permute and
 unpermute, and its expert-parallel all-to-alls (dispatch and combine) join the fixed time unless overlapped:
 :mod:`megatron_energy.pipeline.moe` has their formulas.
@@ -41,6 +48,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
@@ -55,6 +63,7 @@ from megatron_energy.pipeline.moe import (
     router_bytes,
     router_flops,
 )
+from megatron_energy.pipeline.precision import PEAK_OVER_BF16, layer_gemm_class, params_gemm_class
 
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = 0.60
@@ -83,6 +92,8 @@ class TransformerShape:
         gated_mlp: Whether the MLP is gated (SwiGLU: three weight matrices instead of two; the experts' too).
         moe: The MoE layers replacing every layer's dense MLP (:mod:`megatron_energy.pipeline.moe`);
             ``None``: a dense model.
+        params_dtype: The parameters' dtype, ``bf16``, ``fp16`` or ``fp32`` (``--bf16``, ``--fp16``, neither).
+        fp8: Whether the decoder layers' linear layers run fp8 matrix products (``--fp8-format``).
     """
 
     num_layers: int
@@ -96,10 +107,15 @@ class TransformerShape:
     num_query_groups: int | None = None
     gated_mlp: bool = False
     moe: MoeShape | None = None
+    params_dtype: str = "bf16"
+    fp8: bool = False
 
     def __post_init__(self) -> None:
         if self.moe is not None and not isinstance(self.moe, MoeShape):
             raise ValueError(f"TransformerShape.moe must be a MoeShape or None, got {self.moe!r}")
+        params_gemm_class(self.params_dtype)
+        if not isinstance(self.fp8, bool):
+            raise ValueError(f"TransformerShape.fp8 must be true or false, got {self.fp8!r}")
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
@@ -108,6 +124,35 @@ class TransformerShape:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
         if self.num_attention_heads % self.query_groups:
             raise ValueError("num_attention_heads must be divisible by num_query_groups")
+
+    @property
+    def layer_gemm_class(self) -> KernelClass:
+        """The class of the decoder layers' linear GEMMs (QKV, projection, MLP, experts)."""
+        return layer_gemm_class(self.params_dtype, self.fp8)
+
+    @property
+    def params_gemm_class(self) -> KernelClass:
+        """The class of the LM head's and the MoE router's GEMMs (the parameters' dtype)."""
+        return params_gemm_class(self.params_dtype)
+
+    def identity(self) -> dict[str, Any]:
+        """The shape's fields for a fingerprint.
+
+        The precision fields only where not the default (bf16, no fp8), so that jobs described before they
+        existed keep their fingerprints.
+        """
+        fields = dataclasses.asdict(self)
+        if self.params_dtype == "bf16" and not self.fp8:
+            del fields["params_dtype"], fields["fp8"]
+        return fields
+
+    def layer_forward_gemm_flops_by_class(self) -> dict[KernelClass, float]:
+        """:meth:`layer_forward_gemm_flops` per GEMM class: the router's in the params', the rest layers'."""
+        flops = self.layer_forward_gemm_flops()
+        if self.moe is None or self.layer_gemm_class == self.params_gemm_class:
+            return {self.layer_gemm_class: flops}
+        router = router_flops(self, self.moe)
+        return {self.layer_gemm_class: flops - router, self.params_gemm_class: router}
 
     @property
     def query_groups(self) -> int:
@@ -239,14 +284,28 @@ def instruction_work(
     return work
 
 
+def instruction_mixes(
+    shape: TransformerShape,
+    spec: GpuSpec,
+    num_stages: int,
+    num_chunks: int = 1,
+    layers: ChunkLayers | None = None,
+) -> dict[Work, ClassMix]:
+    """The kernel classes of every instruction class's compute-bound time (:func:`instruction_work`'s)."""
+    works = instruction_work(shape, spec, num_stages, num_chunks, layers)
+    return {key: work.compute_mix for key, work in works.items() if work.compute_mix is not None}
+
+
 def _pass_factor(kind: str) -> float:
     """How many forward-equivalents of FLOPs and bytes a pass of ``kind`` costs."""
     return BACKWARD_TO_FORWARD if kind == "backward" else 1.0
 
 
-def _gemm_s(spec: GpuSpec, flops: float, efficiency: float) -> float:
-    """Time of ``flops`` of tensor-core work at the maximum clock."""
-    return flops / (spec.peak_bf16_tflops * 1e12 * efficiency)
+def _gemm_s(
+    spec: GpuSpec, flops: float, efficiency: float, gemm_class: KernelClass = KernelClass.GEMM_BF16
+) -> float:
+    """Time of ``flops`` of tensor-core work at the maximum clock, at ``gemm_class``'s peak."""
+    return flops / (spec.peak_bf16_tflops * 1e12 * PEAK_OVER_BF16[gemm_class] * efficiency)
 
 
 def _memory_s(spec: GpuSpec, num_bytes: float) -> float:
@@ -265,9 +324,14 @@ def tp_all_reduce_s(shape: TransformerShape, spec: GpuSpec) -> float:
 def _layer_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile:
     """Work of one transformer layer's forward or backward pass."""
     factor = _pass_factor(kind)
-    compute_s = _gemm_s(spec, shape.layer_forward_gemm_flops(), GEMM_EFFICIENCY) + _gemm_s(
-        spec, shape.layer_forward_attention_flops(), ATTENTION_EFFICIENCY
+    times = [
+        (gemm_class, _gemm_s(spec, flops, GEMM_EFFICIENCY, gemm_class))
+        for gemm_class, flops in shape.layer_forward_gemm_flops_by_class().items()
+    ]
+    times.append(
+        (KernelClass.ATTENTION, _gemm_s(spec, shape.layer_forward_attention_flops(), ATTENTION_EFFICIENCY))
     )
+    compute_s = sum(seconds for _, seconds in times)
     fixed_s = (
         2 * tp_all_reduce_s(shape, spec)
         + shape.layer_all_to_all_s(spec)
@@ -277,6 +341,7 @@ def _layer_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfil
         compute_s=factor * compute_s,
         memory_s=factor * _memory_s(spec, shape.layer_forward_memory_bytes()),
         fixed_s=fixed_s,
+        compute_mix=ClassMix.of(times),
     )
 
 
@@ -293,8 +358,10 @@ def _head_work(shape: TransformerShape, spec: GpuSpec, kind: str) -> WorkProfile
     head_flops = 2 * b * s * h * vocab / shape.tensor_parallel
     logits_bytes = 4 * FP32_BYTES * b * s * vocab / shape.tensor_parallel
     norm_bytes = 2 * shape.activation_bytes()
+    head_class = shape.params_gemm_class
     return WorkProfile(
-        compute_s=factor * _gemm_s(spec, head_flops, GEMM_EFFICIENCY),
+        compute_s=factor * _gemm_s(spec, head_flops, GEMM_EFFICIENCY, head_class),
         memory_s=factor * _memory_s(spec, logits_bytes + norm_bytes),
         fixed_s=tp_all_reduce_s(shape, spec),
+        compute_mix=ClassMix.single(head_class),
     )

@@ -11,6 +11,7 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clocks_mhz
 from megatron_energy.dvfs.clock_events import ClockEventsUnavailableError, open_clock_events
 from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
+from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
@@ -293,7 +294,7 @@ def build_session(
         spec=parts.spec,
         guard=parts.guard,
         printer=printer,
-        kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser),
+        kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser, context),
         phase_switcher=build_phase_switcher(config, parts.controller, parts.timer),
         power_cap=build_power_cap_watch(parts.handle, context.local_device_index, parts.grid[0], comms),
     )
@@ -314,11 +315,15 @@ def build_power_cap_watch(
         return PowerCapWatch(None, stock_clock_mhz, str(problem))
 
 
-def build_kernel_timeline(handle: GpuHandle, spec: GpuSpec, optimiser: Optimiser) -> KernelTimeline | None:
+def build_kernel_timeline(
+    handle: GpuHandle, spec: GpuSpec, optimiser: Optimiser, context: JobContext
+) -> KernelTimeline | None:
     """``torch.profiler`` kernel timelines on real GPUs when the optimiser asks for phases; else none.
 
-    Simulated GPUs run no kernels: the phase planner keeps the modelled per-class split there.
+    Simulated GPUs run no kernels: the phase planner keeps the modelled per-class split there. Kernels whose
+    names do not say their compute class are priced as the job's layer GEMM class (bf16 without a shape).
     """
     if handle.backend == "simulated" or not optimiser.request.phases:
         return None
-    return TorchKernelTimeline(spec)
+    shape = context.shape
+    return TorchKernelTimeline(spec, KernelClass.GEMM_BF16 if shape is None else shape.layer_gemm_class)

@@ -7,11 +7,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.orders import PipelineOrders
-from megatron_energy.pipeline.workload import TransformerShape
+from megatron_energy.pipeline.workload import TransformerShape, instruction_mixes
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ class JobContext:
         """Whether this rank prints the job-wide log line (the last rank, as Megatron does)."""
         return self.global_rank == self.world_size - 1
 
+    def compute_mixes(self, spec: GpuSpec) -> dict[Work, ClassMix] | None:
+        """The workload model's kernel classes of every instruction class (``None`` without a shape)."""
+        if self.shape is None:
+            return None
+        return instruction_mixes(self.shape, spec, self.pipeline_size, self.num_chunks, self.layers)
+
     def fingerprint_parts(self, gpu_name: str) -> dict[str, Any]:
         """The job facts a cached profile or plan depends on.
 
@@ -96,7 +104,7 @@ class JobContext:
             A JSON-serialisable mapping; any change to it invalidates the cache.
         """
         parts: dict[str, Any] = {
-            "model": None if self.shape is None else asdict(self.shape),
+            "model": None if self.shape is None else self.shape.identity(),
             "pipeline_size": self.pipeline_size,
             "num_chunks": self.num_chunks,
             "tensor_parallel_size": self.tensor_parallel_size,

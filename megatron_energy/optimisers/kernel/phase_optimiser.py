@@ -3,8 +3,10 @@
 It refines a base plan (the previous optimiser's in ``--energy-mode all``; alone, every instruction at its
 fastest clock): each plan point keeps its iteration time, deadline and instruction-level clock actions, and
 gains phase actions. Per instruction class and base clock, the instruction's work (fitted to its profile
-rows, :func:`~megatron_energy.dvfs.model.fit_work_profile`) is split into phases (measured timelines when
-the job carries them, else the *modelled* per-class split of :mod:`.modelled`), planned within its time at
+rows, :func:`~megatron_energy.dvfs.model.fit_work_profile`, priced with its kernel classes: its measured
+timeline's compute classes where one was recorded, else the workload model's, ``PlanningJob.compute_mixes``)
+is split into phases (measured timelines when the job carries them, each phase with its own kernels' classes,
+else the *modelled* per-class split of :mod:`.modelled`), planned within its time at
 the base clock (:mod:`.planner`), and written as ``ClockAction`` s at phase boundaries named by
 :mod:`.labels`. The iteration tail (gradient sync, optimizer step, parameter all-gather:
 measured by the profiling steps' outside-phase hooks, or a job description's modelled tail) gets its own
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
@@ -76,7 +79,20 @@ class _Context:
 
     def _fit(self, key: Work) -> WorkProfile:
         points = [(o.clock_mhz, o.time_s, o.energy_j) for o in self.profile.options(key)]
-        return fit_work_profile(self.model.spec, points).work
+        return fit_work_profile(self.model.spec, points, self.compute_mix(key)).work
+
+    def compute_mix(self, key: Work) -> ClassMix | None:
+        """The kernel classes of the instruction class's compute time.
+
+        Its measured timeline's where one was recorded, else the workload model's; ``None``: neither knows
+        them (bf16 GEMMs).
+        """
+        timelines = self.job.phase_timelines
+        if timelines and key in timelines:
+            recorded = sum((work for _, work in timelines[key]), WorkProfile(0.0, 0.0))
+            if recorded.compute_s > 0 and recorded.compute_mix is not None:
+                return recorded.compute_mix
+        return (self.job.compute_mixes or {}).get(key)
 
     def phases_of(self, key: Work) -> list[Phase]:
         """The instruction class's phases: measured when the job has them, else modelled.

@@ -419,7 +419,8 @@ class PlanningRound:
         gathered = [(profile.rows, profile.steps) for profile in profiles]
         rows = [rank_rows for rank_rows, _ in gathered]
         if not self.can_set_clocks:
-            rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz) for rank_rows in rows]
+            mixes = self.context.compute_mixes(self.spec)
+            rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz, mixes) for rank_rows in rows]
         profile = profile_from_rows(
             merge_rows(rows),
             gpu_name=self.spec.name,

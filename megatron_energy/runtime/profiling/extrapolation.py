@@ -3,7 +3,8 @@
 Without clock control (``--energy-dry-run``, or monitor-only when the GPU refuses clock changes) every step
 runs at the stock clock, so a sweep would only measure noise. The session then measures the stock clock and
 this module extends each instruction's stock measurement to the rest of the grid with the time/power model
-(``dvfs.model.fit_work_profile`` from one point: the spec's prior split of compute- and memory-bound work).
+(``dvfs.model.fit_work_profile`` from one point: the spec's prior split of compute- and memory-bound work,
+its compute time of the instruction's kernel classes from the workload model where the job's shape is known).
 
 The model is anchored to the measurement: at the measured clock a row keeps the measured time and energy
 (up to rounding), and at every clock the modelled time and energy are scaled by the same factors that turn the
@@ -14,15 +15,20 @@ The resulting profile, and every plan made from it, is *modelled*.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import GpuPowerModel, fit_work_profile
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.profiling.collector import ProfileRow
 
 
 def extrapolate_rows(
-    rows: Sequence[ProfileRow], spec: GpuSpec, clocks_mhz: Sequence[int]
+    rows: Sequence[ProfileRow],
+    spec: GpuSpec,
+    clocks_mhz: Sequence[int],
+    compute_mixes: Mapping[Work, ClassMix] | None = None,
 ) -> list[ProfileRow]:
     """Extend one rank's stock-clock rows to every clock of the grid.
 
@@ -30,6 +36,8 @@ def extrapolate_rows(
         rows: Rows measured at one clock (the stock clock).
         spec: The GPU's spec (the model's parameters).
         clocks_mhz: The clocks to produce rows for.
+        compute_mixes: The kernel classes of each instruction class's compute time (the workload model's,
+            ``JobContext.compute_mixes``); ``None`` or a class missing: bf16 GEMMs.
 
     Returns:
         One row per instruction class and clock; times and energies modelled, anchored to the measured row.
@@ -37,7 +45,8 @@ def extrapolate_rows(
     model = GpuPowerModel(spec)
     extended = []
     for row in rows:
-        work = fit_work_profile(spec, [(row.clock_mhz, row.time_s, row.energy_j)]).work
+        mix = (compute_mixes or {}).get(row.work)
+        work = fit_work_profile(spec, [(row.clock_mhz, row.time_s, row.energy_j)], mix).work
         time_scale = row.time_s / model.time_s(work, row.clock_mhz)
         energy_scale = row.energy_j / model.energy_j(work, row.clock_mhz)
         extended += [

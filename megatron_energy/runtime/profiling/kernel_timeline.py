@@ -7,16 +7,19 @@ clock's alone when clocks are not set: a dry run) and never in the run phase; ea
 ``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
 synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
 (``pipeline.kineto_trace.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
-(``pipeline.phase_timeline.group_phases``); of an instruction class's instances (microbatches, steps), the
-one of median length speaks for it. Times are measured (kernel start and duration at the stock clock); each
-kernel's class rests on FLOPs and bytes estimated from its operator's input shapes
-(``pipeline.kineto_trace``). Each class's response to the clock is *measured* where timelines at two or more
-clocks were recorded (the same kernels paired across clocks, ``pipeline.clock_response``), else the GPU
-spec's model (all compute-bound, all memory-bound or fixed); what the phase planner does with them is
-modelled. On simulated GPUs there is no kernel timeline: the session keeps the modelled per-class split
-(``pipeline.modelled_phases``). The step recorded under the profiler runs slower than the others (the
-profiler's work on every kernel launch), so its instruction times and energy feed the phase timelines only,
-never the profile rows or the stock baseline (``runtime.profiling.collector``).
+(``pipeline.phase_timeline.group_phases``), each compute phase with the kernel classes its kernels' names
+say (``pipeline.kernel_classification``; a matrix product whose name names no dtype, and a compute-bound
+kernel of a name no rule knows, in the job's GEMM class from the workload model); of an instruction class's
+instances (microbatches, steps), the one of median length speaks for it. Times are measured (kernel start
+and duration at the stock clock); whether a kernel is compute- or memory-bound rests on FLOPs and bytes
+estimated from its operator's input shapes (``pipeline.kineto_trace``). Each class's response to the
+clock is *measured* where timelines at two or more clocks were recorded (the same kernels paired across
+clocks, ``pipeline.clock_response``), else the GPU spec's model (all compute-bound, all memory-bound or
+fixed); what the phase planner does with them is modelled. On simulated GPUs there is no kernel timeline:
+the session keeps the modelled per-class split (``pipeline.modelled_phases``). The step recorded under the
+profiler runs slower than the others (the profiler's work on every kernel launch), so its instruction times
+and energy feed the phase timelines only, never the profile rows or the stock baseline
+(``runtime.profiling.collector``).
 
 Off the training thread: when the profiler stops, the training thread only has it write its Chrome trace to a
 file (Kineto's own writer); reading the traces and turning them into phases (:class:`TimelineReading`) runs in
@@ -36,12 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.clock_response import class_response, fit_class_split
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
-from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass, group_phases
+from megatron_energy.pipeline.phase_timeline import KernelRecord, Phase, PhaseClass, compute_mix, group_phases
 from megatron_energy.runtime.child_process import ChildProcess
 
 PREFIX = "energy:"
@@ -72,7 +76,10 @@ def parse_annotation(name: str) -> Instruction:
 
 
 def phase_timelines(
-    traces: Sequence[Mapping[str, Any]], spec: GpuSpec, split: Mapping[PhaseClass, WorkProfile] | None = None
+    traces: Sequence[Mapping[str, Any]],
+    spec: GpuSpec,
+    split: Mapping[PhaseClass, WorkProfile] | None = None,
+    gemm_class: KernelClass = KernelClass.GEMM_BF16,
 ) -> Timelines:
     """Phases per instruction class from Chrome traces of annotated instructions (see the module docstring).
 
@@ -82,6 +89,7 @@ def phase_timelines(
         spec: The GPU whose roofline classifies the kernels.
         split: Per class, the work one second of it is, where its clock response was measured
             (``pipeline.clock_response``).
+        gemm_class: The job's GEMM class, for kernels whose names do not say their compute class.
 
     Returns:
         Per instruction class with kernels in the traces, the phases of its median-length instance.
@@ -89,19 +97,24 @@ def phase_timelines(
     instances: dict[Work, list[list[Phase]]] = {}
     for trace in traces:
         for name, kernels in kernels_by_annotation(trace, PREFIX).items():
-            phases = group_phases(kernels, spec, split)
+            phases = group_phases(kernels, spec, split, gemm_class)
             if phases:
                 instances.setdefault(parse_annotation(name).work, []).append(phases)
     return {work: [(p.kind, p.work) for p in _median(found)] for work, found in instances.items()}
 
 
-def timelines_at_clocks(traces: Mapping[int, Sequence[Mapping[str, Any]]], spec: GpuSpec) -> Timelines:
+def timelines_at_clocks(
+    traces: Mapping[int, Sequence[Mapping[str, Any]]],
+    spec: GpuSpec,
+    gemm_class: KernelClass = KernelClass.GEMM_BF16,
+) -> Timelines:
     """The phases per instruction class at the reference clock (median instance), from traces per clock.
 
     Args:
         traces: Per clock (MHz), the parsed Chrome traces recorded at it; the first clock is the reference
             (the stock clock).
         spec: The GPU whose roofline classifies the kernels.
+        gemm_class: The job's GEMM class, for kernels whose names do not say their compute class.
 
     Returns:
         The phases per instruction class; with traces at other clocks too, each class's work is split by its
@@ -118,8 +131,20 @@ def timelines_at_clocks(traces: Mapping[int, Sequence[Mapping[str, Any]]], spec:
         }
         response = class_response(ranges[reference_mhz], {c: ranges[c] for c in others}, reference_mhz, spec)
         model = GpuPowerModel(spec)
-        split = {kind: fit_class_split(r, reference_mhz, model) for kind, r in response.items()}
-    return phase_timelines(traces[reference_mhz], spec, split)
+        mix = _reference_mix(ranges[reference_mhz], spec, gemm_class)
+        split = {
+            kind: fit_class_split(r, reference_mhz, model, mix if kind == "compute" else None)
+            for kind, r in response.items()
+        }
+    return phase_timelines(traces[reference_mhz], spec, split, gemm_class)
+
+
+def _reference_mix(
+    steps: Sequence[Mapping[str, Sequence[KernelRecord]]], spec: GpuSpec, gemm_class: KernelClass
+) -> ClassMix | None:
+    """The kernel classes of every compute-bound kernel the reference clock's steps recorded."""
+    kernels = [kernel for ranges in steps for found in ranges.values() for kernel in found]
+    return compute_mix(kernels, spec, gemm_class)
 
 
 def _median(instances: list[list[Phase]]) -> list[Phase]:
@@ -151,6 +176,9 @@ class TimelineReading:
     trace_files: dict[int, list[str]]
     """Per clock (MHz, the reference clock first), the recorded steps' Chrome trace files."""
 
+    gemm_class: KernelClass = KernelClass.GEMM_BF16
+    """The job's GEMM class, for kernels whose names do not say their compute class."""
+
     @property
     def process_name(self) -> str:
         """``kernel-timeline``: what a failure's reason calls the process."""
@@ -162,7 +190,7 @@ class TimelineReading:
             clock: [json.loads(Path(path).read_text(encoding="utf-8")) for path in paths]
             for clock, paths in self.trace_files.items()
         }
-        return timelines_at_clocks(traces, self.spec)
+        return timelines_at_clocks(traces, self.spec, self.gemm_class)
 
     def failed(self, reason: str) -> TimelinesUnread:
         """The stage's split is modelled, the log says ``reason``."""
@@ -263,10 +291,13 @@ def timelines_line(timelines: Timelines, timer_source: str, response_clocks: int
             if response_clocks
             else "clock response modelled"
         )
+        recorded = sum((work for phases in timelines.values() for _, work in phases), WorkProfile(0.0, 0.0))
+        classes = "none compute-bound" if recorded.compute_mix is None else recorded.compute_mix.describe()
         return (
             "phases inside instructions: measured kernel timelines (torch.profiler, the stock clock's last "
-            f"profile step) of {len(timelines)} instruction classes; kernel classes from estimated "
-            f"FLOPs/bytes, {response}"
+            f"profile step) of {len(timelines)} instruction classes; compute- or memory-bound from estimated "
+            f"FLOPs/bytes, compute classes from kernel names (measured compute time: {classes}; "
+            f"compute-bound kernels whose names say no class priced as the job's GEMM class), {response}"
         )
     why = "simulated GPUs have no kernels" if timer_source == "modelled" else "no kernel was recorded"
     return f"phases inside instructions: modelled per-class split ({why})"
@@ -277,13 +308,15 @@ class TorchKernelTimeline:
 
     Args:
         spec: The GPU whose roofline classifies the kernels.
+        gemm_class: The job's GEMM class, for kernels whose names do not say their compute class.
     """
 
-    def __init__(self, spec: GpuSpec) -> None:
+    def __init__(self, spec: GpuSpec, gemm_class: KernelClass = KernelClass.GEMM_BF16) -> None:
         import torch
 
         self._torch = torch
         self.spec = spec
+        self.gemm_class = gemm_class
         self._profiler: Any = None
         self._ranges: dict[Instruction, Any] = {}
         self._folder: Path | None = None  # the trace files', made at the first stop
@@ -354,7 +387,7 @@ class TorchKernelTimeline:
         if not self._trace_files:
             return ReadTimelines({})
         files = {clock: list(paths) for clock, paths in self._trace_files.items()}
-        return ChildProcess(TimelineReading(self.spec, files))
+        return ChildProcess(TimelineReading(self.spec, files, self.gemm_class))
 
     def close(self) -> None:
         """Remove the recorded trace files."""

@@ -5,7 +5,9 @@ these: what the optimiser's profile request had measured, the iteration tail out
 instructions, the outside phases' durations, the instruction classes' phase timelines and every pipeline
 rank's DDP bucket layout. The cache keeps them as ``measured.json`` beside the others, so a changed planning
 input re-plans from the cached, verified measurements without profiling again
-(``runtime.planning_round.replanning``).
+(``runtime.planning_round.replanning``). A phase's work is written with its compute time's kernel classes as a
+typed object, ``"compute_mix": {"gemm_bf16": 0.75, "attention": 0.25}``, read back through ``ClassMix.of``
+(a phase without one has no such key, as files written before kernel classes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
@@ -67,7 +70,7 @@ class MeasuredInputs:
             "phase_timelines": None
             if timelines is None
             else [
-                {"work": list(work), "phases": [[name, asdict(profile)] for name, profile in phases]}
+                {"work": list(work), "phases": [[name, _work_json(profile)] for name, profile in phases]}
                 for work, phases in timelines.items()
             ],
             "buckets": None if self.buckets is None else [asdict(bucket) for bucket in self.buckets],
@@ -104,9 +107,28 @@ class MeasuredInputs:
 def _timelines(entries: Sequence[Mapping[str, Any]]) -> dict[Work, list[tuple[str, WorkProfile]]]:
     """Phase timelines from their JSON entries."""
     return {
-        Work(*entry["work"]): [(str(name), WorkProfile(**profile)) for name, profile in entry["phases"]]
+        Work(*entry["work"]): [(str(name), _work(profile)) for name, profile in entry["phases"]]
         for entry in entries
     }
+
+
+def _work_json(work: WorkProfile) -> dict[str, Any]:
+    """A phase's work as JSON: its three times, and its class mix where it has one."""
+    data: dict[str, Any] = {"compute_s": work.compute_s, "memory_s": work.memory_s, "fixed_s": work.fixed_s}
+    if work.compute_mix is not None:
+        data["compute_mix"] = work.compute_mix.as_dict()
+    return data
+
+
+def _work(entry: Mapping[str, Any]) -> WorkProfile:
+    """A phase's work from :func:`_work_json`'s object (its mix checked by ``ClassMix.of``)."""
+    mix = entry.get("compute_mix")
+    return WorkProfile(
+        float(entry["compute_s"]),
+        float(entry["memory_s"]),
+        float(entry["fixed_s"]),
+        None if mix is None else ClassMix.of(mix),
+    )
 
 
 def _tail(entry: Mapping[str, Any]) -> IterationTail:
