@@ -70,7 +70,7 @@ def test_an_fp8_instruction_caps_lower_than_a_bf16_one_and_attention_as_its_acti
     # without activities every mix prices as the bf16 GEMM it used to be, to the last bit (same plans)
     odd = ClassMix.of({K.GEMM_BF16: 1.0, K.ATTENTION: 6.0, K.GEMM_FP8: 15.0})
     assert sum(share for _, share in odd.shares) != 1.0 and odd.activity({}) == 1.0
-    uncalibrated = GpuPowerModel(H100)
+    uncalibrated = GpuPowerModel(dataclasses.replace(H100, class_activity={}))
     assert uncalibrated.power_cap_clock_mhz(fp8) == uncalibrated.power_cap_clock_mhz(
         dataclasses.replace(fp8, compute_mix=None)
     )

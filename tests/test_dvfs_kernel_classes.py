@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 
 from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass, parse_activities
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
-from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.dvfs.spec import config_root, load_gpu_spec
 
 
 @pytest.fixture
@@ -94,8 +95,9 @@ def test_a_lower_memory_clock_slows_memory_bound_work_and_lifts_the_cap_of_compu
 
 
 def test_a_spec_file_with_a_bad_activity_names_file_and_field(tmp_path, h100):
-    text = (load_gpu_spec.__globals__["config_root"]() / "gpus" / "h100-sxm.yaml").read_text()
+    raw = yaml.safe_load((config_root() / "gpus" / "h100-sxm.yaml").read_text())
+    raw["class_activity"] = {"gemm_int4": 1.0}
     bad = tmp_path / "h100-sxm.yaml"
-    bad.write_text(text.replace("class_activity: {}", "class_activity: {gemm_int4: 1.0}"))
+    bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=r"h100-sxm.yaml: field 'class_activity': unknown kernel class"):
         load_gpu_spec(str(bad))

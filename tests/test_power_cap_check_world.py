@@ -41,7 +41,7 @@ def job(energy_dir: Path, **changes) -> SessionSettings:
         pipeline_size=2,
         num_microbatches=4,
         gpu_spec="h100-sxm",
-        freq_grid=(1980, 1530),
+        freq_grid=(1980, 1200),  # the second below the cap clock of the work (~1480 MHz)
         profile_iters=1,
         run_steps=2,
         energy_dir=energy_dir,
@@ -92,7 +92,7 @@ def test_rank_zero_compares_the_clock_read_at_the_power_cap_with_the_models(capp
         assert counts == ("8", "8", "2", "h100-sxm")
         read_mhz, model_mhz = int(match["read"]), int(match["model"])
         assert read_mhz < 1980
-        assert abs(read_mhz - model_mhz) <= 1  # the simulated GPU runs the model: they agree
+        assert abs(read_mhz - model_mhz) <= 1, line  # the simulated GPU runs the model: they agree
         clocks = modelled_clocks_mhz(settings, kind)
         assert min(clocks) - 1 <= read_mhz <= max(clocks) + 1
         assert abs(float(match["change"])) <= 0.1

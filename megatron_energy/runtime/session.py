@@ -407,7 +407,9 @@ class EnergySession:
         part). Rank 0 says once where the check could not be made, and, when some instruction was read held
         at the power cap, prints the check's line and appends its record to ``--energy-log-file``.
         """
-        samples = self.power_cap.summary(self.collector.rows, self.spec, self.context.global_rank)
+        samples = self.power_cap.summary(
+            self.collector.rows, self.spec, self.context.global_rank, self.context.compute_mixes(self.spec)
+        )
         gathered = gather_replica(self.comms, samples)
         if gathered is None:
             return

@@ -19,10 +19,11 @@ training goes on.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from megatron_energy.dvfs.clock_events import ClockEventReader
+from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import GpuPowerModel, fit_work_profile
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.pipeline.instruction import FUSED, Step, Work, is_fused_kind
@@ -103,7 +104,11 @@ class PowerCapWatch:
             self._capped[step.work].append(event.sm_clock_mhz)
 
     def summary(
-        self, rows: Callable[[], Sequence[ProfileRow]], spec: GpuSpec, global_rank: int
+        self,
+        rows: Callable[[], Sequence[ProfileRow]],
+        spec: GpuSpec,
+        global_rank: int,
+        mixes: Mapping[Work, ClassMix] | None = None,
     ) -> PowerCapSamples:
         """What this rank sends rank 0: the classes held at the cap with the model's clock for each.
 
@@ -111,6 +116,8 @@ class PowerCapWatch:
             rows: This rank's profile rows (``ProfileCollector.rows``), asked for only if a read was capped.
             spec: The GPU spec of the model.
             global_rank: This rank.
+            mixes: The kernel classes of each instruction class's compute time (the workload model's); a
+                class missing: bf16 matrix products.
 
         Never raises: profile rows that cannot be had or fitted (no energy measured) make the check
         unavailable on this rank, and say why.
@@ -119,19 +126,21 @@ class PowerCapWatch:
         if self.unavailable is not None or not self._capped:
             return PowerCapSamples(global_rank, reads, unavailable=self.unavailable)
         try:
-            capped = self._predicted(rows(), spec)
+            capped = self._predicted(rows(), spec, mixes or {})
         except Exception as problem:  # the check must never stop profiling from ending
             why = f"no work profile to predict the clocks from ({type(problem).__name__}: {problem})"
             return PowerCapSamples(global_rank, reads, unavailable=why)
         return PowerCapSamples(global_rank, reads, capped)
 
-    def _predicted(self, rows: Sequence[ProfileRow], spec: GpuSpec) -> tuple[CappedWork, ...]:
+    def _predicted(
+        self, rows: Sequence[ProfileRow], spec: GpuSpec, mixes: Mapping[Work, ClassMix]
+    ) -> tuple[CappedWork, ...]:
         """Each class held at the cap with the model's clock for it at the stock clock (its rows fitted)."""
         model = GpuPowerModel(spec)
         capped = []
         for work, clocks in sorted(self._capped.items()):
             points = [(row.clock_mhz, row.time_s, row.energy_j) for row in rows if row.work == work]
-            fitted = fit_work_profile(spec, points).work
+            fitted = fit_work_profile(spec, points, mixes.get(work)).work
             predicted_mhz = model.effective_clock_mhz(fitted, self.stock_clock_mhz)
             capped.append(CappedWork(work, self._reads[work], tuple(clocks), predicted_mhz))
         return tuple(capped)
