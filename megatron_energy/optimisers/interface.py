@@ -112,6 +112,10 @@ class PlanningJob:
     timelines (``ProfileRequest.phases``); ``None`` until the runtime measures them (phases are then
     modelled from each instruction's per-class split)."""
 
+    memory_clock: bool = True
+    """Whether the plan may lower a rank's memory clock for the run phase where that pays
+    (``--energy-memory-clock auto``; ``optimisers.memory_clock``); ``False`` keeps the stock one."""
+
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""
         return PipelineDag.build(self.orders, comm=self.comm, tail=self.tail)

@@ -55,6 +55,7 @@ def planning_job(
         gpu=spec,
         tail_phases=measured.tail_phases,
         phase_timelines=measured.phase_timelines or None,
+        memory_clock=config.memory_clock == "auto",
     )
 
 
