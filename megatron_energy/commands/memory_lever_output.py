@@ -7,6 +7,7 @@ stock (``plan_outcome.energy_change``, as every saving is printed).
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.optimiser_comparison import MODES, Comparison
@@ -44,3 +45,16 @@ def memory_lever_table(comparison: Comparison) -> Table:
             change_text(energy_change(stock.total_energy_j, row.total_energy_j)),
         )
     return table
+
+
+def print_memory_lever(console: Console, comparison: Comparison) -> None:
+    """The memory lever's table, or why there is none (a GPU with one memory clock to try)."""
+    if comparison.memory_rows:
+        console.print(memory_lever_table(comparison))
+        return
+    spec = comparison.spec
+    console.print(
+        f"memory lever: {spec.name} offers no lower memory clock to try "
+        f"({', '.join(map(str, spec.memory_clocks_mhz))} MHz), so every mode keeps the stock one",
+        markup=False,
+    )

@@ -38,7 +38,7 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
-from megatron_energy.optimisers.memory_clock import choose_memory_clocks
+from megatron_energy.optimisers.memory_clock import candidate_memory_clocks, choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
@@ -120,7 +120,8 @@ class Comparison:
     """The clock-switch latency every plan is executable under."""
     memory_rows: tuple[ModeResult, ...] = ()
     """Each planned mode (:data:`MODES` but stock) with the memory lever (``optimisers.memory_clock``): its
-    plan with the memory clocks that pay, the plan itself where none does."""
+    plan with the memory clocks that pay, the plan itself where none does; none on a GPU with no lower
+    memory clock to try."""
 
     def row(self, mode: str) -> ModeResult:
         """The row of ``mode``."""
@@ -203,7 +204,9 @@ def compare_modes(
 
     rows += [planned(mode, plans[mode]) for mode in MODES[1:]]
     memory_rows = tuple(
-        planned(mode, choose_memory_clocks(plans[mode], profile, planning)) for mode in MODES[1:]
+        planned(mode, choose_memory_clocks(plans[mode], profile, planning))
+        for mode in MODES[1:]
+        if candidate_memory_clocks(spec)
     )
     return Comparison(job, spec, tuple(rows), planning.switch_latency_s, memory_rows)
 

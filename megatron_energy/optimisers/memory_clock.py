@@ -109,7 +109,7 @@ def choose_memory_clocks(plan: Plan, profile: Profile, job: PlanningJob) -> Plan
 
 
 def _spec_named(gpu_name: str) -> GpuSpec | None:
-    """The spec of the profile's GPU; ``None`` for a GPU without one (e.g. a CSV profile's ``unspecified``)."""
+    """The spec of the profile's GPU; ``None`` for a GPU without one (a CSV profile's ``unspecified``)."""
     try:
         return load_gpu_spec(gpu_name)
     except ValueError:
@@ -195,7 +195,9 @@ class _Search:
                     else action
                     for action in rank.actions
                 ),
-                energy_j=rank.energy_j + price.stages[stage].total_energy_j - reference.stages[stage].total_energy_j,
+                energy_j=rank.energy_j
+                + price.stages[stage].total_energy_j
+                - reference.stages[stage].total_energy_j,
                 busy_s=rank.busy_s + price.stages[stage].busy_s - reference.stages[stage].busy_s,
             )
             for stage, rank in enumerate(point.ranks)
@@ -206,7 +208,9 @@ class _Search:
 
 def _step_clocks(point: PlanPoint) -> dict[Step, int]:
     """The instruction-level clock of every step of every rank at ``point``."""
-    return {step: clock for stage in range(len(point.ranks)) for step, clock in point.step_clocks(stage).items()}
+    return {
+        step: clock for stage in range(len(point.ranks)) for step, clock in point.step_clocks(stage).items()
+    }
 
 
 def _phased_steps(point: PlanPoint) -> frozenset[Step]:

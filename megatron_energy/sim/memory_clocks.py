@@ -20,8 +20,8 @@ With every stage at the top memory clock the figures are the simulator's own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import dataclasses
+from collections.abc import Mapping
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import GpuSpec
@@ -103,7 +103,9 @@ class MemoryClockPricing:
         tail = self.dag.tail
         idle_w = self.profile.idle_power_w - self._static_saving_w(memory_clock_mhz)
         if tail.is_measured:
-            time_ratio, energy_ratio = self._ratios(_MEMORY_BOUND, self.model.spec.max_sm_clock_mhz, memory_clock_mhz)
+            time_ratio, energy_ratio = self._ratios(
+                _MEMORY_BOUND, self.model.spec.max_sm_clock_mhz, memory_clock_mhz
+            )
             return tail.time_s * time_ratio, tail.stage_energy_j[stage] * energy_ratio
         stretch = 1.0 if memory_clock_mhz is None else self.model.spec.max_memory_clock_mhz / memory_clock_mhz
         time_s = tail.dp_sync_s + tail.optimizer_s * stretch
@@ -140,7 +142,7 @@ class MemoryClockPricing:
         return cached
 
     def _ratios(self, work: WorkProfile, clock_mhz: int, memory_clock_mhz: int | None) -> tuple[float, float]:
-        """Time and energy of ``work`` at ``(clock_mhz, memory_clock_mhz)`` over those at the top memory clock."""
+        """Time and energy of ``work`` at ``(clock_mhz, memory_clock_mhz)`` over those at the top one."""
         model = self.model
         return (
             model.time_s(work, clock_mhz, memory_clock_mhz) / model.time_s(work, clock_mhz),
