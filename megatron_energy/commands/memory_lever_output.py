@@ -1,8 +1,8 @@
 """What the memory lever adds to each mode of a comparison (``simulate --compare``); every figure *modelled*.
 
-One row per planned mode: the memory clock each stage's GPU runs at (the stock, top one where the lever does
-not pay), and the mode's iteration and energy with the lever against the same mode without it and against
-stock (``plan_outcome.energy_change``, as every saving is printed).
+One row per planned mode (``<mode>+memory``): the memory clock each stage's GPU runs at (the stock, top one
+where the lever does not pay), and the mode's iteration and energy with the lever against the same mode
+without it and against stock (``plan_outcome.energy_change``, as every saving is printed).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def memory_lever_table(comparison: Comparison) -> Table:
         without, row = comparison.row(mode), comparison.memory_row(mode)
         clocks = row.plan.memory_clocks_mhz or (spec.max_memory_clock_mhz,) * len(row.stage_energy_j)
         table.add_row(
-            mode,
+            f"{mode}+memory",
             " ".join(map(str, clocks)),
             f"{row.iteration_time_s:.4f}",
             f"{row.total_energy_j:,.1f}",
