@@ -295,7 +295,7 @@ class Plan:
 
     def to_json_dict(self) -> dict[str, Any]:
         """Return the plan as a JSON-ready dict, checksum included."""
-        body = _content(self)
+        body = _content(self) | memory_clocks_json(self.memory_clocks_mhz)
         body["checksum"] = _checksum(body)
         return body
 
@@ -440,50 +440,43 @@ def _action_json(action: Action) -> dict[str, Any]:
 
 
 def _content(plan: Plan) -> dict[str, Any]:
-    return (
-        {
-            "schema_version": plan.schema_version,
-            "fingerprint": plan.fingerprint,
-            "gpu_name": plan.gpu_name,
-            "provenance": plan.provenance,
-            "target": plan.target,
-            "optimisers": list(plan.optimisers),
-            "switch_latency_s": plan.switch_latency_s,
-            "created_by": plan.created_by,
-            "baseline": {
-                "iteration_time_s": plan.baseline.iteration_time_s,
-                "energy_j": plan.baseline.energy_j,
-                "stage_energy_j": list(plan.baseline.stage_energy_j),
-            },
-            "target_index": plan.target_index,
-            "points": [
-                {
-                    "label": point.label,
-                    "iteration_time_s": point.iteration_time_s,
-                    "deadline_s": point.deadline_s,
-                    "lower_bound_j": point.lower_bound_j,
-                    "ranks": [
-                        {
-                            "energy_j": rank.energy_j,
-                            "busy_s": rank.busy_s,
-                            "actions": [_action_json(action) for action in rank.actions],
-                        }
-                        for rank in point.ranks
-                    ],
-                }
-                for point in plan.points
-            ],
-            "frontier": [list(sample) for sample in plan.frontier],
-            "measured_tail": None
-            if plan.measured_tail is None
-            else {
-                "time_s": plan.measured_tail.time_s,
-                "stage_energy_j": list(plan.measured_tail.stage_energy_j),
-            },
-        }
-        | ({"notes": list(plan.notes)} if plan.notes else {})
-        | memory_clocks_json(plan.memory_clocks_mhz)
-    )
+    return {
+        "schema_version": plan.schema_version,
+        "fingerprint": plan.fingerprint,
+        "gpu_name": plan.gpu_name,
+        "provenance": plan.provenance,
+        "target": plan.target,
+        "optimisers": list(plan.optimisers),
+        "switch_latency_s": plan.switch_latency_s,
+        "created_by": plan.created_by,
+        "baseline": {
+            "iteration_time_s": plan.baseline.iteration_time_s,
+            "energy_j": plan.baseline.energy_j,
+            "stage_energy_j": list(plan.baseline.stage_energy_j),
+        },
+        "target_index": plan.target_index,
+        "points": [
+            {
+                "label": point.label,
+                "iteration_time_s": point.iteration_time_s,
+                "deadline_s": point.deadline_s,
+                "lower_bound_j": point.lower_bound_j,
+                "ranks": [
+                    {
+                        "energy_j": rank.energy_j,
+                        "busy_s": rank.busy_s,
+                        "actions": [_action_json(action) for action in rank.actions],
+                    }
+                    for rank in point.ranks
+                ],
+            }
+            for point in plan.points
+        ],
+        "frontier": [list(sample) for sample in plan.frontier],
+        "measured_tail": None
+        if plan.measured_tail is None
+        else {"time_s": plan.measured_tail.time_s, "stage_energy_j": list(plan.measured_tail.stage_energy_j)},
+    } | ({"notes": list(plan.notes)} if plan.notes else {})
 
 
 # ----------------------------------------------------------------------------------------- reading
