@@ -43,6 +43,9 @@ BACKENDS: tuple[str, ...] = ("auto", "zeus", "simulated")
 PhaseSwitchingChoice = Literal["auto", "off"]
 PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
 """Choices of ``--energy-phase-switching``."""
+MemoryClockChoice = Literal["auto", "off"]
+MEMORY_CLOCK: tuple[str, ...] = ("auto", "off")
+"""Choices of ``--energy-memory-clock``."""
 Planning = Literal["auto", "background", "wait"]
 PLANNING: tuple[str, ...] = ("auto", "background", "wait")
 """Choices of ``--energy-planning``."""
@@ -247,6 +250,12 @@ class EnergyConfig:
     (``runtime.running.phase_switcher``); ``off`` keeps every instruction at its own clock (the plan's phase
     saving there is then not realised)."""
 
+    memory_clock: MemoryClockChoice = "auto"
+    """The memory clock as a lever: ``auto`` lets the plan lower a rank's memory clock for the whole run phase
+    where the GPU offers more than one and that saves energy without slowing any point of the plan
+    (modelled; ``optimisers.memory_clock``), set like the SM clocks and restored at exit; ``off`` keeps every
+    rank at the stock memory clock."""
+
     planning: Planning = "auto"
     """``background`` computes the plan in a separate process while training goes on at stock clocks, and
     every rank adopts it at the first step end after it is ready
@@ -341,6 +350,7 @@ ENERGY_FLAGS: tuple[EnergyFlag, ...] = (
     EnergyFlag("safety_steps", ("--energy-safety-steps",), {"type": positive_int, "metavar": "N"}),
     EnergyFlag("overhead_check", ("--energy-overhead-check",), {"type": _block_steps, "metavar": "N"}),
     EnergyFlag("phase_switching", ("--energy-phase-switching",), {"choices": PHASE_SWITCHING}),
+    EnergyFlag("memory_clock", ("--energy-memory-clock",), {"choices": MEMORY_CLOCK}),
     EnergyFlag("planning", ("--energy-planning",), {"choices": PLANNING}),
 )
 """Every ``--energy-*`` flag, in ``--help`` order; the one definition the launcher, Megatron's parser
@@ -398,6 +408,7 @@ _VALUE_CHECKS: dict[str, Check] = {
     "safety_steps": whole_number_problem,
     "overhead_check": block_problem,
     "phase_switching": choice_check(PHASE_SWITCHING),
+    "memory_clock": choice_check(MEMORY_CLOCK),
     "planning": choice_check(PLANNING),
 }
 """The check of each field with a range or choices; the flags' ``argparse`` types call the same ones."""
@@ -501,6 +512,7 @@ OPTIMISATION_FLAGS = {
     "energy_safety_tolerance": "--energy-safety-tolerance",
     "energy_safety_steps": "--energy-safety-steps",
     "energy_phase_switching": "--energy-phase-switching",
+    "energy_memory_clock": "--energy-memory-clock",
     "energy_planning": "--energy-planning",
     "energy_log_file": "--energy-log-file",
     "energy_overhead_check": "--energy-overhead-check",

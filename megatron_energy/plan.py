@@ -16,7 +16,9 @@ cached file, the report reads the file that ran). A plan holds:
   the pipeline instructions, measured while profiling, which the baseline's and every point's predictions
   include;
 - provenance: the job fingerprint, GPU, whether the profile was measured or modelled, the optimisers that
-  made it, the switch latency it was made executable under, and the writing software's version.
+  made it, the switch latency it was made executable under, and the writing software's version;
+- optionally, one memory clock per rank, locked for the whole run phase (:mod:`megatron_energy.plan_memory`);
+  absent when every rank keeps the stock memory clock.
 
 The file is plain JSON parsed with :func:`json.loads` (never evaluated), versioned and checksummed (SHA-256
 of its canonical content), so a stale, foreign, hand-edited or truncated plan is refused with a message
@@ -38,6 +40,7 @@ from megatron_energy import __version__
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.instruction import KINDS, FusedInstruction, Instruction, Step, StepKey
+from megatron_energy.plan_memory import check_memory_clocks, memory_clocks_json, parse_memory_clocks
 
 SCHEMA_VERSION = 2
 """Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes."""
@@ -216,6 +219,8 @@ class Plan:
             part's refinement out); written to the file only when there are some.
         measured_tail: The measured time and energy outside the pipeline instructions that the predictions
             include; ``None`` when the profile had none (a CSV, a modelled job, an older plan).
+        memory_clocks_mhz: The memory clock of each pipeline rank for the whole run phase (every point's
+            predictions include it); empty when every rank keeps the stock (top) memory clock.
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
     """
@@ -232,6 +237,7 @@ class Plan:
     frontier: tuple[FrontierSample, ...] = ()
     measured_tail: MeasuredTail | None = None
     notes: tuple[str, ...] = ()
+    memory_clocks_mhz: tuple[int, ...] = ()
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
@@ -273,6 +279,10 @@ class Plan:
                 "(stages, microbatches, virtual pipeline size or group size); rerun planning"
             ) from None
 
+    def memory_clock_for(self, stage: int) -> int | None:
+        """The memory clock rank ``stage`` locks for the run phase; ``None``: the stock memory clock."""
+        return self.memory_clocks_mhz[stage] if self.memory_clocks_mhz else None
+
     def index_for_time(self, time_s: float) -> int:
         """The least-energy point no slower than ``time_s`` (a straggler's pace).
 
@@ -285,7 +295,7 @@ class Plan:
 
     def to_json_dict(self) -> dict[str, Any]:
         """Return the plan as a JSON-ready dict, checksum included."""
-        body = _content(self)
+        body = _content(self) | memory_clocks_json(self.memory_clocks_mhz)
         body["checksum"] = _checksum(body)
         return body
 
@@ -613,9 +623,12 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
     if target_index >= len(points):
         raise ValueError(f"target_index {target_index} is not one of the {len(points)} points")
     frontier = tuple(_frontier_sample(sample) for sample in _require(body["frontier"], list, "frontier"))
+    gpu_name = _require(body["gpu_name"], str, "gpu_name")
+    memory_clocks = parse_memory_clocks(body.get("memory_clocks_mhz"), len(points[0].ranks))
+    check_memory_clocks(memory_clocks, gpu_name)
     return Plan(
         fingerprint=_require(body["fingerprint"], str, "fingerprint"),
-        gpu_name=_require(body["gpu_name"], str, "gpu_name"),
+        gpu_name=gpu_name,
         provenance=_provenance(body),
         target=_require(body["target"], str, "target"),
         optimisers=tuple(
@@ -628,6 +641,7 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
         frontier=frontier,
         measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
         notes=tuple(_require(note, str, "notes") for note in _require(body.get("notes", []), list, "notes")),
+        memory_clocks_mhz=memory_clocks,
         created_by=_require(body["created_by"], str, "created_by"),
         schema_version=SCHEMA_VERSION,
     )

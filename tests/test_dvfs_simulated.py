@@ -33,11 +33,9 @@ def test_reports_the_spec_through_the_zeus_interface(gpus, spec):
     assert gpus.get_gpu_temperature(0) == gpus.get_gpu_temperature(1)
 
 
-def test_power_limit_and_memory_clocks_cannot_be_changed(gpus):
+def test_power_limit_cannot_be_changed(gpus):
     with pytest.raises(ZeusGPUNotSupportedError):
         gpus.set_power_management_limit(0, 500_000)
-    with pytest.raises(ZeusGPUNotSupportedError):
-        gpus.set_memory_locked_clocks(0, 2201, 2201)
 
 
 def test_execute_at_default_clock_matches_the_model(gpus, spec):

@@ -104,6 +104,9 @@ class _Controller:
     def request(self, clock_mhz: int | None, boundary: object = None) -> None:
         pass
 
+    def set_memory_clock(self, clock_mhz: int | None) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

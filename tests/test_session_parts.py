@@ -644,6 +644,9 @@ class _Controller:
         last = self.requests[-1] if self.requests else RESET
         return 1980 if last is RESET else last
 
+    def set_memory_clock(self, clock_mhz: int | None) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from megatron_energy.commands.memory_lever_output import print_memory_lever
 from megatron_energy.commands.optimiser_comparison import MODES, Comparison
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.plan_outcome import change_text, energy_change
@@ -120,3 +121,4 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for note in comparison.row("all").plan.notes:  # what `all` left out, or which part alone it is
         console.print(f"all: {note}", markup=False)
     console.print(all_vs_perseus_line(comparison), markup=False)
+    print_memory_lever(console, comparison)

@@ -15,6 +15,10 @@ change). A plan line, the demo's table and ``report`` print the same figures and
   it does not lose, or one of its parts' plans where that predicts less energy within the target
   (``composition``; the plan's notes say which).
 
+Each planned mode is then also given the memory lever (``optimisers.memory_clock``, what
+``--energy-memory-clock auto`` adds to the session's plan): the memory rows, printed apart
+(``commands.memory_lever_output``).
+
 Every row's deadline is the target's on the stock iteration; no row's iteration exceeds it. On an MoE job
 with expert parallelism each row also carries the expert all-to-all's part of its iteration
 (``commands.all_to_all_share``).
@@ -34,6 +38,7 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
+from megatron_energy.optimisers.memory_clock import candidate_memory_clocks, choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
@@ -113,10 +118,18 @@ class Comparison:
     """One per :data:`MODES` entry."""
     switch_latency_s: float
     """The clock-switch latency every plan is executable under."""
+    memory_rows: tuple[ModeResult, ...] = ()
+    """Each planned mode (:data:`MODES` but stock) with the memory lever (``optimisers.memory_clock``): its
+    plan with the memory clocks that pay, the plan itself where none does; none on a GPU with no lower
+    memory clock to try."""
 
     def row(self, mode: str) -> ModeResult:
         """The row of ``mode``."""
         return self.rows[MODES.index(mode)]
+
+    def memory_row(self, mode: str) -> ModeResult:
+        """The row of ``mode`` with the memory lever."""
+        return next(row for row in self.memory_rows if row.mode == mode)
 
 
 def all_optimiser(budget: SearchBudget | None = None) -> ComposedOptimiser:
@@ -182,14 +195,20 @@ def compare_modes(
             all_to_all_share(collectives, None, stock_s, spec),
         )
     ]
-    for mode in MODES[1:]:
-        point = plans[mode].target_point
+
+    def planned(mode: str, plan: Plan) -> ModeResult:
+        point = plan.target_point
         energies = tuple(rank.energy_j for rank in point.ranks)
         share = all_to_all_share(collectives, point, point.iteration_time_s, spec)
-        rows.append(
-            ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode], share)
-        )
-    return Comparison(job, spec, tuple(rows), planning.switch_latency_s)
+        return ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plan, share)
+
+    rows += [planned(mode, plans[mode]) for mode in MODES[1:]]
+    memory_rows = tuple(
+        planned(mode, choose_memory_clocks(plans[mode], profile, planning))
+        for mode in MODES[1:]
+        if candidate_memory_clocks(spec)
+    )
+    return Comparison(job, spec, tuple(rows), planning.switch_latency_s, memory_rows)
 
 
 def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = None) -> Comparison:

@@ -14,6 +14,7 @@ those per-instruction figures.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
@@ -105,6 +107,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_float,
         help="SM-clock switch latency the plan must tolerate (default: the spec's, 0 without --gpu-spec)",
     )
+    parser.add_argument(
+        "--memory-clock",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto (default): lower a stage's memory clock for the run where the GPU spec offers a lower one "
+        "and that saves energy without slowing the plan (modelled); off: every stage at the stock one",
+    )
     parser.add_argument("--out", required=True, type=output_file, help="where to write the plan JSON")
     parser.add_argument("--plot", type=output_file, help="also plot the frontier (PNG)")
     parser.set_defaults(func=run)
@@ -122,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     console = output_console()
     try:
         profile, job, source, accounting = _planning_inputs(args)
-        plan = PerseusOptimiser().plan(profile, job)
+        job = dataclasses.replace(job, memory_clock=args.memory_clock == "auto")
+        plan = MemoryClockLever(PerseusOptimiser()).plan(profile, job)
         plan.save(args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)

@@ -31,6 +31,7 @@ from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_outcome import change_text, energy_change
 from megatron_energy.report.console import output_console
+from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
 from megatron_energy.sim.simulator import SimResult, Simulator
 from megatron_energy.sim.trace import write_trace
 
@@ -111,18 +112,26 @@ def run(args: argparse.Namespace) -> int:
         job = JobConfig.load(args.config)
         spec = job.spec()
         latency_s = 0.0 if args.instant_switches else spec.switch_latency_s
-        simulator = Simulator(
-            job.build_dag(spec=spec), job.synthetic_profile(spec), switch_latency_s=latency_s
-        )
+        dag, profile = job.build_dag(spec=spec), job.synthetic_profile(spec)
+        simulator = Simulator(dag, profile, switch_latency_s=latency_s)
         baseline = simulator.run()
         plan = Plan.load(args.plan, expected_fingerprint=job.fingerprint()) if args.plan else None
-        planned = simulator.run(_plan_clocks(plan, spec.name)) if plan else None
+        planned = None
+        if plan is not None:
+            clocks = _plan_clocks(plan, spec.name)
+            planned = (
+                MemoryClockPricing(dag, profile, spec, latency_s).price(clocks, plan_memory(plan, spec))
+                if plan.memory_clocks_mhz
+                else simulator.run(clocks)
+            )
     except (JobConfigError, PlanError, ValueError, OSError) as error:
         return fail("simulate", error)
     result = planned or baseline
     switches = "instant clock switches" if args.instant_switches else f"{1e3 * latency_s:g} ms clock switches"
     label = f"modelled, GPU spec {spec.name}: {spec.display_name}, {switches}"
     scenario = "under the plan" if planned else "at the fastest clocks"
+    if plan is not None and plan.memory_clocks_mhz:
+        scenario += f" with memory clocks {', '.join(map(str, plan.memory_clocks_mhz))} MHz per stage"
     console.print(_stage_table(result, f"{job.name}: one iteration {scenario} ({label})"))
     console.print(f"iteration time: {result.iteration_time_s:.4f} s ({label})")
     job_energy_kj = result.total_energy_j * job.tensor_parallel * job.data_parallel / 1e3

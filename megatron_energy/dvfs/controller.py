@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from megatron_energy.dvfs.backends import monitor_only_message, supported_sm_clocks_mhz
+from megatron_energy.dvfs.memory_clock import MemoryArmer, MemoryClockSetter
 from megatron_energy.plugin_threads import register_current_thread
 
 if TYPE_CHECKING:
@@ -157,6 +158,9 @@ class FrequencyController:
             GPUs, whose virtual clock only moves when the caller runs work: a switch then lands exactly at
             the virtual time it was asked for, so simulations are deterministic. Never for real GPUs (the
             caller would wait for every boundary and setter).
+
+    The run phase's memory clock goes through :meth:`set_memory_clock` (``dvfs.memory_clock``): the same
+    GPU, dry run and guard; :meth:`close` restores it with the SM clock.
     """
 
     def __init__(
@@ -204,6 +208,10 @@ class FrequencyController:
         self._done_changed = threading.Condition()
         self._closed = False
         self._synchronous = synchronous
+        self.memory = MemoryClockSetter(
+            gpus, index, dry_run, guard if isinstance(guard, MemoryArmer) else None
+        )
+        """The memory clock of the run phase (its records, and why the GPU refused one)."""
         self._thread: threading.Thread | None = None
         if not synchronous:
             self._thread = threading.Thread(
@@ -261,6 +269,11 @@ class FrequencyController:
         else:
             self._enqueue(clock, boundary_event)
         return True
+
+    def set_memory_clock(self, clock_mhz: int | None) -> None:
+        """Run at memory clock ``clock_mhz`` from now on (``None``: stock); nothing when inactive."""
+        if self.active:
+            self.memory.apply(clock_mhz)
 
     def request_inside(self, clock_mhz: float, stale: Callable[[], bool]) -> bool:
         """Apply ``clock_mhz`` now, from any thread, unless ``stale()`` says its moment has passed.
@@ -343,6 +356,8 @@ class FrequencyController:
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout_s)
+        if reset_clocks:
+            self.memory.restore()
         if reset_clocks and self._locked_any and not self.dry_run:
             try:
                 self.gpus.reset_gpu_locked_clocks(self.index)

@@ -11,9 +11,10 @@
   start on that GPU find the dead owners and reset the clock.
 
 The guard only resets GPUs that were *armed*: :class:`~megatron_energy.dvfs.controller.FrequencyController`
-calls :meth:`ClockGuard.arm` just before each real setter call, so a dry run or a monitor-only run never
-resets (or otherwise touches) anything. Only SM locked clocks are reset; there is no code path that changes
-a power limit or memory clock.
+calls :meth:`ClockGuard.arm` just before each real setter call, and its memory clock setter
+(``dvfs.memory_clock``) calls :meth:`ClockGuard.arm_memory` before it locks a memory clock, so a dry run or a
+monitor-only run never resets (or otherwise touches) anything. SM locked clocks are reset, and memory locked
+clocks where one was locked; there is no code path that changes a power limit.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class ClockGuard:
         self._lease_dir = lease_dir
         self._leases: dict[int, Path] = {}
         self._armed: set[int] = set()
+        self._memory_armed: dict[int, int] = {}
+        self._lease_clocks: dict[int, int | None] = {}
         self._lock = threading.RLock()
         self._closed = False
         self._previous_handlers: dict[int, Any] = {}
@@ -104,14 +107,36 @@ class ClockGuard:
                 target["trainer_pid"] = os.getpid()
             self._tell_watchdog({"op": "arm", **target})
 
+    def arm_memory(self, index: int, clock_mhz: int) -> None:
+        """Record that GPU ``index``'s memory clock is about to be locked (reset with its SM clock).
+
+        Args:
+            index: The GPU.
+            clock_mhz: The memory clock about to be locked, for the lease.
+        """
+        with self._lock:
+            if self._memory_armed.get(index) == clock_mhz:
+                return
+            self.arm(index)
+            self._memory_armed[index] = clock_mhz
+            target = self._target(index) | {"memory": True}
+            lease = self._write_lease(index, self._lease_clocks.get(index))
+            if lease is not None:
+                target["lease"] = str(lease)
+                target["trainer_pid"] = os.getpid()
+            self._tell_watchdog({"op": "arm", **target})
+
     def restore(self) -> None:
-        """Reset the SM clocks of every armed GPU now; idempotent."""
+        """Reset the SM clocks (and memory clocks, where locked) of every armed GPU now; idempotent."""
         with self._lock:
             for index in sorted(self._armed):
                 try:
+                    if index in self._memory_armed:
+                        self.gpus.reset_memory_locked_clocks(index)
+                        del self._memory_armed[index]
                     self.gpus.reset_gpu_locked_clocks(index)
                 except Exception as error:  # reset the others; the watchdog retries this one
-                    logger.warning("could not reset the SM clock of GPU %d: %s", index, error)
+                    logger.warning("could not reset the clocks of GPU %d: %s", index, error)
                     continue
                 self._armed.discard(index)
                 lease = self._leases.pop(index, None)
@@ -147,9 +172,10 @@ class ClockGuard:
 
     def _write_lease(self, index: int, clock_mhz: int | None) -> Path | None:
         """Write GPU ``index``'s lease; a failure only loses the repair after a double kill, so it warns."""
+        self._lease_clocks[index] = clock_mhz
         try:
             path = lease_path(self.gpus, index, self._lease_dir)
-            write_lease(path, self.gpus, index, clock_mhz, self.watchdog_pid)
+            write_lease(path, self.gpus, index, clock_mhz, self.watchdog_pid, self._memory_armed.get(index))
         except Exception as error:  # the lease must never stop the job from running
             logger.warning(
                 "could not write the clock lease of GPU %d (%s); if this process and its watchdog are both "

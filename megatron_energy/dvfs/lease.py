@@ -138,8 +138,18 @@ def lease_path(gpus: GPUs, index: int, folder: Path | None = None) -> Path:
     return (folder if folder is not None else run_dir()) / f"gpu-{digest}.json"
 
 
-def write_lease(path: Path, gpus: GPUs, index: int, clock_mhz: int | None, watchdog_pid: int | None) -> None:
-    """Record that this process (and its watchdog) locked GPU ``index``'s clocks at ``clock_mhz``."""
+def write_lease(
+    path: Path,
+    gpus: GPUs,
+    index: int,
+    clock_mhz: int | None,
+    watchdog_pid: int | None,
+    memory_clock_mhz: int | None = None,
+) -> None:
+    """Record that this process (and its watchdog) locked GPU ``index``'s clocks at ``clock_mhz``.
+
+    ``memory_clock_mhz``: the memory clock it locked too (``None``: none), so a repair resets that as well.
+    """
     owners = {"trainer": OwnerProcess.of(os.getpid())}
     if watchdog_pid is not None:
         owners["watchdog"] = OwnerProcess.of(watchdog_pid)
@@ -147,6 +157,7 @@ def write_lease(path: Path, gpus: GPUs, index: int, clock_mhz: int | None, watch
         "schema_version": LEASE_SCHEMA_VERSION,
         "gpu": gpu_identity(gpus, index),
         "locked_clock_mhz": clock_mhz,
+        **({"locked_memory_clock_mhz": memory_clock_mhz} if memory_clock_mhz is not None else {}),
         "host": socket.gethostname(),
         "owners": {role: {"pid": p.pid, "start_ticks": p.start_ticks} for role, p in owners.items()},
         "locked_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -188,6 +199,8 @@ def repair_stale_lease(gpus: GPUs, index: int, folder: Path | None = None) -> tu
             f"{path}); leaving its clocks alone"
         )
     try:
+        if lease.get("locked_memory_clock_mhz") is not None:
+            gpus.reset_memory_locked_clocks(index)
         gpus.reset_gpu_locked_clocks(index)
     except Exception as error:
         return (

@@ -88,6 +88,8 @@ class _GpuState:
     """``energy_mj`` at the last counter update (what a noiseless counter shows)."""
     power_w: float = 0.0
     """Power of the most recent segment of virtual time."""
+    memory_clock_mhz: int | None = None
+    """Memory clock locked now (in effect at once: the run phase sets it once); None = the top (stock) one."""
     throttle_sm_clock_mhz: int | None = None
     """Thermal throttling ceiling (``SimulatedGPUs.throttle``): work runs no faster than this; None = none."""
     running_sm_clock_mhz: float = 0.0
@@ -146,11 +148,12 @@ class SimulatedGPU(GPU):
         return list(self._owner.spec.memory_clocks_mhz)
 
     def set_memory_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int, block: bool = True) -> None:
-        """Refuse: the model keeps the memory clock at its default."""
-        raise ZeusGPUNotSupportedError("the simulated GPU does not model memory clock locking")
+        """Lock the memory clock at ``max_clock_mhz`` (one of the spec's) for work and waits. Units: MHz."""
+        self._owner.lock_memory_clock(self.gpu_index, min_clock_mhz, max_clock_mhz)
 
     def reset_memory_locked_clocks(self, block: bool = True) -> None:
-        """Do nothing: memory clocks are never locked."""
+        """Return to the top (stock) memory clock."""
+        self._owner.lock_memory_clock(self.gpu_index, None, None)
 
     def get_supported_graphics_clocks(self, memory_clock_mhz: int | None = None) -> list[int]:
         """Return the spec's SM clocks, highest first like NVML. Units: MHz."""
@@ -272,6 +275,25 @@ class SimulatedGPUs(GPUs):
             state.locked_sm_clock_mhz = self.spec.snap_sm_clock(max_clock_mhz)
             self._schedule_switch(state, state.locked_sm_clock_mhz)
 
+    def lock_memory_clock(self, index: int, min_clock_mhz: int | None, max_clock_mhz: int | None) -> None:
+        """Lock GPU ``index``'s memory clock at ``max_clock_mhz`` at once (``None``: back to the top one).
+
+        Raises:
+            ZeusGPUInvalidArgError: If the range is empty or its top is not one of the spec's memory clocks.
+        """
+        clocks = self.spec.memory_clocks_mhz
+        if max_clock_mhz is not None and (
+            max_clock_mhz not in clocks or min_clock_mhz is None or min_clock_mhz > max_clock_mhz
+        ):
+            raise ZeusGPUInvalidArgError(
+                f"locked memory clock range [{min_clock_mhz}, {max_clock_mhz}] MHz does not end at one of "
+                f"{self.spec.name}'s memory clocks {list(clocks)} MHz"
+            )
+        with self._lock:
+            top = max_clock_mhz is None or max_clock_mhz == self.spec.max_memory_clock_mhz
+            self._states[index].memory_clock_mhz = None if top else max_clock_mhz
+            self._persist(force=True)
+
     def reset_clocks(self, index: int) -> None:
         """Return GPU ``index`` to its default SM clock after the switch latency."""
         with self._lock:
@@ -331,7 +353,7 @@ class SimulatedGPUs(GPUs):
                     while pending and start_s + pending[0][0] <= state.virtual_time_s + _TIME_TOLERANCE_S:
                         pending.popleft()[1]()
                     clock = _clock_in_effect(state)
-                    full_time_s, power_w = self._rate(work, whole, clock)
+                    full_time_s, power_w = self._rate(state, work, whole, clock)
                     needed_s = remaining * full_time_s
                     until_call_s = start_s + pending[0][0] - state.virtual_time_s if pending else math.inf
                     step_s = min(needed_s, self._time_to_switch(state), until_call_s)
@@ -341,13 +363,16 @@ class SimulatedGPUs(GPUs):
             self._persist(force=False)
             return state.virtual_time_s - start_s, (state.energy_mj - start_mj) / 1000.0
 
-    def _rate(self, work: WorkProfile, whole: WorkProfile, clock_mhz: float) -> tuple[float, float]:
-        """Time and power of ``work`` at ``clock_mhz`` under the power cap of ``whole`` (a part of it)."""
+    def _rate(
+        self, state: _GpuState, work: WorkProfile, whole: WorkProfile, clock_mhz: float
+    ) -> tuple[float, float]:
+        """Time and power of ``work`` at ``clock_mhz`` and the memory clock, under ``whole``'s power cap."""
+        model, memory_mhz = self.model, state.memory_clock_mhz
         if work is whole:
-            return self.model.time_s(work, clock_mhz), self.model.power_w(work, clock_mhz)
-        effective_mhz = self.model.effective_clock_mhz(whole, clock_mhz)
-        return self.model.uncapped_time_s(work, effective_mhz), self.model.uncapped_power_w(
-            work, effective_mhz
+            return model.time_s(work, clock_mhz, memory_mhz), model.power_w(work, clock_mhz, memory_mhz)
+        effective_mhz = model.effective_clock_mhz(whole, clock_mhz, memory_mhz)
+        return model.uncapped_time_s(work, effective_mhz, memory_mhz), model.uncapped_power_w(
+            work, effective_mhz, memory_mhz
         )
 
     def _note_running_clock(self, state: _GpuState, whole: WorkProfile, clock_mhz: float) -> None:
@@ -365,16 +390,17 @@ class SimulatedGPUs(GPUs):
             index: The GPU.
             duration_s: How long.
             blocked: True for a communication wait (a spinning kernel, ``spec.blocked_power_w``), False for
-                plain idle (``spec.idle_power_w``).
+                plain idle (``spec.idle_power_w``); a lower memory clock saves its share of either.
 
         Returns:
             The modelled energy of the wait in joules.
         """
         if duration_s < 0:
             raise ValueError(f"duration_s must not be negative, got {duration_s}")
-        power_w = self.spec.blocked_power_w if blocked else self.spec.idle_power_w
         with self._lock:
             state = self._states[index]
+            memory_saving_w = self.model.static_power_w() - self.model.static_power_w(state.memory_clock_mhz)
+            power_w = (self.spec.blocked_power_w if blocked else self.spec.idle_power_w) - memory_saving_w
             start_mj = state.energy_mj
             left_s = duration_s
             while left_s > 0.0:

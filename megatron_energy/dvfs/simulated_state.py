@@ -24,7 +24,7 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None = None) -> None:
-    """Reset the locked SM clocks recorded in a state file, as a clock reset would, from another process.
+    """Reset the locked SM and memory clocks in a state file, as a clock reset would, from another process.
 
     Used by the clock watchdog when the process owning the simulated GPUs died without resetting them. The
     reset takes effect at once (there is no virtual clock left to wait on).
@@ -39,4 +39,5 @@ def reset_state_file(path: str | os.PathLike[str], indices: Sequence[int] | None
             gpu["reset_calls"] += 1
             gpu["locked_sm_clock_mhz"] = gpu["pending_sm_clock_mhz"] = gpu["pending_at_s"] = None
             gpu["sm_clock_mhz"] = state["default_sm_clock_mhz"]
+            gpu["memory_clock_mhz"] = None
     write_atomically(path, json.dumps(state), durable=False)

@@ -77,6 +77,8 @@ class _ArmedGpus:
                 if backend == "simulated":
                     self._reset_state_file(state_path, [index])
                 else:
+                    if self._armed[(backend, state_path, index)].get("memory"):
+                        self._zeus_gpus.reset_memory_locked_clocks(index)
                     self._zeus_gpus.reset_gpu_locked_clocks(index)
                 _log(
                     f"reset the SM clock of {backend} GPU {index}: process {parent_pid} ended with it locked"

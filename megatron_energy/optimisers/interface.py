@@ -117,6 +117,9 @@ class PlanningJob:
     """The kernel classes of each instruction class's compute-bound time from the workload model
     (``pipeline.workload.instruction_mixes``: GEMM dtype, attention); ``None``: not known (bf16 GEMMs). A
     measured kernel timeline's classes take precedence where one was recorded."""
+    memory_clock: bool = True
+    """Whether the plan may lower a rank's memory clock for the run phase where that pays
+    (``--energy-memory-clock auto``; ``optimisers.memory_clock``); ``False`` keeps the stock one."""
 
     def dag(self) -> PipelineDag:
         """The iteration DAG of this job."""

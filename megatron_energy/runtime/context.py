@@ -138,4 +138,4 @@ def planning_parts(config: EnergyConfig, spec: GpuSpec) -> dict[str, Any]:
         "switch_latency_s": spec.switch_latency_s,
         "phase_switching": config.phase_switching,
         "gpu_spec": {name: value for name, value in asdict(spec).items() if name != "sources"},
-    }
+    } | ({"memory_clock": config.memory_clock} if config.memory_clock != "auto" else {})

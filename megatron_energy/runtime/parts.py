@@ -23,6 +23,10 @@ class Controller(Protocol):
         """Ask for ``clock_mhz`` (``RESET`` for stock) once ``boundary_event`` completes on the GPU."""
         ...
 
+    def set_memory_clock(self, clock_mhz: int | None) -> None:
+        """Run at memory clock ``clock_mhz`` from now on (``None``: the stock one); a plan sets it once."""
+        ...
+
     def close(self) -> None:
         """Stop switching and reset any clock this controller locked."""
         ...

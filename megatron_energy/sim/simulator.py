@@ -392,25 +392,18 @@ class Simulator:
         busy_j = np.bincount(self._stage_of, weights=passed.energies_j, minlength=num_stages)
         iteration_s = passed.iteration_s
         tail, idle_w = self.dag.tail, self.powers.idle_power_w
-        stages = []
-        for stage in range(num_stages):
-            last_end_s = float(passed.end_s[self._last_compute[stage]])
-            blocked_s = last_end_s - float(busy_s[stage])
-            idle_s = max(0.0, iteration_s - last_end_s - tail.time_s)
-            stages.append(
-                SimulatedStage(
-                    stage=stage,
-                    busy_s=float(busy_s[stage]),
-                    blocked_s=blocked_s,
-                    idle_s=idle_s,
-                    busy_energy_j=float(busy_j[stage]),
-                    blocked_energy_j=blocked_s * self.powers.blocked_power_w,
-                    idle_energy_j=idle_s * idle_w,
-                    tail_s=tail.time_s,
-                    tail_energy_j=tail.energy_j(stage, idle_w),
-                )
+        return [
+            account_stage(
+                stage,
+                float(busy_s[stage]),
+                float(busy_j[stage]),
+                float(passed.end_s[self._last_compute[stage]]),
+                iteration_s,
+                (tail.time_s, tail.energy_j(stage, idle_w)),
+                self.powers,
             )
-        return stages
+            for stage in range(num_stages)
+        ]
 
     def tail_offsets_j(self) -> list[float]:
         """What each stage's tail energy adds beyond idle power over the tail: 0 for a modelled tail.
@@ -451,6 +444,42 @@ class Simulator:
                 )
             )
         return timeline
+
+
+def account_stage(
+    stage: int,
+    busy_s: float,
+    busy_energy_j: float,
+    last_end_s: float,
+    iteration_s: float,
+    tail: tuple[float, float],
+    powers: StagePowers,
+) -> SimulatedStage:
+    """One stage's busy, blocked, tail and idle parts of an iteration (the module docstring's definition).
+
+    Args:
+        stage: The pipeline stage.
+        busy_s: Time its compute nodes take.
+        busy_energy_j: Their energy.
+        last_end_s: End of its last compute node, from the iteration start.
+        iteration_s: The iteration time.
+        tail: ``(time_s, energy_j)`` of its iteration tail.
+        powers: Its GPU's blocked and idle power.
+    """
+    tail_s, tail_energy_j = tail
+    blocked_s = last_end_s - busy_s
+    idle_s = max(0.0, iteration_s - last_end_s - tail_s)
+    return SimulatedStage(
+        stage=stage,
+        busy_s=busy_s,
+        blocked_s=blocked_s,
+        idle_s=idle_s,
+        busy_energy_j=busy_energy_j,
+        blocked_energy_j=blocked_s * powers.blocked_power_w,
+        idle_energy_j=idle_s * powers.idle_power_w,
+        tail_s=tail_s,
+        tail_energy_j=tail_energy_j,
+    )
 
 
 def _checked_latency(switch_latency_s: float) -> float:

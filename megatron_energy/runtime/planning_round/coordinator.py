@@ -481,6 +481,7 @@ class PlanningRound:
         self.state.plan = plan
         self.state.baseline = release.baseline
         self.state.runner = runner
+        self.controller.set_memory_clock(plan.memory_clock_for(self.context.pipeline_rank))
         self.state.phase = SessionPhase.PLANNED
         self.on_adopted(plan)
         return True
@@ -495,6 +496,7 @@ class PlanningRound:
         fallback = Fallback(decision) if isinstance(decision, str) else decision
         self.state.runner = None
         self.controller.request(RESET)
+        self.controller.set_memory_clock(None)
         self.state.phase = SessionPhase.PLANNING_FAILED
         rank = self.context.global_rank
         if fallback.profile_artefacts is None and not once:

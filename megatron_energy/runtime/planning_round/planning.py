@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
@@ -106,7 +107,8 @@ def plan_on_root(
     """Plan the job; run on global rank 0 only.
 
     Args:
-        optimiser: The optimiser(s) ``--energy-mode`` selected.
+        optimiser: The optimiser(s) ``--energy-mode`` selected; their plan then gets the memory clocks that
+            pay (``optimisers.memory_clock``, unless ``job.memory_clock`` is off).
         profile: The job's profile (measured, merged over ranks; or modelled).
         job: The job as the optimiser sees it.
         baseline: The stock-clock baseline measured while profiling.
@@ -114,7 +116,7 @@ def plan_on_root(
     Returns:
         The release to broadcast (and to cache with :func:`store_release`).
     """
-    plan = optimiser.plan(profile, job)
+    plan = MemoryClockLever(optimiser).plan(profile, job)
     measured = MeasuredInputs.of_job(job, optimiser.request)
     return PlanRelease(
         plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()

@@ -56,6 +56,7 @@ def planning_job(
         tail_phases=measured.tail_phases,
         phase_timelines=measured.phase_timelines or None,
         compute_mixes=context.compute_mixes(spec),
+        memory_clock=config.memory_clock == "auto",
     )
 
 

@@ -189,6 +189,7 @@ class RunGuard:
         if self.state.phase_switcher is not None:
             self.state.phase_switcher.cancel()  # no phase clock lands after the reset
         self.controller.request(RESET)
+        self.controller.set_memory_clock(None)
         self.state.phase = SessionPhase.SAFETY_NET
         broken = (
             f"power {power_w:.1f} W exceeded the allowed {allowed_w:.1f} W (power budget)"
@@ -223,6 +224,7 @@ class RunGuard:
             return
         rank = self.context.pipeline_rank
         self.state.runner = PlanRunner(plan, rank, self.context.orders.steps(rank))
+        self.controller.set_memory_clock(plan.memory_clock_for(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.state.phase = SessionPhase.PLANNED
         self.printer(
