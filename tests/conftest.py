@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from megatron_energy.dvfs.lease import RUN_DIR_ENV
+from megatron_energy.dvfs.spec import SPEC_DIRS_ENV
 from megatron_energy.megatron import patching
 
 if TYPE_CHECKING:  # imported where used: pytest-xdist's controller loads this file and runs no test
@@ -38,6 +39,14 @@ def private_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(RUN_DIR_ENV, str(folder))
         yield folder
+
+
+@pytest.fixture(autouse=True)
+def spec_folders_of_this_test_only() -> Iterator[None]:
+    """Specs a test loads by path are found by name in that test (and its processes) only."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(SPEC_DIRS_ENV, raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

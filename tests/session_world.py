@@ -35,6 +35,9 @@ from megatron_energy.events import ListenerFanout
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.target import EnergyTarget
 
+ASSUMED_H100 = str(Path(__file__).parent / "data" / "gpus" / "h100-sxm-assumed.yaml")
+"""The h100-sxm spec as shipped before its calibration: for tests of mechanisms that need its behaviour."""
+
 
 @dataclass(frozen=True)
 class SessionSettings:

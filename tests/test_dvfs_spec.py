@@ -145,3 +145,27 @@ def test_planning_modules_import_no_gpu_or_training_stack():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_spec_loaded_by_path_is_found_by_its_name_here_and_in_child_processes(tmp_path, monkeypatch):
+    """A calibrated spec outside configs/gpus: profiles and plans name it, the planner child looks it up."""
+    import subprocess
+    import sys
+
+    from megatron_energy.dvfs.spec import SPEC_DIRS_ENV
+
+    monkeypatch.delenv(SPEC_DIRS_ENV, raising=False)
+    source = (config_root() / "gpus" / "h100-sxm.yaml").read_text()
+    path = tmp_path / "mine" / "h100-sxm.mine.yaml"
+    path.parent.mkdir()
+    path.write_text(source.replace("name: h100-sxm\n", "name: h100-sxm.mine\n"))
+    with pytest.raises(ValueError, match=r"unknown GPU spec 'h100-sxm\.mine'"):
+        load_gpu_spec("h100-sxm.mine")
+    assert load_gpu_spec(str(path)).name == "h100-sxm.mine"
+    assert load_gpu_spec("h100-sxm.mine") == load_gpu_spec(str(path))
+    assert "h100-sxm.mine" in available_gpu_specs()
+    child = "from megatron_energy.dvfs.spec import load_gpu_spec; print(load_gpu_spec('h100-sxm.mine').name)"
+    assert (
+        subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout
+        == "h100-sxm.mine\n"
+    )

@@ -25,6 +25,11 @@ from megatron_energy.dvfs.kernel_classes import KernelClass, parse_activities
 
 CONFIG_DIR_ENV = "MEGATRON_ENERGY_CONFIG_DIR"
 
+SPEC_DIRS_ENV = "MEGATRON_ENERGY_SPEC_DIRS"
+"""Folders of spec files loaded by path in this process (``os.pathsep``-separated): a spec written by
+``megatron-energy calibrate`` and given as ``--energy-gpu-spec PATH.yaml`` is then found by its name too, here
+and in the processes this one starts (the planner child reads the profile's GPU name)."""
+
 # Default memory saturation clock as a fraction of the maximum: Spaan et al. found memory-bound kernels lose
 # (almost) nothing down to 30-60 % of f_max.
 DEFAULT_SATURATION_FRACTION = 0.45
@@ -246,12 +251,29 @@ def config_root() -> Path:
 
 
 def available_gpu_specs() -> list[str]:
-    """Return the names of all GPU specs under ``config_root()/gpus``, sorted."""
-    return sorted(path.stem for path in (config_root() / "gpus").glob("*.yaml"))
+    """The names of the GPU specs under ``config_root()/gpus`` and beside the specs loaded by path, sorted."""
+    folders = [config_root() / "gpus", *_loaded_spec_folders()]
+    return sorted({path.stem for folder in folders for path in folder.glob("*.yaml")})
+
+
+def _loaded_spec_folders() -> list[Path]:
+    """The folders of spec files loaded by path (``$MEGATRON_ENERGY_SPEC_DIRS``), in the order loaded."""
+    return [Path(folder) for folder in os.environ.get(SPEC_DIRS_ENV, "").split(os.pathsep) if folder]
+
+
+def _remember_folder(path: Path) -> None:
+    """Add ``path``'s folder to ``$MEGATRON_ENERGY_SPEC_DIRS`` so that its spec is found by name too."""
+    folder = path.resolve().parent
+    if folder != (config_root() / "gpus").resolve() and folder not in _loaded_spec_folders():
+        os.environ[SPEC_DIRS_ENV] = os.pathsep.join(map(str, [*_loaded_spec_folders(), folder]))
 
 
 def load_gpu_spec(name: str) -> GpuSpec:
     """Load a GPU spec by name (``configs/gpus/<name>.yaml``) or from a path to a YAML file.
+
+    A spec loaded by path is found by its name afterwards, in this process and those it starts (its folder
+    joins ``$MEGATRON_ENERGY_SPEC_DIRS``): profiles and plans name their GPU spec, and a calibrated spec
+    lives outside ``configs/gpus``.
 
     Args:
         name: A spec name such as ``"h200"``, or a path ending in ``.yaml``/``.yml``.
@@ -267,10 +289,13 @@ def load_gpu_spec(name: str) -> GpuSpec:
         path = Path(name)
         if not path.is_file():
             raise ValueError(f"GPU spec file {path} does not exist")
-    else:
-        path = config_root() / "gpus" / f"{name}.yaml"
-        if not path.is_file():
-            raise ValueError(f"unknown GPU spec {name!r}; known: {', '.join(available_gpu_specs())}")
+        spec = _spec_from_file(path)
+        _remember_folder(path)
+        return spec
+    candidates = [folder / f"{name}.yaml" for folder in (config_root() / "gpus", *_loaded_spec_folders())]
+    path = next((candidate for candidate in candidates if candidate.is_file()), candidates[0])
+    if not path.is_file():
+        raise ValueError(f"unknown GPU spec {name!r}; known: {', '.join(available_gpu_specs())}")
     return _spec_from_file(path)
 
 
