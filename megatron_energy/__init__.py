@@ -29,9 +29,11 @@ command layer imports a concrete optimiser):
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator and the power
    floor), ``plan`` (Plan v2, the one executable contract), ``target`` (``--energy-target`` and its one
-   deadline rule), ``dvfs.model`` and ``dvfs.calibration``.
+   deadline rule), ``dvfs.model`` and the calibration's pure side (``dvfs.calibration``, its fit
+   ``dvfs.calibration_fit`` and the spec it makes, ``dvfs.calibrated_spec``).
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
-   ``stats``, ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec``.
+   ``stats``, ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec`` and
+   ``dvfs.kernel_classes`` (the kernel classes and the class mix of a piece of work).
 """
 
 __version__ = "0.1.0"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from calibration_truth import IDLE_W, KNEE_MHZ, MEMORY_POWER_W, WORKLOADS, synthetic_run
 
+from megatron_energy.dvfs.calibrated_spec import calibrate_spec
 from megatron_energy.dvfs.calibration import (
     CalibrationRun,
-    calibrate_spec,
     power_from_counter,
     spec_differences,
     write_spec_yaml,

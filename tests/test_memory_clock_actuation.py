@@ -11,7 +11,7 @@ from zeus.device.gpu.common import ZeusGPUInvalidArgError, ZeusGPUNotSupportedEr
 
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.guard import ClockGuard
-from megatron_energy.dvfs.memory_clock import MemoryClockRecord
+from megatron_energy.dvfs.memory_clock_setter import MemoryClockRecord
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated import SimulatedGPUs, read_state, reset_state_file
 from megatron_energy.dvfs.spec import load_gpu_spec

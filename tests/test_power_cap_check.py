@@ -37,7 +37,7 @@ from megatron_energy.runtime.profiling.power_cap_watch import CappedWork, PowerC
 SPEC = load_gpu_spec("h100-sxm")
 FORWARD = WorkProfile(compute_s=0.0019, memory_s=0.00046, fixed_s=0.000144)
 """Held near 1608 MHz by the H100's 700 W limit (modelled)."""
-GRID_MHZ = (1980, 1530)
+GRID_MHZ = (1980, 1200)  # one clock below the work's cap clock (~1450 MHz), so its fit splits the work
 FORWARD_WORK = Work(0, 0, "forward")
 
 
@@ -70,7 +70,7 @@ def test_the_watch_reads_in_the_stock_clocks_profile_steps_only(gpus) -> None:
     for planned in (
         PlannedStep(1980, "settling"),
         PlannedStep(1980, "baseline"),
-        PlannedStep(1530, "profile"),
+        PlannedStep(1200, "profile"),
     ):
         run_step(watch, gpus, planned, 3)
     run_step(watch, gpus, None, 3)  # the run phase

@@ -28,9 +28,9 @@ import json
 import time
 from pathlib import Path
 
+from megatron_energy.dvfs.calibrated_spec import calibrate_spec
 from megatron_energy.dvfs.calibration import (
     CalibrationRun,
-    calibrate_spec,
     comparison_lines,
     spec_differences,
     write_spec_yaml,

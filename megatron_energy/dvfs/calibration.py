@@ -5,9 +5,9 @@ each, back to back and duty-cycled (``dvfs.calibration_loops``), then a spinning
 reads the cumulative energy counter, the SM clock, the clock-event reasons and the supported clocks.
 Under a heavy load the GPU lowers its own clock at its power limit, and classes of different activity land
 at different clocks: :mod:`megatron_energy.dvfs.calibration_fit` fits the voltage curve and the activities
-from those clocks and the duty-cycled powers. :func:`calibrate_spec` turns the run and the fit into the
-:class:`GpuSpec` fields that they determine, and carries every other field from the shipped spec with its
-source:
+from those clocks and the duty-cycled powers. :func:`~megatron_energy.dvfs.calibrated_spec.calibrate_spec`
+turns the run and the fit into the :class:`GpuSpec` fields that they determine, and carries every other field
+from the shipped spec with its source:
 
 =========================  ==============================================================================
 field                      from
@@ -38,16 +38,13 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
 
 from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.spec import GpuSpec
-
-if TYPE_CHECKING:
-    from megatron_energy.dvfs.calibration_fit import CurveFit
 
 
 @dataclass(frozen=True)
@@ -195,101 +192,6 @@ def power_from_counter(times_s: Sequence[float], energies_j: Sequence[float]) ->
     slope = float(np.polyfit(times[changed], energies[changed], 1)[0])
     period = float(np.median(np.diff(times[changed]))) if changed.size >= 3 else None
     return slope, period
-
-
-def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, fit: CurveFit, name: str) -> GpuSpec:
-    """The spec the calibration run and its fit determine, every other field carried from ``shipped``.
-
-    Args:
-        shipped: The shipped spec of this GPU model (its knee and assumptions are kept).
-        run: The measurements.
-        fit: :func:`~megatron_energy.dvfs.calibration_fit.fit_curve` of ``run``.
-        name: The new spec's name (the stem of the file it will be written to).
-
-    Returns:
-        A validated spec whose ``sources`` say, per field, what was measured or fitted (GPU, driver, date,
-        loops) or from which shipped source it was carried.
-
-    Raises:
-        ValueError: If the measurements make an inconsistent spec (e.g. idle power above the power limit).
-    """
-    where = f"measured {run.gpu_name} (driver {run.driver_version}, {run.date}, megatron-energy calibrate)"
-    sources = {key: f"carried from {shipped.name}.yaml: {text}" for key, text in shipped.sources.items()}
-    values: dict[str, object] = {}
-
-    def measured(field: str, value: object, how: str) -> None:
-        values[field] = value
-        sources[field] = f"{where}: {how}"
-
-    clocks = tuple(sorted(run.supported_sm_clocks_mhz, reverse=True))
-    measured("sm_clocks_mhz", clocks, f"{len(clocks)} supported SM clocks, {clocks[-1]}-{clocks[0]} MHz")
-    measured("memory_clocks_mhz", tuple(sorted(run.supported_memory_clocks_mhz, reverse=True)), "NVML list")
-    measured("default_sm_clock_mhz", clocks[0], "highest supported SM clock (stock boost)")
-    measured("power_limit_w", round(run.power_limit_w, 1), "power-management limit in force")
-    idle = run.idle
-    measured("idle_power_w", round(idle.power_w, 1), _loop_text(idle))
-    blocked_w = max(run.blocked.power_w, idle.power_w)
-    clamp = "" if blocked_w == run.blocked.power_w else f"; below idle, so set to idle {idle.power_w:.1f} W"
-    measured("blocked_power_w", round(blocked_w, 1), _loop_text(run.blocked) + clamp)
-    if run.counter_period_s is not None:
-        measured(
-            "energy_counter_period_s",
-            round(run.counter_period_s, 3),
-            "median interval between total-energy counter updates",
-        )
-    loops = "; ".join(_loop_text(loop) for loop in run.loops)
-    worst = fit.worst_capped_clock_error()
-    measured(
-        "voltage_min_v",
-        round(fit.voltage_ratio * shipped.voltage_max_v, 4),
-        f"fitted V_min/V_max {fit.voltage_ratio:.3f} ± {fit.voltage_ratio_error:.3f} (linear from the knee "
-        f"{fit.knee_mhz:.0f} MHz, kept, to V_max) to the clocks the GPU chose at its power limit and the "
-        f"duty-cycled powers of {len(fit.workloads)} compute workloads; worst capped-clock error {worst:.1%}",
-    )
-    measured(
-        "dynamic_power_max_w",
-        round(fit.dynamic_power_max_w, 1),
-        f"fitted ± {fit.dynamic_power_error_w:.0f} W: the {fit.workloads[0].name} workload's dynamic power "
-        f"at the top clock; loops: {loops}",
-    )
-    activities = fit.class_activities()
-    measured(
-        "class_activity",
-        activities,
-        "fitted: "
-        + ", ".join(
-            f"{w.kernel_class} {w.activity:.3f} ± {w.activity_error:.3f} ({w.name})"
-            for w in fit.workloads
-            if activities.get(w.kernel_class) == round(w.activity, 3)
-        ),
-    )
-    if fit.memory:
-        copy = fit.memory[0]
-        note = "" if fit.memory_core_activity == copy.activity else f" (solved {copy.activity:.3f}, clamped)"
-        measured(
-            "memory_core_activity",
-            round(fit.memory_core_activity, 3),
-            f"the {copy.name} loop: P = P_idle + a P_dyn g(f) max(f, f_sat)/f + P_mem with the shipped P_mem "
-            f"{shipped.memory_power_w:g} W{note}",
-        )
-    carried = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(GpuSpec)}
-    carried.update(values, name=name, sources=sources)
-    carried["display_name"] = f"{shipped.display_name} (calibrated {run.date})"
-    return GpuSpec(**carried)
-
-
-def _loop_text(loop: LoopMeasurement) -> str:
-    """One loop's figures for a source entry."""
-    rate = ""
-    if loop.rate:
-        unit = "GB/s" if loop.kernel_class == KernelClass.MEMORY else "TFLOP/s"
-        rate = f", {loop.rate:.0f} {unit}"
-    busy = f", busy {loop.busy_fraction:.0%}" if loop.is_duty else ""
-    detail = f" ({loop.detail})" if loop.detail else ""
-    return (
-        f"{loop.name} loop{detail}: {loop.power_w:.1f} W over {loop.duration_s:.1f} s at median SM "
-        f"{loop.median_sm_clock_mhz:.0f} MHz{busy}{rate}"
-    )
 
 
 def spec_differences(shipped: GpuSpec, calibrated: GpuSpec, rel_tol: float = 0.02) -> list[str]:

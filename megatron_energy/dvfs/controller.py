@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from megatron_energy.dvfs.backends import monitor_only_message, supported_sm_clocks_mhz
-from megatron_energy.dvfs.memory_clock import MemoryArmer, MemoryClockSetter
+from megatron_energy.dvfs.memory_clock_setter import MemoryArmer, MemoryClockSetter
 from megatron_energy.plugin_threads import register_current_thread
 
 if TYPE_CHECKING:
@@ -159,8 +159,8 @@ class FrequencyController:
             the virtual time it was asked for, so simulations are deterministic. Never for real GPUs (the
             caller would wait for every boundary and setter).
 
-    The run phase's memory clock goes through :meth:`set_memory_clock` (``dvfs.memory_clock``): the same
-    GPU, dry run and guard; :meth:`close` restores it with the SM clock.
+    The run phase's memory clock goes through :meth:`set_memory_clock` (``dvfs.memory_clock_setter``): the
+    same GPU, dry run and guard; :meth:`close` restores it with the SM clock.
     """
 
     def __init__(
