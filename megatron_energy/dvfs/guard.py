@@ -13,8 +13,8 @@
 The guard only resets GPUs that were *armed*: :class:`~megatron_energy.dvfs.controller.FrequencyController`
 calls :meth:`ClockGuard.arm` just before each real setter call, and its memory clock setter
 (``dvfs.memory_clock_setter``) calls :meth:`ClockGuard.arm_memory` before it locks a memory clock, so a dry
-run or a monitor-only run never resets (or otherwise touches) anything. SM locked clocks are reset, and memory locked
-clocks where one was locked; there is no code path that changes a power limit.
+run or a monitor-only run never resets (or otherwise touches) anything. SM locked clocks are reset, and memory
+locked clocks where one was locked; there is no code path that changes a power limit.
 """
 
 from __future__ import annotations
