@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from session_world import RankReport, SessionSettings, run_world
+from session_world import ASSUMED_H100, RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
@@ -43,6 +43,7 @@ def _settings(mode: str, energy_dir: Path) -> SessionSettings:
         pipeline_size=2,
         data_parallel_size=2,
         num_microbatches=4,
+        gpu_spec=ASSUMED_H100,  # the scenario below (Perseus's clocks priced past stock) is this spec's
         freq_grid=(1980, 1530),
         profile_iters=1,
         run_steps=2,
@@ -89,7 +90,7 @@ def _planning_job(plan: Plan) -> PlanningJob:
 
 def _model(job: PlanningJob, profile: Profile) -> KareusModel:
     """The Kareus model of the world's job (the live levers), priced by the profile the session measured."""
-    spec = load_gpu_spec("h100-sxm")
+    spec = load_gpu_spec(ASSUMED_H100)
     workload = SETUP.workload(TransformerShape.from_name("gpt3-1.3b"), job.orders, spec)
     collectives = build_collectives(workload)
     return KareusModel(job.dag(), profile, spec, collectives, workload.layers_per_chunk, SETUP.levers)
@@ -134,7 +135,7 @@ def test_all_prices_kareus_under_the_switch_latency_and_costs_no_more_than_perse
     is set against the same stock iteration as Perseus's, within iso-time and no costlier."""
     plan, reports, folder = both
     job = _planning_job(plan)
-    profile = Profile.from_csv(folder / "profile.csv", gpu_name="h100-sxm")
+    profile = Profile.from_csv(folder / "profile.csv", gpu_name=load_gpu_spec(ASSUMED_H100).name)
     model = _model(job, profile)
     perseus = PerseusOptimiser().plan(profile, job)
     perseus_clocks = {i: c for stage in range(2) for i, c in perseus.target_point.clock_table(stage).items()}
