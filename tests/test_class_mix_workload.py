@@ -181,7 +181,8 @@ def test_a_fit_keeps_the_mix_it_was_priced_with() -> None:
 
 
 def test_a_dry_runs_extrapolated_rows_cap_as_the_instructions_classes_say() -> None:
-    stock = ProfileRow(work=Work(0, 0, "forward"), clock_mhz=1980, time_s=0.1, energy_j=60.0, samples=3)
+    """Measured at the power limit, a stock row keeps its classes' activity: fp8 caps lower than tf32."""
+    stock = ProfileRow(work=Work(0, 0, "forward"), clock_mhz=1980, time_s=0.1, energy_j=70.0, samples=3)
     fp8 = {stock.work: ClassMix.single(K.GEMM_FP8)}
     tf32 = {stock.work: ClassMix.single(K.GEMM_TF32)}
     hot = {r.clock_mhz: r for r in extrapolate_rows([stock], CALIBRATED, [1980, 1500, 1005], fp8)}
@@ -189,6 +190,24 @@ def test_a_dry_runs_extrapolated_rows_cap_as_the_instructions_classes_say() -> N
     assert hot[1980].time_s == pytest.approx(0.1) and cool[1980].time_s == pytest.approx(0.1)  # anchored
     # the fp8 work is capped below 1500 MHz at the stock clock's power, so 1500 MHz costs it less time
     assert hot[1500].time_s / hot[1980].time_s < cool[1500].time_s / cool[1980].time_s
+
+
+def test_a_stock_row_below_the_limit_sets_its_works_activity_from_the_measured_energy() -> None:
+    """600 W measured at the top clock: the work draws that there, whatever its classes would (one clock)."""
+    stock = ProfileRow(work=Work(0, 0, "forward"), clock_mhz=1980, time_s=0.1, energy_j=60.0, samples=3)
+    rows = {
+        kernel_class: {
+            r.clock_mhz: r
+            for r in extrapolate_rows(
+                [stock], CALIBRATED, [1980, 1500], {stock.work: ClassMix.single(kernel_class)}
+            )
+        }
+        for kernel_class in (K.GEMM_FP8, K.GEMM_TF32)
+    }
+    for by_clock in rows.values():
+        assert by_clock[1980].energy_j == pytest.approx(60.0, rel=1e-3)
+        assert by_clock[1500].energy_j < 60.0
+    assert rows[K.GEMM_FP8][1500].time_s == pytest.approx(rows[K.GEMM_TF32][1500].time_s, rel=1e-3)
 
 
 def test_measured_phases_write_their_mix_as_a_typed_object() -> None:

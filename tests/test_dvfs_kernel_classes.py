@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass, parse_activities
-from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import config_root, load_gpu_spec
 
 
@@ -101,3 +101,20 @@ def test_a_spec_file_with_a_bad_activity_names_file_and_field(tmp_path, h100):
     bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=r"h100-sxm.yaml: field 'class_activity': unknown kernel class"):
         load_gpu_spec(str(bad))
+
+
+def test_a_one_clock_fit_takes_the_works_activity_from_its_measured_energy(h100):
+    """A training step's kernels draw less than the calibration's products: one stock point says how much."""
+    model = GpuPowerModel(h100)
+    truth = WorkProfile(0.07, 0.03, 0.0, ClassMix.single(KernelClass.GEMM_BF16), activity_scale=0.3)
+    point = (1980.0, model.time_s(truth, 1980), model.energy_j(truth, 1980))
+    fitted = fit_work_profile(h100, [point], truth.compute_mix).work
+    assert fitted.activity_scale == pytest.approx(0.3, rel=1e-3)
+    assert model.effective_clock_mhz(fitted, 1980) == pytest.approx(model.effective_clock_mhz(truth, 1980))
+    assert model.energy_j(fitted, 1200) == pytest.approx(model.energy_j(truth, 1200), rel=1e-3)
+    # at the power limit the energy cannot tell a hotter work from its class: the class's activity stays
+    capped = WorkProfile(0.07, 0.03, 0.0, activity_scale=2.0)
+    at_limit = (1980.0, model.time_s(capped, 1980), model.energy_j(capped, 1980))
+    assert fit_work_profile(h100, [at_limit]).work.activity_scale == 1.0
+    # the sum of two works keeps their compute-weighted activity
+    assert (truth + WorkProfile(0.07, 0.0)).activity_scale == pytest.approx(0.65)

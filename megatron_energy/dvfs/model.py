@@ -50,6 +50,7 @@ clock of ``None`` is the top one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -74,18 +75,24 @@ class WorkProfile:
         fixed_s: Clock-independent time (launch gaps, communication).
         compute_mix: The kernel classes of the compute-bound time; ``None`` is all bf16 matrix products (the
             spec's reference class).
+        activity_scale: This work's compute activity relative to its classes' (1: as the spec's classes
+            draw). A fit from one clock sets it from the measured energy: a training step's kernels are
+            smaller than the products a calibration measures its classes on, and draw less per clock.
     """
 
     compute_s: float
     memory_s: float
     fixed_s: float = 0.0
     compute_mix: ClassMix | None = None
+    activity_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_s", "memory_s", "fixed_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"WorkProfile.{name} must be finite and non-negative, got {value!r}")
+        if not math.isfinite(self.activity_scale) or self.activity_scale <= 0:
+            raise ValueError(f"WorkProfile.activity_scale must be positive, got {self.activity_scale!r}")
 
     @classmethod
     def from_parts(cls, parts: Iterable[float], compute_mix: ClassMix | None = None) -> WorkProfile:
@@ -94,22 +101,31 @@ class WorkProfile:
         return cls(compute_s, memory_s, fixed_s, compute_mix)
 
     def __add__(self, other: WorkProfile) -> WorkProfile:
-        mix = self.compute_mix
+        mix, scale = self.compute_mix, self.activity_scale
         if mix != other.compute_mix:
             mix = _mix_or_reference(mix).blend(
                 self.compute_s, _mix_or_reference(other.compute_mix), other.compute_s
             )
+        if scale != other.activity_scale:  # weighted by compute time, as the mixes
+            weights = (
+                (self.compute_s, other.compute_s) if self.compute_s + other.compute_s > 0 else (1.0, 1.0)
+            )
+            scale = (weights[0] * scale + weights[1] * other.activity_scale) / sum(weights)
         return WorkProfile(
             self.compute_s + other.compute_s,
             self.memory_s + other.memory_s,
             self.fixed_s + other.fixed_s,
             mix,
+            scale,
         )
 
     def scaled(self, factor: float) -> WorkProfile:
-        """Return this work repeated ``factor`` times (all parts scaled, the same class mix)."""
-        return WorkProfile(
-            self.compute_s * factor, self.memory_s * factor, self.fixed_s * factor, self.compute_mix
+        """Return this work repeated ``factor`` times (all parts scaled, the same class mix and activity)."""
+        return dataclasses.replace(
+            self,
+            compute_s=self.compute_s * factor,
+            memory_s=self.memory_s * factor,
+            fixed_s=self.fixed_s * factor,
         )
 
 
@@ -161,8 +177,8 @@ class GpuPowerModel:
     def compute_activity(self, work: WorkProfile) -> float:
         """``A``: the mean activity of the kernel classes of ``work``'s compute-bound time."""
         if work.compute_mix is None:
-            return 1.0
-        return work.compute_mix.activity(self.spec.class_activity)
+            return work.activity_scale
+        return work.compute_mix.activity(self.spec.class_activity) * work.activity_scale
 
     def static_power_w(self, memory_clock_mhz: float | None = None) -> float:
         """``P_static(m)``: busy power without switching; the idle power less the memory clock's saving."""
@@ -300,7 +316,9 @@ def fit_work_profile(
     With two or more distinct clocks, ``compute_s``, ``memory_s`` and ``fixed_s`` are fitted by bounded least
     squares on the relative errors of both time and energy (time alone cannot tell memory-bound from fixed
     time above the saturation clock; energy can). With one clock, the split comes from the spec's prior
-    (``prior_compute_fraction`` compute-bound, the rest memory-bound), scaled to the measured time.
+    (``prior_compute_fraction`` compute-bound, the rest memory-bound), scaled to the measured time, and the
+    work's compute activity (``activity_scale``) is set so that its modelled energy there is the measured one
+    (within 0.5 % its classes' own activity is kept).
 
     Args:
         spec: The GPU the points were measured on.
@@ -324,11 +342,14 @@ def fit_work_profile(
     model = GpuPowerModel(spec)
     clocks = np.unique(data[:, 0])
     if len(clocks) == 1:
-        work = _prior_work(model, float(clocks[0]), float(np.mean(data[:, 1])), compute_mix)
+        clock, time_s, energy_j = float(clocks[0]), float(np.mean(data[:, 1])), float(np.mean(data[:, 2]))
+        scale = _activity_scale(model, clock, time_s, energy_j, compute_mix)
+        work = _prior_work(model, clock, time_s, compute_mix, scale)
         source: Literal["fitted", "prior"] = "prior"
         how = (
             f"only one clock ({clocks[0]:.0f} MHz) measured: compute/memory split taken from the {spec.name} "
-            f"prior ({spec.prior_compute_fraction:.0%} compute-bound), scaled to the measured time"
+            f"prior ({spec.prior_compute_fraction:.0%} compute-bound), scaled to the measured time, its "
+            f"compute activity {scale:.3g} x its classes' to the measured energy"
         )
     else:
         work = _least_squares_work(model, data, compute_mix)
@@ -340,13 +361,50 @@ def fit_work_profile(
 
 
 def _prior_work(
-    model: GpuPowerModel, clock_mhz: float, time_s: float, compute_mix: ClassMix | None
+    model: GpuPowerModel,
+    clock_mhz: float,
+    time_s: float,
+    compute_mix: ClassMix | None,
+    activity_scale: float = 1.0,
 ) -> WorkProfile:
     """The prior compute/memory split, scaled so that its modelled time at ``clock_mhz`` is ``time_s``."""
     fraction = model.spec.prior_compute_fraction
-    unit = WorkProfile(compute_s=fraction, memory_s=1.0 - fraction, compute_mix=compute_mix)
+    unit = WorkProfile(fraction, 1.0 - fraction, 0.0, compute_mix, activity_scale)
     # Power is intensive, so scaling all parts scales the (possibly capped) time by the same factor.
     return unit.scaled(time_s / model.time_s(unit, clock_mhz))
+
+
+ACTIVITY_SCALE_RANGE = (0.05, 5.0)
+"""The activity scales a one-clock fit may give a work (its classes' activity times 1/20 to 5)."""
+
+ACTIVITY_SCALE_TOLERANCE = 0.005
+"""A one-clock fit keeps its classes' activity where that prices the measured energy within 0.5 %."""
+
+
+def _activity_scale(
+    model: GpuPowerModel, clock_mhz: float, time_s: float, energy_j: float, compute_mix: ClassMix | None
+) -> float:
+    """The compute activity scale at which the prior split, scaled to ``time_s``, draws ``energy_j``.
+
+    Energy rises with the scale (until the power cap holds it at the limit), so the root is bracketed and
+    found by Brent's method; the classes' own activity (scale 1) is kept where it prices the energy within the
+    tolerance, and the range's end where no scale in it does.
+    """
+
+    def error(scale: float) -> float:
+        work = _prior_work(model, clock_mhz, time_s, compute_mix, scale)
+        return model.energy_j(work, clock_mhz) / energy_j - 1.0
+
+    if abs(error(1.0)) <= ACTIVITY_SCALE_TOLERANCE:
+        return 1.0
+    low, high = ACTIVITY_SCALE_RANGE
+    if error(low) >= 0:
+        return low
+    if error(high) <= 0:
+        return high
+    from scipy.optimize import brentq  # on first use, as in power_cap_clock_mhz
+
+    return float(brentq(error, low, high, xtol=1e-4))
 
 
 def _least_squares_work(model: GpuPowerModel, data: np.ndarray, compute_mix: ClassMix | None) -> WorkProfile:
