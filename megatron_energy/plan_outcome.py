@@ -11,18 +11,10 @@ from __future__ import annotations
 
 from megatron_energy.pipeline.collectives import parse_collective_name
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan
+from megatron_energy.plan_band import energy_change
 
 SAVING_FLOOR = 1e-6
 """A target point whose modelled energy is within this fraction of stock saves nothing."""
-
-
-def energy_change(stock_j: float, planned_j: float) -> float:
-    """The one definition of a plan's saving: its energy against stock clocks, ``planned / stock - 1``.
-
-    Negative is a saving (-0.12: 12 % less). Every printed saving of a plan (the plan line of the log, the
-    demo's table, ``simulate --compare``, ``report``) is this, of the plan file's latency-aware prediction.
-    """
-    return planned_j / stock_j - 1.0
 
 
 def plan_saving(plan: Plan) -> float:

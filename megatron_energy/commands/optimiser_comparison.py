@@ -35,6 +35,7 @@ from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimis
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
@@ -165,8 +166,11 @@ def compare_modes(
         The rows, stock first.
     """
     both, alone = all_optimiser(budget).plan_with_parts(profile, planning)  # perseus and kareus alone too
-    perseus = alone["perseus"]
-    plans = {"perseus": perseus, "kareus": alone["kareus"], "all": both}
+    plans = {
+        mode: with_saving_band(plan, profile, planning)
+        for mode, plan in (("perseus", alone["perseus"]), ("kareus", alone["kareus"]), ("all", both))
+    }
+    perseus = plans["perseus"]
     deadline_s = planning.target.deadline_s(perseus.baseline.iteration_time_s)
     idle_w = profile.idle_power_w
     collectives = build_collectives(planning.collectives) if planning.collectives is not None else []

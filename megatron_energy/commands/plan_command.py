@@ -34,6 +34,7 @@ from megatron_energy.job import JobConfig
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     console = output_console()
     try:
         profile, job, source, accounting = _planning_inputs(args)
-        plan = PerseusOptimiser().plan(profile, job)
+        plan = with_saving_band(PerseusOptimiser().plan(profile, job), profile, job)
         plan.save(args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)

@@ -47,7 +47,8 @@ import numpy as np
 import yaml
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
-from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.dvfs.spec import DESCRIPTIVE_FIELDS, GpuSpec
+from megatron_energy.dvfs.spec_ranges import SOURCE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,12 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, name: str) -> GpuSpec:
     )
 
     carried = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(GpuSpec)}
-    carried.update(values, name=name, sources=sources)
+    # a measured figure keeps no range of the shipped spec's: what it was unsure of is now measured
+    dropped = [key for key in shipped.ranges if key.partition(".")[0] in values]
+    for key in dropped:
+        del sources[f"{SOURCE_PREFIX}{key}"]
+    ranges = {key: bounds for key, bounds in shipped.ranges.items() if key not in dropped}
+    carried.update(values, name=name, sources=sources, ranges=ranges)
     carried["display_name"] = f"{shipped.display_name} (calibrated {run.date})"
     spec = GpuSpec(**carried)
     cap_mhz = GpuPowerModel(spec).power_cap_clock_mhz(WorkProfile(compute_s=1.0, memory_s=0.0))
@@ -245,7 +251,7 @@ def spec_differences(shipped: GpuSpec, calibrated: GpuSpec, rel_tol: float = 0.0
     """
     lines = []
     for f in dataclasses.fields(GpuSpec):
-        if f.name in ("name", "display_name", "sources"):
+        if f.name in DESCRIPTIVE_FIELDS:
             continue
         old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
         if isinstance(old, tuple):
@@ -276,7 +282,7 @@ def comparison_lines(shipped: GpuSpec, calibrated: GpuSpec) -> list[str]:
     """
     lines = [f"{COMPARISON_HEADER} ({shipped.name}.yaml -> {calibrated.name}.yaml), per value:"]
     for f in dataclasses.fields(GpuSpec):
-        if f.name in ("name", "display_name", "sources"):
+        if f.name in DESCRIPTIVE_FIELDS:
             continue
         old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
         provenance = "measured" if calibrated.sources.get(f.name, "").startswith("measured") else "carried"
@@ -322,6 +328,10 @@ def write_spec_yaml(spec: GpuSpec, path: Path, header: str) -> None:
             value = list(value)
         elif f.name == "sources":
             value = dict(value)
+        elif f.name == "ranges":
+            if not value:
+                continue
+            value = {key: list(bounds) for key, bounds in value.items()}
         document[f.name] = value
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     body = yaml.safe_dump(document, sort_keys=False, width=10_000, allow_unicode=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
@@ -114,7 +115,7 @@ def plan_on_root(
     Returns:
         The release to broadcast (and to cache with :func:`store_release`).
     """
-    plan = optimiser.plan(profile, job)
+    plan = with_saving_band(optimiser.plan(profile, job), profile, job)
     measured = MeasuredInputs.of_job(job, optimiser.request)
     return PlanRelease(
         plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
