@@ -6,46 +6,27 @@ import dataclasses
 
 import pytest
 
-from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
-from megatron_energy.pipeline.profile import Profile, TransformerShape
-from megatron_energy.plan import Plan, PlanError, fingerprint
+from megatron_energy.plan import Plan, PlanError, _checksum
 from megatron_energy.plan_outcome import plan_saving
-from megatron_energy.target import parse_target
-
-SPEC = load_gpu_spec("h100-sxm")
-
-
-def _profile(spec: GpuSpec = SPEC, source: str = "modelled") -> Profile:
-    shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=4)
-    clocks = [clock for clock in spec.sm_clocks_mhz if clock >= 900][::3]
-    profile = Profile.synthetic(shape, spec, 4, clocks_mhz=clocks)
-    options = {key: profile.options(key) for key in profile}
-    return Profile(options, profile.gpu_name, source, profile.blocked_power_w, profile.idle_power_w)
+from tests.banded_plans import SPEC, small_job, small_profile
 
 
 @pytest.fixture(scope="module")
 def job() -> PlanningJob:
-    return PlanningJob(
-        pipeline_orders(4, 8),
-        fingerprint(job="band-test"),
-        parse_target("iso-time"),
-        switch_latency_s=SPEC.switch_latency_s,
-        frontier_points=12,
-        gpu=SPEC,
-    )
+    return small_job()
 
 
 @pytest.fixture(scope="module")
 def plan(job: PlanningJob) -> Plan:
-    return PerseusOptimiser().plan(_profile(), job)
+    return PerseusOptimiser().plan(small_profile(), job)
 
 
 def _band(plan: Plan, job: PlanningJob, ranges: dict[str, tuple[float, float]], source: str = "modelled"):
-    return saving_band(plan, job.dag(), _profile(source=source), dataclasses.replace(SPEC, ranges=ranges))
+    spec = dataclasses.replace(SPEC, ranges=ranges)
+    return saving_band(plan, job.dag(), small_profile(source=source), spec)
 
 
 def test_the_band_holds_the_nominal_saving_and_varies_every_range(plan, job):
@@ -85,7 +66,7 @@ def test_a_measured_profile_varies_the_switch_latency_only(plan, job):
 
 
 def test_the_band_travels_in_the_plan_file_and_is_checked_on_load(plan, job, tmp_path):
-    banded = with_saving_band(plan, _profile(), job)
+    banded = with_saving_band(plan, small_profile(), job)
     assert banded.saving_band is not None and banded.saving_band.varied == tuple(SPEC.ranges)
     assert plan.to_json_text() == dataclasses.replace(banded, saving_band=None).to_json_text()
     loaded = Plan.load(banded.save(tmp_path / "plan.json"))
@@ -101,6 +82,4 @@ def test_the_band_travels_in_the_plan_file_and_is_checked_on_load(plan, job, tmp
 
 
 def _signed(body: dict) -> dict:
-    from megatron_energy.plan import _checksum
-
     return body | {"checksum": _checksum(body)}

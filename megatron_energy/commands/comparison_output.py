@@ -9,9 +9,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from megatron_energy.commands.optimiser_comparison import MODES, Comparison
+from megatron_energy.commands.optimiser_comparison import MODES, Comparison, ModeResult
 from megatron_energy.dvfs.model import GpuPowerModel
-from megatron_energy.plan_outcome import change_text, energy_change
+from megatron_energy.plan_outcome import banded_text, change_text, energy_change
 
 
 def comparison_label(comparison: Comparison) -> str:
@@ -61,11 +61,17 @@ def modes_table(comparison: Comparison) -> Table:
             f"{row.dynamic_j:,.1f}",
             f"{row.total_energy_j * per_pipeline / 1e3:,.2f}",
             change_text(row.iteration_time_s / stock.iteration_time_s - 1),
-            change_text(energy_change(stock.total_energy_j, row.total_energy_j)),
+            _versus_stock(stock.total_energy_j, row),
             change_text(energy_change(perseus.total_energy_j, row.total_energy_j)),
             *share,
         )
     return table
+
+
+def _versus_stock(stock_j: float, row: ModeResult) -> str:
+    """A mode's energy change against stock clocks with its plan's band; the stock row's alone."""
+    change = energy_change(stock_j, row.total_energy_j)
+    return change_text(change) if row.mode == "stock" else banded_text(change, row.plan.saving_band)
 
 
 def all_to_all_line(comparison: Comparison) -> str | None:

@@ -38,6 +38,7 @@ from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
+from megatron_energy.plan_outcome import saving_text
 from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
 from megatron_energy.target import EnergyTarget, parse_target
@@ -291,7 +292,6 @@ def _summary(plan: Plan) -> Table:
     for header in ("figure", "all-maximum clocks", "plan", "change", "source"):
         table.add_column(header, justify="left" if header in ("figure", "source") else "right")
     time_change = target.iteration_time_s / baseline.iteration_time_s - 1
-    energy_change = target.energy_j / baseline.energy_j - 1
     table.add_row(
         "iteration time (s)",
         f"{baseline.iteration_time_s:.4f}",
@@ -303,7 +303,7 @@ def _summary(plan: Plan) -> Table:
         "energy per iteration (J)",
         f"{baseline.energy_j:,.1f}",
         f"{target.energy_j:,.1f}",
-        f"{100 * energy_change:+.2f} %",
+        saving_text(plan),
         "modelled",
     )
     for stage, rank in enumerate(target.ranks):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 Ranges = Mapping[str, tuple[float, float]]
 """Range key -> ``(low, high)``."""
@@ -32,8 +32,6 @@ class Ranged(Protocol):
         """Range key -> ``(low, high)``."""
         ...
 
-
-SpecT = TypeVar("SpecT", bound=Ranged)
 
 SOURCE_PREFIX = "ranges."
 """A range's reason is ``sources["ranges.<key>"]``."""
@@ -96,7 +94,7 @@ def ranges_problem(spec: Ranged) -> str | None:
     return None
 
 
-def spec_at(spec: SpecT, values: Mapping[str, float]) -> SpecT:
+def spec_at[SpecT: Ranged](spec: SpecT, values: Mapping[str, float]) -> SpecT:
     """The spec with each ranged key set to its value in ``values`` (a variant of ``spec``).
 
     Args:

@@ -29,7 +29,7 @@ from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
-from megatron_energy.plan_outcome import change_text, plan_saving, why_nothing_found
+from megatron_energy.plan_outcome import saving_text, why_nothing_found
 from megatron_energy.runtime.planning_round.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling.collector import (
     ProfileRow,
@@ -321,7 +321,7 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
         else "no frontier swept (the plan's instruction clocks are stock)"
     )
     why = why_nothing_found(plan)
-    saving = f"{change_text(plan_saving(plan))} vs stock" if why is None else f"no saving: {why}"
+    saving = f"{saving_text(plan)} vs stock" if why is None else f"no saving: {why}"
     return (
         f"[energy] plan for {plan.target} ({', '.join(plan.optimisers)}): iteration "
         f"{1e3 * target.iteration_time_s:.1f} ms vs {1e3 * plan.baseline.iteration_time_s:.1f} ms at stock "
