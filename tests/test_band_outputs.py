@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -135,3 +136,14 @@ def test_the_plan_command_prints_the_band(tmp_path, capsys):
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "energy per iteration" in line]
     assert len(_bands(row)) == 1
     assert Plan.load(tmp_path / "plan.json").saving_band is not None
+
+
+def test_the_readmes_modelled_savings_have_their_bands():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## What to expect", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ")]
+    figures = [row[1] for row in rows if len(row) > 2 and row[2] == "**modelled**"]
+    assert len(figures) >= 2
+    for figure in figures:
+        savings = re.findall(r"[+-]?\d+\.\d+ %( \([^)]*\))?", figure)
+        assert savings and all(BAND.fullmatch(band.strip()) for band in savings), figure
