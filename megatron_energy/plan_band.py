@@ -57,6 +57,10 @@ class SavingBand:
         """The band moved by ``offset``: the same width around another nominal (a run's mean change)."""
         return SavingBand(self.low + offset, self.high + offset, self.varied)
 
+    def reversed(self) -> SavingBand:
+        """The band of the opposite change: ``a / b - 1`` from the band of ``b / a - 1``, end for end."""
+        return SavingBand(1 / (1 + self.high) - 1, 1 / (1 + self.low) - 1, self.varied)
+
     def to_json(self) -> dict[str, Any]:
         """The band as the plan file holds it."""
         return {"low": self.low, "high": self.high, "varied": list(self.varied)}

@@ -7,7 +7,6 @@ and never takes the band. Each output below is rendered as a user sees it and re
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import re
 from pathlib import Path
@@ -16,14 +15,15 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from megatron_energy.cli import main
 from megatron_energy.commands import plan_command
-from megatron_energy.commands.comparison_output import modes_table
-from megatron_energy.commands.optimiser_comparison import ComparedJob, Comparison, ModeResult
+from megatron_energy.commands.latency_sweep import EXAMPLES
+from megatron_energy.commands.optimiser_comparison import MODES
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.plan import Plan
 from megatron_energy.plan_band import SavingBand
-from megatron_energy.plan_outcome import band_ends, plan_saving, saving_text
+from megatron_energy.plan_outcome import band_ends, plan_saving, run_band, saving_text
 from megatron_energy.report.demo_summary import DemoSummary, JobFigures, summary_table
 from megatron_energy.report.job_report import plan_table
 from megatron_energy.runtime.energy_log.energy_line import (
@@ -72,21 +72,23 @@ def test_the_plan_line_and_the_report_give_the_band(plan):
     assert saving_text(plan).startswith(f"{100 * plan_saving(plan):+.2f} % (")
 
 
-def test_simulate_compare_gives_every_mode_its_band(plan):
-    stock_j = plan.baseline.energy_j
-    rows = [
-        ModeResult("stock", plan.baseline.iteration_time_s, plan.baseline.stage_energy_j, 1.0, 100.0, plan)
-    ]
-    point = plan.target_point
-    energies = tuple(rank.energy_j for rank in point.ranks)
-    rows += [
-        ModeResult(mode, point.iteration_time_s, energies, 1.0, 100.0, plan)
-        for mode in ("perseus", "kareus", "all")
-    ]
-    comparison = Comparison(ComparedJob("small", 4, 1), SPEC, tuple(rows), SPEC.switch_latency_s)
-    text = _text(modes_table(comparison))
-    assert len(_bands(text)) == 3
-    assert sum(point.ranks[i].energy_j for i in range(4)) / stock_j - 1 == pytest.approx(plan_saving(plan))
+def test_simulate_compare_gives_every_mode_its_band_against_stock_and_perseus(capsys):
+    argv = ["simulate", "--compare", "--config", str(EXAMPLES / "gpt3-xl-pp4-h100.yaml"), "--points", "8"]
+    assert main([*argv, "--trials", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    cells = {
+        row[0]: row[8:10]
+        for line in lines
+        if line.startswith("│ ")
+        and (row := [cell.strip() for cell in line.strip("│").split("│")])[0] in MODES
+    }
+    assert cells["stock"][0] == "no change" and cells["perseus"][1] == "no change"
+    banded = [cells["stock"][1], cells["perseus"][0], *cells["kareus"], *cells["all"]]
+    assert all(len(_bands(cell)) == 1 for cell in banded), cells
+    low, high = _bands(cells["perseus"][0])[0]
+    assert low > float(cells["perseus"][0].split(" %")[0]) > high  # the saving lies in its band
+    (versus,) = [line for line in lines if line.startswith("all vs perseus: energy ")]
+    assert len(_bands(versus)) == 1
 
 
 def test_the_demo_table_gives_the_run_and_the_prediction_their_bands(plan):
@@ -116,7 +118,7 @@ def _energy_line(source: str, band: SavingBand | None) -> str:
 
 
 def test_the_energy_line_bands_a_modelled_change_and_never_a_measured_one(plan):
-    band = dataclasses.replace(plan.saving_band.shifted(-plan_saving(plan)))
+    band = run_band(plan, 0.0)  # the band around zero, as the session hands it to the log
     modelled = _energy_line("modelled", band)
     assert "(modelled, 95 % CI" in modelled and len(_bands(modelled)) == 1
     measured = _energy_line("measured", band)

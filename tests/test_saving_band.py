@@ -10,6 +10,7 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.plan import Plan, PlanError, _checksum
+from megatron_energy.plan_band import SavingBand
 from megatron_energy.plan_outcome import plan_saving
 from tests.banded_plans import SPEC, small_job, small_profile
 
@@ -83,3 +84,13 @@ def test_the_band_travels_in_the_plan_file_and_is_checked_on_load(plan, job, tmp
 
 def _signed(body: dict) -> dict:
     return body | {"checksum": _checksum(body)}
+
+
+def test_a_plan_against_itself_is_no_change_under_every_variant(plan, job):
+    band = saving_band(plan, job.dag(), small_profile(), SPEC, against=plan)
+    assert band.low == band.high == 0.0 and band.varied == tuple(SPEC.ranges)
+
+
+def test_the_reversed_band_is_the_opposite_change_end_for_end():
+    band = SavingBand(-0.2, -0.1, ("x",)).reversed()
+    assert (band.low, band.high) == pytest.approx((1 / 0.9 - 1, 1 / 0.8 - 1))

@@ -35,13 +35,14 @@ from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimis
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.optimisers.saving_band import with_saving_band
+from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan
+from megatron_energy.plan_band import SavingBand
 from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
 from megatron_energy.target import EnergyTarget, parse_target
@@ -68,6 +69,9 @@ class ModeResult:
     """The mode's plan (stock: the Perseus plan, whose baseline is this row)."""
     all_to_all: AllToAllShare | None = None
     """The expert all-to-all's part of the iteration (modelled); ``None`` without one."""
+    versus_perseus: SavingBand | None = None
+    """The band of the row's energy change against the Perseus row (``optimisers.saving_band``, both plans
+    priced under each variant); ``None`` for the Perseus row itself."""
 
     @property
     def total_energy_j(self) -> float:
@@ -184,14 +188,17 @@ def compare_modes(
             idle_w,
             perseus,
             all_to_all_share(collectives, None, stock_s, spec),
+            None if perseus.saving_band is None else perseus.saving_band.reversed(),
         )
     ]
+    dag = planning.dag()
     for mode in MODES[1:]:
         point = plans[mode].target_point
         energies = tuple(rank.energy_j for rank in point.ranks)
         share = all_to_all_share(collectives, point, point.iteration_time_s, spec)
+        versus = None if mode == "perseus" else saving_band(plans[mode], dag, profile, spec, against=perseus)
         rows.append(
-            ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode], share)
+            ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plans[mode], share, versus)
         )
     return Comparison(job, spec, tuple(rows), planning.switch_latency_s)
 

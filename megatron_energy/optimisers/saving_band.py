@@ -62,7 +62,9 @@ def with_saving_band(plan: Plan, profile: Profile, job: PlanningJob) -> Plan:
     return dataclasses.replace(plan, saving_band=band)
 
 
-def saving_band(plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec | None) -> SavingBand:
+def saving_band(
+    plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec | None, against: Plan | None = None
+) -> SavingBand:
     """The band of the plan's saving over ``spec``'s ranges (module docstring).
 
     Args:
@@ -70,11 +72,13 @@ def saving_band(plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec | 
         dag: The job's iteration DAG, as the plan was made on.
         profile: The profile the plan was made from.
         spec: The GPU spec whose ranges are varied; ``None``: none declared.
+        against: Another plan of the job whose target point the change is taken against, priced under the
+            same variants (``all`` against ``perseus``); the stock baseline when ``None``.
 
     Returns:
         The band; zero-width, varying nothing, when the spec declares no range the profile responds to.
     """
-    nominal = energy_change(plan.baseline.energy_j, plan.target_point.energy_j)
+    nominal = energy_change(_reference_j(plan, against), plan.target_point.energy_j)
     varied = tuple(
         key
         for key in (spec.ranges if spec is not None else ())
@@ -82,7 +86,7 @@ def saving_band(plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec | 
     )
     if spec is None or not varied:
         return SavingBand(nominal, nominal, ())
-    pricing = _Pricing(plan, dag, profile, spec)
+    pricing = _Pricing(plan, against, dag, profile, spec)
     ends = {key: {end: pricing.change({key: end}) for end in spec.ranges[key]} for key in varied}
     lowering = {key: min(by_end, key=by_end.__getitem__) for key, by_end in ends.items()}
     raising = {key: max(by_end, key=by_end.__getitem__) for key, by_end in ends.items()}
@@ -93,18 +97,19 @@ def saving_band(plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec | 
 
 
 class _Pricing:
-    """The plan's target point and stock baseline priced by the simulator, nominal and under variants."""
+    """The plan's target point and its reference (stock, or another plan's target), simulated.
 
-    def __init__(self, plan: Plan, dag: PipelineDag, profile: Profile, spec: GpuSpec):
+    Priced nominal and under variants.
+    """
+
+    def __init__(self, plan: Plan, against: Plan | None, dag: PipelineDag, profile: Profile, spec: GpuSpec):
         self.plan, self.dag, self.profile, self.spec = plan, dag, profile, spec
-        self.clocks: dict[Step, int] = {
-            step: clock
-            for stage in range(plan.num_stages)
-            for step, clock in plan.target_point.step_clocks(stage).items()
-        }
+        self.clocks = _target_clocks(plan)
+        self.reference_clocks = None if against is None else _target_clocks(against)
+        self.reference_file_j = _reference_j(plan, against)
         self._nominal = Simulator(dag, profile)
         self._works: dict[Work, WorkProfile] | None = None
-        self.stock_j, self.planned_j = self._energies(self._nominal, plan.switch_latency_s)
+        self.reference_j, self.planned_j = self._energies(self._nominal, plan.switch_latency_s)
 
     def change(self, values: Mapping[str, float]) -> float:
         """The plan's saving with the ranged figures at ``values`` (the rest nominal)."""
@@ -112,16 +117,16 @@ class _Pricing:
         latency_s = self.plan.switch_latency_s * variant.switch_latency_s / self.spec.switch_latency_s
         model_keys = [key for key in values if key != LATENCY_KEY]
         simulator = Simulator(self.dag, self._profile(variant)) if model_keys else self._nominal
-        stock_j, planned_j = self._energies(simulator, latency_s)
+        reference_j, planned_j = self._energies(simulator, latency_s)
         return energy_change(
-            self.plan.baseline.energy_j + stock_j - self.stock_j,
+            self.reference_file_j + reference_j - self.reference_j,
             self.plan.target_point.energy_j + planned_j - self.planned_j,
         )
 
     def _energies(self, simulator: Simulator, latency_s: float) -> tuple[float, float]:
-        """Energy per iteration at stock clocks and at the plan's clocks."""
-        stock = simulator.run(None, latency_s).total_energy_j
-        return stock, simulator.run(self.clocks, latency_s).total_energy_j
+        """Energy per iteration at the reference's clocks (stock: ``None``) and at the plan's clocks."""
+        reference = simulator.run(self.reference_clocks, latency_s).total_energy_j
+        return reference, simulator.run(self.clocks, latency_s).total_energy_j
 
     def _profile(self, variant: GpuSpec) -> Profile:
         """The profile as the variant's model would have made it (module docstring)."""
@@ -147,6 +152,20 @@ class _Pricing:
         stride = -(-len(options) // FIT_POINTS)
         points = [(o.clock_mhz, o.time_s, o.energy_j) for o in options[::stride]]
         return fit_work_profile(self.spec, points).work
+
+
+def _reference_j(plan: Plan, against: Plan | None) -> float:
+    """The plan file's energy the change is taken against: stock, or the other plan's target point."""
+    return plan.baseline.energy_j if against is None else against.target_point.energy_j
+
+
+def _target_clocks(plan: Plan) -> dict[Step, int]:
+    """The clock of every step at the plan's target point (its instruction-level actions)."""
+    return {
+        step: clock
+        for stage in range(plan.num_stages)
+        for step, clock in plan.target_point.step_clocks(stage).items()
+    }
 
 
 def _rescaled(
