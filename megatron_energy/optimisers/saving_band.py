@@ -104,8 +104,8 @@ class _Pricing:
 
     def __init__(self, plan: Plan, against: Plan | None, dag: PipelineDag, profile: Profile, spec: GpuSpec):
         self.plan, self.dag, self.profile, self.spec = plan, dag, profile, spec
-        self.clocks = _target_clocks(plan)
-        self.reference_clocks = None if against is None else _target_clocks(against)
+        self.clocks = _target_clocks(plan, dag)
+        self.reference_clocks = None if against is None else _target_clocks(against, dag)
         self.reference_file_j = _reference_j(plan, against)
         self._nominal = Simulator(dag, profile)
         self._works: dict[Work, WorkProfile] | None = None
@@ -159,12 +159,17 @@ def _reference_j(plan: Plan, against: Plan | None) -> float:
     return plan.baseline.energy_j if against is None else against.target_point.energy_j
 
 
-def _target_clocks(plan: Plan) -> dict[Step, int]:
-    """The clock of every step at the plan's target point (its instruction-level actions)."""
+def _target_clocks(plan: Plan, dag: PipelineDag) -> dict[Step, int]:
+    """The clock of every step of ``dag`` at the plan's target point (its instruction-level actions).
+
+    A clock for a step the job never runs prices as nothing: whether a plan fits the job is the runtime's
+    check on adopting it (``PlanRunner``), which names the step; the band does not pre-empt it.
+    """
     return {
         step: clock
         for stage in range(plan.num_stages)
         for step, clock in plan.target_point.step_clocks(stage).items()
+        if step in dag.index
     }
 
 
