@@ -15,6 +15,8 @@ cached file, the report reads the file that ran). A plan holds:
 - the measured iteration tail (optional, :class:`MeasuredTail`): the time and energy of an iteration outside
   the pipeline instructions, measured while profiling, which the baseline's and every point's predictions
   include;
+- the target saving's band (optional, :class:`~megatron_energy.plan_band.SavingBand`): its lowest and highest
+  value over the GPU spec's declared ranges, checked to hold the plan's own saving;
 - provenance: the job fingerprint, GPU, whether the profile was measured or modelled, the optimisers that
   made it, the switch latency it was made executable under, and the writing software's version;
 - optionally, one memory clock per rank, locked for the whole run phase (:mod:`megatron_energy.plan_memory`);
@@ -40,6 +42,7 @@ from megatron_energy import __version__
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.instruction import KINDS, FusedInstruction, Instruction, Step, StepKey
+from megatron_energy.plan_band import SavingBand, energy_change
 from megatron_energy.plan_memory import check_memory_clocks, memory_clocks_json, parse_memory_clocks
 
 SCHEMA_VERSION = 2
@@ -221,6 +224,9 @@ class Plan:
             include; ``None`` when the profile had none (a CSV, a modelled job, an older plan).
         memory_clocks_mhz: The memory clock of each pipeline rank for the whole run phase (every point's
             predictions include it); empty when every rank keeps the stock (top) memory clock.
+        saving_band: The target point's saving over the GPU spec's declared ranges
+            (``optimisers.saving_band``); ``None`` for a plan made without it (an older plan, or before the
+            band is priced); written to the file only when there is one.
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
     """
@@ -238,6 +244,7 @@ class Plan:
     measured_tail: MeasuredTail | None = None
     notes: tuple[str, ...] = ()
     memory_clocks_mhz: tuple[int, ...] = ()
+    saving_band: SavingBand | None = None
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(
@@ -440,43 +447,50 @@ def _action_json(action: Action) -> dict[str, Any]:
 
 
 def _content(plan: Plan) -> dict[str, Any]:
-    return {
-        "schema_version": plan.schema_version,
-        "fingerprint": plan.fingerprint,
-        "gpu_name": plan.gpu_name,
-        "provenance": plan.provenance,
-        "target": plan.target,
-        "optimisers": list(plan.optimisers),
-        "switch_latency_s": plan.switch_latency_s,
-        "created_by": plan.created_by,
-        "baseline": {
-            "iteration_time_s": plan.baseline.iteration_time_s,
-            "energy_j": plan.baseline.energy_j,
-            "stage_energy_j": list(plan.baseline.stage_energy_j),
-        },
-        "target_index": plan.target_index,
-        "points": [
-            {
-                "label": point.label,
-                "iteration_time_s": point.iteration_time_s,
-                "deadline_s": point.deadline_s,
-                "lower_bound_j": point.lower_bound_j,
-                "ranks": [
-                    {
-                        "energy_j": rank.energy_j,
-                        "busy_s": rank.busy_s,
-                        "actions": [_action_json(action) for action in rank.actions],
-                    }
-                    for rank in point.ranks
-                ],
-            }
-            for point in plan.points
-        ],
-        "frontier": [list(sample) for sample in plan.frontier],
-        "measured_tail": None
-        if plan.measured_tail is None
-        else {"time_s": plan.measured_tail.time_s, "stage_energy_j": list(plan.measured_tail.stage_energy_j)},
-    } | ({"notes": list(plan.notes)} if plan.notes else {})
+    return (
+        {
+            "schema_version": plan.schema_version,
+            "fingerprint": plan.fingerprint,
+            "gpu_name": plan.gpu_name,
+            "provenance": plan.provenance,
+            "target": plan.target,
+            "optimisers": list(plan.optimisers),
+            "switch_latency_s": plan.switch_latency_s,
+            "created_by": plan.created_by,
+            "baseline": {
+                "iteration_time_s": plan.baseline.iteration_time_s,
+                "energy_j": plan.baseline.energy_j,
+                "stage_energy_j": list(plan.baseline.stage_energy_j),
+            },
+            "target_index": plan.target_index,
+            "points": [
+                {
+                    "label": point.label,
+                    "iteration_time_s": point.iteration_time_s,
+                    "deadline_s": point.deadline_s,
+                    "lower_bound_j": point.lower_bound_j,
+                    "ranks": [
+                        {
+                            "energy_j": rank.energy_j,
+                            "busy_s": rank.busy_s,
+                            "actions": [_action_json(action) for action in rank.actions],
+                        }
+                        for rank in point.ranks
+                    ],
+                }
+                for point in plan.points
+            ],
+            "frontier": [list(sample) for sample in plan.frontier],
+            "measured_tail": None
+            if plan.measured_tail is None
+            else {
+                "time_s": plan.measured_tail.time_s,
+                "stage_energy_j": list(plan.measured_tail.stage_energy_j),
+            },
+        }
+        | ({"notes": list(plan.notes)} if plan.notes else {})
+        | ({"saving_band": plan.saving_band.to_json()} if plan.saving_band is not None else {})
+    )
 
 
 # ----------------------------------------------------------------------------------------- reading
@@ -642,9 +656,17 @@ def _parse_v2(body: Mapping[str, Any]) -> Plan:
         measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
         notes=tuple(_require(note, str, "notes") for note in _require(body.get("notes", []), list, "notes")),
         memory_clocks_mhz=memory_clocks,
+        saving_band=_saving_band(body.get("saving_band"), baseline, points[target_index]),
         created_by=_require(body["created_by"], str, "created_by"),
         schema_version=SCHEMA_VERSION,
     )
+
+
+def _saving_band(entry: object, baseline: Baseline, target: PlanPoint) -> SavingBand | None:
+    """The optional band of the target's saving (absent in plans written before bands existed)."""
+    if entry is None:
+        return None
+    return SavingBand.from_json(entry, energy_change(baseline.energy_j, target.energy_j))
 
 
 def _parse_v1(body: Mapping[str, Any]) -> Plan:

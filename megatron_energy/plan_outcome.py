@@ -11,18 +11,10 @@ from __future__ import annotations
 
 from megatron_energy.pipeline.collectives import parse_collective_name
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan
+from megatron_energy.plan_band import SavingBand, energy_change
 
 SAVING_FLOOR = 1e-6
 """A target point whose modelled energy is within this fraction of stock saves nothing."""
-
-
-def energy_change(stock_j: float, planned_j: float) -> float:
-    """The one definition of a plan's saving: its energy against stock clocks, ``planned / stock - 1``.
-
-    Negative is a saving (-0.12: 12 % less). Every printed saving of a plan (the plan line of the log, the
-    demo's table, ``simulate --compare``, ``report``) is this, of the plan file's latency-aware prediction.
-    """
-    return planned_j / stock_j - 1.0
 
 
 def plan_saving(plan: Plan) -> float:
@@ -33,6 +25,43 @@ def plan_saving(plan: Plan) -> float:
 def change_text(change: float) -> str:
     """A predicted relative change as every table and line prints it: ``-11.76 %``, or ``no change``."""
     return "no change" if abs(change) <= SAVING_FLOOR else f"{100 * change:+.2f} %"
+
+
+def band_ends(band: SavingBand | None, digits: int = 2) -> str:
+    """A modelled change's band as every output prints it after the change: ``(-4.80 to -6.70 %, modelled)``.
+
+    The end nearer zero first (the smaller saving, then the larger); ``(modelled; no band: ...)`` for a plan
+    file written before bands. A measured change's statistical interval never takes this notation
+    (``stats.RelativeChange.format``: ``± x % (measured, 95 % CI, n=..)``).
+    """
+    if band is None:
+        return "(modelled; no band: the plan file predates saving bands)"
+    first, second = (band.high, band.low) if band.low + band.high < 0 else (band.low, band.high)
+    return f"({100 * first:+.{digits}f} to {100 * second:+.{digits}f} %, modelled)"
+
+
+def banded_text(change: float, band: SavingBand | None) -> str:
+    """A modelled change with its band: ``-5.98 % (-1.60 to -11.58 %, modelled)``.
+
+    ``no change (modelled)`` when it changes nothing (no saving to give a band to).
+    """
+    text = change_text(change)
+    return f"{text} (modelled)" if abs(change) <= SAVING_FLOOR else f"{text} {band_ends(band)}"
+
+
+def saving_text(plan: Plan) -> str:
+    """The plan's saving with its band (:func:`banded_text`)."""
+    return banded_text(plan_saving(plan), plan.saving_band)
+
+
+def run_band(plan: Plan, change: float) -> SavingBand | None:
+    """The plan's band moved to ``change``; ``None`` without a band.
+
+    A figure that prices the plan again (a run on simulated GPUs, ``simulate --plan``) keeps the band's
+    extent around its own value.
+    """
+    band = plan.saving_band
+    return None if band is None else band.shifted(change - plan_saving(plan))
 
 
 def why_nothing_found(plan: Plan) -> str | None:

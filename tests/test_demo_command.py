@@ -19,7 +19,7 @@ from megatron_energy.commands.comparison_output import all_vs_perseus_line, mode
 from megatron_energy.commands.optimiser_comparison import MODES, compare_job_folder
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.plan import CollectiveAction, Plan
-from megatron_energy.plan_outcome import change_text, plan_saving
+from megatron_energy.plan_outcome import band_ends, change_text, plan_saving, run_band, saving_text
 from megatron_energy.runtime.energy_log.energy_line import read_records
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.stats import relative_change
@@ -87,10 +87,11 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
 
     prediction = row(f"energy per iteration, {PIPELINE_SIZE} GPUs, plan file's prediction (modelled)")
     saving = target.energy_j / predicted_stock.energy_j - 1
+    assert plan.saving_band is not None and plan.saving_band.holds(saving)
     assert prediction[1:] == [
         f"{predicted_stock.energy_j:.1f} J",
         f"{target.energy_j:.1f} J",
-        f"{100 * saving:+.2f} % (modelled)",
+        f"{100 * saving:+.2f} % {band_ends(plan.saving_band)}",
     ]
     time_row = row("iteration time, plan file's prediction (modelled)")
     assert time_row[1:3] == [
@@ -106,10 +107,14 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
     planned = [r.scalars["energy/j_per_iter_total"] for r in records[1:]]
     planned_j = statistics.mean(planned)
     run = row(f"energy per iteration, {PIPELINE_SIZE} GPUs, run (modelled)")
+    run_change = planned_j / statistics.mean(baseline.step_energy_j) - 1
+    stated = relative_change(baseline.step_energy_j, planned, source="modelled")
+    # a stated change carries the plan's band around it; "too few samples" (this short run) states none
+    band = f" {band_ends(run_band(plan, run_change), digits=1)}" if stated.excludes_zero else ""
     assert run[1:] == [
         f"{statistics.mean(baseline.step_energy_j):.1f} J",
         f"{planned_j:.1f} J",
-        relative_change(baseline.step_energy_j, planned, source="modelled").format(),
+        f"{stated.format()}{band}",
     ]
     settling = f"left out of the run's figures: iteration {PROFILING_ITERS + 1}, the first under the plan"
     assert settling in demo.out
@@ -180,14 +185,15 @@ def test_all_in_the_demo_is_its_plan_file_no_slower_than_stock_and_no_costlier_t
 def test_one_saving_in_the_plan_line_the_summary_the_comparison_and_the_report(
     demo: DemoRun, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """Issue 33: one output gave -12.0 %, -11.76 % and -15.94 % for the same plan."""
+    """Issue 33: one output gave -12.0 %, -11.76 % and -15.94 % for the same plan; issue 41: with its band."""
     plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
-    saving = change_text(plan_saving(plan))
-    assert re.fullmatch(r"-\d+\.\d\d %", saving)
+    assert re.fullmatch(r"-\d+\.\d\d %", change_text(plan_saving(plan)))
+    saving = saving_text(plan)
+    assert re.fullmatch(r"-\d+\.\d\d % \([+-]\d+\.\d\d to [+-]\d+\.\d\d %, modelled\)", saving)
     (plan_line,) = [line for line in demo.lines if line.startswith("[energy] plan for ")]
     assert f"({saving} vs stock)" in plan_line
     (summary,) = [line for line in demo.lines if "energy per iteration" in line and "plan file's" in line]
-    assert summary.strip("│ ").endswith(f"{saving} (modelled)")
+    assert summary.strip("│ ").endswith(saving)
     (compared,) = [line for line in demo.lines if line.startswith("│ all ")]
     assert [cell.strip() for cell in compared.strip("│").split("│")][8] == saving
     assert (

@@ -58,6 +58,26 @@ def test_every_field_says_where_it_came_from():
     assert spec.voltage_knee_mhz == SHIPPED.voltage_knee_mhz
 
 
+def test_fitted_figures_carry_their_fits_ranges_and_measured_ones_drop_the_shipped_ranges():
+    shipped = dataclasses.replace(
+        SHIPPED,
+        ranges={"idle_power_w": (100.0, 130.0), "switch_latency_s": (0.006, 0.03)},
+        sources={**SHIPPED.sources, "ranges.idle_power_w": "assumed", "ranges.switch_latency_s": "paper"},
+    )
+    run = synthetic_run()
+    fit = fit_curve(run, KNEE_MHZ, MEMORY_POWER_W, 900.0)
+    spec = calibrate_spec(shipped, run, fit, name="x")
+    assert "idle_power_w" not in spec.ranges and "ranges.idle_power_w" not in spec.sources  # measured now
+    assert spec.ranges["switch_latency_s"] == (0.006, 0.03)  # still assumed: carried
+    low, high = spec.ranges["dynamic_power_max_w"]
+    assert low <= spec.dynamic_power_max_w <= high
+    assert high - low == pytest.approx(4 * fit.dynamic_power_error_w, abs=0.2)  # the made-up GPU fits exactly
+    for kernel_class, activity in spec.class_activity.items():
+        low, high = spec.ranges[f"class_activity.{kernel_class}"]
+        assert low <= activity <= high
+    assert "standard errors of the fit" in spec.sources["ranges.voltage_min_v"]
+
+
 def test_blocked_power_below_idle_is_raised_to_idle_and_says_so():
     spec = calibrated(synthetic_run(blocked_w=100.0), name="x")
     assert spec.blocked_power_w == pytest.approx(IDLE_W)

@@ -8,6 +8,7 @@ import yaml
 
 from megatron_energy.dvfs.spec import (
     CONFIG_DIR_ENV,
+    DESCRIPTIVE_FIELDS,
     GpuSpec,
     available_gpu_specs,
     config_root,
@@ -15,7 +16,6 @@ from megatron_energy.dvfs.spec import (
 )
 
 CONTRACT_SPECS = ["a100-sxm-40gb", "a100-sxm-80gb", "b200", "h100-sxm", "h200"]
-UNSOURCED = {"name", "display_name", "sources"}
 
 
 def test_all_contract_specs_are_available():
@@ -29,8 +29,9 @@ def test_every_spec_loads_consistently_and_sources_every_number(name):
     assert list(spec.sm_clocks_mhz) == sorted(spec.sm_clocks_mhz, reverse=True)
     assert spec.max_sm_clock_mhz == spec.sm_clocks_mhz[0] == spec.default_sm_clock_mhz
     assert spec.idle_power_w <= spec.blocked_power_w < spec.power_limit_w
-    numeric = {f.name for f in dataclasses.fields(GpuSpec)} - UNSOURCED
+    numeric = {f.name for f in dataclasses.fields(GpuSpec)} - DESCRIPTIVE_FIELDS
     assert numeric <= set(spec.sources)
+    assert {f"ranges.{key}" for key in spec.ranges} <= set(spec.sources)
     assert all(text.strip() for text in spec.sources.values())
 
 

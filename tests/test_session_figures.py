@@ -135,7 +135,9 @@ def test_a_real_saving_reads_as_one_with_an_interval_that_holds_the_truth(contro
     assert plan.provenance == "simulated" and plan.measured_tail is not None
     line = last_line(reports[0])
     found = re.search(
-        r"\| energy vs stock: (-\d+\.\d) % ± (\d+\.\d) % \(modelled, 95 % CI, n=(\d+) vs (\d+)\) \|", line
+        r"\| energy vs stock: (-\d+\.\d) % ± (\d+\.\d) % \(modelled, 95 % CI, n=(\d+) vs (\d+)\) "
+        r"\([+-][\d.]+ to [+-][\d.]+ %, modelled\) \|",
+        line,
     )
     assert found, line
     change, halfwidth = float(found[1]) / 100, float(found[2]) / 100

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from megatron_energy.commands.memory_lever_output import print_memory_lever
-from megatron_energy.commands.optimiser_comparison import MODES, Comparison
+from megatron_energy.commands.optimiser_comparison import MODES, Comparison, ModeResult
 from megatron_energy.dvfs.model import GpuPowerModel
-from megatron_energy.plan_outcome import change_text, energy_change
+from megatron_energy.plan_outcome import banded_text, change_text, energy_change
 
 
 def comparison_label(comparison: Comparison) -> str:
@@ -62,11 +62,23 @@ def modes_table(comparison: Comparison) -> Table:
             f"{row.dynamic_j:,.1f}",
             f"{row.total_energy_j * per_pipeline / 1e3:,.2f}",
             change_text(row.iteration_time_s / stock.iteration_time_s - 1),
-            change_text(energy_change(stock.total_energy_j, row.total_energy_j)),
-            change_text(energy_change(perseus.total_energy_j, row.total_energy_j)),
+            _versus_stock(stock.total_energy_j, row),
+            _versus_perseus(perseus.total_energy_j, row),
             *share,
         )
     return table
+
+
+def _versus_stock(stock_j: float, row: ModeResult) -> str:
+    """A mode's energy change against stock clocks with its plan's band; the stock row's alone."""
+    change = energy_change(stock_j, row.total_energy_j)
+    return change_text(change) if row.mode == "stock" else banded_text(change, row.plan.saving_band)
+
+
+def _versus_perseus(perseus_j: float, row: ModeResult) -> str:
+    """A mode's energy change against Perseus alone with its band; the Perseus row's alone."""
+    change = energy_change(perseus_j, row.total_energy_j)
+    return change_text(change) if row.mode == "perseus" else banded_text(change, row.versus_perseus)
 
 
 def all_to_all_line(comparison: Comparison) -> str | None:
@@ -103,7 +115,7 @@ def all_vs_perseus_line(comparison: Comparison) -> str:
     """``all`` against Perseus alone: energy change and where it comes from (static, dynamic)."""
     perseus, both = comparison.row("perseus"), comparison.row("all")
     return (
-        f"all vs perseus: energy {change_text(energy_change(perseus.total_energy_j, both.total_energy_j))} "
+        f"all vs perseus: energy {_versus_perseus(perseus.total_energy_j, both)} "
         f"(static {both.static_j - perseus.static_j:+,.1f} J, "
         f"dynamic {both.dynamic_j - perseus.dynamic_j:+,.1f} J per pipeline), "
         f"time {both.iteration_time_s:.4f} s vs {perseus.iteration_time_s:.4f} s "

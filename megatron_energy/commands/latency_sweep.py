@@ -7,6 +7,10 @@ job's *modelled* profile (its GPU spec's time/power model, FLOP/byte counts of t
 split of :mod:`megatron_energy.pipeline.modelled_phases`). Savings are against the stock iteration at the same
 latency; every plan keeps the stock iteration time.
 
+Each saving is printed as an energy change with its band (``optimisers.saving_band``: the plan priced again
+over the GPU spec's declared ranges, moved to the sweep's own saving): ``-15.80 % (-9.60 to -21.79 %,
+modelled)``.
+
 Energy accounting of the iteration tail: the simulator charges a modelled tail (gradient sync, optimizer
 step) at idle power, which no clock changes; here every column instead charges it by the same time/power
 model at the clock in force (stock: the fastest; instruction level: the rank's last instruction's clock;
@@ -29,9 +33,12 @@ from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+from megatron_energy.plan_band import SavingBand
+from megatron_energy.plan_outcome import banded_text, run_band
 from megatron_energy.target import EnergyTarget
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "configs" / "examples"
@@ -41,8 +48,9 @@ UNITS_S: dict[str, float] = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 """Duration units a latency may be written in."""
 
 HEADER = (
-    "| job | switch latency | stock J/iter (pipeline, modelled) | instruction level (modelled) "
-    "| phase level (modelled) | time (modelled) |\n|---|---|---|---|---|---|"
+    "| job | switch latency | stock J/iter (pipeline, modelled) | instruction level: energy vs stock "
+    "(modelled, band) | phase level: energy vs stock (modelled, band) | time (modelled) |\n"
+    "|---|---|---|---|---|---|"
 )
 """The table's header (Markdown, as in the README)."""
 
@@ -114,12 +122,17 @@ class SweepRow:
     """Relative saving of that plan refined by the phase optimiser."""
     time_change: float
     """The phase-level plan's iteration time against the stock iteration's, relative."""
+    instruction_band: SavingBand | None = None
+    """The Perseus plan's saving band (``optimisers.saving_band``) around ``-instruction_saving``."""
+    phase_band: SavingBand | None = None
+    """The phase-level plan's band around ``-phase_saving``."""
 
     def markdown(self) -> str:
-        """The row as a Markdown table row under :data:`HEADER`."""
+        """The row as a Markdown table row under :data:`HEADER` (savings as changes with their band)."""
         return (
             f"| {self.job} | {format_latency(self.latency_s)} | {self.stock_j:,.0f} | "
-            f"{self.instruction_saving:.1%} | {self.phase_saving:.1%} | {self.time_change:+.2%} |"
+            f"{banded_text(-self.instruction_saving, self.instruction_band)} | "
+            f"{banded_text(-self.phase_saving, self.phase_band)} | {self.time_change:+.2%} |"
         )
 
 
@@ -157,18 +170,22 @@ def sweep_job(
             layers_per_chunk=layers,
             layer_pattern=layer_pattern(config.shape, spec),
         )
-        instruction = PerseusOptimiser().plan(profile, job)
-        phase = PhaseOptimiser().plan(profile, job, base=instruction)
+        instruction = with_saving_band(PerseusOptimiser().plan(profile, job), profile, job)
+        phase = with_saving_band(PhaseOptimiser().plan(profile, job, base=instruction), profile, job)
         top = [max(clocks)] * config.pipeline_stages
         stock_j = instruction.baseline.energy_j + _tail_correction_j(config, profile, top, model)
         correction = _tail_correction_j(config, profile, _last_clocks(instruction), model)
+        instruction_saving = 1 - (instruction.target_point.energy_j + correction) / stock_j
+        phase_saving = 1 - (phase.target_point.energy_j + correction) / stock_j
         yield SweepRow(
             config.name,
             latency_s,
             stock_j,
-            1 - (instruction.target_point.energy_j + correction) / stock_j,
-            1 - (phase.target_point.energy_j + correction) / stock_j,
+            instruction_saving,
+            phase_saving,
             phase.target_point.iteration_time_s / instruction.baseline.iteration_time_s - 1,
+            run_band(instruction, -instruction_saving),
+            run_band(phase, -phase_saving),
         )
 
 

@@ -40,12 +40,14 @@ from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.memory_clock import candidate_memory_clocks, choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan
+from megatron_energy.plan_band import SavingBand
 from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
 from megatron_energy.target import EnergyTarget, parse_target
@@ -72,6 +74,9 @@ class ModeResult:
     """The mode's plan (stock: the Perseus plan, whose baseline is this row)."""
     all_to_all: AllToAllShare | None = None
     """The expert all-to-all's part of the iteration (modelled); ``None`` without one."""
+    versus_perseus: SavingBand | None = None
+    """The band of the row's energy change against the Perseus row (``optimisers.saving_band``, both plans
+    priced under each variant); ``None`` for the Perseus row itself."""
 
     @property
     def total_energy_j(self) -> float:
@@ -178,8 +183,11 @@ def compare_modes(
         The rows, stock first.
     """
     both, alone = all_optimiser(budget).plan_with_parts(profile, planning)  # perseus and kareus alone too
-    perseus = alone["perseus"]
-    plans = {"perseus": perseus, "kareus": alone["kareus"], "all": both}
+    plans = {
+        mode: with_saving_band(plan, profile, planning)
+        for mode, plan in (("perseus", alone["perseus"]), ("kareus", alone["kareus"]), ("all", both))
+    }
+    perseus = plans["perseus"]
     deadline_s = planning.target.deadline_s(perseus.baseline.iteration_time_s)
     idle_w = profile.idle_power_w
     collectives = build_collectives(planning.collectives) if planning.collectives is not None else []
@@ -193,18 +201,23 @@ def compare_modes(
             idle_w,
             perseus,
             all_to_all_share(collectives, None, stock_s, spec),
+            None if perseus.saving_band is None else perseus.saving_band.reversed(),
         )
     ]
+    dag = planning.dag()
 
-    def planned(mode: str, plan: Plan) -> ModeResult:
+    def planned(mode: str, plan: Plan, versus_perseus: bool = True) -> ModeResult:
         point = plan.target_point
         energies = tuple(rank.energy_j for rank in point.ranks)
         share = all_to_all_share(collectives, point, point.iteration_time_s, spec)
-        return ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plan, share)
+        versus = None
+        if versus_perseus and mode != "perseus":
+            versus = saving_band(plan, dag, profile, spec, against=perseus)
+        return ModeResult(mode, point.iteration_time_s, energies, deadline_s, idle_w, plan, share, versus)
 
     rows += [planned(mode, plans[mode]) for mode in MODES[1:]]
     memory_rows = tuple(
-        planned(mode, choose_memory_clocks(plans[mode], profile, planning))
+        planned(mode, choose_memory_clocks(plans[mode], profile, planning), versus_perseus=False)
         for mode in MODES[1:]
         if candidate_memory_clocks(spec)
     )

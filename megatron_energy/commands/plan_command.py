@@ -36,9 +36,11 @@ from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.plan import Plan, fingerprint
+from megatron_energy.plan_outcome import saving_text
 from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
 from megatron_energy.target import EnergyTarget, parse_target
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profile, job, source, accounting = _planning_inputs(args)
         job = dataclasses.replace(job, memory_clock=args.memory_clock == "auto")
-        plan = MemoryClockLever(PerseusOptimiser()).plan(profile, job)
+        plan = with_saving_band(MemoryClockLever(PerseusOptimiser()).plan(profile, job), profile, job)
         plan.save(args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)
@@ -300,7 +302,6 @@ def _summary(plan: Plan) -> Table:
     for header in ("figure", "all-maximum clocks", "plan", "change", "source"):
         table.add_column(header, justify="left" if header in ("figure", "source") else "right")
     time_change = target.iteration_time_s / baseline.iteration_time_s - 1
-    energy_change = target.energy_j / baseline.energy_j - 1
     table.add_row(
         "iteration time (s)",
         f"{baseline.iteration_time_s:.4f}",
@@ -312,7 +313,7 @@ def _summary(plan: Plan) -> Table:
         "energy per iteration (J)",
         f"{baseline.energy_j:,.1f}",
         f"{target.energy_j:,.1f}",
-        f"{100 * energy_change:+.2f} %",
+        saving_text(plan),
         "modelled",
     )
     for stage, rank in enumerate(target.ranks):

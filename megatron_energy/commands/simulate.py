@@ -29,7 +29,7 @@ from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
-from megatron_energy.plan_outcome import change_text, energy_change
+from megatron_energy.plan_outcome import banded_text, change_text, energy_change, run_band
 from megatron_energy.report.console import output_console
 from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
 from megatron_energy.sim.simulator import SimResult, Simulator
@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(
             f"versus every instruction at its fastest clock ({baseline.iteration_time_s:.4f} s, "
             f"{baseline.total_energy_j:,.1f} J): time {change_text(time_change)}, energy "
-            f"{change_text(saving)} ({label})"
+            f"{banded_text(saving, run_band(plan, saving))} ({label}; a band is the plan file's, around "
+            "this figure)"
         )
     if args.trace:
         path = write_trace(result, simulator.powers, args.trace)

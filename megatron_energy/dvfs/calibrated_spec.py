@@ -16,6 +16,7 @@ from megatron_energy.dvfs.calibration import CalibrationRun, LoopMeasurement
 from megatron_energy.dvfs.calibration_fit import CurveFit
 from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.dvfs.spec_ranges import SOURCE_PREFIX
 
 
 def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, fit: CurveFit, name: str) -> GpuSpec:
@@ -94,9 +95,55 @@ def calibrate_spec(shipped: GpuSpec, run: CalibrationRun, fit: CurveFit, name: s
             f"{shipped.memory_power_w:g} W{note}",
         )
     carried = {f.name: getattr(shipped, f.name) for f in dataclasses.fields(GpuSpec)}
-    carried.update(values, name=name, sources=sources)
+    # a measured figure keeps no range of the shipped spec's: what it was unsure of is now measured or fitted
+    dropped = [key for key in shipped.ranges if key.partition(".")[0] in values]
+    for key in dropped:
+        sources.pop(f"{SOURCE_PREFIX}{key}", None)
+    ranges = {key: bounds for key, bounds in shipped.ranges.items() if key not in dropped}
+    for key, (low, high, why) in _fitted_ranges(fit, shipped.voltage_max_v).items():
+        ranges[key] = (low, high)
+        sources[f"{SOURCE_PREFIX}{key}"] = f"{where}: {why}"
+    carried.update(values, name=name, sources=sources, ranges=ranges)
     carried["display_name"] = f"{shipped.display_name} (calibrated {run.date})"
     return GpuSpec(**carried)
+
+
+FIT_RANGE_SIGMAS = 2.0
+"""A fitted figure's range: this many standard errors of the fit either side."""
+
+
+def _fitted_ranges(fit: CurveFit, voltage_max_v: float) -> dict[str, tuple[float, float, str]]:
+    """The fitted figures' ranges (two standard errors; the memory activity over its loops), with why."""
+    k = FIT_RANGE_SIGMAS
+    sigma = f"{k:g} standard errors of the fit"
+    ratio_low = max(0.05, fit.voltage_ratio - k * fit.voltage_ratio_error)
+    ratio_high = min(1.0, fit.voltage_ratio + k * fit.voltage_ratio_error)
+    ranges = {
+        "voltage_min_v": (round(ratio_low * voltage_max_v, 4), round(ratio_high * voltage_max_v, 4), sigma),
+        "dynamic_power_max_w": (
+            round(fit.dynamic_power_max_w - k * fit.dynamic_power_error_w, 1),
+            round(fit.dynamic_power_max_w + k * fit.dynamic_power_error_w, 1),
+            sigma,
+        ),
+    }
+    activities = fit.class_activities()
+    for w in fit.workloads:
+        if activities.get(w.kernel_class) == round(w.activity, 3):
+            low = max(0.01, w.activity - k * w.activity_error)
+            ranges[f"class_activity.{w.kernel_class}"] = (
+                round(low, 3),
+                round(w.activity + k * w.activity_error, 3),
+                sigma,
+            )
+    if len(fit.memory) > 1:
+        solved = [min(max(m.activity, 0.0), 1.0) for m in fit.memory]
+        names = ", ".join(f"{m.name} {m.activity:.3f}" for m in fit.memory)
+        ranges["memory_core_activity"] = (
+            round(min(solved), 3),
+            round(max(solved), 3),
+            f"the memory loops disagree: {names}",
+        )
+    return ranges
 
 
 def _loop_text(loop: LoopMeasurement) -> str:

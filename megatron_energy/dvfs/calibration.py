@@ -44,7 +44,7 @@ import numpy as np
 import yaml
 
 from megatron_energy.dvfs.kernel_classes import KernelClass
-from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.dvfs.spec import DESCRIPTIVE_FIELDS, GpuSpec
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def spec_differences(shipped: GpuSpec, calibrated: GpuSpec, rel_tol: float = 0.0
     """
     lines = []
     for f in dataclasses.fields(GpuSpec):
-        if f.name in ("name", "display_name", "sources"):
+        if f.name in DESCRIPTIVE_FIELDS:
             continue
         old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
         if isinstance(old, tuple):
@@ -242,7 +242,7 @@ def comparison_lines(shipped: GpuSpec, calibrated: GpuSpec) -> list[str]:
     """
     lines = [f"{COMPARISON_HEADER} ({shipped.name}.yaml -> {calibrated.name}.yaml), per value:"]
     for f in dataclasses.fields(GpuSpec):
-        if f.name in ("name", "display_name", "sources"):
+        if f.name in DESCRIPTIVE_FIELDS:
             continue
         old, new = getattr(shipped, f.name), getattr(calibrated, f.name)
         provenance = "measured" if calibrated.sources.get(f.name, "").startswith("measured") else "carried"
@@ -300,6 +300,10 @@ def write_spec_yaml(spec: GpuSpec, path: Path, header: str) -> None:
             value = dict(value)
         elif f.name == "class_activity":
             value = {str(k): float(a) for k, a in value.items()}
+        elif f.name == "ranges":
+            if not value:
+                continue
+            value = {key: list(bounds) for key, bounds in value.items()}
         document[f.name] = value
     comment = "".join(f"# {line}\n" for line in header.splitlines())
     body = yaml.safe_dump(document, sort_keys=False, width=10_000, allow_unicode=True)

@@ -3,7 +3,9 @@
 Each supported GPU has one file ``configs/gpus/<name>.yaml`` holding every :class:`GpuSpec` field and a
 ``sources`` map that says where each number comes from (datasheet, paper, measurement or an explicit
 assumption). ``sm_clocks_mhz`` may be written either as an explicit list (as ``nvidia-smi -q -d
-SUPPORTED_CLOCKS`` prints it) or as a regular grid ``{max: 1980, min: 345, step: 15}``.
+SUPPORTED_CLOCKS`` prints it) or as a regular grid ``{max: 1980, min: 345, step: 15}``. An optional ``ranges``
+map declares what the spec does not pin down (``dvfs.spec_ranges``); each entry's reason is the ``sources``
+entry ``ranges.<key>``.
 
 Pure Python + PyYAML: no torch, megatron, zeus or NVML imports.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import yaml
 
 from megatron_energy.dvfs.kernel_classes import KernelClass, parse_activities
+from megatron_energy.dvfs.spec_ranges import SOURCE_PREFIX, Ranges, ranges_problem
 
 CONFIG_DIR_ENV = "MEGATRON_ENERGY_CONFIG_DIR"
 
@@ -34,8 +37,12 @@ and in the processes this one starts (the planner child reads the profile's GPU 
 # (almost) nothing down to 30-60 % of f_max.
 DEFAULT_SATURATION_FRACTION = 0.45
 
-# Fields that describe the GPU in words and so need no source.
-_UNSOURCED_FIELDS = frozenset({"name", "display_name", "sources"})
+DESCRIPTIVE_FIELDS = frozenset({"name", "display_name", "sources", "ranges"})
+"""Fields that are no figure of the GPU: its names, the figures' sources and their declared ranges (which
+need no source of their own: each range entry has one)."""
+
+OPTIONAL_FILE_FIELDS = frozenset({"ranges"})
+"""Fields a spec file may leave out."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,9 @@ class GpuSpec:
         memory_idle_power_w: The part of ``idle_power_w`` that scales with the memory clock (HBM background,
             memory controller and PHY at the top memory clock); a lower memory clock ``m`` saves
             ``memory_idle_power_w x (1 - m / m_max)`` of static power.
+        ranges: What the spec does not pin down: range key (a real-valued field, or ``<field>.<entry>`` of a
+            mapping field) -> ``(low, high)`` around the spec file's own value (``dvfs.spec_ranges``); empty
+            when the spec declares none. A spec derived with other figures keeps them as they are.
     """
 
     name: str
@@ -116,6 +126,7 @@ class GpuSpec:
     cta_bandwidth_gbps: float = 24.0
     class_activity: Mapping[KernelClass, float] = field(default_factory=dict, hash=False)
     memory_idle_power_w: float = 0.0
+    ranges: Ranges = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sm_clocks_mhz", tuple(int(c) for c in self.sm_clocks_mhz))
@@ -123,6 +134,9 @@ class GpuSpec:
         object.__setattr__(self, "sources", dict(self.sources))
         object.__setattr__(
             self, "class_activity", parse_activities({str(k): v for k, v in self.class_activity.items()})
+        )
+        object.__setattr__(
+            self, "ranges", {str(key): (float(low), float(high)) for key, (low, high) in self.ranges.items()}
         )
         if self.memory_saturation_mhz is None and self.sm_clocks_mhz:
             object.__setattr__(
@@ -311,19 +325,28 @@ def _spec_from_file(path: Path) -> GpuSpec:
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ValueError(f"{path}: unknown field(s) {unknown}")
-    missing = [name for name in fields if name not in raw]
+    missing = [name for name in fields if name not in raw and name not in OPTIONAL_FILE_FIELDS]
     if missing:
         raise ValueError(f"{path}: missing field(s) {missing}")
-    values = {name: _convert_field(path, name, raw[name]) for name in fields}
-    unsourced = [name for name in fields if name not in _UNSOURCED_FIELDS and name not in values["sources"]]
+    values = {name: _convert_field(path, name, raw[name]) for name in fields if name in raw}
+    unsourced = [name for name in fields if name not in DESCRIPTIVE_FIELDS and name not in values["sources"]]
+    unsourced += [
+        f"{SOURCE_PREFIX}{key}"
+        for key in values.get("ranges", {})
+        if f"{SOURCE_PREFIX}{key}" not in values["sources"]
+    ]
     if unsourced:
         raise ValueError(f"{path}: field 'sources' lacks an entry for {unsourced}")
     if values["name"] != path.stem:
         raise ValueError(f"{path}: field 'name' is {values['name']!r} but the file is named {path.stem!r}")
     try:
-        return GpuSpec(**values)
+        spec = GpuSpec(**values)
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from error
+    problem = ranges_problem(spec)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
+    return spec
 
 
 def _convert_field(path: Path, name: str, value: Any) -> Any:
@@ -337,6 +360,8 @@ def _convert_field(path: Path, name: str, value: Any) -> Any:
             if not isinstance(value, dict) or not all(isinstance(v, str) and v for v in value.values()):
                 raise TypeError("expected a mapping of field name to a non-empty description")
             return {str(k): v for k, v in value.items()}
+        if name == "ranges":
+            return _ranges(value)
         if name == "sm_clocks_mhz":
             return _clock_grid(value)
         if name == "memory_clocks_mhz":
@@ -352,6 +377,22 @@ def _convert_field(path: Path, name: str, value: Any) -> Any:
         return float(value)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path}: field {name!r}: {error}") from error
+
+
+def _ranges(value: Any) -> dict[str, tuple[float, float]]:
+    """A ``ranges`` map: key -> ``[low, high]`` of two numbers (the spec checks them against its values)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a mapping of field name to [low, high], got {value!r}")
+    ranges = {}
+    for key, bounds in value.items():
+        if (
+            not isinstance(bounds, list)
+            or len(bounds) != 2
+            or any(isinstance(end, bool) or not isinstance(end, int | float) for end in bounds)
+        ):
+            raise TypeError(f"entry {key!r}: expected [low, high] (two numbers), got {bounds!r}")
+        ranges[str(key)] = (float(bounds[0]), float(bounds[1]))
+    return ranges
 
 
 def _integer(value: Any) -> int:

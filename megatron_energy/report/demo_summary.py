@@ -6,7 +6,9 @@ folder); planned figures are the iterations that ran the target plan, from the e
 was in effect before (the last profiled clock), as profiling leaves out each clock's settling step. The
 prediction is the plan file's. The relative change of
 the run's figures comes from :func:`megatron_energy.stats.relative_change` when both sides have two samples
-or more. On simulated GPUs every figure is modelled, and the labels say so.
+or more. On simulated GPUs every figure is modelled, and the labels say so: the run's energy change then
+carries the plan's saving band too (``plan_outcome.run_band``: its extent over the GPU spec's ranges, around
+the run's change), after its statistical interval, each in its own notation.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from rich.table import Table
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
-from megatron_energy.plan_outcome import change_text, plan_saving
+from megatron_energy.plan_outcome import band_ends, change_text, run_band, saving_text
 from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, read_job_records
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
@@ -95,12 +97,26 @@ def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
     return DemoSummary(stock, planned, settling, plan, records[0].source)
 
 
-def _change(stock: tuple[float, ...], planned: tuple[float, ...], source: str) -> str:
-    """The relative change with its 95 % interval where both sides have samples to spread, else plain."""
+def _change(stock: tuple[float, ...], planned: tuple[float, ...], source: str) -> tuple[str, bool]:
+    """The relative change's text, and whether it states a change (not ``no change`` or ``within noise``).
+
+    With its 95 % interval where both sides have samples to spread, else plain.
+    """
     if len(stock) >= 2 and len(planned) >= 2:
-        return relative_change(stock, planned, source=source).format()  # type: ignore[arg-type]
+        change = relative_change(stock, planned, source=source)  # type: ignore[arg-type]
+        return change.format(), change.excludes_zero
+    change_ = statistics.mean(planned) / statistics.mean(stock) - 1.0
+    return f"{100 * change_:+.2f} % ({source}, n={len(stock)} vs {len(planned)})", True
+
+
+def _energy_change(summary: DemoSummary) -> str:
+    """The run's energy change; modelled (simulated GPUs), the plan's band around it follows."""
+    stock, planned = summary.stock.energy_j, summary.planned.energy_j
+    text, stated = _change(stock, planned, summary.source)
+    if summary.source != "modelled" or not stated:
+        return text
     change = statistics.mean(planned) / statistics.mean(stock) - 1.0
-    return f"{100 * change:+.2f} % ({source}, n={len(stock)} vs {len(planned)})"
+    return f"{text} {band_ends(run_band(summary.plan, change), digits=1)}"
 
 
 def _plain_change(change: float) -> str:
@@ -126,14 +142,14 @@ def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:
                 statistics.mean(stock.time_s),
                 statistics.mean(planned.time_s),
                 "ms",
-                _change(stock.time_s, planned.time_s, source),
+                _change(stock.time_s, planned.time_s, source)[0],
             ),
             ComparisonRow(
                 f"energy per iteration, {num_gpus} GPUs, run ({source})",
                 statistics.mean(stock.energy_j),
                 statistics.mean(planned.energy_j),
                 "J",
-                _change(stock.energy_j, planned.energy_j, source),
+                _energy_change(summary),
             ),
             ComparisonRow(
                 "iteration time, plan file's prediction (modelled)",
@@ -147,7 +163,7 @@ def summary_table(summary: DemoSummary, title: str, num_gpus: int) -> Table:
                 baseline.energy_j,
                 target.energy_j,
                 "J",
-                _plain_change(plan_saving(summary.plan)),
+                saving_text(summary.plan),
             ),
         ],
     )

@@ -18,11 +18,11 @@ from rich.table import Table
 
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.plan import Plan
-from megatron_energy.plan_outcome import why_nothing_found
+from megatron_energy.plan_outcome import saving_text, why_nothing_found
 from megatron_energy.report.frontier_plot import plot_frontier
 from megatron_energy.report.job_folder import ReportError, read_job_folder
 from megatron_energy.report.model_vs_measured import model_vs_measured_lines
-from megatron_energy.report.tables import stock_vs_plan_table
+from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.sim.simulator import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
@@ -109,11 +109,23 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
 
 
 def plan_table(plan: Plan) -> Table:
-    """Stock clocks against the plan: iteration time and energy per pipeline iteration (modelled)."""
-    target = plan.target_point
-    return stock_vs_plan_table(
+    """Stock clocks against the plan: iteration time and energy per pipeline iteration (modelled).
+
+    The energy's change is the plan's saving with its band (``plan_outcome.saving_text``).
+    """
+    target, baseline = plan.target_point, plan.baseline
+    return comparison_table(
         f"plan for {plan.target}: modelled from a {plan.provenance} profile ({plan.gpu_name})",
-        (plan.baseline.iteration_time_s, target.iteration_time_s),
-        (plan.baseline.energy_j, target.energy_j),
-        "energy per pipeline iteration (modelled)",
+        [
+            ComparisonRow(
+                "iteration time (modelled)", baseline.iteration_time_s, target.iteration_time_s, "ms"
+            ),
+            ComparisonRow(
+                "energy per pipeline iteration (modelled)",
+                baseline.energy_j,
+                target.energy_j,
+                "J",
+                saving_text(plan),
+            ),
+        ],
     )

@@ -56,23 +56,3 @@ def comparison_table(title: str, rows: Sequence[ComparisonRow]) -> Table:
     for row in rows:
         table.add_row(*row.cells())
     return table
-
-
-def stock_vs_plan_table(
-    title: str, time_s: tuple[float, float], energy_j: tuple[float, float], energy_label: str
-) -> Table:
-    """Iteration time (modelled) and energy at stock clocks and under a plan.
-
-    Args:
-        title: The table's title (says what is modelled or measured, and on which GPU).
-        time_s: Iteration time ``(stock, plan)``.
-        energy_j: Energy per iteration ``(stock, plan)``.
-        energy_label: Row label for the energy, e.g. ``"energy per iteration, all GPUs (modelled)"``.
-    """
-    return comparison_table(
-        title,
-        [
-            ComparisonRow("iteration time (modelled)", *time_s, "ms"),
-            ComparisonRow(energy_label, *energy_j, "J"),
-        ],
-    )

@@ -51,6 +51,7 @@ from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
 from megatron_energy.plan import Plan
+from megatron_energy.plan_outcome import run_band
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import RankComms
 from megatron_energy.runtime.control_plane.group_chain import gather_replica
@@ -183,7 +184,7 @@ class EnergySession:
             can_set_clocks=can_set_clocks,
             grid_mhz=clocks_mhz,
             kernel_timeline=self.kernel_timeline,
-            on_adopted=self.run_guard.start,
+            on_adopted=self._adopted,
             printer=printer,
         )
         self._stock_decided = False
@@ -325,6 +326,11 @@ class EnergySession:
         self._seal_step(step)
         self._check_phase_switcher()
         self.host_cost.end_step(run_phase)
+
+    def _adopted(self, plan: Plan) -> None:
+        """Every rank runs the plan: the run guard starts, and the log gives modelled changes its band."""
+        self.energy_logger.plan_band = run_band(plan, 0.0)
+        self.run_guard.start(plan)
 
     def _check_phase_switcher(self) -> None:
         """Turn phase switching off, with a log line, if an error stopped it; the instruction clocks go on."""

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.plan_band import SavingBand
+from megatron_energy.plan_outcome import band_ends
 from megatron_energy.runtime.energy_log.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
 
@@ -90,6 +92,7 @@ def format_energy_line(
     phase: str,
     stock: StockSamples | None = None,
     first_iteration: int | None = None,
+    band: SavingBand | None = None,
 ) -> tuple[str, dict[str, float]]:
     """Build the log line and the scalars for one interval.
 
@@ -101,6 +104,8 @@ def format_energy_line(
         stock: The stock baseline's iterations, once measured.
         first_iteration: The interval's first iteration, when the line names the range it covers (a line
             of a staged exchange that covers several log intervals, ``runtime.energy_log.energy_logger``).
+        band: The running plan's saving band around zero (``plan_outcome.run_band``): a resolved modelled
+            energy change carries it around its own value, after its statistical interval.
 
     Returns:
         The line, and ``{scalar name: value}`` for metric writers.
@@ -124,7 +129,7 @@ def format_energy_line(
         energy_change = compare_to_stock(stock.energy_j, job.window_j, size, source)
         time_change = compare_to_stock(stock.iteration_s, job.window_s, size, source)
     if energy_change is not None:
-        parts.append(f"energy vs stock: {_stated(energy_change, phase)}")
+        parts.append(f"energy vs stock: {_stated(energy_change, phase)}{_banded(energy_change, band)}")
         scalars |= energy_change.scalars("energy/change_vs_stock")
         scalars["energy/window_iterations"] = float(len(job.window_j))
     parts.append(f"iter {1e3 * job.iteration_s:.1f} ms ({source})")
@@ -152,6 +157,16 @@ def _stated(change: RelativeChange, phase: str) -> str:
     if phase.endswith(NOT_SET) and change.excludes_zero:
         text += " (no clock was set: a change from outside the plan, not its effect)"
     return text
+
+
+def _banded(change: RelativeChange, band: SavingBand | None) -> str:
+    """The plan's band around a resolved modelled change (`` (-10.8 to -13.0 %, modelled)``), else nothing.
+
+    A measured change keeps its statistical interval alone: the band is the model's, not the measurement's.
+    """
+    if band is None or change.source != "modelled" or not change.excludes_zero:
+        return ""
+    return " " + band_ends(band.shifted(change.change), digits=1)
 
 
 def logged_phases(text: str) -> dict[int, str]:

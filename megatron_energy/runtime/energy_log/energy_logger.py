@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.plan_band import SavingBand
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
 from megatron_energy.runtime.control_plane.exchange_period import (
@@ -51,6 +52,7 @@ from megatron_energy.runtime.energy_log.log_window import PhaseWindow
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.power_watch import with_power_budget
+from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.stats import Source
 from megatron_energy.target import EnergyTarget
@@ -95,6 +97,8 @@ class EnergyLogger:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
         power_target: ``--energy-target`` when it is a power budget: the line then shows the measured power
             per GPU against it (``runtime.running.power_watch``); ``None`` otherwise.
+        plan_band: The running plan's saving band around zero (``plan_outcome.run_band``), set when a plan
+            takes effect: a modelled energy change of the planned phase carries it around its own value.
         job: The job's fingerprint, written into every record (``EnergyRecord.job``).
     """
 
@@ -114,6 +118,7 @@ class EnergyLogger:
         self.window = PhaseWindow()
         self.log_file: Path | None = None
         self.power_target: EnergyTarget | None = None
+        self.plan_band: SavingBand | None = None
         self.job = ""
         sizes = [comms.size(group) for group in GROUPS]
         self._staged: StagedExchange[_ReducedInterval] | None = None
@@ -194,7 +199,13 @@ class EnergyLogger:
         job = job_interval(reduced.maxima, reduced.sums, self.context.pipeline_size)
         merged = end.first_iteration < end.iteration - self.context.log_interval + 1
         line, scalars = format_energy_line(
-            end.iteration, job, self.source, end.phase, end.stock, end.first_iteration if merged else None
+            end.iteration,
+            job,
+            self.source,
+            end.phase,
+            end.stock,
+            end.first_iteration if merged else None,
+            self.plan_band if end.phase == SessionPhase.PLANNED else None,
         )
         if self.power_target is not None:
             target = self.power_target

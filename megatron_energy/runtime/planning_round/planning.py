@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
+from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
-from megatron_energy.plan_outcome import change_text, plan_saving, why_nothing_found
+from megatron_energy.plan_outcome import saving_text, why_nothing_found
 from megatron_energy.runtime.planning_round.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling.collector import (
     ProfileRow,
@@ -116,7 +117,7 @@ def plan_on_root(
     Returns:
         The release to broadcast (and to cache with :func:`store_release`).
     """
-    plan = MemoryClockLever(optimiser).plan(profile, job)
+    plan = with_saving_band(MemoryClockLever(optimiser).plan(profile, job), profile, job)
     measured = MeasuredInputs.of_job(job, optimiser.request)
     return PlanRelease(
         plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
@@ -322,7 +323,7 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
         else "no frontier swept (the plan's instruction clocks are stock)"
     )
     why = why_nothing_found(plan)
-    saving = f"{change_text(plan_saving(plan))} vs stock" if why is None else f"no saving: {why}"
+    saving = f"{saving_text(plan)} vs stock" if why is None else f"no saving: {why}"
     return (
         f"[energy] plan for {plan.target} ({', '.join(plan.optimisers)}): iteration "
         f"{1e3 * target.iteration_time_s:.1f} ms vs {1e3 * plan.baseline.iteration_time_s:.1f} ms at stock "
