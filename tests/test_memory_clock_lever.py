@@ -83,7 +83,7 @@ def test_stage_off_the_critical_path_gets_the_lower_memory_clock_and_energy_fall
     assert lever.memory_clocks_mhz == (TOP, LOW)
     before, after = plan.target_point, lever.target_point
     assert after.iteration_time_s <= before.iteration_time_s * (1 + 1e-9)
-    assert after.energy_j < before.energy_j - 1.0
+    assert after.energy_j < before.energy_j * (1 - 1e-3)  # at least 0.1 % (0.35 % on the calibrated H100)
     assert after.ranks[0].energy_j == pytest.approx(before.ranks[0].energy_j, rel=1e-9)
     assert after.ranks[1].energy_j < before.ranks[1].energy_j
     for old, new in zip(plan.points, lever.points, strict=True):

@@ -43,6 +43,7 @@ def toy_run(tmp_path_factory: pytest.TempPathFactory) -> LauncherRun:
         str(TINY_GPT_SCRIPT), *MEGATRON_ARGS,
         "--energy-optimise", "--energy-mode", "toy", "--energy-backend", "simulated",
         "--energy-gpu-spec", "h100-sxm", "--energy-freq-grid", ",".join(map(str, GRID_MHZ)),
+        "--energy-memory-clock", "off",  # the plugin's plan as it made it (the lever re-picks SM clocks)
         "--energy-profile-iters", "1", "--energy-dir", str(root / "energy"),
     ]  # fmt: skip
     return run_launcher(argv, 2, root, sys_path=[root / "site", PLUGIN_SOURCE])

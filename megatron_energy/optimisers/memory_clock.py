@@ -27,6 +27,7 @@ import dataclasses
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import ClockAction, Plan, PlanPoint, RankPlan
@@ -123,7 +124,7 @@ class _Search:
         self.plan = plan
         self.profile = profile
         self.pricing = pricing
-        self.clocks = [_step_clocks(point) for point in plan.points]
+        self.clocks = [_step_clocks(point, pricing.dag) for point in plan.points]
         self.phased = [_phased_steps(point) for point in plan.points]
         stock = (None,) * plan.num_stages
         self.reference = [pricing.price(clocks, stock) for clocks in self.clocks]
@@ -190,7 +191,7 @@ class _Search:
         ranks = tuple(
             RankPlan(
                 actions=tuple(
-                    dataclasses.replace(action, clock_mhz=clocks[action.at.step])
+                    dataclasses.replace(action, clock_mhz=clocks.get(action.at.step, action.clock_mhz))
                     if isinstance(action, ClockAction) and action.at.phase is None
                     else action
                     for action in rank.actions
@@ -206,10 +207,17 @@ class _Search:
         return dataclasses.replace(point, iteration_time_s=time_s, ranks=ranks)
 
 
-def _step_clocks(point: PlanPoint) -> dict[Step, int]:
-    """The instruction-level clock of every step of every rank at ``point``."""
+def _step_clocks(point: PlanPoint, dag: PipelineDag) -> dict[Step, int]:
+    """The instruction-level clock of every step of every rank at ``point`` that ``dag`` runs.
+
+    A clock for a step the job never runs is left as it is: whether a plan fits the job is the runtime's
+    check on adopting it (``PlanRunner``), which names the step; the lever does not pre-empt it.
+    """
     return {
-        step: clock for stage in range(len(point.ranks)) for step, clock in point.step_clocks(stage).items()
+        step: clock
+        for stage in range(len(point.ranks))
+        for step, clock in point.step_clocks(stage).items()
+        if step in dag.index
     }
 
 
