@@ -25,9 +25,9 @@ from session_world import ASSUMED_H100, RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.profiling.baseline_length import MAX_STOCK_STEPS
-from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.target import parse_target
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
