@@ -134,6 +134,7 @@ class DemoJob:
             "--lr", "1e-4",
             "--mock-data", "--tokenizer-type", "NullTokenizer",
             "--no-one-logger",
+            "--bf16",  # as the model trains: the simulated GPUs price its GEMMs as bf16 products
         ]  # fmt: skip
         if shape.gated_mlp:
             args.append("--swiglu")
