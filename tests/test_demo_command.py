@@ -26,7 +26,7 @@ from megatron_energy.stats import relative_change
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
-# stock: settling, a 4-iteration baseline pilot, 2 synchronous steps; the next clock (1530 MHz): 1 + 2
+# stock: settling, a 4-iteration baseline pilot, 2 synchronous steps; the next clock (1230 MHz): 1 + 2
 PROFILING_ITERS = (1 + 4 + 2) + (1 + 2)
 TRAIN_ITERS = PROFILING_ITERS + RUN_ITERS
 MEGATRON_LINE = re.compile(
