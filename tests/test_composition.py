@@ -4,6 +4,7 @@ allows, or more energy, is left out and the plan says so; a part whose plan alon
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -97,6 +98,11 @@ def test_a_part_alone_that_uses_less_energy_within_the_target_is_the_plan(perseu
     plan = _compose(perseus, _Part("cheap", alone=slow_and_cheap), _Part("phases", alone=better))
     assert plan.optimisers == ("phases",) and _point(plan).energy_j == _point(better).energy_j
     assert plan.notes[-1].startswith("phases alone is the plan: ")
+    # both modelled savings with their bands (the spec's ranges over the same plans)
+    assert (
+        len(re.findall(r"[+-]\d+\.\d\d % \([+-]\d+\.\d\d to [+-]\d+\.\d\d %, modelled\)", plan.notes[-1]))
+        == 2
+    )
     # a part that cannot plan alone is passed over
     assert _compose(perseus, _Part("bare")).notes == ()
 

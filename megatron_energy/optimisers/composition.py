@@ -31,8 +31,10 @@ from dataclasses import dataclass
 
 from megatron_energy.errors import EnergyValueError, UnknownModeError
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
+from megatron_energy.optimisers.saving_band import job_saving_band
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
+from megatron_energy.plan_outcome import banded_text, plan_saving
 from megatron_energy.target import EnergyTarget
 
 TOLERANCE = 1e-9
@@ -101,9 +103,11 @@ class ComposedOptimiser:
             if cheaper and _loss(candidate, plan, job.target, first) is None:
                 plan = candidate
         if plan is not composed:
+            alone_text = banded_text(plan_saving(plan), job_saving_band(plan, profile, job))
+            composed_text = banded_text(plan_saving(composed), job_saving_band(composed, profile, job))
             notes.append(
-                f"{plan.optimisers[-1]} alone is the plan: it saves {100 * (1 - _ratios(plan)[1]):.2f} % of "
-                f"stock energy against the composition's {100 * (1 - _ratios(composed)[1]):.2f} % (modelled)"
+                f"{plan.optimisers[-1]} alone is the plan: its energy against stock {alone_text}, the "
+                f"composition's {composed_text}"
             )
         return (dataclasses.replace(plan, notes=(*plan.notes, *notes)) if notes else plan), alone
 

@@ -47,7 +47,12 @@ modelled profile fits no better than a dozen of its points, at a tenth of the co
 
 
 def with_saving_band(plan: Plan, profile: Profile, job: PlanningJob) -> Plan:
-    """``plan`` carrying the band of its saving (:func:`saving_band`) on the job's DAG and GPU spec.
+    """``plan`` carrying the band of its saving (:func:`job_saving_band`)."""
+    return dataclasses.replace(plan, saving_band=job_saving_band(plan, profile, job))
+
+
+def job_saving_band(plan: Plan, profile: Profile, job: PlanningJob) -> SavingBand:
+    """The band of ``plan``'s saving (:func:`saving_band`) on the job's DAG and GPU spec.
 
     A plan whose GPU has no spec of its name (a CSV profile without ``--gpu-spec``) gets the band of a spec
     that declares nothing: its saving alone.
@@ -58,8 +63,7 @@ def with_saving_band(plan: Plan, profile: Profile, job: PlanningJob) -> Plan:
             spec = load_gpu_spec(plan.gpu_name)
         except ValueError:
             spec = None
-    band = saving_band(plan, job.dag(), profile, spec)
-    return dataclasses.replace(plan, saving_band=band)
+    return saving_band(plan, job.dag(), profile, spec)
 
 
 def saving_band(
