@@ -91,6 +91,10 @@ class GpuSpec:
         memory_idle_power_w: The part of ``idle_power_w`` that scales with the memory clock (HBM background,
             memory controller and PHY at the top memory clock); a lower memory clock ``m`` saves
             ``memory_idle_power_w x (1 - m / m_max)`` of static power.
+        workload_activity_scale: The compute activity of a training step's kernels relative to the classes'
+            (``class_activity``, measured on large products), for the work the workload model describes
+            (``pipeline.workload``): a step's products are smaller and mixed with other kernels. Measured work
+            fits its own (``dvfs.model.fit_work_profile``).
         ranges: What the spec does not pin down: range key (a real-valued field, or ``<field>.<entry>`` of a
             mapping field) -> ``(low, high)`` around the spec file's own value (``dvfs.spec_ranges``); empty
             when the spec declares none. A spec derived with other figures keeps them as they are.
@@ -126,6 +130,7 @@ class GpuSpec:
     cta_bandwidth_gbps: float = 24.0
     class_activity: Mapping[KernelClass, float] = field(default_factory=dict, hash=False)
     memory_idle_power_w: float = 0.0
+    workload_activity_scale: float = 1.0
     ranges: Ranges = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -228,6 +233,7 @@ def _first_problem(spec: GpuSpec) -> str | None:
     checks += [
         (spec.p2p_latency_s >= 0, "p2p_latency_s must be non-negative"),
         (spec.memory_power_w >= 0, "memory_power_w must be non-negative"),
+        (0 < spec.workload_activity_scale <= 5, "workload_activity_scale must lie in (0, 5]"),
         (
             0 <= spec.memory_idle_power_w < spec.idle_power_w,
             "need 0 <= memory_idle_power_w < idle_power_w",

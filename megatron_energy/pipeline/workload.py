@@ -248,6 +248,9 @@ def instruction_work(
 ) -> dict[Work, WorkProfile]:
     """Work of every pipeline instruction class ``Work(stage, chunk, kind)`` at the spec's maximum clock.
 
+    Each carries the spec's ``workload_activity_scale``: its compute kernels draw that share of their classes'
+    calibrated activity (a training step's products are smaller than a calibration's).
+
     Args:
         shape: Model shape and microbatch.
         spec: The GPU.
@@ -280,7 +283,9 @@ def instruction_work(
                     total = total + _embedding_work(shape, spec, kind)
                 if stage == num_stages - 1 and chunk == num_chunks - 1:
                     total = total + _head_work(shape, spec, kind)
-                work[Work(stage, chunk, kind)] = total
+                work[Work(stage, chunk, kind)] = dataclasses.replace(
+                    total, activity_scale=spec.workload_activity_scale
+                )
     return work
 
 
