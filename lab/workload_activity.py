@@ -9,7 +9,9 @@ time beside the measured one:
     python lab/workload_activity.py --profile energy/<job>/profile.csv --spec h100-sxm \\
         --num-layers 8 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 --micro-batch-size 2
 
-The spec's own scale is set aside (1 here), so the figure is the scale the spec should carry.
+The spec's own scale is set aside (1 here), so the figure is the scale the spec should carry. A class measured
+at its power limit draws the limit whatever its activity (``nan``): give ``--cap-clock-mhz``, the clock the
+power-cap check read, to solve the scale at which the model caps there instead.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int, required=True)
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--cap-clock-mhz",
+        type=float,
+        default=None,
+        help="the clock the power-cap check read (measured): also the scale at which the model caps there",
+    )
     return parser.parse_args()
 
 
@@ -76,12 +84,25 @@ def main() -> None:
 
             low, high = SCALE_RANGE
             scale = brentq(excess, low, high) if excess(low) < 0 < excess(high) else float("nan")
+            by_clock = ""
+            if args.cap_clock_mhz is not None:
+
+                def above(scale: float, work: object = work) -> float:
+                    return (
+                        model.effective_clock_mhz(dataclasses.replace(work, activity_scale=scale), stock)
+                        - args.cap_clock_mhz
+                    )
+
+                solved = brentq(above, low, high) if above(low) > 0 > above(high) else float("nan")
+                by_clock = (
+                    f"; for the cap clock {args.cap_clock_mhz:.0f} MHz (measured) {solved:.3f} (modelled)"
+                )
             print(
                 f"stage {row['stage']} {row['instruction']:8s} measured {measured_w:5.0f} W over "
                 f"{time_s * 1e3:6.1f} ms (measured); workload model "
                 f"{model.time_s(work, stock) * 1e3:6.1f} ms (modelled); activity scale for the measured "
                 "power "
-                f"{scale:.3f} (modelled)",
+                f"{scale:.3f} (modelled){by_clock}",
             )
 
 

@@ -112,9 +112,10 @@ def test_a_one_clock_fit_takes_the_works_activity_from_its_measured_energy(h100)
     assert fitted.activity_scale == pytest.approx(0.3, rel=1e-3)
     assert model.effective_clock_mhz(fitted, 1980) == pytest.approx(model.effective_clock_mhz(truth, 1980))
     assert model.energy_j(fitted, 1200) == pytest.approx(model.energy_j(truth, 1200), rel=1e-3)
-    # at the power limit the energy cannot tell a hotter work from its class: the class's activity stays
+    # at (or just above) the power limit the energy cannot tell: the spec's training-step activity stays
     capped = WorkProfile(0.07, 0.03, 0.0, activity_scale=2.0)
-    at_limit = (1980.0, model.time_s(capped, 1980), model.energy_j(capped, 1980))
-    assert fit_work_profile(h100, [at_limit]).work.activity_scale == 1.0
+    for watts in (model.power_w(capped, 1980), 1.02 * model.power_w(capped, 1980)):
+        at_limit = (1980.0, 0.1, 0.1 * watts)
+        assert fit_work_profile(h100, [at_limit]).work.activity_scale == h100.workload_activity_scale
     # the sum of two works keeps their compute-weighted activity
     assert (truth + WorkProfile(0.07, 0.0)).activity_scale == pytest.approx(0.65)

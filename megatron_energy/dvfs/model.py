@@ -318,7 +318,8 @@ def fit_work_profile(
     time above the saturation clock; energy can). With one clock, the split comes from the spec's prior
     (``prior_compute_fraction`` compute-bound, the rest memory-bound), scaled to the measured time, and the
     work's compute activity (``activity_scale``) is set so that its modelled energy there is the measured one
-    (within 0.5 % its classes' own activity is kept).
+    (the spec's ``workload_activity_scale`` where that is within 0.5 %, or where the work ran at its power
+    limit and its energy cannot tell).
 
     Args:
         spec: The GPU the points were measured on.
@@ -378,7 +379,7 @@ ACTIVITY_SCALE_RANGE = (0.05, 5.0)
 """The activity scales a one-clock fit may give a work (its classes' activity times 1/20 to 5)."""
 
 ACTIVITY_SCALE_TOLERANCE = 0.005
-"""A one-clock fit keeps its classes' activity where that prices the measured energy within 0.5 %."""
+"""A one-clock fit keeps the spec's workload activity where that prices the measured energy within 0.5 %."""
 
 
 def _activity_scale(
@@ -386,22 +387,25 @@ def _activity_scale(
 ) -> float:
     """The compute activity scale at which the prior split, scaled to ``time_s``, draws ``energy_j``.
 
-    Energy rises with the scale (until the power cap holds it at the limit), so the root is bracketed and
-    found by Brent's method; the classes' own activity (scale 1) is kept where it prices the energy within the
-    tolerance, and the range's end where no scale in it does.
+    Energy rises with the scale until the power cap holds it at the limit, so the root is bracketed and found
+    by Brent's method. The spec's ``workload_activity_scale`` (what a training step's kernels draw of their
+    classes', 1 where not measured) is kept where it prices the energy within the tolerance, and where no
+    scale reaches the measured energy: a work measured at (or, averaged over a shorter window than the GPU's,
+    just above) its power limit tells nothing of its activity. Below the lowest scale's energy, the lowest.
     """
 
     def error(scale: float) -> float:
         work = _prior_work(model, clock_mhz, time_s, compute_mix, scale)
         return model.energy_j(work, clock_mhz) / energy_j - 1.0
 
-    if abs(error(1.0)) <= ACTIVITY_SCALE_TOLERANCE:
-        return 1.0
+    prior = model.spec.workload_activity_scale
+    if abs(error(prior)) <= ACTIVITY_SCALE_TOLERANCE:
+        return prior
     low, high = ACTIVITY_SCALE_RANGE
     if error(low) >= 0:
         return low
-    if error(high) <= 0:
-        return high
+    if error(high) <= ACTIVITY_SCALE_TOLERANCE:
+        return prior
     from scipy.optimize import brentq  # on first use, as in power_cap_clock_mhz
 
     return float(brentq(error, low, high, xtol=1e-4))
