@@ -31,7 +31,7 @@ def below_the_model(tmp_path_factory) -> list[RankReport]:
         pipeline_size=2,
         num_microbatches=4,
         gpu_spec="h100-sxm",
-        target=parse_target("power:150"),
+        target=parse_target("power:130"),  # below the 137.3 W the calibrated H100 draws at its lowest clock
         freq_grid=GRID_MHZ,
         profile_iters=1,
         run_steps=4,
