@@ -27,7 +27,7 @@ import dataclasses
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
-from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.optimisers.saving_band import clocks_the_job_runs
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import ClockAction, Plan, PlanPoint, RankPlan
@@ -124,7 +124,7 @@ class _Search:
         self.plan = plan
         self.profile = profile
         self.pricing = pricing
-        self.clocks = [_step_clocks(point, pricing.dag) for point in plan.points]
+        self.clocks = [clocks_the_job_runs(point, pricing.dag) for point in plan.points]
         self.phased = [_phased_steps(point) for point in plan.points]
         stock = (None,) * plan.num_stages
         self.reference = [pricing.price(clocks, stock) for clocks in self.clocks]
@@ -205,20 +205,6 @@ class _Search:
         )
         time_s = point.iteration_time_s + price.iteration_time_s - reference.iteration_time_s
         return dataclasses.replace(point, iteration_time_s=time_s, ranks=ranks)
-
-
-def _step_clocks(point: PlanPoint, dag: PipelineDag) -> dict[Step, int]:
-    """The instruction-level clock of every step of every rank at ``point`` that ``dag`` runs.
-
-    A clock for a step the job never runs is left as it is: whether a plan fits the job is the runtime's
-    check on adopting it (``PlanRunner``), which names the step; the lever does not pre-empt it.
-    """
-    return {
-        step: clock
-        for stage in range(len(point.ranks))
-        for step, clock in point.step_clocks(stage).items()
-        if step in dag.index
-    }
 
 
 def _phased_steps(point: PlanPoint) -> frozenset[Step]:

@@ -34,7 +34,7 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Step, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
-from megatron_energy.plan import Plan
+from megatron_energy.plan import Plan, PlanPoint
 from megatron_energy.plan_band import SavingBand, energy_change
 from megatron_energy.sim.simulator import Simulator
 
@@ -108,8 +108,8 @@ class _Pricing:
 
     def __init__(self, plan: Plan, against: Plan | None, dag: PipelineDag, profile: Profile, spec: GpuSpec):
         self.plan, self.dag, self.profile, self.spec = plan, dag, profile, spec
-        self.clocks = _target_clocks(plan, dag)
-        self.reference_clocks = None if against is None else _target_clocks(against, dag)
+        self.clocks = clocks_the_job_runs(plan.target_point, dag)
+        self.reference_clocks = None if against is None else clocks_the_job_runs(against.target_point, dag)
         self.reference_file_j = _reference_j(plan, against)
         self._nominal = Simulator(dag, profile)
         self._works: dict[Work, WorkProfile] | None = None
@@ -163,16 +163,17 @@ def _reference_j(plan: Plan, against: Plan | None) -> float:
     return plan.baseline.energy_j if against is None else against.target_point.energy_j
 
 
-def _target_clocks(plan: Plan, dag: PipelineDag) -> dict[Step, int]:
-    """The clock of every step of ``dag`` at the plan's target point (its instruction-level actions).
+def clocks_the_job_runs(point: PlanPoint, dag: PipelineDag) -> dict[Step, int]:
+    """The instruction-level clock of every step of every rank at ``point`` that ``dag`` runs.
 
-    A clock for a step the job never runs prices as nothing: whether a plan fits the job is the runtime's
-    check on adopting it (``PlanRunner``), which names the step; the band does not pre-empt it.
+    A clock for a step the job never runs is left out (it prices as nothing, and the memory lever leaves it
+    as it is): whether a plan fits the job is the runtime's check on adopting it (``PlanRunner``), which
+    names the step; pricing does not pre-empt it.
     """
     return {
         step: clock
-        for stage in range(plan.num_stages)
-        for step, clock in plan.target_point.step_clocks(stage).items()
+        for stage in range(len(point.ranks))
+        for step, clock in point.step_clocks(stage).items()
         if step in dag.index
     }
 
