@@ -4,7 +4,9 @@
 renames it over the target (``os.replace``, atomic on POSIX within one file system) and fsyncs the folder,
 so a reader sees either the old file or the new one, never a mix, and the new one survives a power cut once
 the call returns. Any number of threads and processes may write the same path at once: the last rename
-wins, none fails. A failed write leaves the old file intact and removes its temporary file.
+wins, none fails. A failed write leaves the old file intact and removes its temporary file. A writer
+killed mid-write (SIGKILL) cannot remove its own: its temporary names its host and process, and the next
+successful write of the same path on that host removes the temporaries of processes that no longer run.
 
 :func:`folder_lock` takes an advisory ``fcntl.flock`` on a lock file in a folder, shared (readers) or
 exclusive (a writer replacing a set of files that must stay consistent with each other). Pure Python,
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +47,9 @@ def write_atomically(path: str | os.PathLike[str], data: str | bytes, *, durable
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=_temporary_prefix(target, os.getpid()), suffix=".tmp"
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
@@ -56,6 +62,35 @@ def write_atomically(path: str | os.PathLike[str], data: str | bytes, *, durable
         raise
     if durable:
         _fsync_folder(target.parent)
+    _remove_dead_writers_temporaries(target)
+
+
+def _temporary_prefix(target: Path, pid: int) -> str:
+    """The name every temporary of ``target`` written by process ``pid`` of this host starts with."""
+    return f".{target.name}.{socket.gethostname()}-{pid}."
+
+
+def _remove_dead_writers_temporaries(target: Path) -> None:
+    """Remove the temporaries of ``target`` left by processes of this host that no longer run.
+
+    Temporaries of other hosts (a shared file system) are left alone: their processes cannot be checked.
+    """
+    host_prefix = f".{target.name}.{socket.gethostname()}-"
+    for temporary in target.parent.glob(f"{glob.escape(host_prefix)}*.tmp"):
+        pid_text = temporary.name[len(host_prefix) :].split(".", 1)[0]
+        if pid_text.isdigit() and not _process_runs(int(pid_text)):
+            temporary.unlink(missing_ok=True)
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (a process of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -128,3 +128,26 @@ def test_an_unknown_lock_mode_says_which_modes_exist(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="use 'shared' or 'exclusive'"), folder_lock(tmp_path, "read"):  # type: ignore[arg-type]
         pass
     assert not os.path.exists(tmp_path / atomic.LOCK_FILE_NAME)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that ran and has been reaped."""
+    child = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    child.start()
+    child.join()
+    assert child.pid is not None
+    return child.pid
+
+
+def test_a_write_removes_the_temporaries_of_killed_writers_of_this_host_only(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    dead = tmp_path / f"{atomic._temporary_prefix(target, _dead_pid())}x1.tmp"
+    alive = tmp_path / f"{atomic._temporary_prefix(target, os.getpid())}x2.tmp"
+    other_host = tmp_path / f".state.json.another-host-{_dead_pid()}.x3.tmp"
+    other_file = tmp_path / f"{atomic._temporary_prefix(tmp_path / 'other.json', _dead_pid())}x4.tmp"
+    for temporary in (dead, alive, other_host, other_file):
+        temporary.write_text("half a file")
+    write_atomically(target, "{}")
+    assert target.read_text() == "{}"
+    assert not dead.exists(), "a dead writer's temporary stays"
+    assert alive.exists() and other_host.exists() and other_file.exists()
