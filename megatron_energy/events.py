@@ -24,6 +24,15 @@ when it is not overlapped with the next forward)::
     on_outside_begin("optimizer") [on_outside_begin("param-gather") on_outside_end("param-gather")]
     on_outside_end("optimizer")
 
+Listeners that also implement :class:`GraphStepListener` follow a job run with
+``--cuda-graph-impl full_iteration`` (``megatron.full_iteration``): Megatron's warm-up steps run eagerly and
+fire the events above; the step that captures the graph fires none of them to the listener (its hooks run
+while nothing executes) but ``on_unmeasured_step(step)`` after it; every replayed step fires
+``on_step_begin(step) on_graph_replay(captured) on_step_end(step)`` and then the outside phases after the
+graph (the optimizer step), since no hook runs inside a replay::
+
+    on_step_begin(step) on_graph_replay(captured) on_step_end(step) on_outside_begin("optimizer") ...
+
 Pure Python: no torch, no megatron imports.
 """
 
@@ -34,6 +43,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO, runtime_checkable
 
@@ -74,6 +84,51 @@ class OutsidePhaseListener(Protocol):
 
     def on_outside_end(self, name: str) -> None:
         """The outside phase ``name`` ended."""
+
+
+class GraphMarker(Protocol):
+    """A timing marker recorded inside a captured CUDA graph (``torch.cuda.Event(external=True)``)."""
+
+    def query(self) -> bool:
+        """Whether the GPU has passed the marker's latest record."""
+        ...
+
+
+@dataclass(frozen=True)
+class CapturedSpan:
+    """One span the captured graph marks on every replay: an instruction, or an outside phase inside it."""
+
+    kind: str
+    """``"forward"``, ``"backward"`` (``"fused"``), or the outside phase's name (``"grad-sync"``)."""
+    microbatch: int | None
+    """The instruction's microbatch; ``None`` for an outside phase."""
+    chunk: int | None
+    """The instruction's model chunk; ``None`` for an outside phase."""
+    start: GraphMarker
+    """Recorded where the span begins in the graph."""
+    end: GraphMarker
+    """Recorded where the span ends in the graph."""
+
+
+@dataclass(frozen=True)
+class CapturedStep:
+    """The boundary markers a captured training step records each time it is replayed."""
+
+    instructions: tuple[CapturedSpan, ...]
+    """The instructions in the order the graph runs them."""
+    outside: tuple[CapturedSpan, ...]
+    """The outside phases captured inside the graph (the gradient sync), in order."""
+
+
+@runtime_checkable
+class GraphStepListener(Protocol):
+    """Follows a job whose whole training step is one replayed CUDA graph (see the module docstring)."""
+
+    def on_unmeasured_step(self, step: int) -> None:
+        """Step ``step`` captured the graph (and ran it once): nothing of it may be measured."""
+
+    def on_graph_replay(self, captured: CapturedStep) -> None:
+        """The step that began is about to replay the graph whose boundary markers ``captured`` holds."""
 
 
 class ListenerFanout:
@@ -128,6 +183,18 @@ class ListenerFanout:
         for listener in self.listeners:
             if isinstance(listener, OutsidePhaseListener):
                 listener.on_outside_end(name)
+
+    def on_unmeasured_step(self, step: int) -> None:
+        """Forward ``on_unmeasured_step`` to the listeners that follow replayed graphs."""
+        for listener in self.listeners:
+            if isinstance(listener, GraphStepListener):
+                listener.on_unmeasured_step(step)
+
+    def on_graph_replay(self, captured: CapturedStep) -> None:
+        """Forward ``on_graph_replay`` to the listeners that follow replayed graphs."""
+        for listener in self.listeners:
+            if isinstance(listener, GraphStepListener):
+                listener.on_graph_replay(captured)
 
 
 def trace_path_for_rank(path: Path, rank: int, world_size: int) -> Path:

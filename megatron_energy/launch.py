@@ -6,14 +6,15 @@ Usage (one process, or one per rank under torchrun)::
     torchrun --nproc-per-node 8 -m megatron_energy.launch pretrain_gpt.py <Megatron args> --energy-optimise
 
 The launcher takes its own flags out of the command line (anywhere after the launcher; the first other
-argument is the script), refuses Megatron modes whose instructions cannot be observed
-(``megatron.modes``), installs the unpatched-path hooks (``megatron.hooks.install_hooks``: timers proxy and
-P2P communicator swap) feeding the listeners of ``build_listeners`` (with ``--energy-optimise`` also a
+argument is the script), refuses Megatron modes whose instructions cannot be observed (``megatron.modes``),
+installs the unpatched-path hooks (``megatron.hooks.install_hooks``: timers proxy and P2P communicator swap;
+with ``--cuda-graph-impl full_iteration`` also ``megatron.full_iteration``, which follows the graph's capture
+and replays) feeding the listeners of ``build_listeners`` (with ``--energy-optimise`` also a
 ``megatron.collective_runner.CollectiveRunner``, which applies the running plan's collective actions to the
-model captured from ``setup_model_and_optimizer``), and runs the script as ``__main__``
-with ``sys.argv`` = the script and Megatron's arguments, the script's folder first on ``sys.path`` (as
-``python SCRIPT`` would, and before megatron is imported, so a Megatron-LM checkout next to the script is
-the megatron that runs). Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
+model captured from ``setup_model_and_optimizer``), and runs the script as ``__main__`` with ``sys.argv`` =
+the script and Megatron's arguments, the script's folder first on ``sys.path`` (as ``python SCRIPT`` would,
+and before megatron is imported, so a Megatron-LM checkout next to the script is the megatron that runs).
+Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
 
 A tree patched with ``patches/megatron-core-X.Y`` instead calls ``attach_to_training`` from Megatron's
 ``train()`` when the (then ordinary) ``--energy-*`` flags ask for it, with the exact ids from the patch.
@@ -161,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_megatron_settings,
         refused_in_argv,
         require_supported,
+        uses_full_iteration_graph,
     )
 
     try:
@@ -179,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ListenerFanout(listeners),
         microbatch_group_size=settings.microbatch_group_size_per_virtual_pipeline_stage,
         combined=settings.overlap_moe_expert_parallel_comm,
+        full_iteration=uses_full_iteration_graph(settings),
     )
     try:
         run_script(script, megatron_args)

@@ -83,9 +83,10 @@ def test_launcher_without_energy_flags_only_runs_the_script(
             ["--overlap-moe-expert-parallel-comm", "--energy-mode", "kareus"],
             "--overlap-moe-expert-parallel-comm with --energy-mode kareus",
         ),
-        (["--cuda-graph-impl", "full_iteration"], "--cuda-graph-impl full_iteration"),
-        (["--cuda-graph-impl=full_iteration"], "--cuda-graph-impl full_iteration"),
-        (["--cuda-graph-modules", "full_iteration"], "--cuda-graph-impl full_iteration"),
+        (
+            ["--cuda-graph-impl=full_iteration", "--energy-mode", "kareus"],
+            "--cuda-graph-impl full_iteration with --energy-mode kareus",
+        ),
         (["--hybrid-context-parallel"], "--hybrid-context-parallel"),
     ],
 )

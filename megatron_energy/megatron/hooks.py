@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from megatron_energy.errors import EnergyRuntimeError
-from megatron_energy.events import OutsidePhaseListener, ScheduleListener
+from megatron_energy.events import CapturedStep, GraphStepListener, OutsidePhaseListener, ScheduleListener
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Step
 
@@ -137,6 +137,41 @@ class ScheduleHooks:
             self.after_training_schedule = True
             self.listener.on_step_end(self.step)
             self.step += 1
+
+    def capture_graph(self, recorder: ScheduleListener, run: Callable[[], Any]) -> Any:
+        """Run a step that captures the training step as a CUDA graph, its events going to ``recorder``.
+
+        The step counts (its number is taken); afterwards the listener hears ``on_unmeasured_step`` with it,
+        if it follows replayed graphs (``events.GraphStepListener``).
+
+        Args:
+            recorder: Receives the schedule's events during the capture (``full_iteration.CaptureRecorder``).
+            run: Megatron's call that captures (and replays once).
+        """
+        listener, self.listener = self.listener, recorder
+        step = self.step
+        try:
+            result = run()
+        finally:
+            self.listener = listener
+        if self.step > step and isinstance(listener, GraphStepListener):
+            listener.on_unmeasured_step(step)
+        return result
+
+    def replay_graph(self, captured: CapturedStep, run: Callable[[], Any]) -> Any:
+        """Run a step that replays the captured training step: a training schedule without instruction hooks.
+
+        Args:
+            captured: The markers the graph records, handed to the listener before the replay.
+            run: Megatron's call that replays the graph.
+        """
+        self.on_schedule_begin(forward_only=False)
+        if self.in_training_schedule and isinstance(self.listener, GraphStepListener):
+            self.listener.on_graph_replay(captured)
+        try:
+            return run()
+        finally:
+            self.on_schedule_end()
 
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
         """Forward ``on_instruction_begin`` during a training schedule."""
@@ -482,11 +517,14 @@ def install_hooks(
     num_microbatches_fn: Callable[[], int] = default_num_microbatches,
     microbatch_group_size: int | None = None,
     combined: bool = False,
+    full_iteration: bool = False,
 ) -> HookInstallation:
     """Install the unpatched-path hooks: the timers proxy and the P2P communicator swap.
 
     With ``combined`` (``--overlap-moe-expert-parallel-comm``) the combined 1F1B schedule's steps are
-    reported by wrapping ``combined_1f1b.combined_forward_backward_step`` (``combined_step_hooks``).
+    reported by wrapping ``combined_1f1b.combined_forward_backward_step`` (``combined_step_hooks``). With
+    ``full_iteration`` (``--cuda-graph-impl full_iteration``) ``FullCudaGraphWrapper`` calls are followed as
+    eager steps, the capture, or replays (``megatron.full_iteration``).
 
     Call before Megatron creates its global timers (``set_global_variables``, inside
     ``parse_and_validate_args``); the launcher does. If they already exist they are wrapped in place.
@@ -496,6 +534,7 @@ def install_hooks(
         num_microbatches_fn: Microbatches of the step that is starting (Megatron's calculator by default).
         microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
         combined: Megatron runs the combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``).
+        full_iteration: Megatron captures the training step as one CUDA graph.
 
     Returns:
         The installation; ``uninstall()`` restores Megatron's names.
@@ -533,6 +572,10 @@ def install_hooks(
         installation._restore.append(
             lambda: setattr(combined_1f1b, "combined_forward_backward_step", step_function)
         )
+    if full_iteration:
+        from megatron_energy.megatron.full_iteration import follow_full_iteration_graphs
+
+        installation._restore.append(follow_full_iteration_graphs(hooks))
     return installation
 
 

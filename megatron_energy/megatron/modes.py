@@ -11,6 +11,12 @@ microbatch. These Megatron settings break that, so ``--energy-optimise`` (and ``
   (Kareus collectives, kernel phases).
 - ``--cuda-graph-impl full_iteration`` (also spelled ``--cuda-graph-modules full_iteration``) captures the
   whole forward-backward step in one CUDA graph (``FullCudaGraphWrapper``); Python hooks run only at capture.
+  The launcher follows it (``megatron.full_iteration``: markers captured in the graph, clocks by time from
+  each replay's start) with ``--energy-mode perseus``, ``kernel`` or ``all``. Refused: on the patched path
+  (its hooks cannot tell a capture from a step); with ``--energy-mode kareus`` (a collective's launch point
+  and its communicator's SM budget are fixed in the graph when it is captured, before any plan exists, so
+  that mode would have nothing left to plan); for an ``--energy-trace`` alone (a trace records the host
+  time of hooks, which a replay does not run).
 - ``--hybrid-context-parallel`` runs the hybrid-CP schedule, which splits microbatches into a variable
   number of sub-samples, so passes no longer correspond to microbatches.
 
@@ -97,22 +103,59 @@ def _combined_modes(args: Any, patched: bool, energy_mode: str | None) -> list[R
     return refused
 
 
-def _modes(args: Any, patched: bool, energy_mode: str | None = None) -> list[RefusedMode]:
-    refused = _combined_modes(args, patched, energy_mode)
+def uses_full_iteration_graph(args: Any) -> bool:
+    """Whether Megatron's settings capture the whole training step as one CUDA graph."""
     graph_modules = [str(m) for m in (getattr(args, "cuda_graph_modules", None) or [])]
-    graph_scope = [str(m) for m in (getattr(args, "cuda_graph_scope_deprecated", None) or [])]
-    if (
+    graph_scope = [str(m) for m in (getattr(args, "cuda_graph_scope", None) or [])]
+    graph_scope += [str(m) for m in (getattr(args, "cuda_graph_scope_deprecated", None) or [])]
+    return (
         getattr(args, "cuda_graph_impl", None) == FULL_ITERATION
         or FULL_ITERATION in graph_modules + graph_scope
-    ):
-        refused.append(
+    )
+
+
+GRAPH_FLAG = "--cuda-graph-impl full_iteration"
+GRAPH_MODES = ("perseus", "kernel", "all")
+"""The ``--energy-mode`` values that plan what a replayed graph lets the plugin carry out: clocks by time."""
+
+
+def _graph_modes(args: Any, patched: bool, energy_mode: str | None) -> list[RefusedMode]:
+    """What of a full-iteration CUDA graph cannot be followed (see the module docstring)."""
+    if not uses_full_iteration_graph(args):
+        return []
+    if patched:
+        return [
             RefusedMode(
-                "--cuda-graph-impl full_iteration",
-                "the whole forward-backward step replays as one CUDA graph, so hooks run only while it is "
-                "captured",
-                "Use --cuda-graph-impl local or transformer_engine (per-layer graphs work), or none.",
+                GRAPH_FLAG + " on the patched path",
+                "the patch set's hooks cannot tell the step that captures the graph from a training step, "
+                "and no hook runs in a replay",
+                "Start the job through `python -m megatron_energy.launch` (it follows the capture and the "
+                "replays), or use --cuda-graph-impl local.",
             )
-        )
+        ]
+    if energy_mode is None:
+        return [
+            RefusedMode(
+                GRAPH_FLAG + " with --energy-trace alone",
+                "a trace records the host time of every hook, and a replayed graph runs none",
+                "Trace a run without the flag, or add --energy-optimise.",
+            )
+        ]
+    if energy_mode not in GRAPH_MODES:
+        return [
+            RefusedMode(
+                f"{GRAPH_FLAG} with --energy-mode {energy_mode}",
+                "collective launch points and communicator SM budgets are fixed in the graph when it is "
+                "captured, before a plan exists",
+                "Use --energy-mode all (clocks by time, no collective retiming) or perseus, or per-layer "
+                "graphs (--cuda-graph-impl local).",
+            )
+        ]
+    return []
+
+
+def _modes(args: Any, patched: bool, energy_mode: str | None = None) -> list[RefusedMode]:
+    refused = _combined_modes(args, patched, energy_mode) + _graph_modes(args, patched, energy_mode)
     if getattr(args, "hybrid_context_parallel", False):
         refused.append(
             RefusedMode(

@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.events import CapturedStep
 from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
+from megatron_energy.megatron.modes import uses_full_iteration_graph
 from megatron_energy.megatron.pipeline_layout import job_layers
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
@@ -103,6 +105,7 @@ def parallel_job_context(
     log_interval: int = 10,
     log_sinks: tuple[Any, ...] = (),
     collectives: CollectiveSetup | None = None,
+    full_iteration_graph: bool = False,
 ) -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
 
@@ -118,6 +121,7 @@ def parallel_job_context(
         log_interval: Steps between energy log lines.
         log_sinks: Scalar writers ``(name, value, step)``.
         collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
+        full_iteration_graph: Megatron captures the training step as one CUDA graph.
 
     Returns:
         The context and the collectives: over this rank's pipeline, tensor(-and-context) and data-parallel
@@ -146,6 +150,7 @@ def parallel_job_context(
         shape=shape,
         layers=layers,
         collectives=collectives,
+        full_iteration_graph=full_iteration_graph,
         global_rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
@@ -185,6 +190,7 @@ def megatron_job_context(
             buckets = measured_buckets(chunks, ps.get_pipeline_model_parallel_rank())
         except CollectivePlanError:  # not megatron-core's DDP: the planner models the buckets
             buckets = None
+    full_iteration = uses_full_iteration_graph(args)
     return parallel_job_context(
         shape=transformer_shape(args),
         num_microbatches=get_num_microbatches(),
@@ -193,7 +199,11 @@ def megatron_job_context(
         layers=job_layers(args),
         log_interval=args.log_interval,
         log_sinks=metric_sinks(get_tensorboard_writer(), get_wandb_writer()),
-        collectives=collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
+        # collective launch points and SM budgets are fixed in a full-iteration graph: none are planned
+        collectives=None
+        if full_iteration
+        else collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
+        full_iteration_graph=full_iteration,
     )
 
 
@@ -274,6 +284,16 @@ class DeferredSession:
         """Forward to the session."""
         if self._taking_part():
             self.session.on_outside_end(name)
+
+    def on_unmeasured_step(self, step: int) -> None:
+        """Forward to the session (a full-iteration CUDA graph was captured in ``step``)."""
+        if self._taking_part():
+            self.session.on_unmeasured_step(step)
+
+    def on_graph_replay(self, captured: CapturedStep) -> None:
+        """Forward to the session (the step replays the captured graph)."""
+        if self._taking_part():
+            self.session.on_graph_replay(captured)
 
     def close(self) -> None:
         """Close the session (the controller resets the clocks it locked); log the overhead check's result."""

@@ -122,13 +122,15 @@ def require_even_layers(mode: str, plans_collectives: bool, layers: ChunkLayers 
 
 
 def build_phase_switcher(
-    config: EnergyConfig, controller: FrequencyController, timer: InstructionTimer
+    config: EnergyConfig, controller: FrequencyController, timer: InstructionTimer, replayed: bool = False
 ) -> PhaseSwitching | None:
     """The phase switcher ``--energy-phase-switching`` asks for: virtual time when simulated, else a thread.
 
-    Nothing starts here: the thread starts at the first instruction with phase clocks.
+    A job whose steps replay a full-iteration CUDA graph (``replayed``) gets one in any case: every clock of
+    its steps is requested by time (with the switching off, only the instruction clocks). Nothing starts
+    here: the thread starts at the first request.
     """
-    if config.phase_switching == "off":
+    if config.phase_switching == "off" and not replayed:
         return None
     if isinstance(timer, SimulatedTimer):
         return SimulatedPhaseSwitcher(controller, timer)
@@ -145,6 +147,16 @@ def _blocking_anchor() -> BoundaryEvent:
     event = torch.cuda.Event(blocking=True)
     event.record()
     return event
+
+
+FULL_ITERATION_LINE = (
+    "[energy] full-iteration CUDA graph: steps replay without hooks, so every clock of a step is requested "
+    "by a host thread at its offset from the replay's start (offsets measured on the previous replay by "
+    "markers captured in the graph); collective launch points and NCCL SM budgets are fixed at capture and "
+    "are not planned; no kernel timeline is recorded (replayed kernels carry no instruction ranges), so "
+    "phases inside instructions are planned from the modelled per-class split"
+)
+"""What rank 0 says once when the job captures its training step as one CUDA graph."""
 
 
 class SessionStartError(EnergyRuntimeError):
@@ -271,6 +283,8 @@ def build_session(
         parts.close()
         raise SessionStartError("another rank could not start its energy session (its log says why)")
     can_set_clocks = controlled and not uncontrolled_anywhere
+    if context.full_iteration_graph and context.global_rank == 0:
+        printer(FULL_ITERATION_LINE)
     if controlled and not can_set_clocks:
         printer(
             f"[energy] rank {context.global_rank}: another rank cannot set its GPU clocks (its log says "
@@ -295,7 +309,9 @@ def build_session(
         guard=parts.guard,
         printer=printer,
         kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser, context),
-        phase_switcher=build_phase_switcher(config, parts.controller, parts.timer),
+        phase_switcher=build_phase_switcher(
+            config, parts.controller, parts.timer, replayed=context.full_iteration_graph
+        ),
         power_cap=build_power_cap_watch(parts.handle, context.local_device_index, parts.grid[0], comms),
     )
 
@@ -320,10 +336,11 @@ def build_kernel_timeline(
 ) -> KernelTimeline | None:
     """``torch.profiler`` kernel timelines on real GPUs when the optimiser asks for phases; else none.
 
-    Simulated GPUs run no kernels: the phase planner keeps the modelled per-class split there. Kernels whose
+    Replayed full-iteration CUDA graphs run no instruction ranges, so none is recorded there. Simulated GPUs
+    run no kernels: the phase planner keeps the modelled per-class split there. Kernels whose
     names do not say their compute class are priced as the job's layer GEMM class (bf16 without a shape).
     """
-    if handle.backend == "simulated" or not optimiser.request.phases:
+    if handle.backend == "simulated" or not optimiser.request.phases or context.full_iteration_graph:
         return None
     shape = context.shape
     return TorchKernelTimeline(spec, KernelClass.GEMM_BF16 if shape is None else shape.layer_gemm_class)

@@ -53,6 +53,11 @@ class JobContext:
     communicator budgets); with ``shape`` and the GPU spec they become the workload the collective scheduler
     plans (``PlanningJob.collectives``). ``None``: not known (the collective scheduler cannot plan)."""
 
+    full_iteration_graph: bool = False
+    """Megatron captures the whole training step as one CUDA graph (``--cuda-graph-impl full_iteration``):
+    steps replay it without hooks, so clocks are requested by time (``runtime.running.graph_requests``), no
+    kernel timeline is recorded and no collective is planned (``collectives`` is ``None``)."""
+
     global_rank: int = 0
     """This rank in the default process group."""
 
@@ -119,6 +124,8 @@ class JobContext:
             parts["layers"] = [list(row) for row in self.layers.counts]
         if self.orders.is_combined:  # the same: only combined 1F1B jobs name their schedule
             parts["combined_1f1b"] = True
+        if self.full_iteration_graph:  # and only graph-captured jobs name that
+            parts["full_iteration_graph"] = True
         return parts
 
 

@@ -27,6 +27,16 @@ maximum over the pipeline, where it needs it: one fixed-size max over the pipeli
 and in the run phase inside the straggler exchange every K steps (``runtime.control_plane.staged_exchange``),
 so the timer itself runs no collective.
 
+**Replayed graphs** (``--cuda-graph-impl full_iteration``, ``megatron.full_iteration``): no hook runs inside a
+replay, so :meth:`CudaEventTimer.replayed` gives the step the markers captured in the graph (CUDA events with
+``external=True``, recorded again by every replay at the instruction boundaries) instead of events recorded
+by hooks; the step's start is this timer's own event, recorded just before the replay is launched. As the
+same markers are recorded again by the next replay, a replayed step is read before the next one starts: at
+:meth:`~CudaEventTimer.finish_step` the timer records one more event after the replay (the host's order
+says the whole graph precedes it), and the next :meth:`~CudaEventTimer.step_begin` (before the next replay
+is launched) waits for that event, which Megatron's own per-iteration synchronisation has normally passed
+already, and reads the step; the lagged call then returns that reading.
+
 **Outside phases** (gradient sync, optimizer step, parameter all-gather) get a start and an end event from
 the same pools; the session reads their durations (:meth:`CudaEventTimer.outside_durations`) only at a
 synchronous profiling step's start, when the device is idle; otherwise the next step forgets them unread.
@@ -35,6 +45,7 @@ synchronous profiling step's start, when the device is idle; otherwise the next 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -54,6 +65,15 @@ class _SealedStep:
 
     cycle_s: float | None = None
     """The host's time since the previous step's end (``None`` for the first step)."""
+
+    replayed: bool = False
+    """The step replayed a captured graph (its marks are the graph's markers)."""
+
+    done: Any = None
+    """A replayed step's event recorded after its graph, once sealed (``None`` for a step timed by hooks)."""
+
+    timing: StepTiming | None = None
+    """A replayed step's reading, taken before the next replay records its markers again."""
 
 
 class CudaEventTimer:
@@ -101,7 +121,13 @@ class CudaEventTimer:
         self._torch.cuda.synchronize()
 
     def step_begin(self) -> Any:
-        """Record the step's start event (from the pool the previous step did not use) and return it."""
+        """Record the step's start event (from the pool the previous step did not use) and return it.
+
+        A replayed step still held (lagged) is read first, before the next replay records its markers again.
+        """
+        held = self._sealed
+        if held is not None and held.done is not None and held.timing is None:
+            held.timing = self._read(held)
         self._parity ^= 1
         self._used = 0
         self._open.clear()
@@ -138,6 +164,23 @@ class CudaEventTimer:
         if start is not None:
             self._outside.append((name, start, self._event()))
 
+    def replayed(
+        self, marks: Sequence[tuple[Step, Any, Any]], outside: Sequence[tuple[str, Any, Any]]
+    ) -> None:
+        """The step replays a captured graph: time it by the markers the graph records.
+
+        Args:
+            marks: Each instruction with its start and end markers in the graph, in execution order.
+            outside: Each outside phase captured in the graph with its start and end markers.
+        """
+        self._step.marks = list(marks)
+        self._step.replayed = True
+        self._outside = list(outside)
+
+    def skip_step(self) -> None:
+        """A step ran untimed (it captured a graph): the next step's cycle is unknown, not the two steps'."""
+        self._last_end_s = None
+
     def outside_durations(self) -> dict[str, float]:
         """The outside phases recorded since the last step began (their events have completed)."""
         durations: dict[str, float] = {}
@@ -158,8 +201,10 @@ class CudaEventTimer:
             Zero, one or two steps' timings, each returned exactly once.
         """
         step, self._step = self._step, _SealedStep(start=None)
+        if step.replayed:
+            step.done = self._event()  # after the replay on the stream, so after every marker of the graph
         if not lagged and step.marks:
-            step.marks[-1][2].synchronize()
+            (step.marks[-1][2] if step.done is None else step.done).synchronize()
         now_s = time.perf_counter()
         step.cycle_s = None if self._last_end_s is None else now_s - self._last_end_s
         self._last_end_s = now_s
@@ -182,10 +227,13 @@ class CudaEventTimer:
 
     def _read(self, sealed: _SealedStep) -> StepTiming:
         """Turn a sealed step's events into samples (its last event has completed or is waited for)."""
+        if sealed.timing is not None:
+            return sealed.timing
         origin = sealed.start
         if origin is None or not sealed.marks:
             return StepTiming(samples=(), intrinsic_s=0.0, source="measured", cycle_s=sealed.cycle_s)
-        sealed.marks[-1][2].synchronize()  # done already: sealed before the current step's events
+        # done already (sealed before the current step's events); a replayed step waits for its graph's end
+        (sealed.marks[-1][2] if sealed.done is None else sealed.done).synchronize()
         samples = tuple(
             InstructionSample(
                 instruction=instruction,

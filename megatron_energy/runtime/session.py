@@ -23,7 +23,10 @@ The session is the event dispatcher of four rooms over one explicit phase (``Ses
    events (an instruction's clock at its boundary on the GPU timeline, a tail phase's at its outside-phase
    hook); the clocks of phases inside an instruction go to a phase switcher anchored on the instruction's
    start marker (``running.phase_switcher``; ``running.simulated_phases`` on simulated GPUs); an error there
-   turns phase switching off with a log line. After each run-phase step the ``running.run_guard.RunGuard``
+   turns phase switching off with a log line. A step replayed from a full-iteration CUDA graph runs no hook:
+   the timer reads the markers captured in the graph, and every clock of the step goes to the phase switcher
+   as an offset from the replay's start, measured on the previous replay (``running.graph_requests``).
+   After each run-phase step the ``running.run_guard.RunGuard``
    follows a straggling data-parallel replica and reverts to stock clocks when the plan is slow.
 4. **The energy log** (``runtime.energy_log``): each step's energy and time next to the prediction, with its
    change against the stock baseline over a window of the phase's iterations; at close the plugin's own host
@@ -48,6 +51,7 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.events import CapturedStep
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
 from megatron_energy.plan import Plan
@@ -70,12 +74,13 @@ from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
 from megatron_energy.runtime.profiling.power_cap_check import check_line, power_cap_check, unavailable_line
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
+from megatron_energy.runtime.running.graph_requests import graph_requests
 from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.running.run_guard import RunGuard
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
-from megatron_energy.runtime.timing import InstructionTimer, StepTiming
+from megatron_energy.runtime.timing import GraphReplayTimer, InstructionSample, InstructionTimer, StepTiming
 
 
 class EnergySession:
@@ -194,6 +199,9 @@ class EnergySession:
         self._outside: EnergyWindow | None = None
         self._lapped_at_start = False
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
+        self._step_boundary: Any = None  # the marker of the running step's start
+        self._replaying = False  # steps replay a full-iteration CUDA graph
+        self._replay_offsets: tuple[InstructionSample, ...] = ()  # the last replayed step's instructions
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
         self.energy_logger.job = cache.fingerprint
@@ -248,9 +256,43 @@ class EnergySession:
             self.collector.add_outside_phases(self.timer.outside_durations())
             if self.kernel_timeline is not None and planned is not None and planned.kind == "recorded":
                 self.kernel_timeline.start(planned.clock_mhz)
-        boundary = self.timer.step_begin()
+        boundary = self._step_boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
+
+    @host_timed
+    def on_graph_replay(self, captured: CapturedStep) -> None:
+        """The step that began replays the captured graph: time it by its markers, request its clocks by time.
+
+        Every clock of the running plan point inside the step goes to the phase switcher, anchored on the
+        step's start, at the offsets the previous replay measured (``running.graph_requests``); before any
+        replay was timed, the step runs at the clock it starts with.
+        """
+        if not isinstance(self.timer, GraphReplayTimer):
+            raise TypeError(f"{type(self.timer).__name__} cannot time a replayed CUDA graph")
+        marks = [
+            (self._step(span.kind, span.microbatch or 0, span.chunk or 0), span.start, span.end)
+            for span in captured.instructions
+        ]
+        self.timer.replayed(marks, [(span.kind, span.start, span.end) for span in captured.outside])
+        self._replaying = True
+        switcher = self.state.phase_switcher
+        if self.runner is None or switcher is None or not self._replay_offsets:
+            return
+        requests = graph_requests(
+            self.runner, self._replay_offsets, inside=self.config.phase_switching != "off"
+        )
+        if requests:
+            first = self._replay_offsets[0].instruction
+            switcher.begin(first, self._step_boundary, requests)
+            switcher.end(first, None)
+
+    def on_unmeasured_step(self, step: int) -> None:
+        """Step ``step`` captured the graph: wait for it, then start the next step's energy and cycle anew."""
+        self.timer.wait_for_device()
+        self.laps.lap()
+        if isinstance(self.timer, GraphReplayTimer):
+            self.timer.skip_step()
 
     def _step(self, kind: str, microbatch: int, chunk: int) -> Step:
         """The step an instruction event names: a pass, or (kind ``fused``, with the forward's ids) a pair."""
@@ -278,7 +320,7 @@ class EnergySession:
             clock = self.runner.clock_at(instruction)
             if clock is not None:
                 self.controller.request(clock, boundary)
-            if self.state.phase_switcher is not None:
+            if self.state.phase_switcher is not None and self.config.phase_switching != "off":
                 requests = self.runner.inside_requests(instruction)
                 if requests:
                     self.state.phase_switcher.begin(instruction, boundary, requests)
@@ -340,9 +382,12 @@ class EnergySession:
             return
         switcher.close()
         self.state.phase_switcher = None
+        if self._replaying:  # every clock of a replayed step went through the switcher
+            self.controller.request(RESET)
+        clocks = "stock clocks" if self._replaying else "the instruction clocks"
         self.printer(
             f"[energy] rank {self.context.global_rank}: phase switching turned off "
-            f"({type(problem).__name__}: {problem}); training continues at the instruction clocks"
+            f"({type(problem).__name__}: {problem}); training continues at {clocks}"
         )
 
     @host_timed
@@ -391,6 +436,8 @@ class EnergySession:
             timing = dataclasses.replace(timing, intrinsic_s=span_s)
         figures = sealed.figures(timing)
         self.history.append(figures)
+        if self._replaying and timing.samples:
+            self._replay_offsets = timing.samples
         if sealed.phase == SessionPhase.PROFILING:
             self.collector.add_step(figures)
             if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from megatron_energy.pipeline.instruction import Step, Work, passes
 from megatron_energy.runtime.control_plane.comms import RankComms
@@ -76,6 +76,21 @@ class StepTiming:
     def outside_s(self) -> float:
         """The part of the iteration outside the replica's pipeline span (0 when the cycle is unknown)."""
         return 0.0 if self.cycle_s is None else max(0.0, self.cycle_s - self.intrinsic_s)
+
+
+@runtime_checkable
+class GraphReplayTimer(Protocol):
+    """A timer that can also time a step replayed from a captured CUDA graph (``runtime.cuda_timer``)."""
+
+    def replayed(
+        self, marks: Sequence[tuple[Step, Any, Any]], outside: Sequence[tuple[str, Any, Any]]
+    ) -> None:
+        """The step that began replays a graph: time it by the markers the graph records."""
+        ...
+
+    def skip_step(self) -> None:
+        """A step ran untimed (it captured the graph): forget the last step's end."""
+        ...
 
 
 class InstructionTimer(Protocol):
