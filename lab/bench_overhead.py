@@ -342,7 +342,7 @@ def job_command(
         f"--master-port={MASTER_PORT}",
     ]
     job = gpt_args(args.microbatches, args.micro_batch_size, iters, pipeline=min(args.gpus, 2))
-    script = [str(args.script), *job]
+    script = [str(args.script), *job, *args.megatron_args.split()]
     if mode is None:
         return [*command, *script]
     plugin = ["--energy-optimise", "--energy-dry-run", "--energy-mode", mode]
@@ -664,6 +664,7 @@ def bench_job(args: argparse.Namespace) -> dict[str, Any]:
         "iters": args.iters,
         "warmup": args.warmup,
         "gpus": args.gpus,
+        "megatron_args": args.megatron_args,
         "energy_args": args.energy_args,
         "code": code_digest(),
     }
@@ -905,6 +906,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--warmup", type=int, default=5, help="first iterations of a run not kept")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs of the job (pipeline-parallel up to 2)")
+    parser.add_argument(
+        "--megatron-args",
+        default="",
+        help="more Megatron flags for both sides of every pair, e.g. '--cuda-graph-impl full_iteration'",
+    )
     parser.add_argument(
         "--prime-iters", type=int, default=28, help="iterations of each mode's priming run (0: none)"
     )

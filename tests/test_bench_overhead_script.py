@@ -444,3 +444,13 @@ def test_script_help_runs():
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0 and "--deadline-s" in result.stdout and "--modes" in result.stdout
+
+
+def test_more_megatron_flags_go_to_both_sides_of_every_pair(tmp_path):
+    fake = FakeJobs()
+    assert bench(tmp_path, fake, "--megatron-args", "--cuda-graph-impl full_iteration") == 0
+    for command in fake.commands:
+        script_args = command[command.index("scripts/pretrain_gpt.py") + 1 :]
+        assert script_args[script_args.index("--cuda-graph-impl") + 1] == "full_iteration"
+    document = json.loads((tmp_path / "bench.json").read_text())
+    assert document["job"]["megatron_args"] == "--cuda-graph-impl full_iteration"

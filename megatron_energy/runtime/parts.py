@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron_energy.dvfs.controller import BoundaryEvent
@@ -82,14 +83,33 @@ class SwitchCounts:
     """Requests dropped at their time: their instruction had ended on the GPU (or switching was cancelled)."""
     dropped: int = 0
     """Requests dropped unmade: queue full, cancelled (a revert to stock clocks) or at close."""
+    late_s: list[float] = field(default_factory=list)
+    """How long after its offset each of the latest applied requests went out (host clock, measured; the
+    last :data:`LATENESS_KEPT`)."""
+
+    def note_lateness(self, late_s: float) -> None:
+        """Keep how late an applied request went out."""
+        self.late_s.append(late_s)
+        if len(self.late_s) > LATENESS_KEPT:
+            del self.late_s[: len(self.late_s) - LATENESS_KEPT]
 
     def summary(self) -> str:
         """What became of the requests, for the log (counted on this rank's host)."""
-        return (
+        line = (
             f"phase clocks inside instructions: {self.applied} of {self.scheduled} requested at their "
             f"offsets, {self.stale} stale (instruction ended first), {self.dropped} dropped (queue full, "
             "revert or exit)"
         )
+        if self.late_s:
+            line += (
+                f"; after their offsets by median {1e3 * statistics.median(self.late_s):.2f} ms, max "
+                f"{1e3 * max(self.late_s):.2f} ms (measured, host clock, last {len(self.late_s)})"
+            )
+        return line
+
+
+LATENESS_KEPT = 4096
+"""Applied requests whose lateness a :class:`SwitchCounts` keeps."""
 
 
 class PhaseSwitching(Protocol):

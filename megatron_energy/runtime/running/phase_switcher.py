@@ -196,7 +196,8 @@ class PhaseSwitcher:
         job.anchor.synchronize()
         anchor_s = self._clock()
         for done, request in enumerate(job.requests):
-            self._wait_until(anchor_s + request.offset_s, job)
+            due_s = anchor_s + request.offset_s
+            self._wait_until(due_s, job)
             applied = self.controller.request_inside(request.clock_mhz, lambda: self._stale(job))
             if not self.controller.active:
                 raise RuntimeError(f"the frequency controller stopped: {inactive_reason(self.controller)}")
@@ -204,3 +205,4 @@ class PhaseSwitcher:
                 self.counts.stale += len(job.requests) - done
                 return
             self.counts.applied += 1
+            self.counts.note_lateness(self._clock() - due_s)
