@@ -201,3 +201,22 @@ def test_a_capture_of_megatrons_schedule_marks_every_instruction_and_replays_han
         )
         # the optimizer step runs outside the graph: its hooks fire after every training call
         assert events.count(("outside_begin", "optimizer")) == WARMUP_STEPS + 3
+
+
+@pytest.mark.parametrize(("impl", "settling"), [("none", 0), ("local", 4), ("full_iteration", 4)])
+def test_the_session_starts_after_the_graph_warm_up_and_capture(
+    impl: str, settling: int, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from megatron.training import global_vars
+
+    from megatron_energy.config import EnergyConfig
+    from megatron_energy.megatron.session_factory import DeferredSession
+
+    args = argparse.Namespace(cuda_graph_impl=impl, cuda_graph_warmup_steps=3)
+    monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", args)
+    listener = DeferredSession(EnergyConfig(optimise=True, dir=tmp_path))
+    starts: list[int] = []
+    monkeypatch.setattr(listener, "_start", lambda: starts.append(step))
+    for step in range(6):
+        listener.on_step_begin(step)
+    assert starts[:1] == [settling], "the first step that may build the session follows the capture"

@@ -207,6 +207,19 @@ def megatron_job_context(
     )
 
 
+def graph_settling_steps() -> int:
+    """Steps a CUDA-graph job runs before its graphs replay: its warm-up steps and the capture (0 without).
+
+    Read from Megatron's arguments (``--cuda-graph-impl``, ``--cuda-graph-warmup-steps``).
+    """
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    if getattr(args, "cuda_graph_impl", "none") in (None, "none"):
+        return 0
+    return int(getattr(args, "cuda_graph_warmup_steps", 0) or 0) + 1
+
+
 class DeferredSession:
     """A ``ScheduleListener`` that builds the energy session at the first training step.
 
@@ -241,8 +254,16 @@ class DeferredSession:
             )
 
     def on_step_begin(self, step: int) -> None:
-        """Build the session on the first step, then forward."""
+        """Build the session on the first step after any CUDA graph warm-up and capture, then forward.
+
+        Megatron runs the first ``--cuda-graph-warmup-steps`` steps of a CUDA-graph job eagerly and captures
+        its graphs in the next one (per-layer graphs, ``local`` or ``transformer_engine``, or the whole step,
+        ``full_iteration``): none of those steps runs as the job will, so the session starts after them and
+        profiles graphed steps only.
+        """
         if self.session is None and not self.failed:
+            if step < graph_settling_steps():
+                return
             self._start()
         if self.session is None:
             return
