@@ -8,6 +8,9 @@ OUT=${OUT:-build/gpu_graphs}
 SCRIPT=${SCRIPT:-upstream/pretrain_gpt.py}
 ITERS=${ITERS:-40}
 mkdir -p "$OUT"
+# the megatron-core wheel ships the compiled dataset helpers but not the Makefile Megatron's start-up runs
+DATASETS=$(python3 -c "import megatron.core.datasets as d, os; print(os.path.dirname(d.__file__))")
+[ -f "$DATASETS/Makefile" ] || printf 'default:\n\t@true\n' >"$DATASETS/Makefile"
 job() { python3 -c "import sys; sys.path.insert(0, 'lab'); from gpt_job import gpt_args; print(' '.join(gpt_args($1, $2, $ITERS)))"; }
 run() {  # tag, then the command
   local tag=$1; shift
@@ -18,7 +21,7 @@ run() {  # tag, then the command
 }
 nvidia-smi --query-gpu=timestamp,power.draw,utilization.gpu,clocks.sm,clocks_event_reasons.active --format=csv -lms 500 >"$OUT/nvidia-smi.csv" &
 SMI=$!
-run probe python3 lab/graph_marker_probe.py --replays 20
+[ "${PROBE:-1}" = 1 ] && run probe python3 lab/graph_marker_probe.py --replays 20
 GRAPH="--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad"
 TORCHRUN="python3 -m torch.distributed.run --nproc-per-node 1 --master-port 29531"
 PLUGIN="--energy-optimise --energy-dry-run --energy-log-file"
