@@ -35,7 +35,11 @@ same markers are recorded again by the next replay, a replayed step is read befo
 :meth:`~CudaEventTimer.finish_step` the timer records one more event after the replay (the host's order
 says the whole graph precedes it), and the next :meth:`~CudaEventTimer.step_begin` (before the next replay
 is launched) waits for that event, which Megatron's own per-iteration synchronisation has normally passed
-already, and reads the step; the lagged call then returns that reading.
+already, and reads the step; the lagged call then returns that reading. A replay is launched in
+microseconds, so the host's schedule ends run up to a whole step ahead of the GPU's, and a synchronous
+step's host cycle would take in the step before it: a replayed step's iteration time is therefore the
+device's, from the event after the previous replay to the event after this one (the optimizer step between
+them included).
 
 **Outside phases** (gradient sync, optimizer step, parameter all-gather) get a start and an end event from
 the same pools; the session reads their durations (:meth:`CudaEventTimer.outside_durations`) only at a
@@ -72,6 +76,9 @@ class _SealedStep:
     done: Any = None
     """A replayed step's event recorded after its graph, once sealed (``None`` for a step timed by hooks)."""
 
+    previous_done: Any = None
+    """The ``done`` event of the replayed step before it, if that step was one: the two give the cycle."""
+
     timing: StepTiming | None = None
     """A replayed step's reading, taken before the next replay records its markers again."""
 
@@ -95,6 +102,7 @@ class CudaEventTimer:
         self._open: dict[Step, Any] = {}
         self._sealed: _SealedStep | None = None
         self._last_end_s: float | None = None
+        self._last_done: Any = None  # the last replayed step's event after its graph
         self._stream: Any = None
         self._outside_open: dict[str, Any] = {}
         self._outside: list[tuple[str, Any, Any]] = []
@@ -180,6 +188,7 @@ class CudaEventTimer:
     def skip_step(self) -> None:
         """A step ran untimed (it captured a graph): the next step's cycle is unknown, not the two steps'."""
         self._last_end_s = None
+        self._last_done = None
 
     def outside_durations(self) -> dict[str, float]:
         """The outside phases recorded since the last step began (their events have completed)."""
@@ -203,6 +212,8 @@ class CudaEventTimer:
         step, self._step = self._step, _SealedStep(start=None)
         if step.replayed:
             step.done = self._event()  # after the replay on the stream, so after every marker of the graph
+            step.previous_done = self._last_done
+        self._last_done = step.done
         if not lagged and step.marks:
             (step.marks[-1][2] if step.done is None else step.done).synchronize()
         now_s = time.perf_counter()
@@ -223,6 +234,7 @@ class CudaEventTimer:
         """
         held, self._sealed = self._sealed, None
         self._last_end_s = None
+        self._last_done = None
         return () if held is None else (self._read(held),)
 
     def _read(self, sealed: _SealedStep) -> StepTiming:
@@ -242,4 +254,7 @@ class CudaEventTimer:
             )
             for instruction, start, end in sealed.marks
         )
-        return StepTiming(samples, samples[-1].end_s, "measured", cycle_s=sealed.cycle_s)
+        cycle_s = sealed.cycle_s
+        if sealed.previous_done is not None:  # two replays: the device's iteration, not the host's
+            cycle_s = sealed.previous_done.elapsed_time(sealed.done) / 1e3
+        return StepTiming(samples, samples[-1].end_s, "measured", cycle_s=cycle_s)
