@@ -181,8 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ListenerFanout(listeners),
         microbatch_group_size=settings.microbatch_group_size_per_virtual_pipeline_stage,
         combined=settings.overlap_moe_expert_parallel_comm,
-        full_iteration=uses_full_iteration_graph(settings),
     )
+    if uses_full_iteration_graph(settings):
+        from megatron_energy.megatron.full_iteration import follow_full_iteration_graphs
+
+        installation.on_uninstall(follow_full_iteration_graphs(installation.hooks))
     try:
         run_script(script, megatron_args)
     finally:

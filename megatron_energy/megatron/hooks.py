@@ -498,6 +498,10 @@ class HookInstallation:
     hooks: ScheduleHooks
     _restore: list[Callable[[], None]] = field(default_factory=list)
 
+    def on_uninstall(self, restore: Callable[[], None]) -> None:
+        """Have :meth:`uninstall` call ``restore`` too (before what was installed earlier)."""
+        self._restore.append(restore)
+
     def uninstall(self) -> None:
         """Put back every name ``install_hooks`` replaced."""
         while self._restore:
@@ -517,14 +521,11 @@ def install_hooks(
     num_microbatches_fn: Callable[[], int] = default_num_microbatches,
     microbatch_group_size: int | None = None,
     combined: bool = False,
-    full_iteration: bool = False,
 ) -> HookInstallation:
     """Install the unpatched-path hooks: the timers proxy and the P2P communicator swap.
 
     With ``combined`` (``--overlap-moe-expert-parallel-comm``) the combined 1F1B schedule's steps are
-    reported by wrapping ``combined_1f1b.combined_forward_backward_step`` (``combined_step_hooks``). With
-    ``full_iteration`` (``--cuda-graph-impl full_iteration``) ``FullCudaGraphWrapper`` calls are followed as
-    eager steps, the capture, or replays (``megatron.full_iteration``).
+    reported by wrapping ``combined_1f1b.combined_forward_backward_step`` (``combined_step_hooks``).
 
     Call before Megatron creates its global timers (``set_global_variables``, inside
     ``parse_and_validate_args``); the launcher does. If they already exist they are wrapped in place.
@@ -534,7 +535,6 @@ def install_hooks(
         num_microbatches_fn: Microbatches of the step that is starting (Megatron's calculator by default).
         microbatch_group_size: ``--microbatch-group-size-per-virtual-pipeline-stage``; ``None``: PP size.
         combined: Megatron runs the combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``).
-        full_iteration: Megatron captures the training step as one CUDA graph.
 
     Returns:
         The installation; ``uninstall()`` restores Megatron's names.
@@ -572,10 +572,6 @@ def install_hooks(
         installation._restore.append(
             lambda: setattr(combined_1f1b, "combined_forward_backward_step", step_function)
         )
-    if full_iteration:
-        from megatron_energy.megatron.full_iteration import follow_full_iteration_graphs
-
-        installation._restore.append(follow_full_iteration_graphs(hooks))
     return installation
 
 
