@@ -476,6 +476,11 @@ class PlanningRound:
         if self.context.global_rank == 0:
             self.printer(plan_summary(plan, release.plan_text))
         hooks = runner.hook_report(inside_switched=self.state.phase_switcher is not None)
+        if hooks is not None and self.context.full_iteration_graph:
+            hooks += (
+                " (a replayed graph runs no hook inside it: these clocks, but the optimizer step's, go out "
+                "by time from the replay's start, the gradient sync's at the last instruction's end)"
+            )
         if hooks is not None and self.context.data_parallel_rank == 0:
             self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.state.plan = plan
