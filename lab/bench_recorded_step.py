@@ -24,8 +24,9 @@ profile step (``--energy-profile-iters 1``, the fewest), then the recorded step
   allocator warm-up, cuBLAS choices, the settling step; the session is built in iteration 1), leaving out the
   recorded step and the one after it;
 - their ratio, the target being at most 1.3;
-- the step after the recorded one, and its ratio, apart: the trace's export (on the writer thread, holding
-  the GIL) and the reading child's start fall there, so whatever the recorded step sheds onto it shows;
+- the step after the recorded one, and its ratio, apart: the writer thread may still be stopping the
+  profiler or exporting the trace (which holds the GIL) then, and the reading child starts, so whatever the
+  recorded step sheds onto it shows;
 - from the plugin's line: the profiler's start and the collection toggles (training thread), the profiler's
   stop and the trace's export (writer thread), in ms, and the trace's size;
 - whether the timelines were read into phases before the run ended (the plugin's ``phases inside
