@@ -32,7 +32,7 @@ setup(
         ),
     ],
     install_requires=[
-        "torch>=2.6",
+        "torch>=2.7",  # profile_all_threads: the kernel timeline's profiler stops off the training thread
         "megatron-core>=0.19,<0.20",
         "nvidia-ml-py>=12.535",
         "zeus>=0.16,<0.17",

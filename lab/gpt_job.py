@@ -2,7 +2,8 @@
 
 16 layers, hidden 2048, 16 heads, seq 2048, bf16, mock data with the NullTokenizer, Megatron's own
 per-iteration log with energy (``--log-interval 1 --log-energy``), the local transformer implementation.
-``lab/bench_overhead.py`` and ``lab/gpu_validate.py`` differ only in the batch and the iterations.
+``lab/bench_overhead.py`` and ``lab/gpu_validate.py`` differ only in the batch and the iterations;
+``lab/bench_recorded_step.py`` also trains the user-shaped variant (:data:`USER_SHAPED`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,18 @@ FIXED = (
     "--no-masked-softmax-fusion --no-persist-layer-norm --no-rope-fusion"
 )
 
+USER_SHAPED = (
+    "--group-query-attention --num-query-groups 4 --swiglu --normalization RMSNorm "
+    "--position-embedding-type rope --use-distributed-optimizer --overlap-grad-reduce --manual-gc"
+)
+"""The shape users train (grouped-query attention, SwiGLU, RMSNorm, RoPE, the distributed optimizer with the
+gradient reduction overlapped, Megatron's manual garbage collection), still ``--transformer-impl local``;
+each flag checked against megatron-core 0.19's ``megatron/training/arguments.py`` parser."""
 
-def gpt_args(microbatches: int, micro_batch_size: int, train_iters: int, pipeline: int = 1) -> list[str]:
+
+def gpt_args(
+    microbatches: int, micro_batch_size: int, train_iters: int, pipeline: int = 1, user_shaped: bool = False
+) -> list[str]:
     """Megatron's flags for the job.
 
     Args:
@@ -24,12 +35,14 @@ def gpt_args(microbatches: int, micro_batch_size: int, train_iters: int, pipelin
         micro_batch_size: Sequences per microbatch.
         train_iters: Training iterations.
         pipeline: Pipeline-parallel size.
+        user_shaped: Add :data:`USER_SHAPED`.
 
     Returns:
         The arguments after ``scripts/pretrain_gpt.py``.
     """
     return [
         *FIXED.split(),
+        *(USER_SHAPED.split() if user_shaped else ()),
         "--micro-batch-size",
         str(micro_batch_size),
         "--global-batch-size",

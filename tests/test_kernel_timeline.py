@@ -17,6 +17,7 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import LocalComms
@@ -25,10 +26,17 @@ from megatron_energy.runtime.profiling.kernel_timeline import (
     PendingTimelines,
     ReadTimelines,
     TimelineReading,
+    TimelinesUnread,
     annotation,
     parse_annotation,
     phase_timelines,
     timelines_at_clocks,
+)
+from megatron_energy.runtime.profiling.recorded_step import RecordedStepCost, logged_recorded_steps
+from megatron_energy.runtime.profiling.torch_recorder import (
+    TEARDOWN_CUPTI,
+    TorchKernelTimeline,
+    recorded_instances,
 )
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.session_phase import SessionPhase
@@ -145,12 +153,14 @@ class _Recorder:
         self.recording = False
         self.started_at: list[tuple[int, int]] = []
         self.instructions: list[Instruction] = []
+        self.costs: list[RecordedStepCost] = []  # the recorded steps' costs, logged by the session
         self.closed = False
 
-    def start(self, clock_mhz: int) -> None:
+    def start(self, clock_mhz: int, step: int) -> None:
+        assert step == self.session_steps[-1]
         self.recording = True
         self.timer.slowdown = PROFILER_SLOWDOWN
-        self.started_at.append((self.session_steps[-1], clock_mhz))
+        self.started_at.append((step, clock_mhz))
 
     @property
     def response_clocks(self) -> int:
@@ -166,6 +176,11 @@ class _Recorder:
     def stop(self) -> None:
         self.recording = False
         self.timer.slowdown = 1.0
+        step, clock = self.started_at[-1]
+        self.costs.append(RecordedStepCost(step + 1, clock, 2, 1.5, 3, 0.6, 40.0, 12.0, 1.2))
+
+    def finished(self) -> RecordedStepCost | None:
+        return self.costs.pop(0) if self.costs else None
 
     def read(self) -> PendingTimelines:
         return ReadTimelines(
@@ -275,6 +290,10 @@ def test_kernels_are_recorded_in_a_step_of_their_own_at_each_clocks_end_and_feed
         assert rows[("forward", 1500)].time_s == pytest.approx(0.010 * 1980 / 1500)
     assert not recorder.recording
     assert set(recorder.instructions) == {Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")}
+    # rank 0 logs each recorded step's host cost, naming its iteration (1-based, as Megatron's log)
+    logged = logged_recorded_steps("\n".join(lines))
+    assert [(cost.iteration, cost.clock_mhz) for cost in logged] == [(s + 1, c) for s, c in recorded]
+    assert logged[0] == RecordedStepCost(recorded[0][0] + 1, recorded[0][1], 2, 1.5, 3, 0.6, 40.0, 12.0, 1.2)
     response = "clock response measured (kernel timelines at 2 clocks)" if can_set_clocks else "modelled"
     assert any(
         "measured kernel timelines (torch.profiler" in line
@@ -290,31 +309,155 @@ def test_optimisers_without_phases_never_record_kernels(tmp_path) -> None:
     assert not any("phases inside instructions" in line for line in lines)
 
 
-def test_the_torch_profiler_recorder_records_instruction_ranges_and_only_between_start_and_stop() -> None:
+# ------------------------------------------------------------------- the torch.profiler recorder (CPU)
+
+
+def test_one_instance_of_each_class_is_recorded_the_middle_one_in_execution_order() -> None:
+    # no pipelining: with three or more microbatches neither the first nor the last (its backward launches
+    # the gradient sync); with two, the first
+    assert recorded_instances(pipeline_orders(1, 4).steps(0)) == (
+        Instruction(0, 0, 1, "forward"),
+        Instruction(0, 0, 1, "backward"),
+    )
+    assert [i.microbatch for i in recorded_instances(pipeline_orders(1, 2).steps(0))] == [0, 0]
+    assert [i.microbatch for i in recorded_instances(pipeline_orders(1, 1).steps(0))] == [0, 0]
+    # 1F1B, 4 stages, 8 microbatches: on every stage a steady-state forward and backward (past the warm-up
+    # forwards, before the cool-down backwards)
+    orders = pipeline_orders(4, 8)
+    for stage in range(4):
+        order = orders.steps(stage)
+        forward, backward = sorted(recorded_instances(order), key=lambda i: i.kind, reverse=True)
+        assert (forward.kind, backward.kind) == ("forward", "backward")
+        position = order.index
+        first_backward = next(i for i, step in enumerate(order) if step.kind == "backward")
+        last_forward = max(i for i, step in enumerate(order) if step.kind == "forward")
+        assert first_backward - 1 <= position(forward) <= last_forward
+        assert first_backward <= position(backward) <= last_forward + 1
+    # interleaved: one per (chunk, kind), in execution order
+    order = pipeline_orders(2, 8, num_chunks=2).steps(0)
+    chosen = recorded_instances(order)
+    assert sorted(i.work for i in chosen) == sorted({step.work for step in order})
+    assert [order.index(i) for i in chosen] == sorted(order.index(i) for i in chosen)
+
+
+def _torch_step(recorder: Any, order: list[Instruction], side_thread_op: str | None = None) -> None:
+    """One CPU training step: each forward a small product, each backward its gradient; CPU work between
+    instructions; in the recorded forward (``side_thread_op``), an operator on another thread too, as
+    autograd's device threads launch a backward pass's kernels."""
+    import threading
+
     import torch
 
-    from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
-    from megatron_energy.runtime.profiling.kernel_timeline import TorchKernelTimeline
+    weight = torch.randn(32, 32, requires_grad=True)
+    loss = None
+    for instruction in order:
+        recorder.instruction_begin(instruction)
+        if instruction.kind == "forward":
+            loss = (torch.randn(4, 32) @ weight).relu().sum()
+            if side_thread_op is not None and instruction in recorder.instances:
+                side = threading.Thread(target=getattr(torch, side_thread_op), args=(torch.ones(3),))
+                side.start()
+                side.join()
+        else:
+            assert loss is not None
+            loss.backward()
+        recorder.instruction_end(instruction)
+        torch.randn(16, 16).exp()  # the schedule's own work between instructions: never collected
 
-    recorder = TorchKernelTimeline(SPEC)
-    forward = Instruction(0, 0, 0, "forward")
-    recorder.instruction_begin(forward)  # not recording: nothing is opened
-    recorder.instruction_end(forward)
-    recorder.start(1980)
+
+def _written_trace(recorder: Any) -> dict[str, Any]:
+    ((path,),) = recorder._trace_files.values()
+    return json.loads(Path(path).read_text())
+
+
+def test_the_torch_recorder_collects_only_the_recorded_instances_and_their_threads() -> None:
+    import threading
+
+    import torch
+
+    order = list(pipeline_orders(1, 3).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    recorder.instruction_begin(order[1])  # no recorded step: nothing happens
+    recorder.instruction_end(order[1])
+    recorder.start(1980, step=6)
     assert recorder.recording
-    recorder.instruction_begin(forward)
-    torch.randn(64, 64) @ torch.randn(64, 64)
-    recorder.instruction_end(forward)
+    _torch_step(recorder, order, side_thread_op="sin")
+    side = threading.Thread(target=torch.cos, args=(torch.ones(3),))  # after the last instance: not collected
+    side.start()
+    side.join()
     recorder.stop()
     assert not recorder.recording
-    ((path,),) = recorder._trace_files.values()
-    trace = json.loads(Path(path).read_text())
-    names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
-    assert names == [annotation(forward)]
-    # a CPU run launches no GPU kernels: the range is recorded, no phases come out of it (read by a child)
-    assert kernels_by_annotation(trace, "energy:") == {} and recorder.read().wait() == {}
+    cost = None
+    while cost is None:
+        cost = recorder.finished()
+    assert (cost.iteration, cost.clock_mhz, cost.instances, cost.toggles, cost.error) == (7, 1980, 2, 3, None)
+    assert cost.trace_mib > 0 and recorder.finished() is None  # each recorded step once
+    events = [e for e in _written_trace(recorder)["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e for e in events if e.get("cat") == "user_annotation"]
+    assert [e["name"] for e in ranges] == [annotation(i) for i in recorded_instances(order)]
+    operators = [e for e in events if e.get("cat") == "cpu_op"]
+    assert operators, "the recorded instances' operators, with their input shapes"
+    for operator in operators:  # nothing from before, between or after the recorded instances
+        assert any(r["ts"] <= operator["ts"] <= r["ts"] + r["dur"] for r in ranges), operator["name"]
+    products = [operator["args"]["Input Dims"] for operator in operators if operator["name"] == "aten::mm"]
+    assert [[4, 32], [32, 32]] in products  # the forward's: the shapes the FLOP estimate needs
+    names = {operator["name"] for operator in operators}
+    assert {"aten::mm", "aten::sin"} <= names and not {"aten::exp", "aten::cos"} & names
+    main = threading.get_native_id()
+    assert {operator["tid"] for operator in operators if operator["name"] == "aten::sin"} != {main}
+    # a CPU run launches no GPU kernels: the ranges are recorded, no phases come out of them (read by a child)
+    assert kernels_by_annotation(_written_trace(recorder), "energy:") == {} and recorder.read().wait() == {}
+    (path,) = (p for paths in recorder._trace_files.values() for p in paths)
     recorder.close()
     assert not Path(path).exists()
+
+
+def test_the_trace_is_written_off_the_training_thread_and_read_only_once_written(monkeypatch) -> None:
+    import threading
+    import time
+
+    import torch
+
+    from megatron_energy.runtime.profiling import torch_recorder
+
+    release, threads = threading.Event(), {}
+    real_exit, real_export = torch.profiler.profile.__exit__, torch.profiler.profile.export_chrome_trace
+
+    def exit_on(profile: Any, *args: Any) -> None:
+        threads["stop"] = threading.current_thread().name
+        real_exit(profile, *args)
+
+    def slow_export(profile: Any, path: str) -> None:
+        threads["export"] = threading.current_thread().name
+        release.wait(30)  # a large trace
+        real_export(profile, path)
+
+    started_reading: list[bool] = []
+
+    def reading(task: TimelineReading) -> ChildProcess:
+        started_reading.append(all(Path(p).exists() for paths in task.trace_files.values() for p in paths))
+        return ChildProcess(task)
+
+    order = list(pipeline_orders(1, 2).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    monkeypatch.setattr(torch.profiler.profile, "__exit__", exit_on)
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", slow_export)
+    monkeypatch.setattr(torch_recorder, "ChildProcess", reading)
+    recorder.start(1980, step=3)
+    began = time.perf_counter()
+    _torch_step(recorder, order)  # the last instance's end hands the profiler over
+    recorder.stop()
+    pending = recorder.read()
+    training_thread_s = time.perf_counter() - began
+    assert recorder.writing and pending.poll() is None and recorder.finished() is None
+    assert started_reading == []  # no reader before the trace exists
+    time.sleep(0.3)
+    release.set()
+    assert pending.wait() == {} and started_reading == [True]
+    assert threads == {"stop": "megatron_energy-kernel-trace", "export": "megatron_energy-kernel-trace"}
+    cost = recorder.finished()
+    assert cost is not None and cost.export_ms >= 300 > 1e3 * training_thread_s - cost.start_ms
+    recorder.close()
 
 
 @pytest.mark.parametrize("user_value", [None, "0"])
@@ -324,8 +467,6 @@ def test_the_profiler_stops_with_cupti_teardown_asked_for_and_the_environment_is
     """Kineto leaves CUPTI attached after a profile unless ``TEARDOWN_CUPTI=1`` when it stops; an attached
     CUPTI slows every later kernel launch of the run (pytorch/pytorch#144455)."""
     import torch
-
-    from megatron_energy.runtime.profiling.kernel_timeline import TEARDOWN_CUPTI, TorchKernelTimeline
 
     if user_value is None:
         monkeypatch.delenv(TEARDOWN_CUPTI, raising=False)
@@ -338,13 +479,80 @@ def test_the_profiler_stops_with_cupti_teardown_asked_for_and_the_environment_is
         seen_at_stop.append(os.environ.get(TEARDOWN_CUPTI))
         real_exit(profile, *args)
 
+    order = list(pipeline_orders(1, 1).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
     monkeypatch.setattr(torch.profiler.profile, "__exit__", exit_noting_teardown)
-    recorder = TorchKernelTimeline(SPEC)
-    recorder.start(1980)
+    recorder.start(1980, step=0)
+    _torch_step(recorder, order)
     recorder.stop()
-    recorder.close()
+    recorder.read().wait()  # the writer has stopped the profiler
     assert seen_at_stop == ["1"]
     assert os.environ.get(TEARDOWN_CUPTI) == user_value
+    recorder.close()
+
+
+def test_a_trace_that_cannot_be_written_is_logged_and_leaves_the_split_modelled(monkeypatch) -> None:
+    import torch
+
+    def failing_export(profile: Any, path: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", failing_export)
+    order = list(pipeline_orders(1, 1).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    recorder.start(1980, step=4)
+    _torch_step(recorder, order)
+    recorder.stop()
+    outcome = recorder.read().wait()
+    assert isinstance(outcome, TimelinesUnread) and "disk full" in outcome.reason
+    cost = recorder.finished()
+    assert cost is not None and cost.error == "OSError: disk full" and recorder.response_clocks == 0
+    (logged,) = logged_recorded_steps(cost.line(0))
+    assert (logged.iteration, logged.instances, logged.error) == (5, 2, "OSError: disk full")
+    recorder.close()
+
+
+def test_a_profiler_only_its_own_thread_could_stop_records_nothing_and_says_why(monkeypatch) -> None:
+    """Stopping a profiler whose state is the starting thread's from the writer thread aborts the process."""
+    import torch
+
+    order = list(pipeline_orders(1, 2).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    monkeypatch.delenv(TEARDOWN_CUPTI, raising=False)
+    monkeypatch.setattr(torch._C._autograd, "_profiler_enabled", lambda: True)  # PyTorch < 2.7's state
+    recorder.start(1980, step=2)
+    _torch_step(recorder, order)
+    recorder.stop()
+    cost = recorder.finished()
+    assert cost is not None and cost.instances == 0 and "starting thread's own" in str(cost.error)
+    outcome = recorder.read().wait()
+    assert isinstance(outcome, TimelinesUnread) and "did not start" in outcome.reason
+    assert TEARDOWN_CUPTI not in os.environ
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        pass  # the failed profiler was stopped: another may start
+    recorder.close()
+
+
+def test_closing_during_a_recorded_step_stops_the_profiler_and_removes_the_traces() -> None:
+    order = list(pipeline_orders(1, 2).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    recorder.start(1980, step=5)
+    recorder.instruction_begin(order[0])  # the step breaks off inside a recorded instance
+    recorder.close()
+    assert not recorder.recording and not recorder.writing
+    cost = recorder.finished()
+    assert cost is not None and cost.error is None and cost.instances == 1
+    assert recorder._folder is None
+
+
+def test_the_recorded_step_line_reads_back() -> None:
+    cost = RecordedStepCost(12, 1980, 4, 3.25, 7, 1.5, 41.0, 18.5, 2.3)
+    line = cost.line(0)
+    assert line.startswith("[energy] rank 0: iteration 12 recorded the kernel timelines at 1980 MHz")
+    assert logged_recorded_steps(f"noise\n{line}\n{cost.line(0).replace('12', '13', 1)}") == [
+        RecordedStepCost(12, 1980, 4, 3.2, 7, 1.5, 41.0, 18.5, 2.3),
+        RecordedStepCost(13, 1980, 4, 3.2, 7, 1.5, 41.0, 18.5, 2.3),
+    ]
 
 
 def _clocked_forward(gemm_us: float, add_us: float) -> dict[str, Any]:

@@ -28,8 +28,9 @@ from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
 from megatron_energy.runtime.planning_round.replanning import Replanner
-from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline, TorchKernelTimeline
+from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
+from megatron_energy.runtime.profiling.torch_recorder import TorchKernelTimeline, recorded_instances
 from megatron_energy.runtime.running.phase_switcher import PhaseSwitcher
 from megatron_energy.runtime.running.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.session import EnergySession
@@ -337,10 +338,14 @@ def build_kernel_timeline(
     """``torch.profiler`` kernel timelines on real GPUs when the optimiser asks for phases; else none.
 
     Replayed full-iteration CUDA graphs run no instruction ranges, so none is recorded there. Simulated GPUs
-    run no kernels: the phase planner keeps the modelled per-class split there. Kernels whose
-    names do not say their compute class are priced as the job's layer GEMM class (bf16 without a shape).
+    run no kernels: the phase planner keeps the modelled per-class split there. It records one instance of
+    each instruction class of this rank's stage (``torch_recorder.recorded_instances``). Kernels whose names
+    do not say their compute class are priced as the job's layer GEMM class (bf16 without a shape).
     """
     if handle.backend == "simulated" or not optimiser.request.phases or context.full_iteration_graph:
         return None
     shape = context.shape
-    return TorchKernelTimeline(spec, KernelClass.GEMM_BF16 if shape is None else shape.layer_gemm_class)
+    instances = recorded_instances(context.orders.steps(context.pipeline_rank))
+    return TorchKernelTimeline(
+        spec, instances, KernelClass.GEMM_BF16 if shape is None else shape.layer_gemm_class
+    )

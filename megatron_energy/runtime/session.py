@@ -101,12 +101,13 @@ class EnergySession:
         spec: The GPU's spec (name, blocked and idle power for energy attribution).
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
         printer: Where log lines go.
-        kernel_timeline: Records the instructions' kernel timelines (``runtime.profiling.kernel_timeline``:
-        CUDA
-            only) in a recorded step that ends each profiled clock's block (their clock response is then
-            measured; a dry run profiles the stock clock alone), when the optimiser asks for phases; never in
-            the run phase, and the recorded steps' figures feed nothing else
-            (``runtime.profiling.collector``). ``None``: the phase planner uses the modelled per-class split.
+        kernel_timeline: Records kernel timelines of one instance per instruction class
+            (``runtime.profiling.torch_recorder``: CUDA only) in a recorded step that ends each profiled
+            clock's block (their clock response is then measured; a dry run profiles the stock clock alone),
+            when the optimiser asks for phases; never in the run phase, and the recorded steps' figures feed
+            nothing else (``runtime.profiling.collector``). Rank 0 logs what each recorded step cost on the
+            host once its trace is written (``runtime.profiling.recorded_step``). ``None``: the phase planner
+            uses the modelled per-class split.
         phase_switcher: Requests a plan's clocks inside instructions (``runtime.running.phase_switcher``);
             ``None``: those phases keep their instruction's clock.
         power_cap: Reads the clock at instruction ends of the stock profile steps, for the power-cap check
@@ -255,7 +256,7 @@ class EnergySession:
             self._outside = self.laps.lap()
             self.collector.add_outside_phases(self.timer.outside_durations())
             if self.kernel_timeline is not None and planned is not None and planned.kind == "recorded":
-                self.kernel_timeline.start(planned.clock_mhz)
+                self.kernel_timeline.start(planned.clock_mhz, step)
         boundary = self._step_boundary = self.timer.step_begin()
         if planned is not None:
             self.controller.request(planned.clock_mhz, boundary)
@@ -406,8 +407,10 @@ class EnergySession:
         """
         planning = self.phase == SessionPhase.PLANNING
         timings = self.timer.finish_step(lagged=self._step_lagged)
-        if self.kernel_timeline is not None and self.kernel_timeline.recording:
-            self.kernel_timeline.stop()  # the synchronous step's kernels have run
+        if self.kernel_timeline is not None:
+            if self.kernel_timeline.recording:
+                self.kernel_timeline.stop()  # the synchronous step's kernels have run
+            self._log_recorded_step()
         self._sealed.append(
             SealedStep(
                 step=step,
@@ -423,6 +426,13 @@ class EnergySession:
             self._finish(self._sealed.pop(0), timing)
         if planning:
             self.planning.poll(step)
+
+    def _log_recorded_step(self) -> None:
+        """Rank 0 logs what a recorded step cost on the host, once its trace is written (measured)."""
+        assert self.kernel_timeline is not None
+        cost = self.kernel_timeline.finished()
+        if cost is not None and self.context.global_rank == 0:
+            self.printer(cost.line(self.context.global_rank))
 
     def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
         """One step's figures: the profile or the run-phase policies, then the energy log.
@@ -508,7 +518,8 @@ class EnergySession:
         """
         self.planning.close()
         if self.kernel_timeline is not None:
-            self.kernel_timeline.close()
+            self.kernel_timeline.close()  # waits for a trace still being written
+            self._log_recorded_step()
         if self.state.phase_switcher is not None:
             self.state.phase_switcher.close()
             counts = self.state.phase_switcher.counts

@@ -1,39 +1,35 @@
-"""Kernel timelines of the instructions in a few profiling steps, grouped into phases (``kernel`` mode).
+"""Kernel timelines of the instructions in the recorded steps, grouped into phases (``kernel`` mode).
 
-On CUDA, :class:`TorchKernelTimeline` runs ``torch.profiler`` (CPU and CUDA activities, input shapes) only
-between :meth:`~TorchKernelTimeline.start` and :meth:`~TorchKernelTimeline.stop`, which the session calls
-around the recorded step that ends each profiled clock's block (``runtime.profiling.collector``; the stock
-clock's alone when clocks are not set: a dry run) and never in the run phase; each instruction is a
-``record_function`` range named by :func:`annotation`. :func:`phase_timelines` (pure, tested on recorded and
-synthetic traces) turns the Chrome trace into phases per instruction class: the kernels of each range
+On CUDA, ``runtime.profiling.torch_recorder.TorchKernelTimeline`` records them with ``torch.profiler`` in the
+recorded step that ends each profiled clock's block (``runtime.profiling.collector``; the stock clock's alone
+when clocks are not set: a dry run), never in the run phase: one instance of each instruction class of the
+rank's stage, each a ``record_function`` range named by :func:`annotation`; that module says what it records,
+why so little, and what runs on which thread. :func:`phase_timelines` (pure, tested on recorded and synthetic
+traces) turns the Chrome traces into phases per instruction class: the kernels of each range
 (``pipeline.kineto_trace.kernels_by_annotation``), classified against the GPU spec's roofline and grouped
 (``pipeline.phase_timeline.group_phases``), each compute phase with the kernel classes its kernels' names
 say (``pipeline.kernel_classification``; a matrix product whose name names no dtype, and a compute-bound
 kernel of a name no rule knows, in the job's GEMM class from the workload model); of an instruction class's
-instances (microbatches, steps), the one of median length speaks for it. Times are measured (kernel start
+instances (one per recorded step), the one of median length speaks for it. Times are measured (kernel start
 and duration at the stock clock); whether a kernel is compute- or memory-bound rests on FLOPs and bytes
 estimated from its operator's input shapes (``pipeline.kineto_trace``). Each class's response to the
 clock is *measured* where timelines at two or more clocks were recorded (the same kernels paired across
 clocks, ``pipeline.clock_response``), else the GPU spec's model (all compute-bound, all memory-bound or
 fixed); what the phase planner does with them is modelled. On simulated GPUs there is no kernel timeline:
-the session keeps the modelled per-class split (``pipeline.modelled_phases``). The step recorded under the
-profiler runs slower than the others (the profiler's work on every kernel launch), so its instruction times
-and energy feed the phase timelines only, never the profile rows or the stock baseline
-(``runtime.profiling.collector``).
+the session keeps the modelled per-class split (``pipeline.modelled_phases``). The recorded step runs
+slower than the others (the profiler's work), so its instruction times and energy feed the phase timelines
+only, never the profile rows or the stock baseline (``runtime.profiling.collector``).
 
-Off the training thread: when the profiler stops, the training thread only has it write its Chrome trace to a
-file (Kineto's own writer); reading the traces and turning them into phases (:class:`TimelineReading`) runs in
-a child process at lower CPU priority (``runtime.child_process``), started at the end of profiling
-(:meth:`TorchKernelTimeline.read`), which the session polls while training goes on at stock clocks.
+Off the training thread: reading the traces and turning them into phases (:class:`TimelineReading`) runs in
+a child process at lower CPU priority (``runtime.child_process``), started at the end of profiling once the
+traces are written (:meth:`KernelTimeline.read`), which the session polls while training goes on at stock
+clocks.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +42,10 @@ from megatron_energy.pipeline.clock_response import class_response, fit_class_sp
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
 from megatron_energy.pipeline.phase_timeline import KernelRecord, Phase, PhaseClass, compute_mix, group_phases
-from megatron_energy.runtime.child_process import ChildProcess
+from megatron_energy.runtime.profiling.recorded_step import RecordedStepCost
 
 PREFIX = "energy:"
 """The start of every range name the session records."""
-TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
-"""Kineto's switch: ``1`` finalises CUPTI when a profile stops, so no profiler is left attached to the run."""
 
 Timelines = dict[Work, list[tuple[str, WorkProfile]]]
 """Per instruction class, its phases in order: (class, work at the stock clock)."""
@@ -244,8 +238,8 @@ class KernelTimeline(Protocol):
         """Whether it records now."""
         ...
 
-    def start(self, clock_mhz: int) -> None:
-        """Start recording (a synchronous profile step at ``clock_mhz`` begins)."""
+    def start(self, clock_mhz: int, step: int) -> None:
+        """A recorded step (the session's ``step``, a synchronous one at ``clock_mhz``) begins."""
         ...
 
     def instruction_begin(self, instruction: Instruction) -> None:
@@ -257,7 +251,11 @@ class KernelTimeline(Protocol):
         ...
 
     def stop(self) -> None:
-        """Stop recording (the step's device work is done)."""
+        """The recorded step ends (its device work is done)."""
+        ...
+
+    def finished(self) -> RecordedStepCost | None:
+        """What a recorded step cost on the host, once its trace is written (each once; else ``None``)."""
         ...
 
     def read(self) -> PendingTimelines:
@@ -294,104 +292,11 @@ def timelines_line(timelines: Timelines, timer_source: str, response_clocks: int
         recorded = sum((work for phases in timelines.values() for _, work in phases), WorkProfile(0.0, 0.0))
         classes = "none compute-bound" if recorded.compute_mix is None else recorded.compute_mix.describe()
         return (
-            "phases inside instructions: measured kernel timelines (torch.profiler, the stock clock's last "
-            f"profile step) of {len(timelines)} instruction classes; compute- or memory-bound from estimated "
-            f"FLOPs/bytes, compute classes from kernel names (measured compute time: {classes}; "
-            f"compute-bound kernels whose names say no class priced as the job's GEMM class), {response}"
+            "phases inside instructions: measured kernel timelines (torch.profiler, one instance per class "
+            f"in the stock clock's recorded step) of {len(timelines)} instruction classes; compute- or "
+            "memory-bound from estimated FLOPs/bytes, compute classes from kernel names (measured compute "
+            f"time: {classes}; compute-bound kernels whose names say no class priced as the job's GEMM "
+            f"class), {response}"
         )
     why = "simulated GPUs have no kernels" if timer_source == "modelled" else "no kernel was recorded"
     return f"phases inside instructions: modelled per-class split ({why})"
-
-
-class TorchKernelTimeline:
-    """Records kernel timelines with ``torch.profiler`` between :meth:`start` and :meth:`stop` (CUDA only).
-
-    Args:
-        spec: The GPU whose roofline classifies the kernels.
-        gemm_class: The job's GEMM class, for kernels whose names do not say their compute class.
-    """
-
-    def __init__(self, spec: GpuSpec, gemm_class: KernelClass = KernelClass.GEMM_BF16) -> None:
-        import torch
-
-        self._torch = torch
-        self.spec = spec
-        self.gemm_class = gemm_class
-        self._profiler: Any = None
-        self._ranges: dict[Instruction, Any] = {}
-        self._folder: Path | None = None  # the trace files', made at the first stop
-        self._trace_files: dict[int, list[str]] = {}  # per clock, the first one the reference
-        self._clock_mhz = 0
-        self._teardown_before: str | None = None
-
-    @property
-    def recording(self) -> bool:
-        """Whether the profiler runs now."""
-        return self._profiler is not None
-
-    def start(self, clock_mhz: int) -> None:
-        """Start the profiler (the device is idle: a synchronous profiling step at ``clock_mhz`` begins).
-
-        CUPTI is torn down when the profiler stops (``TEARDOWN_CUPTI=1`` while it runs; the environment is
-        restored at :meth:`stop`): Kineto leaves CUPTI attached after a profile unless told otherwise, and
-        an attached CUPTI taxes every later kernel launch of the run (PyTorch reports 10-20 % slower
-        training after a finished profile, pytorch/pytorch#144455). torch itself turns teardown off again
-        for jobs with CUDA graphs on CUDA < 12.6, where it crashes.
-        """
-        self._clock_mhz = clock_mhz
-        self._teardown_before = os.environ.get(TEARDOWN_CUPTI)
-        os.environ[TEARDOWN_CUPTI] = "1"
-        activities = [self._torch.profiler.ProfilerActivity.CPU, self._torch.profiler.ProfilerActivity.CUDA]
-        self._profiler = self._torch.profiler.profile(activities=activities, record_shapes=True)
-        self._profiler.__enter__()
-
-    def instruction_begin(self, instruction: Instruction) -> None:
-        """Open the instruction's range."""
-        if self._profiler is not None:
-            scope = self._torch.profiler.record_function(annotation(instruction))
-            scope.__enter__()
-            self._ranges[instruction] = scope
-
-    def instruction_end(self, instruction: Instruction) -> None:
-        """Close the instruction's range."""
-        scope = self._ranges.pop(instruction, None)
-        if scope is not None:
-            scope.__exit__(None, None, None)
-
-    def stop(self) -> None:
-        """Stop the profiler (after the step's device sync) and keep its trace."""
-        profiler, self._profiler = self._profiler, None
-        if profiler is None:
-            return
-        try:
-            profiler.__exit__(None, None, None)
-        finally:
-            if self._teardown_before is None:
-                os.environ.pop(TEARDOWN_CUPTI, None)
-            else:
-                os.environ[TEARDOWN_CUPTI] = self._teardown_before
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="megatron_energy-kernels-"))
-        paths = self._trace_files.setdefault(self._clock_mhz, [])
-        path = self._folder / f"{self._clock_mhz}-{len(paths)}.json"
-        profiler.export_chrome_trace(str(path))  # Kineto writes it: no parsing on the training thread
-        paths.append(str(path))
-
-    @property
-    def response_clocks(self) -> int:
-        """Clocks recorded: with two or more, the kernel classes' clock response is measured."""
-        return len(self._trace_files) if len(self._trace_files) > 1 else 0
-
-    def read(self) -> PendingTimelines:
-        """Start reading the recorded traces in a child process (nothing recorded: no timelines, at once)."""
-        if not self._trace_files:
-            return ReadTimelines({})
-        files = {clock: list(paths) for clock, paths in self._trace_files.items()}
-        return ChildProcess(TimelineReading(self.spec, files, self.gemm_class))
-
-    def close(self) -> None:
-        """Remove the recorded trace files."""
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
-            self._trace_files = {}
