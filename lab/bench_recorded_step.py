@@ -32,8 +32,9 @@ profile step (``--energy-profile-iters 1``, the fewest), then the recorded step
 - whether the timelines were read into phases before the run ended (the plugin's ``phases inside
   instructions`` line), so a run also shows that the recording still serves the phase planner.
 
-**Cost.** A job starts in ~25 s, then ``--iters`` iterations (default 16: the recorded step and a few
-after it); the three jobs take ~2 min on one H100. ``--deadline-s`` starts no job that the time left cannot
+**Cost.** A job starts in ~25 s, then ``--iters`` iterations (default 24: the recorded step, a few
+after it, and room for a stock baseline that grows past its pilot; 16 held no recorded step in either job
+of the first H100 run); the three jobs take ~3 min on one H100. ``--deadline-s`` starts no job that the time left cannot
 fit, judged by the slowest job so far (:data:`FIRST_JOB_S` before the first); ``--json`` is rewritten after
 every job::
 
@@ -226,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--script", type=Path, default=Path("scripts/pretrain_gpt.py"), help="pretrain script"
     )
     parser.add_argument("--jobs", type=job_list, default=tuple(JOBS), help="comma-separated job names")
-    parser.add_argument("--iters", type=int, default=16, help="training iterations per job")
+    parser.add_argument("--iters", type=int, default=24, help="training iterations per job")
     parser.add_argument("--warmup", type=int, default=3, help="first iterations that are not normal steps")
     parser.add_argument("--deadline-s", type=float, default=None, help="start no job past this many seconds")
     parser.add_argument(
