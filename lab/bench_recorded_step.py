@@ -32,9 +32,9 @@ profile step (``--energy-profile-iters 1``, the fewest), then the recorded step
 - whether the timelines were read into phases before the run ended (the plugin's ``phases inside
   instructions`` line), so a run also shows that the recording still serves the phase planner.
 
-**Cost.** A job starts in ~25 s, then ``--iters`` iterations (default 24: the recorded step, a few
-after it, and room for a stock baseline that grows past its pilot; 16 held no recorded step in either job
-of the first H100 run); the three jobs take ~3 min on one H100. ``--deadline-s`` starts no job that the time left cannot
+**Cost.** A job starts in ~25 s, then ``--iters`` iterations (default 24: the recorded step, a few after it,
+and room for a stock baseline that grows past its pilot; 16 held no recorded step in either job of the first
+H100 run); the three jobs take ~3 min on one H100. ``--deadline-s`` starts no job that the time left cannot
 fit, judged by the slowest job so far (:data:`FIRST_JOB_S` before the first); ``--json`` is rewritten after
 every job::
 
