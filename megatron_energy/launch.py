@@ -27,7 +27,7 @@ import atexit
 import os
 import runpy
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,9 @@ def process_rank() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def build_listeners(config: EnergyConfig) -> list[ScheduleListener]:
+def build_listeners(
+    config: EnergyConfig, model_chunks: Callable[[], Sequence[Any] | None] | None = None
+) -> list[ScheduleListener]:
     """The listeners this rank's hooks feed: the trace writer and the energy session, as the flags ask.
 
     Called before torch.distributed and Megatron are initialised on the launcher path, and from ``train()``
@@ -63,6 +65,9 @@ def build_listeners(config: EnergyConfig) -> list[ScheduleListener]:
 
     Args:
         config: The ``--energy-*`` settings.
+        model_chunks: Returns this rank's DDP model chunks: with the session, a
+            ``megatron.collective_runner.CollectiveRunner`` after it applies the running plan's collective
+            actions to them. ``None``: no collective runner.
 
     Returns:
         The listeners, possibly none.
@@ -74,7 +79,12 @@ def build_listeners(config: EnergyConfig) -> list[ScheduleListener]:
     if config.optimise:
         from megatron_energy.megatron.session_factory import create_session
 
-        listeners.append(create_session(config))
+        session = create_session(config)
+        listeners.append(session)
+        if model_chunks is not None:
+            from megatron_energy.megatron.collective_runner import follow_session
+
+            listeners.append(follow_session(session, model_chunks))
     return listeners
 
 
@@ -96,13 +106,12 @@ def attach_to_training(args: argparse.Namespace, model_config: Any) -> None:
     Raises:
         UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
     """
-    from megatron_energy.megatron.collective_runner import add_collective_runner, chunks_from_config
+    from megatron_energy.megatron.collective_runner import chunks_from_config
     from megatron_energy.megatron.hooks import attach_hooks
     from megatron_energy.megatron.modes import refused_in_args, require_supported
 
     require_supported(refused_in_args(args))
-    listeners = build_listeners(EnergyConfig.from_args(args))
-    add_collective_runner(listeners, lambda: chunks_from_config(model_config))
+    listeners = build_listeners(EnergyConfig.from_args(args), lambda: chunks_from_config(model_config))
     if listeners:
         attach_hooks(model_config, ListenerFanout(listeners))
         atexit.register(close_listeners, listeners)
@@ -171,11 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"megatron_energy.launch: {refused}", file=sys.stderr)
         return 2
     put_script_folder_first(script)
-    from megatron_energy.megatron.collective_runner import add_collective_runner
+    from megatron_energy.megatron.collective_runner import CapturedModel, capture_model
     from megatron_energy.megatron.hooks import install_hooks
 
-    listeners = build_listeners(config)
-    restore_model_setup = add_collective_runner(listeners)
+    model: CapturedModel | None = None
+    restore_model_setup: Callable[[], None] = lambda: None  # noqa: E731
+    if config.optimise:  # the collective runner applies the plan to the model megatron-training builds
+        model, restore_model_setup = capture_model()
+    listeners = build_listeners(config, model)
     settings = read_megatron_settings(megatron_args)
     installation = install_hooks(
         ListenerFanout(listeners),

@@ -390,30 +390,32 @@ def _plan_of(points: list[list], stage: int, num_stages: int) -> Any:
 def _follow_a_session(
     world: DdpWorld, current: list, run_steps: Any, order: list, stage: int, layout: list
 ) -> dict:
-    """A ``CollectiveRunner`` behind a session whose plan runner switches point, stops, runs a bad plan."""
-    from types import SimpleNamespace
-
+    """A ``CollectiveRunner`` following a session state: its plan switches point, stops, re-arms, is bad."""
     from megatron_energy.megatron.collective_runner import CollectiveRunner
     from megatron_energy.megatron.schedule import pipeline_orders
     from megatron_energy.plan import CollectiveAction
     from megatron_energy.runtime.running.plan_runner import PlanRunner
+    from megatron_energy.runtime.session_state import SessionState
 
     orders = pipeline_orders(2, NUM_MICROBATCHES, 2)
     early, late = _plan(order, layout, True), _plan(order, layout, False)
     plan = _plan_of([early, late], stage, 2)
-    session = SimpleNamespace(runner=PlanRunner(plan, stage, orders.stage(stage)), context=None)
-    session.context = SimpleNamespace(pipeline_rank=stage, orders=orders)
     lines: list[str] = []
-    runner = CollectiveRunner(session, lambda: world.ddp, printer=lines.append)
+    runner = CollectiveRunner(lambda: world.ddp, printer=lines.append)
+    state = SessionState()
+    state.follow(runner)  # the session's port: the runner is told, it searches and polls nothing
+    state.run(PlanRunner(plan, stage, orders.steps(stage)))
     current[:] = [runner]
     steps = {}
     steps["point0"], _ = run_steps((0,))
-    session.runner.select(1)
+    state.select(1)  # a straggler's pace
     steps["point1"], _ = run_steps((0,))
-    session.runner = None
+    state.stop()  # the safety net reverts to stock
     steps["stopped"], _ = run_steps((0,))
+    state.run(PlanRunner(plan, stage, orders.steps(stage)))  # re-armed: the target point again
+    steps["rearmed"], _ = run_steps((0,))
     bad = _plan_of([[CollectiveAction(late[0].at, "dp.all_reduce.chunk0.bucket99")]], stage, 2)
-    session.runner = PlanRunner(bad, stage, orders.stage(stage))
+    state.run(PlanRunner(bad, stage, orders.steps(stage)))
     steps["refused"], _ = run_steps((0,))
     runner.close()
     current.clear()

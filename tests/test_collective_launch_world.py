@@ -207,7 +207,11 @@ def test_the_runner_follows_the_sessions_plan_point(reports: list[dict[str, Any]
     for report in reports:
         runner = report["runner"]
         steps = {label: _steps(events)[0] for label, events in runner["steps"].items()}
-        for label, plan in (("point0", runner["early"]), ("point1", runner["late"])):
+        for label, plan in (
+            ("point0", runner["early"]),
+            ("point1", runner["late"]),
+            ("rearmed", runner["early"]),
+        ):
             expected = {action.collective: _hook_event(action.at) for action in plan}
             assert _launched_after(steps[label]) == expected, label
         megatron = _launched_after(_steps(report["baseline"])[0])

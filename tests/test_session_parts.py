@@ -11,6 +11,7 @@ import random
 import re
 import statistics
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import pytest
 from reductions import PeerComms, over_ranks
@@ -48,6 +49,7 @@ from megatron_energy.runtime.energy_log.energy_line import (
 )
 from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.energy_log.log_window import WINDOW_ITERS, PhaseWindow, RankWindow
+from megatron_energy.runtime.parts import RunningPoint
 from megatron_energy.runtime.planning_round.cache import JobCache, describe_changes
 from megatron_energy.runtime.profiling.baseline_length import MAX_STOCK_S, MAX_STOCK_STEPS, stock_steps_needed
 from megatron_energy.runtime.profiling.collector import ProfileCollector, ProfileRow, StepRecord, merge_rows
@@ -847,7 +849,11 @@ def test_a_trip_without_clock_control_says_the_slowdown_came_from_outside_the_pl
 
 def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_steps_recover(tmp_path):
     session, timer, _, controller, lines = _session(tmp_path, data_parallel_size=1)
+    told: list[RunningPoint | None] = []
+    session.state.follow(SimpleNamespace(follow=told.append))  # a plan follower (the collective runner)
     step = _profile_and_plan(session)
+    adopted = session.state.running
+    assert told == [None, adopted] and adopted is not None and adopted.index == session.plan.target_index
     timer.slowdown = 1.5  # every clock alike: a slowdown from outside the job
     phases = []
     for _ in range(SAFETY_STEPS + 1 + SAFETY_STEPS):  # the trip, then stock steps just as slow
@@ -855,6 +861,7 @@ def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_ste
         phases.append(session.phase)
         step += 1
     assert phases[SAFETY_STEPS - 1 :] == ["stock (safety net)"] * (SAFETY_STEPS + 2)
+    assert told == [None, adopted, None]  # the revert is told
     (tripped,) = [line for line in lines if "consecutive steps" in line]
     assert "clocks reverted to stock, until stock steps show the slowdown is not the plan's" in tripped
     timer.slowdown = 1.0
@@ -863,9 +870,31 @@ def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_ste
         step += 1
     assert session.phase == "planned" and session.runner is not None
     assert sum("the plan runs again (1 more re-arm(s) left)" in line for line in lines) == 1
+    assert told == [None, adopted, None, adopted]  # and so is the re-arm
     requests = len(controller.requests)
     _step(session, step)
     assert len(controller.requests) > requests  # the plan's clocks are requested again
+
+
+def test_plan_followers_are_told_the_point_a_straggler_selects_and_the_recovery(tmp_path):
+    session, _, comms, _, lines = _session(tmp_path)
+    told: list[RunningPoint | None] = []
+    session.state.follow(SimpleNamespace(follow=told.append))
+    step = _profile_and_plan(session)
+    target = session.plan.target_index
+    comms.peer_s = 1.25 * session.run_guard.straggler.nominal_time_s  # the other replica is slow
+    for _ in range(3):
+        _step(session, step)
+        step += 1
+    assert session.phase == "following straggler"
+    assert [None if running is None else running.index for running in told] == [None, target, target + 1]
+    assert told[-1] == session.state.running and told[-1].plan is session.plan
+    comms.peer_s = None  # it keeps this replica's pace again
+    for _ in range(3):
+        _step(session, step)
+        step += 1
+    assert session.phase == "planned" and told[-1].index == target and len(told) == 4
+    assert sum("moving to the frontier point" in line for line in lines) == 1
 
 
 def test_a_plan_that_was_slow_itself_stays_reverted(tmp_path):

@@ -1,8 +1,9 @@
 """Run the collective actions of the plan an energy session is running, on the job's DDP model chunks.
 
-:class:`CollectiveRunner` is a ``ScheduleListener`` placed after the session. At each step's start it looks
-at the session's plan runner (``session.runner``, a ``runtime.running.plan_runner.PlanRunner``): when a plan
-starts, switches point (a straggler's pace) or stops (fallback, safety net), it builds, swaps or removes this
+:class:`CollectiveRunner` is a ``ScheduleListener`` placed after the session, and a
+``runtime.parts.PlanFollower`` of the session's state: the state tells it which plan point runs
+(``runtime.parts.RunningPoint``) whenever a plan is adopted, reverted (fallback, safety net), re-armed or
+moved to another point (a straggler's pace). At the next step's start it builds, swaps or removes this
 rank's :class:`~megatron_energy.megatron.collective_launch.CollectiveLauncher` (none for a plan whose
 collective actions change nothing Megatron does: :func:`changes_megatron`); communicators for the budgets of
 *every* point of the plan are created with the first launcher, so switching points creates none. A plan the
@@ -17,22 +18,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_energy.errors import EnergyError
 from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.communicators import BudgetCommunicators
-from megatron_energy.plan import Action, CollectiveAction
+from megatron_energy.plan import Action, CollectiveAction, Plan
+from megatron_energy.runtime.parts import RunningPoint
+
+if TYPE_CHECKING:
+    from megatron_energy.megatron.session_factory import DeferredSession
 
 CommunicatorConfig = Mapping[str, Mapping[str, Any]] | None
+ModelChunks = Callable[[], Sequence[Any] | None]
+"""Returns this rank's ``DistributedDataParallel`` chunks (``None`` until built)."""
 
 
 class CollectiveRunner:
-    """Keeps this rank's collective launcher in step with the session's running plan point.
+    """Keeps this rank's collective launcher in step with the plan point the session runs.
 
     Args:
-        session: Has ``runner`` (``PlanRunner`` or ``None``) and ``context`` (``pipeline_rank``, ``orders``);
-            a callable returning it (or ``None`` until it exists) is accepted too.
         model_chunks: Returns this rank's ``DistributedDataParallel`` chunks (``None`` until built).
         communicator_config: The job's ``--nccl-communicator-config-path`` mapping, or ``None``; or a callable
             returning it, called when the first plan starts (Megatron's arguments exist by then).
@@ -41,42 +46,42 @@ class CollectiveRunner:
 
     def __init__(
         self,
-        session: Any,
-        model_chunks: Callable[[], Sequence[Any] | None],
+        model_chunks: ModelChunks,
         communicator_config: CommunicatorConfig | Callable[[], CommunicatorConfig] = None,
         printer: Callable[[str], Any] | None = None,
     ) -> None:
-        self._session = session if callable(session) else (lambda: session)
         self._model_chunks = model_chunks
         self._config_source = communicator_config
         self._communicators: BudgetCommunicators | None = None
         self._config: CommunicatorConfig = None
         self._printer = printer or (lambda line: print(line, file=sys.stderr))
-        self._running: tuple[int, int] | None = None
-        self._refused: set[int] = set()
+        self._told: RunningPoint | None = None
+        self._running: RunningPoint | None = None
+        self._refused: list[Plan] = []
         self.launcher: CollectiveLauncher | None = None
 
+    def follow(self, running: RunningPoint | None) -> None:
+        """The session runs ``running`` from now on (``None``: no plan); applied at the next step's start."""
+        self._told = running
+
     def _sync(self) -> None:
-        session = self._session()
-        runner = None if session is None else session.runner
-        key = None if runner is None else (id(runner.plan), runner.index)
-        if key == self._running:
+        running = self._told
+        if running == self._running:
             return
         if self.launcher is not None:
             self.launcher.uninstall()
             self.launcher = None
-        self._running = key
-        if runner is None or id(runner.plan) in self._refused:
+        self._running = running
+        if running is None or any(running.plan is plan for plan in self._refused):
             return
-        stage = session.context.pipeline_rank
-        every_point: list[Action] = [a for point in runner.plan.points for a in point.ranks[stage].actions]
+        stage = running.stage
+        every_point: list[Action] = [a for point in running.plan.points for a in point.ranks[stage].actions]
         if not any(changes_megatron(action) for action in every_point):
             return
         chunks = self._model_chunks()
         if not chunks:
             self._refuse(
-                runner,
-                stage,
+                running,
                 "the job's model chunks were not captured (the launcher wraps "
                 "megatron-training's setup_model_and_optimizer; a script that builds its model "
                 "otherwise is not covered)",
@@ -89,21 +94,21 @@ class CollectiveRunner:
                 self._communicators = BudgetCommunicators(self._config)
             self.launcher = CollectiveLauncher(
                 chunks,
-                runner.point.ranks[stage].actions,
-                session.context.orders.stage(stage),
+                running.actions,
+                running.passes,
                 stage,
                 communicators=self._communicators,
                 budget_actions=every_point,
                 communicator_config=self._config,
             )
         except EnergyError as refused:
-            self._refuse(runner, stage, str(refused))
+            self._refuse(running, str(refused))
 
-    def _refuse(self, runner: Any, stage: int, reason: str) -> None:
-        self._refused.add(id(runner.plan))
+    def _refuse(self, running: RunningPoint, reason: str) -> None:
+        self._refused.append(running.plan)
         self._printer(
-            f"[energy] pipeline rank {stage}: the plan's collective actions are not applied (its clocks "
-            f"are): {reason}"
+            f"[energy] pipeline rank {running.stage}: the plan's collective actions are not applied (its "
+            f"clocks are): {reason}"
         )
 
     def on_step_begin(self, step: int) -> None:
@@ -210,30 +215,18 @@ def chunks_from_config(model_config: Any) -> list[Any] | None:
     return None if any(owner is None for owner in owners) else owners
 
 
-def add_collective_runner(
-    listeners: list[Any], model_chunks: Callable[[], Sequence[Any] | None] | None = None
-) -> Callable[[], None]:
-    """Follow the energy session among ``listeners`` with a :class:`CollectiveRunner`.
-
-    Appends the runner after the session, so it sees the plan the session adopted.
+def follow_session(session: DeferredSession, model_chunks: ModelChunks) -> CollectiveRunner:
+    """A :class:`CollectiveRunner` the energy session tells which plan point runs; place it after the session.
 
     Args:
-        listeners: The listeners the hooks feed (the session, if any, among them).
-        model_chunks: Returns this rank's DDP chunks; ``None`` (launcher path): captured from
-            megatron-training's ``setup_model_and_optimizer`` (:func:`capture_model`).
+        session: The energy session's listener; it follows the session's state from the session's start.
+        model_chunks: Returns this rank's DDP chunks (the session also reads the measured bucket layout from
+            them).
 
     Returns:
-        A function undoing the capture (a no-op when nothing was captured).
+        The runner, which applies the running point's collective actions to ``model_chunks``.
     """
-    from megatron_energy.megatron.session_factory import DeferredSession
-
-    sessions = [listener for listener in listeners if isinstance(listener, DeferredSession)]
-    if not sessions:
-        return lambda: None
-    restore: Callable[[], None] = lambda: None  # noqa: E731
-    if model_chunks is None:
-        model_chunks, restore = capture_model()
-    deferred = sessions[0]
-    deferred.model_chunks = model_chunks  # the session reads the measured bucket layout from them
-    listeners.append(CollectiveRunner(lambda: deferred.session, model_chunks, megatron_communicator_config))
-    return restore
+    session.model_chunks = model_chunks
+    runner = CollectiveRunner(model_chunks, megatron_communicator_config)
+    session.plan_followers.append(runner)
+    return runner

@@ -35,6 +35,7 @@ from megatron_energy.runtime.energy_log.overhead_check import (
     OverheadCheck,
     OverheadResult,
 )
+from megatron_energy.runtime.parts import PlanFollower
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
 
 
@@ -235,7 +236,10 @@ class DeferredSession:
         """``--energy-overhead-check``: suspends the session in every other block of steps."""
         self._active = True  # whether schedule events reach the session (the overhead check may suspend it)
         self.model_chunks: Callable[[], Sequence[Any] | None] | None = None
-        """Returns this rank's DDP model chunks (set by ``collective_runner.add_collective_runner``)."""
+        """Returns this rank's DDP model chunks (set by ``collective_runner.follow_session``)."""
+        self.plan_followers: list[PlanFollower] = []
+        """Follow the session's state from its start: told which plan point runs, and each change
+        (``collective_runner.follow_session``)."""
 
     def _start(self) -> None:
         from megatron_energy.runtime.assembly import build_session
@@ -243,6 +247,8 @@ class DeferredSession:
         try:
             context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
+            for follower in self.plan_followers:
+                self.session.state.follow(follower)
             if self.config.overhead_check:
                 measured = self.session.timer.source == "measured"
                 self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)

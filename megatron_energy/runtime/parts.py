@@ -1,4 +1,8 @@
-"""The interfaces ``EnergySession`` needs from its GPU-side parts (the dvfs layer implements them)."""
+"""The interfaces ``EnergySession`` needs from its parts, and the port that tells which plan point runs.
+
+The dvfs layer implements the GPU-side parts; a :class:`PlanFollower` (``megatron.collective_runner``) is
+told a :class:`RunningPoint` by the session's state (``runtime.session_state``) whenever that changes.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from megatron_energy.dvfs.controller import BoundaryEvent
 from megatron_energy.dvfs.meter import EnergyWindow
-from megatron_energy.pipeline.instruction import Step
+from megatron_energy.pipeline.instruction import Instruction, Step, passes
+from megatron_energy.plan import Action, Plan
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,4 +140,39 @@ class PhaseSwitching(Protocol):
 
     def close(self) -> None:
         """Stop; drop what is pending."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunningPoint:
+    """Which point of the adopted plan this rank runs: what the session tells a :class:`PlanFollower`."""
+
+    plan: Plan
+    """The plan every rank adopted."""
+
+    index: int
+    """The running point's index in ``plan.points``: the target, or the point a straggler's pace selected."""
+
+    stage: int
+    """This rank's pipeline stage."""
+
+    order: tuple[Step, ...]
+    """This rank's executed steps (``PipelineOrders.steps``), which the plan's actions name."""
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """This rank's actions at the running point."""
+        return self.plan.points[self.index].ranks[self.stage].actions
+
+    @property
+    def passes(self) -> tuple[Instruction, ...]:
+        """This rank's passes in execution order (a fused step's forward, then its backward)."""
+        return tuple(single for step in self.order for single in passes(step))
+
+
+class PlanFollower(Protocol):
+    """Follows the plan point this rank runs (``megatron.collective_runner.CollectiveRunner``)."""
+
+    def follow(self, running: RunningPoint | None) -> None:
+        """``running`` runs from the next step on; ``None``: no plan does (stock clocks, profiling)."""
         ...

@@ -485,7 +485,7 @@ class PlanningRound:
             self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.state.plan = plan
         self.state.baseline = release.baseline
-        self.state.runner = runner
+        self.state.run(runner)
         self.controller.set_memory_clock(plan.memory_clock_for(self.context.pipeline_rank))
         self.state.phase = SessionPhase.PLANNED
         self.on_adopted(plan)
@@ -499,7 +499,7 @@ class PlanningRound:
         another target (``planning_round.replanning``).
         """
         fallback = Fallback(decision) if isinstance(decision, str) else decision
-        self.state.runner = None
+        self.state.stop()
         self.controller.request(RESET)
         self.controller.set_memory_clock(None)
         self.state.phase = SessionPhase.PLANNING_FAILED

@@ -81,6 +81,7 @@ class PlanRunner:
                     )
         self.plan = plan
         self.stage = stage
+        self.order = order
         self.index = plan.target_index
         self._clocks: dict[Boundary, int] = {}
         self._outside: dict[str, tuple[int, ...]] = {}

@@ -35,7 +35,7 @@ class RunGuard:
     Args:
         config: The ``--energy-*`` configuration (safety tolerance and steps, the target).
         context: This rank's place in the job.
-        state: The session's state: the guard swaps the runner and sets the phase.
+        state: The session's state: the guard stops, restarts and moves the running plan and sets the phase.
         controller: This rank's clock controller (stock clocks on a trip).
         comms: Collectives over the job's process groups (the exchange of paces).
         can_set_clocks: Whether clocks are really set (the trip's log line says what a trip changes).
@@ -139,7 +139,7 @@ class RunGuard:
         pace_s = straggler.update(verdict.slowest_s, straggling=straggling)
         if pace_s is None:
             return alone
-        runner.select(plan.index_for_time(pace_s))
+        self.state.select(plan.index_for_time(pace_s))
         following = not runner.on_target
         self.state.phase = SessionPhase.FOLLOWING_STRAGGLER if following else SessionPhase.PLANNED
         self.printer(
@@ -185,7 +185,7 @@ class RunGuard:
         self, figures: StepFigures, allowed_s: float, power_w: float | None, allowed_w: float | None
     ) -> None:
         """Stock clocks from the next request on, the phase switcher's pending requests dropped; say why."""
-        self.state.runner = None
+        self.state.stop()
         if self.state.phase_switcher is not None:
             self.state.phase_switcher.cancel()  # no phase clock lands after the reset
         self.controller.request(RESET)
@@ -223,7 +223,7 @@ class RunGuard:
         ):
             return
         rank = self.context.pipeline_rank
-        self.state.runner = PlanRunner(plan, rank, self.context.orders.steps(rank))
+        self.state.run(PlanRunner(plan, rank, self.context.orders.steps(rank)))
         self.controller.set_memory_clock(plan.memory_clock_for(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.state.phase = SessionPhase.PLANNED
