@@ -65,6 +65,7 @@ from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 from megatron_energy.runtime.energy_log.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
 from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_line
+from megatron_energy.runtime.graph_replay import GraphReplay
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.coordinator import PlanningRound
@@ -74,13 +75,12 @@ from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
 from megatron_energy.runtime.profiling.power_cap_check import check_line, power_cap_check, unavailable_line
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
-from megatron_energy.runtime.running.graph_requests import graph_requests
 from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.running.run_guard import RunGuard
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
-from megatron_energy.runtime.timing import GraphReplayTimer, InstructionSample, InstructionTimer, StepTiming
+from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 
 
 class EnergySession:
@@ -201,8 +201,7 @@ class EnergySession:
         self._lapped_at_start = False
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
         self._step_boundary: Any = None  # the marker of the running step's start
-        self._replaying = False  # steps replay a full-iteration CUDA graph
-        self._replay_offsets: tuple[InstructionSample, ...] = ()  # the last replayed step's instructions
+        self.graph = GraphReplay(timer, inside=config.phase_switching != "off")
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
         self.energy_logger.job = cache.fingerprint
@@ -263,37 +262,13 @@ class EnergySession:
 
     @host_timed
     def on_graph_replay(self, captured: CapturedStep) -> None:
-        """The step that began replays the captured graph: time it by its markers, request its clocks by time.
-
-        Every clock of the running plan point inside the step goes to the phase switcher, anchored on the
-        step's start, at the offsets the previous replay measured (``running.graph_requests``); before any
-        replay was timed, the step runs at the clock it starts with.
-        """
-        if not isinstance(self.timer, GraphReplayTimer):
-            raise TypeError(f"{type(self.timer).__name__} cannot time a replayed CUDA graph")
-        marks = [
-            (self._step(span.kind, span.microbatch or 0, span.chunk or 0), span.start, span.end)
-            for span in captured.instructions
-        ]
-        self.timer.replayed(marks, [(span.kind, span.start, span.end) for span in captured.outside])
-        self._replaying = True
-        switcher = self.state.phase_switcher
-        if self.runner is None or switcher is None or not self._replay_offsets:
-            return
-        requests = graph_requests(
-            self.runner, self._replay_offsets, inside=self.config.phase_switching != "off"
-        )
-        if requests:
-            first = self._replay_offsets[0].instruction
-            switcher.begin(first, self._step_boundary, requests)
-            switcher.end(first, None)
+        """The step that began replays the captured graph (``runtime.graph_replay``)."""
+        self.graph.begin(captured, self._step, self.runner, self.state.phase_switcher, self._step_boundary)
 
     def on_unmeasured_step(self, step: int) -> None:
         """Step ``step`` captured the graph: wait for it, then start the next step's energy and cycle anew."""
-        self.timer.wait_for_device()
+        self.graph.captured_in_step()
         self.laps.lap()
-        if isinstance(self.timer, GraphReplayTimer):
-            self.timer.skip_step()
 
     def _step(self, kind: str, microbatch: int, chunk: int) -> Step:
         """The step an instruction event names: a pass, or (kind ``fused``, with the forward's ids) a pair."""
@@ -383,9 +358,9 @@ class EnergySession:
             return
         switcher.close()
         self.state.phase_switcher = None
-        if self._replaying:  # every clock of a replayed step went through the switcher
+        if self.graph.replaying:  # every clock of a replayed step went through the switcher
             self.controller.request(RESET)
-        clocks = "stock clocks" if self._replaying else "the instruction clocks"
+        clocks = "stock clocks" if self.graph.replaying else "the instruction clocks"
         self.printer(
             f"[energy] rank {self.context.global_rank}: phase switching turned off "
             f"({type(problem).__name__}: {problem}); training continues at {clocks}"
@@ -446,8 +421,7 @@ class EnergySession:
             timing = dataclasses.replace(timing, intrinsic_s=span_s)
         figures = sealed.figures(timing)
         self.history.append(figures)
-        if self._replaying and timing.samples:
-            self._replay_offsets = timing.samples
+        self.graph.timed(timing)
         if sealed.phase == SessionPhase.PROFILING:
             self.collector.add_step(figures)
             if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:
