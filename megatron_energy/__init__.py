@@ -23,9 +23,9 @@ command layer imports a concrete optimiser):
 2. ``optimisers/``: the interface (``optimisers.interface``), ``--energy-mode`` (``optimisers.registry``,
    ``optimisers.composition`` for ``all``) and the concrete optimisers ``optimisers/perseus/`` (clock per
    instruction), ``optimisers/kareus/`` (collectives) and ``optimisers/kernel/`` (clock per phase), each a
-   leaf that only the registry (by name) and the command layer reach; beside them ``config`` (the flags that
-   choose them), ``config_checks`` (what each of their values may be), ``plan_outcome`` (why a plan saves
-   nothing). Pure Python, no torch.
+   leaf that only the registry (by name) and the command layer reach; beside them ``config/`` (the flags that
+   choose them, each declared on its ``EnergyConfig`` field, and what each of their values may be),
+   ``plan_outcome`` (why a plan saves nothing). Pure Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator and the power
    floor), ``plan`` (Plan v2, the one executable contract), ``target`` (``--energy-target`` and its one

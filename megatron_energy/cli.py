@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from megatron_energy.commands.arguments import INTERRUPTED_STATUS
+from megatron_energy.config import EnergyArgumentParser
 
 COMMANDS: dict[str, str] = {
     "demo": "demo",
@@ -27,6 +28,9 @@ COMMANDS: dict[str, str] = {
 def build_parser() -> argparse.ArgumentParser:
     """Build the ``megatron-energy`` parser with every available subcommand registered.
 
+    Each subcommand's parser is an ``EnergyArgumentParser``, so the ``--energy-*`` flags ``demo`` takes are
+    held to the launcher's rules while parsing.
+
     Returns:
         The top-level parser.
     """
@@ -36,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
             "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate."
         ),
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=EnergyArgumentParser
+    )
     for module_name in COMMANDS.values():
         module = importlib.import_module(f"megatron_energy.commands.{module_name}")
         module.register(subparsers)

@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.config import EnergyConfig, add_energy_args
+from megatron_energy.config import EnergyArgumentParser, EnergyConfig, add_energy_args
 from megatron_energy.events import ListenerFanout, ScheduleListener, TraceWriter
 
 
-def energy_parser() -> argparse.ArgumentParser:
+def energy_parser() -> EnergyArgumentParser:
     """The launcher's parser: only the ``--energy-*`` flags (``--help`` after the script is Megatron's)."""
-    parser = argparse.ArgumentParser(
+    parser = EnergyArgumentParser(
         prog="python -m megatron_energy.launch",
         usage="%(prog)s SCRIPT [Megatron args] [--energy-* flags]",
         description="Run a Megatron pretrain script with megatron_energy's hooks (no patch needed).",

@@ -39,7 +39,6 @@ LAYERS: dict[str, int] = {
     "megatron_energy.dvfs.calibration_fit": 1,
     "megatron_energy.dvfs.calibrated_spec": 1,
     "megatron_energy.config": 2,
-    "megatron_energy.config_checks": 2,
     "megatron_energy.optimisers": 2,
     "megatron_energy.runtime": 3,
     "megatron_energy.dvfs": 3,

@@ -1,8 +1,9 @@
 """mkdocs hook: the flag reference page, generated from ``megatron_energy.config`` at every build.
 
 ``docs/reference/flags.md`` holds the marker ``<!-- flag-reference -->``; each build replaces it with one
-entry per ``ENERGY_FLAGS`` flag: its options, value, default and text. The text is ``flag_text``, the same one
-``--help`` shows (each ``EnergyConfig`` field's docstring), so the page cannot drift from the code;
+entry per ``ENERGY_FLAGS`` flag: its options, value, default and text. The text is ``EnergyFlag.text``, the
+same one ``--help`` shows (the help each ``EnergyConfig`` field declares), so the page cannot drift from the
+code;
 ``tests/test_flag_reference.py`` checks it.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package of this checkout, not another
 
-from megatron_energy.config import ENERGY_FLAGS, EnergyConfig, EnergyFlag, flag_text, shown_default
+from megatron_energy.config import ENERGY_FLAGS, EnergyConfig, EnergyFlag
 
 MARKER = "<!-- flag-reference -->"
 """Where in ``docs/reference/flags.md`` the generated entries go."""
@@ -25,31 +26,31 @@ def _code(text: str) -> str:
     return text.replace("``", "`")
 
 
-def flag_entry(flag: EnergyFlag) -> str:
+def flag_entry(name: str, flag: EnergyFlag) -> str:
     """One flag's entry: a heading, its spellings and value, its default, and its text.
 
     Args:
-        flag: One of ``ENERGY_FLAGS``.
+        name: The ``EnergyConfig`` field the flag fills.
+        flag: Its flag, ``ENERGY_FLAGS[name]``.
 
     Returns:
         Markdown: a heading naming the flag, a line with its usage, aliases and default, then its text.
     """
     canonical, *aliases = flag.options
-    settings = flag.settings
-    if settings.get("action") == "store_true":
+    if flag.switch:
         usage = canonical
-    elif "choices" in settings:
-        usage = f"{canonical} {{{','.join(settings['choices'])}}}"
+    elif flag.choices is not None:
+        usage = f"{canonical} {{{','.join(flag.choices)}}}"
     else:
-        usage = f"{canonical} {settings.get('metavar', 'VALUE')}"
-    alias = "".join(f" (alias `{name}`)" for name in aliases)
-    default = shown_default(flag, getattr(EnergyConfig(), flag.config_field))
-    return f"### `{canonical}`\n\n`{usage}`{alias} · default: `{default}`\n\n{_code(flag_text(flag))}\n"
+        usage = f"{canonical} {flag.metavar or 'VALUE'}"
+    alias = "".join(f" (alias `{spelling}`)" for spelling in aliases)
+    default = flag.shown(getattr(EnergyConfig(), name))
+    return f"### `{canonical}`\n\n`{usage}`{alias} · default: `{default}`\n\n{_code(flag.text())}\n"
 
 
 def flag_reference() -> str:
     """Every flag's entry, in ``--help`` order."""
-    return "\n".join(flag_entry(flag) for flag in ENERGY_FLAGS)
+    return "\n".join(flag_entry(name, flag) for name, flag in ENERGY_FLAGS.items())
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:

@@ -1,9 +1,9 @@
 """What each ``EnergyConfig`` value may be: one check per value, shared by the flag parser and the config.
 
-A check takes a parsed value and returns what is wrong with it and what to give instead, or ``None``. The
-``--energy-*`` flags' ``argparse`` types (``config``) parse the text and call the same check, and
-``EnergyConfig`` runs every check when it is constructed, so a config built in code is held to the rules a
-command line is.
+A check takes a parsed value and returns what is wrong with it and what to give instead, or ``None``. Each
+field names its check in its flag (``flag.EnergyFlag.check``): the flag's ``argparse`` type parses the text
+and calls it, and ``EnergyConfig`` calls it when it is constructed, so a config built in code is held to the
+rules a command line is.
 """
 
 from __future__ import annotations
