@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the linters, the docs build and the whole test suite (CPU only) in .venv. Extra arguments go to pytest.
+# Run the linters, the docs build and the whole test suite (CPU only) in .venv. Extra arguments go to pytest:
+# --fast runs the fast tier (no test marked world or slow: tests/tiers.py).
 # MEGATRON_ENERGY_TEST_WORKERS sets the number of pytest-xdist workers (default 2; 0 runs in one process).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

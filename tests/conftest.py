@@ -1,5 +1,5 @@
 """Shared fixtures: copies of the installed megatron-core tree, patched or not; a private clock-lease folder;
-the session's one run of ``megatron-energy demo``.
+the session's one run of ``megatron-energy demo``. The suite's tiers (``--fast``) are the ``tiers`` plugin.
 
 The installed tree itself is never modified, and no test writes clock leases into the machine's run folder.
 """
@@ -19,6 +19,8 @@ from megatron_energy.megatron import patching
 
 if TYPE_CHECKING:  # imported where used: pytest-xdist's controller loads this file and runs no test
     from demo_run import DemoRun
+
+pytest_plugins = ("pytester", "tiers")  # pytester: the tiers' own tests
 
 PATCHED_FILES = (
     "megatron/core/pipeline_parallel/schedules.py",

@@ -43,6 +43,7 @@ def _read_until(path: str, stop: threading.Event | multiprocessing.synchronize.E
         reads += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durable", [True, False])
 def test_concurrent_writer_threads_never_fail_and_readers_only_see_whole_files(
     tmp_path: Path, durable: bool
@@ -59,6 +60,7 @@ def test_concurrent_writer_threads_never_fail_and_readers_only_see_whole_files(
     assert sorted(p.name for p in path.parent.iterdir()) == ["profile.csv"], "no temporary file left behind"
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_never_fail_and_readers_only_see_whole_files(tmp_path: Path) -> None:
     path = tmp_path / "shared" / "profile.csv"
     write_atomically(path, _payload(0))
@@ -106,6 +108,7 @@ def _hold_lock(folder: str, mode: str, started: multiprocessing.Event, hold_s: f
         time.sleep(hold_s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("held", "wanted", "waits"), [("exclusive", "shared", True), ("shared", "shared", False)]
 )
@@ -139,6 +142,7 @@ def _dead_pid() -> int:
     return child.pid
 
 
+@pytest.mark.slow
 def test_a_write_removes_the_temporaries_of_killed_writers_of_this_host_only(tmp_path: Path) -> None:
     target = tmp_path / "state.json"
     dead = tmp_path / f"{atomic._temporary_prefix(target, _dead_pid())}x1.tmp"

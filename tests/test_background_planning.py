@@ -166,6 +166,7 @@ def _inputs(mode: str) -> PlannerInput:
     return PlannerInput(mode, registry.registered(), profile, job, StockBaseline(iteration_s=0.1))
 
 
+@pytest.mark.slow
 def test_the_planner_process_plans_exactly_what_planning_in_process_would(toys) -> None:
     inputs = _inputs("perseus")
     outcome = ChildProcess(inputs).wait()
@@ -174,6 +175,7 @@ def test_the_planner_process_plans_exactly_what_planning_in_process_would(toys) 
     assert outcome == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "reason"),
     [
@@ -192,6 +194,7 @@ def test_every_way_the_planner_process_fails_is_a_fallback_that_says_why(toys, m
     assert not planner.folder.exists()
 
 
+@pytest.mark.slow
 def test_a_planner_still_running_is_terminated_and_its_folder_removed(toys) -> None:
     planner = ChildProcess(_inputs("toy-hangs"))
     assert planner.poll() is None  # at once, while it plans
@@ -220,6 +223,7 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.mark.slow
 def test_a_planner_process_whose_parent_dies_removes_its_folder_and_ends(toys, tmp_path) -> None:
     (tmp_path / "input.pkl").write_bytes(pickle.dumps(_inputs("toy-hangs")))
     parent = subprocess.run(

@@ -35,6 +35,8 @@ from megatron_energy.runtime.energy_log.energy_line import (
 from megatron_energy.runtime.planning_round.planning import plan_summary
 from tests.banded_plans import SPEC, small_job, small_profile
 
+pytestmark = pytest.mark.slow  # plans and simulates every mode (the module's plan alone takes seconds)
+
 BAND = re.compile(r"\(([+-]\d+\.\d+) to ([+-]\d+\.\d+) %, modelled\)")
 """A band after a change (or after the change's statistical interval)."""
 BARE = re.compile(r"[+-]\d+\.\d+ % \(modelled\)")

@@ -110,6 +110,7 @@ def test_the_kept_window_runs_from_the_last_warm_up_line_and_only_its_samples_co
         script.run_figures(finished, 5, None)
 
 
+@pytest.mark.slow
 def test_a_child_s_lines_are_stamped_as_they_arrive(monkeypatch):
     code = "import time; print('first', flush=True); time.sleep(0.4); print('second')"
     clock = script.session_clock()
@@ -255,6 +256,7 @@ def test_modes_alternate_and_the_summary_finds_each_mode_s_overhead(tmp_path, ca
     assert any(line.startswith(trace_line) for line in lines)
 
 
+@pytest.mark.slow
 def test_the_deadline_stops_between_runs_and_resume_completes_only_what_is_left(tmp_path, capsys):
     fake = FakeJobs()
     # primes take 42 s each (30 s start-up, 28 iterations, 5 s exit); a run needs the slowest run's time
@@ -439,6 +441,7 @@ def test_bad_flags_are_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_script_help_runs():
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=False

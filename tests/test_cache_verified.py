@@ -170,6 +170,7 @@ def _store_and_load(root: str, worker: int, rounds: int) -> None:
             raise SystemExit(f"mixed set: profile {profile_tag!r}, plan {plan_tag!r}")
 
 
+@pytest.mark.slow
 def test_concurrent_jobs_sharing_an_energy_dir_never_see_a_partial_set(tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
     workers = [context.Process(target=_store_and_load, args=(str(tmp_path), n, 25)) for n in range(4)]

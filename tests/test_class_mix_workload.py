@@ -226,6 +226,7 @@ def test_measured_phases_write_their_mix_as_a_typed_object() -> None:
     assert phase == ("compute", WorkProfile(0.01, 0.0, 0.001))
 
 
+@pytest.mark.slow
 def test_the_phase_planner_fits_each_instruction_with_its_timelines_mix_else_the_workload_models() -> None:
     shape = TransformerShape.from_name("gpt3-1.3b", fp8=True)
     profile = Profile.synthetic(shape, H100, 2, clocks_mhz=[1980, 1500, 1005])

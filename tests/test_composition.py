@@ -22,6 +22,8 @@ from megatron_energy.runtime.planning_round.planning import plan_summary
 from tests.kareus_jobs import EXAMPLE_7B
 from tests.test_kareus_optimiser import Planned, perseus_plan_of, planning_job
 
+pytestmark = pytest.mark.slow  # plans the 7B example with every part
+
 
 def _scaled(plan: Plan, time: float = 1.0, energy: float = 1.0) -> Plan:
     """``plan`` with its points' predicted time and every rank's energy scaled."""

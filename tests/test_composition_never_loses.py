@@ -29,6 +29,8 @@ DEMO_LIKE = EXAMPLES / "gpt3-xl-pp4-h100.yaml"  # GPT-3 1.3B stage work, PP=4 on
 FAST = SearchBudget(trials=1)
 POINTS = 3
 
+pytestmark = pytest.mark.slow  # plans every mode on the example jobs
+
 
 @pytest.mark.parametrize("target", ["iso-time", "slowdown:0.05"])
 def test_all_is_within_its_target_and_no_costlier_than_its_best_part(target: str) -> None:

@@ -14,6 +14,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return add_energy_args(argparse.ArgumentParser(prog="pretrain_gpt.py")).parse_args(argv)
 
 
+@pytest.mark.slow
 def test_flags_parse_through_megatron_parse_args(monkeypatch: pytest.MonkeyPatch) -> None:
     from megatron.training.arguments import parse_args
 

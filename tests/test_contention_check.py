@@ -135,6 +135,7 @@ def synthetic_run(calibration: Calibration) -> tuple[list[Window], dict[str, dic
     return windows, {"overlap:8": timeline(1e3 * calibration.burst.gemm_s, beside_ms, copy_end_ms=60.0)}
 
 
+@pytest.mark.slow
 def test_compare_reproduces_windows_the_model_made_and_flags_a_wrong_one() -> None:
     windows, timelines = synthetic_run(dataclasses.replace(CALIBRATION, power_exponent=1.6))
     calibration, rows = compare(SPEC, SETUP, windows, timelines, sm_beside_gbps=60.0)
@@ -185,6 +186,7 @@ def own_beside_gbps(name: str) -> float | None:
     return beside_rate_gbps(group["copy_bytes"], held, group)
 
 
+@pytest.mark.slow
 def test_the_committed_h200_measurements_are_predicted_within_5_percent() -> None:
     """Replays our four H200 runs (lab/gpu_contention.py, 2026-12-02) at the occupancy they recorded.
 

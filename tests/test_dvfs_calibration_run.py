@@ -147,6 +147,7 @@ def idle_on(nvml: FakeNvml):
     return idle
 
 
+@pytest.mark.slow
 def test_each_loop_reads_its_power_clock_reasons_and_the_counter_period():
     nvml = FakeNvml()
     run = run_calibration(nvml, "h0", loops(nvml), TIMING, idle=idle_on(nvml))
@@ -165,6 +166,7 @@ def test_each_loop_reads_its_power_clock_reasons_and_the_counter_period():
     assert nvml.setter_calls == 0
 
 
+@pytest.mark.slow
 def test_a_duty_cycled_run_knows_its_busy_share_and_the_clock_nvml_read_in_its_bursts():
     nvml = FakeNvml()
     duty = run_calibration(nvml, "h0", loops(nvml), TIMING, idle=idle_on(nvml)).loops[1]
@@ -174,6 +176,7 @@ def test_a_duty_cycled_run_knows_its_busy_share_and_the_clock_nvml_read_in_its_b
     assert duty.power_w == pytest.approx(expected_w, rel=0.08)
 
 
+@pytest.mark.slow
 def test_a_setter_reached_stops_the_run_before_it_acts():
     nvml = FakeNvml()
     sneaky = loops(nvml)
@@ -234,6 +237,7 @@ def with_fp8(nvml: FakeNvml) -> dict[str, Loop]:
     return {"gemm_bf16_8192": loops(nvml)["gemm_bf16_8192"], "gemm_fp8_8192": fp8, **loops(nvml)}
 
 
+@pytest.mark.slow
 def test_calibrate_writes_the_calibrated_spec_and_compares_every_value(tmp_path, monkeypatch, capsys):
     import json
 

@@ -89,6 +89,7 @@ def process_finished(pid: int) -> bool:
     return "State:\tZ" in status
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_reset_to_the_watchdog(tmp_path):
     trainer, state_path, first_line = start_trainer(tmp_path, "sigkill")
     watchdog_pid = int(first_line.split()[1])
@@ -103,6 +104,7 @@ def test_sigkill_leaves_reset_to_the_watchdog(tmp_path):
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigterm_resets_then_dies_by_the_default_action(tmp_path):
     trainer, state_path, _ = start_trainer(tmp_path, "sigterm")
     assert locked_clock(state_path) == LOCKED_MHZ
@@ -111,6 +113,7 @@ def test_sigterm_resets_then_dies_by_the_default_action(tmp_path):
     assert_locked_then_reset(state_path)
 
 
+@pytest.mark.slow
 def test_sigint_resets_then_chains_the_earlier_handler(tmp_path):
     trainer, state_path, _ = start_trainer(tmp_path, "sigint")
     assert locked_clock(state_path) == LOCKED_MHZ
@@ -120,6 +123,7 @@ def test_sigint_resets_then_chains_the_earlier_handler(tmp_path):
     assert_locked_then_reset(state_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending, exit_code", [("exception", 1), ("exit", 0)])
 def test_exception_and_normal_exit_reset(tmp_path, ending, exit_code):
     trainer, state_path, _ = start_trainer(tmp_path, ending)
@@ -151,6 +155,7 @@ def test_close_removes_its_signal_handlers():
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+@pytest.mark.slow
 def test_watchdog_exits_quietly_after_a_clean_close(tmp_path):
     gpus = mock.create_autospec(GPUs, instance=True)
     guard = ClockGuard(gpus, handle_signals=False)

@@ -48,6 +48,7 @@ def _wait_dead(pid: int) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_resets_the_clock(
     tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,6 +76,7 @@ def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_res
     assert _leases(lease_dir) == []
 
 
+@pytest.mark.slow
 def test_a_live_owner_keeps_its_gpu_and_this_job_goes_monitor_only(
     tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -93,6 +95,7 @@ def test_a_live_owner_keeps_its_gpu_and_this_job_goes_monitor_only(
     assert _leases(lease_dir) == [], "the trainer's own reset at SIGTERM removes its lease"
 
 
+@pytest.mark.slow
 def test_the_watchdogs_reset_removes_the_lease(tmp_path: Path, lease_dir: Path) -> None:
     trainer, _, first_line = start_trainer(tmp_path, "sigkill")
     assert len(_leases(lease_dir)) == 1
@@ -123,6 +126,7 @@ def test_a_reused_pid_is_not_taken_for_the_owner(lease_dir: Path, tmp_path: Path
     assert gpus.state(0).locked_sm_clock_mhz is None and not path.exists()
 
 
+@pytest.mark.slow
 def test_dry_runs_neither_write_nor_act_on_leases(
     tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,6 +154,7 @@ def test_the_run_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tm
     assert run_dir() == tmp_path / "elsewhere"
 
 
+@pytest.mark.slow
 def test_a_process_that_ended_is_not_alive() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     owner = OwnerProcess.of(child.pid)

@@ -138,6 +138,7 @@ def test_config_root_honours_the_environment(tmp_path, monkeypatch):
         config_root()
 
 
+@pytest.mark.slow
 def test_planning_modules_import_no_gpu_or_training_stack():
     code = (
         "import sys, megatron_energy.dvfs, megatron_energy.dvfs.spec, megatron_energy.dvfs.model, "
@@ -148,6 +149,7 @@ def test_planning_modules_import_no_gpu_or_training_stack():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_a_spec_loaded_by_path_is_found_by_its_name_here_and_in_child_processes(tmp_path, monkeypatch):
     """A calibrated spec outside configs/gpus: profiles and plans name it, the planner child looks it up."""
     import subprocess

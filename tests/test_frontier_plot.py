@@ -45,6 +45,7 @@ def test_the_chosen_plan_sits_on_the_latency_aware_frontier(plan):
     assert list(latency.times_s) == sorted(latency.times_s)
 
 
+@pytest.mark.slow
 def test_the_plot_is_written(plan, tmp_path):
     path = plot_frontier(plan, tmp_path / "f.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

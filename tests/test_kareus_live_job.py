@@ -122,6 +122,7 @@ def test_levers_leave_the_search_only_what_the_running_job_honours() -> None:
     assert default_choice("tp.all_reduce", RuntimeLevers(fixed_ctas=(("tp", 16),))) == ClassChoice(16)
 
 
+@pytest.mark.slow
 def test_a_live_plan_keeps_what_megatron_fixed_at_start_up() -> None:
     job, planning = _live(RuntimeLevers(fixed_ctas=(("pp", 4), ("tp", 8))), sequence_parallel=True)
     plan = KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), planning)

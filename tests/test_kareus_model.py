@@ -72,6 +72,7 @@ def model() -> KareusModel:
     )
 
 
+@pytest.mark.slow
 def test_without_collectives_the_overlap_simulator_is_the_plain_simulator(model: KareusModel) -> None:
     dag = PipelineDag.build(model.dag.orders)  # no transfers, no tail
     plain = Simulator(dag, model.profile, switch_latency_s=0.0).run()

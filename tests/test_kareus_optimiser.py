@@ -54,6 +54,7 @@ def test_kareus_and_all_are_released_in_that_order() -> None:
     assert composed.request.collectives
 
 
+@pytest.mark.slow
 def test_kareus_alone_plans_every_collective_and_the_plan_round_trips(tmp_path: Path) -> None:
     job = JobConfig.load(EXAMPLE_7B)
     spec = job.spec()
@@ -105,6 +106,7 @@ class Planned:
         return self.given
 
 
+@pytest.mark.slow
 def test_kareus_refines_a_perseus_plan_without_missing_its_deadline() -> None:
     job = JobConfig.load(EXAMPLE_7B)
     base = perseus_plan_of(EXAMPLE_7B)
@@ -120,6 +122,7 @@ def _halved(point: PlanPoint) -> PlanPoint:
     return dataclasses.replace(point, ranks=ranks)
 
 
+@pytest.mark.slow
 def test_a_refinement_that_improves_no_point_is_the_base_plan_and_does_not_name_kareus() -> None:
     """A base whose points no schedule of the collectives beats comes back as it is, not renamed.
 
@@ -133,6 +136,7 @@ def test_a_refinement_that_improves_no_point_is_the_base_plan_and_does_not_name_
     assert KareusOptimiser(budget=FAST).plan(profile, planning, perseus).optimisers == ("perseus", "kareus")
 
 
+@pytest.mark.slow
 def test_all_composed_predicts_less_energy_than_perseus_alone_on_the_example_job() -> None:
     """``all`` = Perseus, then Kareus given Perseus's clocks (and moving them jointly), then phase clocks.
 
@@ -169,6 +173,7 @@ def test_a_job_without_its_collectives_is_refused_with_what_to_do() -> None:
         KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare)
 
 
+@pytest.mark.slow
 def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> None:
     job = JobConfig.load(EXAMPLE_7B)
     bare = PlanningJob(orders=job.orders(), fingerprint="x", target=parse_target("iso-time"))
@@ -176,6 +181,7 @@ def test_in_a_composition_without_collectives_the_base_plan_passes_through() -> 
     assert KareusOptimiser(budget=FAST).plan(job.synthetic_profile(), bare, base) is base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", [EXAMPLE_7B, EXAMPLE_70B], ids=["7b-pp4-tp2-h200", "70b-pp8-tp8-a100"])
 def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: Path) -> None:
     comparison = compare_optimisers(JobConfig.load(example), SearchBudget(trials=2), points=3)
@@ -187,6 +193,7 @@ def test_all_at_iso_time_uses_less_modelled_energy_than_perseus_alone(example: P
     assert kareus.total_energy_j < stock.total_energy_j
 
 
+@pytest.mark.slow
 def test_simulate_compare_prints_every_mode_as_modelled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

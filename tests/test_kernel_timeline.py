@@ -268,6 +268,7 @@ def _step(session: EnergySession, begun: list[int], step: int) -> None:
     session.on_step_end(step)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("profile_iters", "can_set_clocks", "recorded"),
     [(1, True, [(6, 1980), (9, 1500)]), (2, True, [(7, 1980), (11, 1500)]), (2, False, [(7, 1980)])],
@@ -303,6 +304,7 @@ def test_kernels_are_recorded_in_a_step_of_their_own_at_each_clocks_end_and_feed
     )
 
 
+@pytest.mark.slow
 def test_optimisers_without_phases_never_record_kernels(tmp_path) -> None:
     recorder, lines, session = _run(tmp_path, "perseus", steps=10)
     assert session.phase == "planned" and recorder.started_at == []
@@ -601,6 +603,7 @@ def _train_while(session: EnergySession, recorder: _Recorder, phase: str, limit_
 READ_LINE = "measured kernel timelines (torch.profiler"
 
 
+@pytest.mark.slow
 def test_kernel_timelines_are_read_in_a_child_process_while_training_goes_on(tmp_path) -> None:
     """The H200's `all` run stalled the step profiling ended at 1.87 s (against 0.3 s): the training thread
     parsed the traces and grouped their kernels. Now it only starts a child process that does."""
@@ -621,6 +624,7 @@ def test_kernel_timelines_are_read_in_a_child_process_while_training_goes_on(tmp
     assert recorder.closed
 
 
+@pytest.mark.slow
 def test_kernel_timelines_that_cannot_be_read_leave_the_split_modelled_with_one_line(tmp_path) -> None:
     recorder, lines, session = _run(tmp_path, "kernel", 0, trace="{not json", planning="background")
     _train_while(session, recorder, "profiling")
@@ -631,6 +635,7 @@ def test_kernel_timelines_that_cannot_be_read_leave_the_split_modelled_with_one_
     assert any("phases inside instructions: modelled per-class split" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_planning_that_waits_reads_the_kernel_timelines_at_the_step_profiling_ends(tmp_path) -> None:
     trace = json.dumps(_step_trace(forward_gemm_us=200))
     recorder, lines, session = _run(tmp_path, "kernel", 0, trace=trace, planning="wait")

@@ -179,6 +179,7 @@ def _profile(session: EnergySession, device: FakeDevice) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_the_run_phase_never_waits_for_the_current_step_and_reports_each_step_one_step_late(tmp_path, device):
     session, _ = _session(tmp_path, device)
     first_run_step = _profile(session, device)
@@ -204,6 +205,7 @@ def test_the_run_phase_never_waits_for_the_current_step_and_reports_each_step_on
         assert figures.timing.cycle_s is not None and figures.timing.cycle_s > 0
 
 
+@pytest.mark.slow
 def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
     session, lines = _session(tmp_path, device, log_interval=1)
     last = _profile(session, device) + 2
@@ -280,6 +282,7 @@ def _begun(timer: CudaEventTimer, microbatch: int) -> Instruction:
     return instruction
 
 
+@pytest.mark.slow
 def test_the_stock_baseline_is_made_of_steps_timed_as_the_run_phase_times_its_own(tmp_path, device):
     session, _ = _session(tmp_path, device)
     first_run_step = _profile(session, device)
@@ -301,6 +304,7 @@ def test_the_stock_baseline_is_made_of_steps_timed_as_the_run_phase_times_its_ow
     assert device.device_syncs[syncs:] == [] and device.waits[waits:] == []
 
 
+@pytest.mark.slow
 def test_planning_in_the_background_keeps_the_lag_and_its_steps_reach_no_run_phase_policy(
     tmp_path, device, monkeypatch
 ) -> None:
@@ -374,6 +378,7 @@ def test_a_phase_switching_error_turns_it_off_with_a_log_line_and_training_goes_
     assert sum("phase switching turned off" in line for line in lines) == 1
 
 
+@pytest.mark.slow
 def test_the_plan_is_cached_off_the_training_thread_so_slow_disks_do_not_slow_the_adopting_step(
     tmp_path, device, monkeypatch
 ) -> None:

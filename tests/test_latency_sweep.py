@@ -62,6 +62,7 @@ def test_the_command_refuses_bad_input(capsys) -> None:
     assert "--config is required" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_sweep_prints_modelled_savings_that_grow_as_switches_get_faster(capsys) -> None:
     assert _run_simulate(["--config", EXAMPLE, "--switch-latency-sweep", "10ms,10us"]) == 0
     out = capsys.readouterr().out

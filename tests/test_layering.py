@@ -154,6 +154,7 @@ def test_every_module_has_a_layer() -> None:
         layer_of(module_name(path))
 
 
+@pytest.mark.slow
 def test_imports_only_run_down_the_layers() -> None:
     upward = [
         f"{edge} (layer {layer_of(edge.importer)} -> {layer_of(edge.imported)})"
@@ -163,11 +164,13 @@ def test_imports_only_run_down_the_layers() -> None:
     assert not upward, "imports that run up a layer:\n" + "\n".join(upward)
 
 
+@pytest.mark.slow
 def test_the_package_imports_nothing_from_the_test_tree() -> None:
     from_tests = [str(edge) for edge in all_edges() if is_within(edge.imported, "tests")]
     assert not from_tests, "\n".join(from_tests)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dependency", sorted(OWNERS))
 def test_a_heavy_dependency_is_imported_by_its_owner_only(dependency: str) -> None:
     owners = OWNERS[dependency]
@@ -179,6 +182,7 @@ def test_a_heavy_dependency_is_imported_by_its_owner_only(dependency: str) -> No
     assert not strays, f"only {', '.join(owners)} may import {dependency}:\n" + "\n".join(strays)
 
 
+@pytest.mark.slow
 def test_lower_layers_do_not_import_torch() -> None:
     strays = [
         str(edge)
@@ -210,6 +214,7 @@ def import_cycles(edges: list[ImportEdge]) -> list[list[str]]:
     return [cycle for cycle in nx.simple_cycles(graph) if len(cycle) > 1]
 
 
+@pytest.mark.slow
 def test_no_import_cycle_in_the_package() -> None:
     cycles = import_cycles(all_edges())
     assert not cycles, "import cycles (break each by moving the shared type down):\n" + "\n".join(
@@ -227,6 +232,7 @@ def test_the_cycle_checker_sees_a_cycle_through_a_function_level_import(tmp_path
     assert [set(cycle) for cycle in import_cycles(edges)] == [{"megatron_energy.a", "megatron_energy.b"}]
 
 
+@pytest.mark.slow
 def test_nothing_below_the_command_layer_imports_a_concrete_optimiser() -> None:
     strays = [
         str(edge)
@@ -242,6 +248,7 @@ def test_nothing_below_the_command_layer_imports_a_concrete_optimiser() -> None:
     )
 
 
+@pytest.mark.slow
 def test_each_concrete_optimiser_is_a_leaf() -> None:
     def owner(module: str) -> str | None:
         return next((name for name in CONCRETE_OPTIMISERS if is_within(module, name)), None)
@@ -283,6 +290,7 @@ def type_definitions(path: Path) -> list[str]:
     return [name for name in names if TYPE_NAME.match(name)]
 
 
+@pytest.mark.slow
 def test_a_type_is_defined_once() -> None:
     where: dict[str, list[str]] = defaultdict(list)
     for path in PACKAGE_ROOT.rglob("*.py"):

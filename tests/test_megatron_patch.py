@@ -26,6 +26,7 @@ def _patch(action: str, root: Path, capsys: pytest.CaptureFixture[str]) -> tuple
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_check_passes_on_the_unpatched_release_and_apply_revert_round_trip(
     megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -44,6 +45,7 @@ def test_check_passes_on_the_unpatched_release_and_apply_revert_round_trip(
     assert (root / SCHEDULES).read_text() == pristine
 
 
+@pytest.mark.slow
 def test_check_reports_the_full_patched_tree_as_already_applied(
     patched_megatron_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,6 +65,7 @@ def test_another_megatron_version_is_refused_naming_both_versions(
     assert "version 0.18.2" in err and "patch set is for 0.19.x" in err
 
 
+@pytest.mark.slow
 def test_a_modified_tree_is_refused_and_left_untouched(
     megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -86,6 +89,7 @@ def test_a_folder_without_megatron_is_explained(tmp_path: Path, capsys: pytest.C
     assert code == 1 and "the folder that contains megatron/" in err
 
 
+@pytest.mark.slow
 def test_apply_patches_a_tree_that_sits_inside_another_git_repository(
     megatron_files_copy: Callable[[], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -115,6 +119,7 @@ def test_patched_megatron_parses_the_energy_flags_as_its_own(
     assert (optimise, trace) == (True, "t.jsonl")
 
 
+@pytest.mark.slow
 def test_a_conflicting_edit_with_nothing_applied_says_so_names_the_file_and_does_not_suggest_revert(
     megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,6 +140,7 @@ def test_a_conflicting_edit_with_nothing_applied_says_so_names_the_file_and_does
     assert code == 1 and "nothing was changed" in err and str(SCHEDULES) in err and "patch revert" not in err
 
 
+@pytest.mark.slow
 def test_a_partly_applied_set_is_called_so_and_revert_takes_it_out(
     megatron_files_copy: Callable[[], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -96,6 +96,7 @@ def test_p2p_op_names_list_the_directions_in_a_fixed_order() -> None:
     assert p2p_op_name(None, None, False, False) == "none"
 
 
+@pytest.mark.slow
 def test_install_hooks_replaces_megatrons_timers_and_p2p_communicator_until_uninstalled() -> None:
     import argparse
 

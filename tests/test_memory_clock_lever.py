@@ -75,6 +75,7 @@ def test_h100_offers_its_lower_memory_clock_and_one_clock_gpus_none() -> None:
     assert candidate_memory_clocks(load_gpu_spec("rtx-3080-ti")) == (9251, 5001)
 
 
+@pytest.mark.slow
 def test_stage_off_the_critical_path_gets_the_lower_memory_clock_and_energy_falls_at_the_same_time(
     slack_plans: tuple[Plan, Plan],
 ) -> None:
@@ -126,6 +127,7 @@ def test_the_lever_off_or_a_one_clock_gpu_keeps_the_plan() -> None:
     assert choose_memory_clocks(plan, profile, one_clock) is plan
 
 
+@pytest.mark.slow
 def test_the_lever_wraps_any_optimiser_by_name_and_request() -> None:
     lever = MemoryClockLever(PerseusOptimiser())
     assert lever.name == "perseus"

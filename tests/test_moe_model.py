@@ -184,6 +184,7 @@ def test_moe_with_tensor_parallelism_needs_sequence_parallelism() -> None:
     assert MoeShape.from_dict({"num_experts": 4, "topk": 1}).expert_parallel == 1
 
 
+@pytest.mark.slow
 def test_simulate_compare_plans_every_mode_of_the_moe_example_with_the_all_to_alls_share(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

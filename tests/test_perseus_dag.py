@@ -104,7 +104,9 @@ def test_communication_and_tail_nodes_by_hand():
     ]
 
 
-@pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (4, 8), (4, 4), (8, 16), (3, 2)])
+@pytest.mark.parametrize(
+    ("stages", "microbatches"), [(2, 4), (4, 8), (4, 4), pytest.param(8, 16, marks=pytest.mark.slow), (3, 2)]
+)
 def test_balanced_1f1b_takes_microbatches_plus_stages_minus_one_slots(stages, microbatches):
     dag = PipelineDag.build(pipeline_orders(stages, microbatches))
     t_f, t_b = 1.25, 2.5

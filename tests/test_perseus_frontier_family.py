@@ -202,6 +202,7 @@ def _brute_force(dag: PipelineDag, profile: Profile, clocks_mhz: tuple[int, ...]
     )
 
 
+@pytest.mark.slow
 def test_sweep_against_brute_force_on_small_family_profiles():
     """8 instructions, 3 clocks each: every plan is enumerated (6561 per profile)."""
     clocks = (1410, 1140, 900)
@@ -222,6 +223,7 @@ def test_sweep_against_brute_force_on_small_family_profiles():
     assert max(excesses) <= 0.015
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "stages", "microbatches", "chunks"),
     [

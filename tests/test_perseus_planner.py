@@ -174,6 +174,7 @@ def _with_source(profile: Profile, source: str) -> Profile:
     return Profile(options, profile.gpu_name, source, profile.blocked_power_w, profile.idle_power_w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["measured", "modelled", "simulated"])
 def test_plan_command_writes_plan_frontier_and_plot(tmp_path, capsys, monkeypatch, source):
     monkeypatch.setenv("COLUMNS", "200")
@@ -211,6 +212,7 @@ def _plan_status(argv: list[str]) -> int:
     return args.func(args)
 
 
+@pytest.mark.slow
 def test_plan_command_never_assumes_where_a_profile_comes_from(tmp_path, capsys):
     pipeline = ("--stages", str(STAGES), "--microbatches", str(MICROBATCHES), "--gpu-spec", "a100-sxm-80gb")
     stated = tmp_path / "stated.csv"

@@ -240,6 +240,7 @@ def kernel_plan():
     return resolve("kernel").plan(profile, job), job
 
 
+@pytest.mark.slow
 def test_the_runner_requests_tail_clocks_at_their_hooks_and_reports_what_it_cannot_hook(kernel_plan) -> None:
     plan, job = kernel_plan
     for stage in range(2):
@@ -262,6 +263,7 @@ def test_the_runner_requests_tail_clocks_at_their_hooks_and_reports_what_it_cann
         assert (f"{inside} inside instructions applied time-anchored" in report) == (inside > 0)
 
 
+@pytest.mark.slow
 def test_the_runner_gives_every_instruction_its_own_inside_requests_in_plan_order() -> None:
     """Llama-70B stages under a 1 ms switch latency: many instructions with phase clocks inside them."""
     profile = Profile.synthetic(TransformerShape.from_name("llama-70b"), SPEC, 2, clocks_mhz=GRID)

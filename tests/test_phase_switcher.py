@@ -250,6 +250,7 @@ def test_cancel_wakes_a_thread_waiting_for_a_requests_time(switchers) -> None:
     assert [clock for clock, _ in controller.applied] == [1400]
 
 
+@pytest.mark.slow
 def test_the_thread_starts_only_with_the_first_inside_request(switchers) -> None:
     switcher = switchers(RecordingController())
     switcher.begin(_instruction(0), FakeEvent(), [])

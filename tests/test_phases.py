@@ -184,6 +184,7 @@ def _phase_actions(plan: Plan) -> list[ClockAction]:
     ]
 
 
+@pytest.mark.slow
 def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path) -> None:
     fine = resolve("kernel").plan(profile, _job(1e-5))
     coarse = resolve("kernel").plan(profile, _job(0.05))
@@ -201,6 +202,7 @@ def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path
     assert Plan.load(path).target_point == fine.target_point
 
 
+@pytest.mark.slow
 def test_all_refines_perseus_without_predicting_slower(profile: Profile) -> None:
     # 10 µs switches: every point has memory-bound phases inside its instructions to refine (at 100 µs this
     # job's are merged away, and its tail, with no idle gap after it to restore in, keeps the next

@@ -20,6 +20,7 @@ def _piped(argv: list[str]) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "header"),
     [

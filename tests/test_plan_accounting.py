@@ -1,5 +1,6 @@
 import argparse
 
+import pytest
 from profile_family import ProfileFamily, family_profile
 
 from megatron_energy.commands import plan_command
@@ -71,6 +72,7 @@ def test_plan_command_says_its_accounting_and_warns_about_rows(tmp_path, capsys,
     assert plan.frontier[0].time_s < all_max.iteration_time_s
 
 
+@pytest.mark.slow
 def test_plan_command_says_where_the_switch_latency_came_from(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
     csv, out = tmp_path / "profile.csv", tmp_path / "plan.json"

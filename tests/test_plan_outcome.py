@@ -6,6 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
@@ -19,6 +21,8 @@ from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 
 FINGERPRINT = "0123456789abcdef"
+
+pytestmark = pytest.mark.slow  # plans the 7B example
 
 
 def _job(switch_latency_s: float) -> tuple[JobConfig, PlanningJob]:

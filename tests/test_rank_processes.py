@@ -18,6 +18,8 @@ import pytest
 
 from megatron_energy.commands.rank_processes import run_ranks
 
+pytestmark = pytest.mark.slow  # starts Python processes
+
 SLEEPER = "import os, time; print('child', os.getpid(), flush=True); time.sleep(120)"
 """A rank that prints its pid and never ends by itself."""
 

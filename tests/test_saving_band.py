@@ -14,6 +14,8 @@ from megatron_energy.plan_band import SavingBand
 from megatron_energy.plan_outcome import plan_saving
 from tests.banded_plans import SPEC, small_job, small_profile
 
+pytestmark = pytest.mark.slow  # prices a plan again under every variant of the spec's ranges
+
 
 @pytest.fixture(scope="module")
 def job() -> PlanningJob:

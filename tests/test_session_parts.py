@@ -779,6 +779,7 @@ def _profile_and_plan(session: EnergySession) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_the_first_planned_line_speaks_for_planned_steps_only(tmp_path):
     # 10-step log interval: steps 0-7 profile (the last two at 1500 MHz, 39.6 ms, 17.6 J), steps 8-9 run the
     # plan at 1980 MHz (30 ms, 21 J); the line at step 9 must not average the profiling steps in.
@@ -792,6 +793,7 @@ def test_the_first_planned_line_speaks_for_planned_steps_only(tmp_path):
     assert "s0=21.0 | total=21.0" in line and "| iter 30.0 ms (modelled)" in line
 
 
+@pytest.mark.slow
 def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path):
     session, timer, comms, controller, lines = _session(tmp_path)
     step = _profile_and_plan(session)
@@ -830,6 +832,7 @@ def test_a_lone_slow_replica_is_not_reverted_but_every_replica_slow_is(tmp_path)
     assert session.phase == "stock (safety net)"
 
 
+@pytest.mark.slow
 def test_a_trip_without_clock_control_says_the_slowdown_came_from_outside_the_plan(tmp_path):
     session, timer, _, _, lines = _session(tmp_path, data_parallel_size=1, can_set_clocks=False)
     step = 0
@@ -847,6 +850,7 @@ def test_a_trip_without_clock_control_says_the_slowdown_came_from_outside_the_pl
     assert "clocks reverted" not in tripped
 
 
+@pytest.mark.slow
 def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_steps_recover(tmp_path):
     session, timer, _, controller, lines = _session(tmp_path, data_parallel_size=1)
     told: list[RunningPoint | None] = []
@@ -912,6 +916,7 @@ def test_a_plan_that_was_slow_itself_stays_reverted(tmp_path):
     assert not any("runs again" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it_at_close(tmp_path):
     session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)
@@ -925,6 +930,7 @@ def test_the_session_counts_its_host_time_in_run_phase_steps_only_and_reports_it
     assert sum("rank 0: plugin host time on the training thread" in line for line in lines) == 1
 
 
+@pytest.mark.slow
 def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     session, timer, comms, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)
@@ -937,6 +943,7 @@ def test_a_single_replica_job_reverts_on_its_own_slowness(tmp_path):
     assert sum("clocks reverted to stock" in line for line in lines) == 1
 
 
+@pytest.mark.slow
 def test_without_clock_control_only_the_stock_clock_is_measured_and_the_rest_is_modelled(tmp_path):
     session, _, _, controller, lines = _session(tmp_path, data_parallel_size=1, can_set_clocks=False)
     step = 0
@@ -1022,6 +1029,7 @@ def test_the_simulated_timer_runs_the_work_between_schedules_once_and_times_the_
     assert timing.outside_s == pytest.approx(outside_s)
 
 
+@pytest.mark.slow
 def test_the_run_ends_with_the_stock_plan_against_the_measured_stock_steps(tmp_path):
     session, _, _, _, lines = _session(tmp_path, data_parallel_size=1)
     _profile_and_plan(session)

@@ -181,6 +181,7 @@ def test_simulate_command_prints_modelled_table_and_writes_trace(tmp_path, capsy
     assert refused.value.code == 2 and "missing.yaml is not a file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_plan_made_for_the_job_config_simulates_to_its_own_prediction(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert _run_plan(["--config", EXAMPLE, "--points", "3", "--out", str(plan_path)]) == 0
@@ -206,6 +207,7 @@ def test_a_plan_made_for_the_job_config_simulates_to_its_own_prediction(tmp_path
     assert replay.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)  # iso-time holds
 
 
+@pytest.mark.slow
 def test_simulate_refuses_a_plan_made_for_another_job(tmp_path, capsys):
     other = tmp_path / "wider.yaml"  # the same model on twice the replicas: fewer microbatches per pipeline
     other.write_text(Path(EXAMPLE).read_text().replace("data_parallel: 8", "data_parallel: 16"))

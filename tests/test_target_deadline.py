@@ -44,6 +44,7 @@ def test_kareus_alone_refuses_a_power_budget_rather_than_planning_it_as_iso_time
         KareusOptimiser(budget=SearchBudget(trials=2)).plan(job.synthetic_profile(job.spec()), planning)
 
 
+@pytest.mark.slow
 def test_perseus_takes_the_same_deadline_as_the_rule() -> None:
     job = JobConfig.load(EXAMPLE_7B)
     spec = job.spec()

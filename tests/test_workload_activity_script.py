@@ -9,7 +9,7 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.slow]  # runs the lab's script in a Python process
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
 JOBS = {
