@@ -880,6 +880,7 @@ def test_a_slowdown_from_outside_reverts_then_the_plan_runs_again_once_stock_ste
     assert len(controller.requests) > requests  # the plan's clocks are requested again
 
 
+@pytest.mark.slow
 def test_plan_followers_are_told_the_point_a_straggler_selects_and_the_recovery(tmp_path):
     session, _, comms, _, lines = _session(tmp_path)
     told: list[RunningPoint | None] = []
