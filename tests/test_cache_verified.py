@@ -259,3 +259,17 @@ def test_a_miss_names_only_what_changed_not_tuples_read_back_as_lists(tmp_path: 
     miss = JobCache(tmp_path, _job(num_microbatches=4) | spec).load()
     assert not miss.hit and "num_microbatches: 8 -> 4" in miss.message
     assert "sm_clocks_mhz" not in miss.message
+
+
+def test_a_plan_of_another_schema_version_is_a_miss_that_says_so_in_one_line(tmp_path: Path) -> None:
+    """An old cache is not migrated: its job profiles again, and the store of that run replaces it."""
+    old_plan = json.dumps({"schema_version": 2, "target": "iso-time", "points": []})
+    JobCache(tmp_path, _job()).store(_artefacts() | {"plan.json": old_plan})
+    loaded = JobCache(tmp_path, _job()).load()
+    assert not loaded.hit and loaded.quarantined is None and not loaded.artefacts
+    assert loaded.message == (
+        f"energy cache at {loaded.folder} holds a schema-version-2 plan, which this megatron_energy does not "
+        "read (it writes version 3): profiling again"
+    )
+    JobCache(tmp_path, _job()).store(_artefacts())
+    assert JobCache(tmp_path, _job()).load().hit
