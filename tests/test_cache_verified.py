@@ -81,6 +81,12 @@ def _foreign_manifest(folder: Path) -> None:
     (folder / MANIFEST_NAME).write_bytes((other.folder / MANIFEST_NAME).read_bytes())
 
 
+def _edit_manifest_entry(folder: Path, **entry: object) -> None:
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    manifest["artefacts"]["plan.json"].update(entry)
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "energies scaled by 0.01": (_scale_energies, "profile.csv has"),
     "corrupt baseline.json": (_corrupt_baseline, "baseline.json has"),
@@ -90,6 +96,18 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing manifest": (lambda folder: (folder / MANIFEST_NAME).unlink(), "manifest.json is missing"),
     "unparsable manifest": (lambda folder: (folder / MANIFEST_NAME).write_text("{"), "not valid JSON"),
     "foreign fingerprint": (_foreign_manifest, "belongs to another job"),
+    "checksum not hex": (
+        lambda folder: _edit_manifest_entry(folder, sha256="not-a-digest"),
+        "manifest.json has malformed artefact entries (artefacts.plan.json.sha256: String should match",
+    ),
+    "size as text": (
+        lambda folder: _edit_manifest_entry(folder, size_bytes="41"),
+        "(artefacts.plan.json.size_bytes: Input should be a valid integer)",
+    ),
+    "unknown entry key": (
+        lambda folder: _edit_manifest_entry(folder, mtime=0),
+        "(artefacts.plan.json.mtime: Extra inputs are not permitted)",
+    ),
 }
 
 
