@@ -36,6 +36,7 @@ setup(
         "megatron-core>=0.19,<0.20",
         "nvidia-ml-py>=12.535",
         "zeus>=0.16,<0.17",
+        "pydantic>=2.6,<3",  # the plan file's schema (plan_file.py); zeus installs it too
         "networkx>=3.2",
         "numpy>=1.26",
         "scipy>=1.15",

@@ -28,7 +28,7 @@ command layer imports a concrete optimiser):
    ``plan_outcome`` (why a plan saves nothing). Pure Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator and the power
-   floor), ``plan`` (Plan v2, the one executable contract), ``target`` (``--energy-target`` and its one
+   floor), ``plan`` (Plan v3, the one executable contract), ``target`` (``--energy-target`` and its one
    deadline rule), ``dvfs.model`` and the calibration's pure side (``dvfs.calibration``, its fit
    ``dvfs.calibration_fit`` and the spec it makes, ``dvfs.calibrated_spec``).
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,

@@ -1,4 +1,4 @@
-"""Plan v2: the one executable contract between the optimisers and the runtime, as checked JSON.
+"""Plan v3: the one executable contract between the optimisers and the runtime, as checked JSON.
 
 Every optimiser emits a :class:`Plan`; the session runs exactly what the file says (a cache hit loads the
 cached file, the report reads the file that ran). A plan holds:
@@ -6,9 +6,11 @@ cached file, the report reads the file that ran). A plan holds:
 - a few executable **points** of the time–energy frontier (ascending iteration time), one of them the
   target's; the others let data-parallel replicas follow a straggler's pace without re-planning;
 - per point and per pipeline rank, **actions** at **boundaries**: a boundary is one instruction (the shared
-  identity ``Instruction(stage, chunk, microbatch, kind)``) and optionally a named phase inside it; an
-  action is a clock to lock there (:class:`ClockAction`) or a collective to launch there with an SM/CTA
-  budget (:class:`CollectiveAction`);
+  identity ``Instruction(stage, chunk, microbatch, kind)``) and optionally a typed phase inside it (a
+  :class:`~megatron_energy.pipeline.phase_labels.PhaseLabel` for a phase clock, a
+  :class:`~megatron_energy.pipeline.collective_names.LaunchPoint` for a collective's launch); an action is a
+  clock to lock there (:class:`ClockAction`) or a collective to launch there with an SM/CTA budget
+  (:class:`CollectiveAction`, naming a :class:`~megatron_energy.pipeline.collective_names.CollectiveName`);
 - per point and per rank, the predicted energy and busy time; per point the iteration time, the deadline
   it was solved for and the relaxed lower bound (all *modelled*);
 - the all-maximum-clocks baseline and the instant-switch frontier curve (for reports and plots);
@@ -22,34 +24,46 @@ cached file, the report reads the file that ran). A plan holds:
 - optionally, one memory clock per rank, locked for the whole run phase (:mod:`megatron_energy.plan_memory`);
   absent when every rank keeps the stock memory clock.
 
-The file is plain JSON parsed with :func:`json.loads` (never evaluated), versioned and checksummed (SHA-256
-of its canonical content), so a stale, foreign, hand-edited or truncated plan is refused with a message
-saying what is wrong and what to do. Version-1 files (one clock per instruction, no alternatives) are
-migrated on load; version-2 files written before the measured tail existed read as plans without one.
+The file (:mod:`megatron_energy.plan_file`) is plain JSON read and written through pydantic models, with the
+checks declared on the fields (here, on the typed values, and there), versioned and checksummed (SHA-256 of
+its canonical content), so a stale, foreign, hand-edited or truncated plan is refused with a message naming
+the field and saying what to do. Files of another schema version are refused (an older cache profiles
+again).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
+
+from annotated_types import Ge
 
 from megatron_energy import __version__
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.instruction import KINDS, FusedInstruction, Instruction, Step, StepKey
-from megatron_energy.plan_band import SavingBand, energy_change
-from megatron_energy.plan_memory import check_memory_clocks, memory_clocks_json, parse_memory_clocks
+from megatron_energy.pipeline.collective_names import CollectiveName, LaunchPoint
+from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step, StepKey
+from megatron_energy.pipeline.phase_labels import PhaseLabel
+from megatron_energy.plan_band import SavingBand
 
-SCHEMA_VERSION = 2
-"""Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes."""
+SCHEMA_VERSION = 3
+"""Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes (3: phases and
+collectives as objects)."""
 
 Provenance = Literal["measured", "modelled", "simulated"]
-PROVENANCES: tuple[str, ...] = ("measured", "modelled", "simulated")
+
+Phase = PhaseLabel | LaunchPoint
+"""A point inside an instruction: a phase clock's label, or a collective's launch point."""
+
+Seconds = Annotated[float, Ge(0)]
+"""A non-negative time (the plan file refuses a negative one)."""
+
+Joules = Annotated[float, Ge(0)]
+"""A non-negative energy (the plan file refuses a negative one)."""
 
 
 class PlanError(EnergyValueError):
@@ -61,8 +75,8 @@ class Boundary(NamedTuple):
 
     instruction: Instruction
     """The instruction (of a fused step: its forward, with which the step starts)."""
-    phase: str | None = None
-    """A phase (kernel group) inside the instruction; ``None`` for the instruction's start."""
+    phase: Phase | None = None
+    """A phase clock's label or a collective's launch point inside the instruction; ``None``: its start."""
     backward: Instruction | None = None
     """Combined 1F1B: the backward run with ``instruction`` as one fused step; ``None`` for a single pass."""
 
@@ -74,7 +88,7 @@ class Boundary(NamedTuple):
         )
 
 
-def step_boundary(step: Step, phase: str | None = None) -> Boundary:
+def step_boundary(step: Step, phase: Phase | None = None) -> Boundary:
     """The boundary at the start of a step (or of a phase inside it)."""
     if isinstance(step, FusedInstruction):
         return Boundary(step.forward, phase, step.backward)
@@ -97,8 +111,8 @@ class CollectiveAction:
 
     at: Boundary
     """The launch point."""
-    collective: str
-    """Which collective, e.g. ``dp.reduce_scatter.bucket0``."""
+    collective: CollectiveName
+    """Which collective, e.g. ``CollectiveName("dp", "reduce_scatter", bucket=0)``."""
     max_ctas: int | None = None
     """CTAs (thread blocks, one per SM) the collective's kernels may use; ``None``: the library's default."""
 
@@ -162,15 +176,15 @@ class PlanPoint:
 class FrontierSample(NamedTuple):
     """One point of the instant-switch frontier curve (modelled)."""
 
-    time_s: float
+    time_s: Seconds
     """Iteration time of the instant-switch plan."""
-    energy_j: float
+    energy_j: Joules
     """Its energy over all ranks."""
-    lower_bound_j: float
+    lower_bound_j: Joules
     """No plan meeting ``deadline_s`` uses less: the convex relaxation's energy there or, for a DAG of more
     than 8192 instructions where the sweep solves the relaxation at a few deadlines only, a dual bound of it
     (lower: the gap to it is overstated, never understated). Plan points always carry the relaxed optimum."""
-    deadline_s: float
+    deadline_s: Seconds
     """The deadline the plan was solved for."""
 
 
@@ -178,12 +192,12 @@ class FrontierSample(NamedTuple):
 class Baseline:
     """Every instruction at its fastest clock (the all-maximum-clocks iteration; modelled)."""
 
-    iteration_time_s: float
+    iteration_time_s: Seconds
     """Iteration time."""
-    energy_j: float
+    energy_j: Joules
     """Energy of one iteration over all ranks."""
-    stage_energy_j: tuple[float, ...] = ()
-    """Energy per rank (empty for plans migrated from version 1, which did not record it)."""
+    stage_energy_j: tuple[Joules, ...] = ()
+    """Energy per rank; empty where a hand-made plan does not give it (then not written to the file)."""
 
 
 @dataclass(frozen=True)
@@ -196,9 +210,9 @@ class MeasuredTail:
     ``sim.simulator``); the plan keeps it so a measured pipeline span can be set against a point's prediction.
     """
 
-    time_s: float
+    time_s: Seconds
     """Its time, the same on every stage."""
-    stage_energy_j: tuple[float, ...]
+    stage_energy_j: tuple[Joules, ...]
     """Each stage's GPU's energy over it."""
 
 
@@ -300,15 +314,11 @@ class Plan:
         feasible = [i for i, point in enumerate(self.points) if point.iteration_time_s <= time_s * (1 + 1e-9)]
         return min(feasible, key=lambda i: (self.points[i].energy_j, self.points[i].iteration_time_s))
 
-    def to_json_dict(self) -> dict[str, Any]:
-        """Return the plan as a JSON-ready dict, checksum included."""
-        body = _content(self) | memory_clocks_json(self.memory_clocks_mhz)
-        body["checksum"] = _checksum(body)
-        return body
-
     def to_json_text(self) -> str:
-        """The file's exact text."""
-        return json.dumps(self.to_json_dict(), indent=1) + "\n"
+        """The file's exact text (:func:`megatron_energy.plan_file.plan_text`)."""
+        from megatron_energy.plan_file import plan_text  # the file's models build on this module's types
+
+        return plan_text(self)
 
     def save(self, path: str | Path) -> Path:
         """Write the plan atomically (parent folders are created).
@@ -325,15 +335,15 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path, expected_fingerprint: str | None = None) -> Plan:
-        """Read a plan written by :meth:`save` (or a version-1 plan) and check it.
+        """Read a plan written by :meth:`save` and check it.
 
         Args:
             path: The plan file.
             expected_fingerprint: When given, the plan must have been computed for this job and GPU.
 
         Raises:
-            PlanError: If the file is missing, not JSON, of an unknown schema version, modified after it was
-                written, malformed, or planned for another job or GPU.
+            PlanError: If the file is missing, not JSON, of another schema version, modified after it was
+                written, malformed (the message names the field), or planned for another job or GPU.
         """
         source = Path(path)
         try:
@@ -347,52 +357,9 @@ class Plan:
         cls, text: str, source: str = "<plan>", expected_fingerprint: str | None = None
     ) -> Plan:
         """Parse and check a plan file's text (see :meth:`load`)."""
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except ValueError as error:
-            raise PlanError(
-                f"plan file {source} is not valid JSON ({error}); it is damaged or not a plan: delete it or "
-                "rerun planning"
-            ) from None
-        plan = cls.from_json_dict(data, source=source)
-        if expected_fingerprint is not None and plan.fingerprint != expected_fingerprint:
-            raise PlanError(
-                f"plan file {source} was computed for another job or GPU (its fingerprint "
-                f"{plan.fingerprint[:16]}, this job's {expected_fingerprint[:16]}): rerun planning for this "
-                "job, or use the plan with the job it was made for"
-            )
-        return plan
+        from megatron_energy.plan_file import read_plan  # the file's models build on this module's types
 
-    @classmethod
-    def from_json_dict(cls, data: object, source: str = "<plan>") -> Plan:
-        """Build a plan from parsed JSON, checking version, checksum and fields (see :meth:`load`)."""
-        if not isinstance(data, dict):
-            raise PlanError(f"plan file {source} does not hold a JSON object: delete it or rerun planning")
-        version = data.get("schema_version")
-        parser = _PARSERS.get(version) if isinstance(version, int) else None
-        if parser is None:
-            raise PlanError(
-                f"plan file {source} has schema version {version!r}; this megatron_energy ({__version__}) "
-                f"reads versions {sorted(_PARSERS)}: rerun planning with this version"
-            )
-        body = {key: value for key, value in data.items() if key != "checksum"}
-        try:
-            expected = _checksum(body)
-        except (TypeError, ValueError) as error:
-            raise PlanError(
-                f"plan file {source} is malformed ({error}): delete it or rerun planning"
-            ) from None
-        if data.get("checksum") != expected:
-            raise PlanError(
-                f"plan file {source} was modified after it was written (checksum mismatch); plans must not "
-                "be edited by hand: delete it or rerun planning"
-            )
-        try:
-            return parser(body)
-        except (KeyError, IndexError, TypeError, ValueError) as error:
-            raise PlanError(
-                f"plan file {source} is malformed ({error}): delete it or rerun planning"
-            ) from None
+        return read_plan(text, source, expected_fingerprint)
 
 
 FINGERPRINT_DIGITS = 16
@@ -411,304 +378,6 @@ def fingerprint(**parts: object) -> str:
     """
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str, allow_nan=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-# ----------------------------------------------------------------------------------------- writing
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not a number a plan may hold")
-
-
-def _checksum(body: Mapping[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _boundary_json(at: Boundary) -> dict[str, Any]:
-    stage, chunk, microbatch, kind = at.instruction
-    body: dict[str, Any] = {"stage": stage, "chunk": chunk, "microbatch": microbatch, "kind": kind}
-    if at.phase is not None:
-        body["phase"] = at.phase
-    if at.backward is not None:
-        body |= {"backward_chunk": at.backward.chunk, "backward_microbatch": at.backward.microbatch}
-    return body
-
-
-def _action_json(action: Action) -> dict[str, Any]:
-    if isinstance(action, ClockAction):
-        return {"type": "clock", "at": _boundary_json(action.at), "clock_mhz": action.clock_mhz}
-    return {
-        "type": "collective",
-        "at": _boundary_json(action.at),
-        "collective": action.collective,
-        "max_ctas": action.max_ctas,
-    }
-
-
-def _content(plan: Plan) -> dict[str, Any]:
-    return (
-        {
-            "schema_version": plan.schema_version,
-            "fingerprint": plan.fingerprint,
-            "gpu_name": plan.gpu_name,
-            "provenance": plan.provenance,
-            "target": plan.target,
-            "optimisers": list(plan.optimisers),
-            "switch_latency_s": plan.switch_latency_s,
-            "created_by": plan.created_by,
-            "baseline": {
-                "iteration_time_s": plan.baseline.iteration_time_s,
-                "energy_j": plan.baseline.energy_j,
-                "stage_energy_j": list(plan.baseline.stage_energy_j),
-            },
-            "target_index": plan.target_index,
-            "points": [
-                {
-                    "label": point.label,
-                    "iteration_time_s": point.iteration_time_s,
-                    "deadline_s": point.deadline_s,
-                    "lower_bound_j": point.lower_bound_j,
-                    "ranks": [
-                        {
-                            "energy_j": rank.energy_j,
-                            "busy_s": rank.busy_s,
-                            "actions": [_action_json(action) for action in rank.actions],
-                        }
-                        for rank in point.ranks
-                    ],
-                }
-                for point in plan.points
-            ],
-            "frontier": [list(sample) for sample in plan.frontier],
-            "measured_tail": None
-            if plan.measured_tail is None
-            else {
-                "time_s": plan.measured_tail.time_s,
-                "stage_energy_j": list(plan.measured_tail.stage_energy_j),
-            },
-        }
-        | ({"notes": list(plan.notes)} if plan.notes else {})
-        | ({"saving_band": plan.saving_band.to_json()} if plan.saving_band is not None else {})
-    )
-
-
-# ----------------------------------------------------------------------------------------- reading
-
-
-def _require(value: object, kind: type | tuple[type, ...], name: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} must be {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value
-
-
-def _number(value: object, name: str) -> float:
-    number = float(_require(value, (int, float), name))
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
-    return number
-
-
-def _index(value: object, name: str) -> int:
-    number = _require(value, int, name)
-    if number < 0:
-        raise ValueError(f"{name} must not be negative, got {number}")
-    return number
-
-
-def _instruction(entry: Mapping[str, Any], stage: int, where: str) -> Instruction:
-    kind = _require(entry["kind"], str, f"{where}.kind")
-    if kind not in KINDS:
-        raise ValueError(f"{where}.kind must be one of {KINDS}, got {kind!r}")
-    instruction = Instruction(
-        _index(entry.get("stage", stage), f"{where}.stage"),
-        _index(entry["chunk"], f"{where}.chunk"),
-        _index(entry["microbatch"], f"{where}.microbatch"),
-        kind,
-    )
-    if instruction.stage != stage:
-        raise ValueError(f"{where} is listed under rank {stage} but names stage {instruction.stage}")
-    return instruction
-
-
-def _boundary(entry: object, stage: int, where: str) -> Boundary:
-    data = _require(entry, dict, where)
-    phase = data.get("phase")
-    if phase is not None:
-        _require(phase, str, f"{where}.phase")
-    backward = None
-    if "backward_chunk" in data or "backward_microbatch" in data:
-        backward = Instruction(
-            stage,
-            _index(data.get("backward_chunk"), f"{where}.backward_chunk"),
-            _index(data.get("backward_microbatch"), f"{where}.backward_microbatch"),
-            "backward",
-        )
-    return Boundary(_instruction(data, stage, where), phase, backward)
-
-
-def _action(entry: object, stage: int, where: str) -> Action:
-    data = _require(entry, dict, where)
-    at = _boundary(data["at"], stage, f"{where}.at")
-    kind = data.get("type")
-    if kind == "clock":
-        clock = _require(data["clock_mhz"], int, f"{where}.clock_mhz")
-        if clock <= 0:
-            raise ValueError(f"{where}.clock_mhz must be positive, got {clock}")
-        return ClockAction(at, clock)
-    if kind == "collective":
-        budget = data.get("max_ctas")
-        if budget is not None and _require(budget, int, f"{where}.max_ctas") < 1:
-            raise ValueError(f"{where}.max_ctas must be at least 1, got {budget}")
-        return CollectiveAction(at, _require(data["collective"], str, f"{where}.collective"), budget)
-    raise ValueError(f"{where}.type must be 'clock' or 'collective', got {kind!r}")
-
-
-def _rank(entry: object, stage: int, where: str) -> RankPlan:
-    data = _require(entry, dict, where)
-    actions = _require(data["actions"], list, f"{where}.actions")
-    return RankPlan(
-        actions=tuple(_action(item, stage, f"{where}.actions[{i}]") for i, item in enumerate(actions)),
-        energy_j=_number(data["energy_j"], f"{where}.energy_j"),
-        busy_s=_number(data["busy_s"], f"{where}.busy_s"),
-    )
-
-
-def _point(entry: object, where: str) -> PlanPoint:
-    data = _require(entry, dict, where)
-    ranks = _require(data["ranks"], list, f"{where}.ranks")
-    if not ranks:
-        raise ValueError(f"{where}.ranks is empty")
-    return PlanPoint(
-        label=_require(data["label"], str, f"{where}.label"),
-        iteration_time_s=_number(data["iteration_time_s"], f"{where}.iteration_time_s"),
-        deadline_s=_number(data["deadline_s"], f"{where}.deadline_s"),
-        lower_bound_j=_number(data["lower_bound_j"], f"{where}.lower_bound_j"),
-        ranks=tuple(_rank(rank, stage, f"{where}.ranks[{stage}]") for stage, rank in enumerate(ranks)),
-    )
-
-
-def _provenance(body: Mapping[str, Any]) -> Provenance:
-    provenance = _require(body["provenance"], str, "provenance")
-    if provenance not in PROVENANCES:
-        raise ValueError(f"provenance must be one of {PROVENANCES}, got {provenance!r}")
-    return provenance
-
-
-def _frontier_sample(entry: object) -> FrontierSample:
-    values = _require(entry, list, "frontier")
-    if len(values) != len(FrontierSample._fields):
-        raise ValueError(f"a frontier sample holds {', '.join(FrontierSample._fields)}; got {values}")
-    return FrontierSample(*(_number(value, "frontier") for value in values))
-
-
-def _measured_tail(entry: object, num_stages: int) -> MeasuredTail | None:
-    """The optional measured tail (absent in plans written before it existed)."""
-    if entry is None:
-        return None
-    data = _require(entry, dict, "measured_tail")
-    energies = _require(data["stage_energy_j"], list, "measured_tail.stage_energy_j")
-    if len(energies) != num_stages:
-        raise ValueError(f"measured_tail gives {len(energies)} stage energies for {num_stages} ranks")
-    return MeasuredTail(
-        _number(data["time_s"], "measured_tail.time_s"),
-        tuple(_number(value, "measured_tail.stage_energy_j") for value in energies),
-    )
-
-
-def _parse_v2(body: Mapping[str, Any]) -> Plan:
-    raw_points = _require(body["points"], list, "points")
-    points = tuple(_point(entry, f"points[{i}]") for i, entry in enumerate(raw_points))
-    if not points:
-        raise ValueError("points is empty")
-    stages = {len(point.ranks) for point in points}
-    raw_baseline = _require(body["baseline"], dict, "baseline")
-    baseline = Baseline(
-        _number(raw_baseline["iteration_time_s"], "baseline.iteration_time_s"),
-        _number(raw_baseline["energy_j"], "baseline.energy_j"),
-        tuple(
-            _number(value, "baseline.stage_energy_j")
-            for value in _require(raw_baseline["stage_energy_j"], list, "baseline.stage_energy_j")
-        ),
-    )
-    if len(stages) != 1 or (baseline.stage_energy_j and len(baseline.stage_energy_j) not in stages):
-        raise ValueError("every point and the baseline must cover the same number of ranks")
-    target_index = _index(body["target_index"], "target_index")
-    if target_index >= len(points):
-        raise ValueError(f"target_index {target_index} is not one of the {len(points)} points")
-    frontier = tuple(_frontier_sample(sample) for sample in _require(body["frontier"], list, "frontier"))
-    gpu_name = _require(body["gpu_name"], str, "gpu_name")
-    memory_clocks = parse_memory_clocks(body.get("memory_clocks_mhz"), len(points[0].ranks))
-    check_memory_clocks(memory_clocks, gpu_name)
-    return Plan(
-        fingerprint=_require(body["fingerprint"], str, "fingerprint"),
-        gpu_name=gpu_name,
-        provenance=_provenance(body),
-        target=_require(body["target"], str, "target"),
-        optimisers=tuple(
-            _require(name, str, "optimisers") for name in _require(body["optimisers"], list, "optimisers")
-        ),
-        switch_latency_s=_number(body["switch_latency_s"], "switch_latency_s"),
-        baseline=baseline,
-        points=points,
-        target_index=target_index,
-        frontier=frontier,
-        measured_tail=_measured_tail(body.get("measured_tail"), len(points[0].ranks)),
-        notes=tuple(_require(note, str, "notes") for note in _require(body.get("notes", []), list, "notes")),
-        memory_clocks_mhz=memory_clocks,
-        saving_band=_saving_band(body.get("saving_band"), baseline, points[target_index]),
-        created_by=_require(body["created_by"], str, "created_by"),
-        schema_version=SCHEMA_VERSION,
-    )
-
-
-def _saving_band(entry: object, baseline: Baseline, target: PlanPoint) -> SavingBand | None:
-    """The optional band of the target's saving (absent in plans written before bands existed)."""
-    if entry is None:
-        return None
-    return SavingBand.from_json(entry, energy_change(baseline.energy_j, target.energy_j))
-
-
-def _parse_v1(body: Mapping[str, Any]) -> Plan:
-    """Migrate a version-1 plan (one clock per instruction, one point, Perseus only) to version 2."""
-    prediction = _require(body["prediction"], dict, "prediction")
-    stage_energy = [_number(v, "prediction.stage_energy_j") for v in prediction["stage_energy_j"]]
-    raw_ranks = _require(body["ranks"], list, "ranks")
-    if not raw_ranks or len(raw_ranks) != len(stage_energy):
-        raise ValueError(f"{len(raw_ranks)} ranks but {len(stage_energy)} per-stage energies")
-    ranks = []
-    for stage, instructions in enumerate(raw_ranks):
-        actions: list[Action] = []
-        for position, item in enumerate(_require(instructions, list, f"ranks[{stage}]")):
-            entry = _require(item, dict, f"ranks[{stage}][{position}]")
-            instruction = _instruction(entry, stage, f"ranks[{stage}][{position}]")
-            actions.append(ClockAction(Boundary(instruction), _require(entry["clock_mhz"], int, "clock_mhz")))
-        ranks.append(RankPlan(tuple(actions), stage_energy[stage], busy_s=0.0))
-    point = PlanPoint(
-        label=_require(body["target"], str, "target"),
-        iteration_time_s=_number(prediction["iteration_time_s"], "prediction.iteration_time_s"),
-        deadline_s=_number(prediction["deadline_s"], "prediction.deadline_s"),
-        lower_bound_j=_number(prediction["lower_bound_j"], "prediction.lower_bound_j"),
-        ranks=tuple(ranks),
-    )
-    return Plan(
-        fingerprint=_require(body["fingerprint"], str, "fingerprint"),
-        gpu_name=_require(body["gpu_name"], str, "gpu_name"),
-        provenance=_provenance(body),
-        target=point.label,
-        optimisers=("perseus",),
-        switch_latency_s=0.0,
-        baseline=Baseline(
-            _number(prediction["baseline_time_s"], "prediction.baseline_time_s"),
-            _number(prediction["baseline_energy_j"], "prediction.baseline_energy_j"),
-        ),
-        points=(point,),
-        target_index=0,
-        created_by=_require(body["created_by"], str, "created_by"),
-    )
-
-
-_PARSERS: dict[int, Callable[[Mapping[str, Any]], Plan]] = {1: _parse_v1, 2: _parse_v2}
 
 
 def clock_actions(clocks: Mapping[StepKey, int], order: Sequence[StepKey]) -> tuple[Action, ...]:

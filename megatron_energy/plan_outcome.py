@@ -9,7 +9,6 @@ it as the fresh one did.
 
 from __future__ import annotations
 
-from megatron_energy.pipeline.collectives import parse_collective_name
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan
 from megatron_energy.plan_band import SavingBand, energy_change
 
@@ -81,13 +80,7 @@ def why_nothing_found(plan: Plan) -> str | None:
     if "perseus" in plan.optimisers:
         reasons.append("perseus: no instruction has slack to run slower at the target")
     if "kareus" in plan.optimisers:
-        classes = sorted(
-            {
-                parse_collective_name(a.collective).class_key
-                for a in actions
-                if isinstance(a, CollectiveAction)
-            }
-        )
+        classes = sorted({a.collective.class_key for a in actions if isinstance(a, CollectiveAction)})
         if classes:
             reasons.append(
                 f"kareus: no schedule of the job's collectives ({', '.join(classes)}) that the overlap model "

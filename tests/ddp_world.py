@@ -11,10 +11,13 @@ Workers must live in modules that do not import ``megatron`` at import time (see
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from megatron_harness import PipelineWorld, TinyGpt
+
+from megatron_energy.pipeline.collective_names import END, GEMM_OVERLAP, CollectiveName
 
 
 class _CpuStream:
@@ -99,14 +102,14 @@ def _plan(order: list, layout: list, early: bool) -> list:
     the last backward), chunk 0's at the end of the last instruction.
     """
     from megatron_energy.plan import Boundary, CollectiveAction
-    from megatron_energy.runtime.running.collective_points import last_backward, ready_phase
+    from megatron_energy.runtime.running.collective_points import last_backward, ready_point
 
     actions = []
     for name, chunk, _elements, places in layout:
         if early:
-            at = Boundary(last_backward(order, chunk), ready_phase(places, LAYERS_PER_CHUNK))
+            at = Boundary(last_backward(order, chunk), ready_point(places, LAYERS_PER_CHUNK))
         else:
-            at = Boundary(order[-1], "end") if chunk == 0 else Boundary(order[-1])
+            at = Boundary(order[-1], END) if chunk == 0 else Boundary(order[-1])
         actions.append(CollectiveAction(at, name))
     return actions
 
@@ -216,17 +219,17 @@ def grad_ready_world_worker(rank: int, world_size: int, payload: Any) -> dict[st
     """DP=2, no pipeline: Megatron launches each bucket inside the last backward (``register_grad_ready``)."""
     from megatron_energy.megatron.collective_launch import CollectiveLauncher
     from megatron_energy.plan import Boundary, CollectiveAction
-    from megatron_energy.runtime.running.collective_points import last_backward, ready_phase
+    from megatron_energy.runtime.running.collective_points import last_backward, ready_point
 
     observed = ObservedDdp(1, None)
     order, layout = observed.order, observed.layout
     report: dict[str, Any] = {"order": order, "layout": layout}
     report["baseline"], baseline_grads = observed.run_steps((0, 1, 2))
     plans = {
-        "end": [CollectiveAction(Boundary(order[-1], "end"), name) for name, *_ in layout],
+        "end": [CollectiveAction(Boundary(order[-1], END), name) for name, *_ in layout],
         "earliest": [
             CollectiveAction(
-                Boundary(last_backward(order, chunk), ready_phase(places, LAYERS_PER_CHUNK)), name
+                Boundary(last_backward(order, chunk), ready_point(places, LAYERS_PER_CHUNK)), name
             )
             for name, chunk, _, places in layout
         ],
@@ -338,12 +341,15 @@ def launch_world_worker(rank: int, world_size: int, payload: Any) -> dict[str, A
             order,
             stage,
             layout,
-            CollectiveAction(Boundary(order[-1]), "dp.all_reduce.bucket0"),
+            CollectiveAction(Boundary(order[-1]), CollectiveName("dp", "all_reduce", bucket=0)),
         )
     )
     # without --overlap-grad-reduce, megatron-core's own point (the end of the last instruction) is accepted
     megatrons = CollectiveLauncher(
-        [overlap_off], [CollectiveAction(Boundary(order[-1], "end"), "dp.all_reduce.bucket0")], order, stage
+        [overlap_off],
+        [CollectiveAction(Boundary(order[-1], END), CollectiveName("dp", "all_reduce", bucket=0))],
+        order,
+        stage,
     )
     report["overlap_off_accepted"] = not any(
         name in vars(group)
@@ -414,7 +420,9 @@ def _follow_a_session(
     steps["stopped"], _ = run_steps((0,))
     state.run(PlanRunner(plan, stage, orders.steps(stage)))  # re-armed: the target point again
     steps["rearmed"], _ = run_steps((0,))
-    bad = _plan_of([[CollectiveAction(late[0].at, "dp.all_reduce.chunk0.bucket99")]], stage, 2)
+    bad = _plan_of(
+        [[CollectiveAction(late[0].at, CollectiveName("dp", "all_reduce", chunk=0, bucket=99))]], stage, 2
+    )
     state.run(PlanRunner(bad, stage, orders.steps(stage)))
     steps["refused"], _ = run_steps((0,))
     runner.close()
@@ -439,17 +447,24 @@ def _refusals(chunks: Any, order: list, stage: int, layout: list, first: Any) ->
         cases = {
             "before_gradients": [CollectiveAction(Boundary(last_b1), chunk1)],
             "gloo_budget": [CollectiveAction(first.at, first.collective, max_ctas=8)],
-            "pipeline_p2p_moved": [CollectiveAction(first.at, "pp.send_recv")],
-            "pipeline_p2p_budget": [CollectiveAction(Boundary(order[0]), "pp.send_recv", max_ctas=8)],
-            "no_such_bucket": [CollectiveAction(first.at, "dp.all_reduce.chunk0.bucket99")],
-            "no_chunk": [CollectiveAction(first.at, "dp.all_reduce.bucket0")],
-            "wrong_op": [
-                CollectiveAction(first.at, first.collective.replace("all_reduce", "reduce_scatter"))
+            "pipeline_p2p_moved": [CollectiveAction(first.at, CollectiveName("pp", "send_recv"))],
+            "pipeline_p2p_budget": [
+                CollectiveAction(Boundary(order[0]), CollectiveName("pp", "send_recv"), max_ctas=8)
             ],
-            "param_gather": [CollectiveAction(first.at, "dp.all_gather.chunk0.bucket0")],
-            "bad_name": [CollectiveAction(first.at, "dp.broadcast.bucket0")],
+            "no_such_bucket": [
+                CollectiveAction(first.at, CollectiveName("dp", "all_reduce", chunk=0, bucket=99))
+            ],
+            "no_chunk": [CollectiveAction(first.at, CollectiveName("dp", "all_reduce", bucket=0))],
+            "wrong_op": [
+                CollectiveAction(first.at, dataclasses.replace(first.collective, op="reduce_scatter"))
+            ],
+            "param_gather": [
+                CollectiveAction(first.at, CollectiveName("dp", "all_gather", chunk=0, bucket=0))
+            ],
             "twice": [first, first],
-            "gemm_overlap": [CollectiveAction(Boundary(order[0], "gemm_overlap"), "tp.all_gather")],
+            "gemm_overlap": [
+                CollectiveAction(Boundary(order[0], GEMM_OVERLAP), CollectiveName("tp", "all_gather"))
+            ],
         }
     refusals = {}
     for case, actions in cases.items():

@@ -81,6 +81,12 @@ def _foreign_manifest(folder: Path) -> None:
     (folder / MANIFEST_NAME).write_bytes((other.folder / MANIFEST_NAME).read_bytes())
 
 
+def _edit_manifest_entry(folder: Path, **entry: object) -> None:
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    manifest["artefacts"]["plan.json"].update(entry)
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
 CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "energies scaled by 0.01": (_scale_energies, "profile.csv has"),
     "corrupt baseline.json": (_corrupt_baseline, "baseline.json has"),
@@ -90,6 +96,18 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "missing manifest": (lambda folder: (folder / MANIFEST_NAME).unlink(), "manifest.json is missing"),
     "unparsable manifest": (lambda folder: (folder / MANIFEST_NAME).write_text("{"), "not valid JSON"),
     "foreign fingerprint": (_foreign_manifest, "belongs to another job"),
+    "checksum not hex": (
+        lambda folder: _edit_manifest_entry(folder, sha256="not-a-digest"),
+        "manifest.json has malformed artefact entries (artefacts.plan.json.sha256: String should match",
+    ),
+    "size as text": (
+        lambda folder: _edit_manifest_entry(folder, size_bytes="41"),
+        "(artefacts.plan.json.size_bytes: Input should be a valid integer)",
+    ),
+    "unknown entry key": (
+        lambda folder: _edit_manifest_entry(folder, mtime=0),
+        "(artefacts.plan.json.mtime: Extra inputs are not permitted)",
+    ),
 }
 
 
@@ -260,3 +278,17 @@ def test_a_miss_names_only_what_changed_not_tuples_read_back_as_lists(tmp_path: 
     miss = JobCache(tmp_path, _job(num_microbatches=4) | spec).load()
     assert not miss.hit and "num_microbatches: 8 -> 4" in miss.message
     assert "sm_clocks_mhz" not in miss.message
+
+
+def test_a_plan_of_another_schema_version_is_a_miss_that_says_so_in_one_line(tmp_path: Path) -> None:
+    """An old cache is not migrated: its job profiles again, and the store of that run replaces it."""
+    old_plan = json.dumps({"schema_version": 2, "target": "iso-time", "points": []})
+    JobCache(tmp_path, _job()).store(_artefacts() | {"plan.json": old_plan})
+    loaded = JobCache(tmp_path, _job()).load()
+    assert not loaded.hit and loaded.quarantined is None and not loaded.artefacts
+    assert loaded.message == (
+        f"energy cache at {loaded.folder} holds a schema-version-2 plan, which this megatron_energy does not "
+        "read (it writes version 3): profiling again"
+    )
+    JobCache(tmp_path, _job()).store(_artefacts())
+    assert JobCache(tmp_path, _job()).load().hit

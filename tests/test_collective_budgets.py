@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron_energy.megatron.communicators import BudgetCommunicators, nccl_options
+from megatron_energy.pipeline.collective_names import END, CollectiveName, layer_start
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Baseline, Boundary, ClockAction, CollectiveAction, Plan, PlanPoint, RankPlan
 from megatron_energy.runtime.running.collective_points import (
@@ -16,7 +17,7 @@ from megatron_energy.runtime.running.collective_points import (
     HEAD,
     CollectivePlanError,
     check_gradient_launch,
-    ready_phase,
+    ready_point,
 )
 from megatron_energy.runtime.running.communicator_budgets import (
     BudgetError,
@@ -53,14 +54,14 @@ def test_megatron_builds_nccl_options_with_the_budget_and_keeps_the_jobs_other_s
 
 
 def test_plan_budgets_are_collected_per_communicator_over_every_action() -> None:
-    at = Boundary(LAST, "end")
+    at = Boundary(LAST, END)
     actions = [
         ClockAction(Boundary(LAST), 1200),
-        CollectiveAction(at, "dp.all_reduce.bucket0", 8),
-        CollectiveAction(at, "dp.all_reduce.bucket1", 16),
-        CollectiveAction(at, "dp.all_reduce.bucket2", 8),
-        CollectiveAction(at, "dp.all_reduce.bucket3"),
-        CollectiveAction(Boundary(ORDER[0]), "tp.all_reduce", 4),
+        CollectiveAction(at, CollectiveName("dp", "all_reduce", bucket=0), 8),
+        CollectiveAction(at, CollectiveName("dp", "all_reduce", bucket=1), 16),
+        CollectiveAction(at, CollectiveName("dp", "all_reduce", bucket=2), 8),
+        CollectiveAction(at, CollectiveName("dp", "all_reduce", bucket=3)),
+        CollectiveAction(Boundary(ORDER[0]), CollectiveName("tp", "all_reduce"), 4),
     ]
     budgets = plan_budgets(actions)
     assert {group: [b.max_ctas for b in values] for group, values in budgets.items()} == {
@@ -88,34 +89,56 @@ def test_communicator_config_sets_fixed_budgets_and_refuses_two_for_one_communic
 
 
 def test_inline_budgets_must_be_in_the_communicator_megatron_created() -> None:
-    check_fixed_budget("tp.all_reduce", None, None)
-    check_fixed_budget("tp.all_reduce", 8, {"tp": {"max_ctas": 8, "min_ctas": 8}})
+    check_fixed_budget(CollectiveName("tp", "all_reduce"), None, None)
+    check_fixed_budget(CollectiveName("tp", "all_reduce"), 8, {"tp": {"max_ctas": 8, "min_ctas": 8}})
     with pytest.raises(BudgetError, match=re.escape("add 'pp: {'max_ctas': 4, 'min_ctas': 4}'")):
-        check_fixed_budget("pp.send_recv", 4, {"pp": {"max_ctas": 8}})
+        check_fixed_budget(CollectiveName("pp", "send_recv"), 4, {"pp": {"max_ctas": 8}})
 
 
 def test_a_bucket_is_ready_once_its_layers_have_run_their_backward() -> None:
     # four layers; a backward runs the head, then layers 3, 2, 1, 0, then the embedding
-    assert ready_phase([HEAD], 4) == "layer0"
-    assert ready_phase([3], 4) == "layer1"
-    assert ready_phase([3, 2], 4) == "layer2"
-    assert ready_phase([HEAD, 1], 4) == "layer3"
-    assert ready_phase([0], 4) == "end"
-    assert ready_phase([EMBEDDING, 3], 4) == "end"
+    assert ready_point([HEAD], 4) == layer_start(0)
+    assert ready_point([3], 4) == layer_start(1)
+    assert ready_point([3, 2], 4) == layer_start(2)
+    assert ready_point([HEAD, 1], 4) == layer_start(3)
+    assert ready_point([0], 4) == END
+    assert ready_point([EMBEDDING, 3], 4) == END
 
 
 def test_launch_points_before_the_gradients_exist_are_refused() -> None:
     layers = [4]
-    check_gradient_launch(ORDER, 0, layers, [3], "dp.all_reduce.bucket0", Boundary(LAST, "layer1"))
-    check_gradient_launch(ORDER, 0, layers, [3], "dp.all_reduce.bucket0", Boundary(LAST, "end"))
+    check_gradient_launch(
+        ORDER, 0, layers, [3], CollectiveName("dp", "all_reduce", bucket=0), Boundary(LAST, layer_start(1))
+    )
+    check_gradient_launch(
+        ORDER, 0, layers, [3], CollectiveName("dp", "all_reduce", bucket=0), Boundary(LAST, END)
+    )
     with pytest.raises(CollectivePlanError, match=r"before its gradients exist.*layer1 of B1c0"):
-        check_gradient_launch(ORDER, 0, layers, [3], "dp.all_reduce.bucket0", Boundary(LAST, "layer0"))
+        check_gradient_launch(
+            ORDER,
+            0,
+            layers,
+            [3],
+            CollectiveName("dp", "all_reduce", bucket=0),
+            Boundary(LAST, layer_start(0)),
+        )
     with pytest.raises(CollectivePlanError, match="before its gradients exist"):
-        check_gradient_launch(ORDER, 0, layers, [HEAD], "dp.all_reduce.bucket0", Boundary(ORDER[2], "end"))
+        check_gradient_launch(
+            ORDER, 0, layers, [HEAD], CollectiveName("dp", "all_reduce", bucket=0), Boundary(ORDER[2], END)
+        )
     with pytest.raises(CollectivePlanError, match=re.escape("layer0..layer3")):
-        check_gradient_launch(ORDER, 0, layers, [3], "dp.all_reduce.bucket0", Boundary(LAST, "layer7"))
+        check_gradient_launch(
+            ORDER,
+            0,
+            layers,
+            [3],
+            CollectiveName("dp", "all_reduce", bucket=0),
+            Boundary(LAST, layer_start(7)),
+        )
     with pytest.raises(CollectivePlanError, match="does not run"):
-        check_gradient_launch(ORDER, 0, layers, [3], "x", Boundary(Instruction(0, 0, 5, B), "end"))
+        check_gradient_launch(
+            ORDER, 0, layers, [3], CollectiveName("pp", "send_recv"), Boundary(Instruction(0, 0, 5, B), END)
+        )
 
 
 def test_budget_communicators_must_be_prepared_before_they_are_chosen() -> None:
@@ -159,10 +182,15 @@ def _plan_with(*rank_actions: list) -> Plan:
 def test_a_plans_fixed_budgets_become_the_config_megatron_starts_with() -> None:
     first0, first1 = Boundary(ORDER[0]), Boundary(Instruction(1, 0, 0, F))
     plan = _plan_with(
-        [CollectiveAction(first0, "pp.send_recv", 4), CollectiveAction(first0, "tp.all_reduce", 16)],
         [
-            CollectiveAction(first1, "pp.send_recv", 4),
-            CollectiveAction(Boundary(Instruction(1, 0, 1, B), "end"), "dp.all_reduce.bucket0", 8),
+            CollectiveAction(first0, CollectiveName("pp", "send_recv"), 4),
+            CollectiveAction(first0, CollectiveName("tp", "all_reduce"), 16),
+        ],
+        [
+            CollectiveAction(first1, CollectiveName("pp", "send_recv"), 4),
+            CollectiveAction(
+                Boundary(Instruction(1, 0, 1, B), END), CollectiveName("dp", "all_reduce", bucket=0), 8
+            ),
         ],
     )
     config = plan_communicator_config(plan, {"tp": {"cga_cluster_size": 2}})
@@ -171,7 +199,8 @@ def test_a_plans_fixed_budgets_become_the_config_megatron_starts_with() -> None:
         "tp": {"cga_cluster_size": 2, "max_ctas": 16, "min_ctas": 16},
     }
     clash = _plan_with(
-        [CollectiveAction(first0, "pp.send_recv", 4)], [CollectiveAction(first1, "pp.send_recv", 8)]
+        [CollectiveAction(first0, CollectiveName("pp", "send_recv"), 4)],
+        [CollectiveAction(first1, CollectiveName("pp", "send_recv"), 8)],
     )
     with pytest.raises(BudgetError, match="one budget per group"):
         plan_communicator_config(clash)

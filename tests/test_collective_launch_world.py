@@ -17,7 +17,8 @@ from megatron_harness import spawn_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
-from megatron_energy.pipeline.collectives import END_PHASE, build_collectives, phase_layer
+from megatron_energy.pipeline.collective_names import END
+from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.workload import TransformerShape
 
@@ -50,9 +51,9 @@ def _hook_event(at: Any) -> tuple:
     ids = (ins.kind, ins.microbatch, ins.chunk)
     if at.phase is None:
         return ("instruction_begin", *ids), None
-    if at.phase == END_PHASE:
+    if at.phase == END:
         return ("instruction_end", *ids), None
-    done = phase_layer(at.phase, LAYERS)
+    done = at.phase.layers_done(LAYERS)
     return ("layer_backward", ins.chunk, LAYERS - 1 - done), ids
 
 
@@ -184,7 +185,6 @@ REFUSALS = {
     "no_chunk": ("CollectivePlanError", "names carry .chunk<c> exactly when there is a virtual pipeline"),
     "wrong_op": ("CollectivePlanError", "reduces gradients by all_reduce"),
     "param_gather": ("CollectivePlanError", "without --use-distributed-optimizer"),
-    "bad_name": ("CollectivePlanError", "does not follow"),
     "overlap_off": ("CollectivePlanError", "add --overlap-grad-reduce"),
     "twice": ("CollectivePlanError", "more than once"),
     "gemm_overlap": ("CollectivePlanError", "add --tp-comm-overlap"),

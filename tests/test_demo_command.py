@@ -140,7 +140,7 @@ def test_all_mode_prints_perseus_kareus_and_both_planned_from_the_measured_profi
     # the pipeline's p2p, if Kareus schedules it, at NCCL's budget: the demo job's own setting
     for rank in plan.target_point.ranks:
         actions = [a for a in rank.actions if isinstance(a, CollectiveAction)]
-        assert all((a.collective, a.max_ctas) == ("pp.send_recv", None) for a in actions)
+        assert all((str(a.collective), a.max_ctas) == ("pp.send_recv", None) for a in actions)
     (plan_line,) = [line for line in demo.lines if line.startswith("[energy] plan for iso-time")]
     assert all(note in plan_line for note in plan.notes)  # what `all` left out, and why
     assert not any("collective actions are not applied" in line for line in demo.lines)

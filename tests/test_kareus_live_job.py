@@ -23,7 +23,14 @@ from megatron_energy.optimisers.kareus.choices import ClassChoice, default_choic
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser, class_space
 from megatron_energy.optimisers.kareus.search import CTA_DEFAULT, SearchBudget
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
-from megatron_energy.pipeline.collectives import MeasuredBucket, parse_collective_name
+from megatron_energy.pipeline.collective_names import (
+    AFTER_OPTIMIZER,
+    END,
+    GEMM_OVERLAP,
+    CollectiveName,
+    LaunchPoint,
+)
+from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.plan import Boundary, ClockAction, CollectiveAction
@@ -33,6 +40,9 @@ from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B
 
 FAST = SearchBudget(trials=3)
+
+SEND_RECV = CollectiveName("pp", "send_recv")
+TP_GATHER = CollectiveName("tp", "all_gather")
 
 
 def _args(**flags: object) -> SimpleNamespace:
@@ -129,11 +139,11 @@ def test_a_live_plan_keeps_what_megatron_fixed_at_start_up() -> None:
     last = job.orders().stage(0)[-1]
     for stage, rank in enumerate(plan.target_point.ranks):
         for action in (a for a in rank.actions if isinstance(a, CollectiveAction)):
-            key = parse_collective_name(action.collective).class_key
+            key = action.collective.class_key
             if key == "dp.reduce_scatter":
-                assert action.at.phase == "end"  # megatron-core reduces at the end without the flag
+                assert action.at.phase == END  # megatron-core reduces at the end without the flag
             elif key == "dp.all_gather":
-                assert action.at.phase == "after_optimizer" and action.max_ctas is None
+                assert action.at.phase == AFTER_OPTIMIZER and action.max_ctas is None
             else:
                 assert action.at.phase is None and action.max_ctas == (4 if key == "pp.send_recv" else 8)
         assert stage or any(a.at.instruction == last for a in rank.actions)
@@ -142,14 +152,15 @@ def test_a_live_plan_keeps_what_megatron_fixed_at_start_up() -> None:
 
 def test_only_actions_that_change_megatron_need_the_model_chunks() -> None:
     first = Boundary(Instruction(0, 0, 0, "forward"))
-    assert not changes_megatron(CollectiveAction(first, "pp.send_recv", None))
+    assert not changes_megatron(CollectiveAction(first, SEND_RECV, None))
     assert not changes_megatron(ClockAction(first, 1980))
-    assert changes_megatron(CollectiveAction(first, "pp.send_recv", 4))
-    assert changes_megatron(CollectiveAction(first._replace(phase="gemm_overlap"), "tp.all_gather", None))
-    assert changes_megatron(CollectiveAction(first._replace(phase="end"), "dp.reduce_scatter.bucket0", None))
+    assert changes_megatron(CollectiveAction(first, SEND_RECV, 4))
+    assert changes_megatron(CollectiveAction(first._replace(phase=GEMM_OVERLAP), TP_GATHER, None))
+    reduce = CollectiveName("dp", "reduce_scatter", bucket=0)
+    assert changes_megatron(CollectiveAction(first._replace(phase=END), reduce, None))
 
 
-def _launcher(tp_comm_overlap: bool, phase: str | None) -> None:
+def _launcher(tp_comm_overlap: bool, phase: LaunchPoint | None) -> None:
     """A launcher for one TP action on a model chunk whose config has ``tp_comm_overlap`` as given."""
     import torch
 
@@ -159,17 +170,17 @@ def _launcher(tp_comm_overlap: bool, phase: str | None) -> None:
         config=SimpleNamespace(tp_comm_overlap=tp_comm_overlap),
     )
     order = [Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")]
-    action = CollectiveAction(Boundary(order[0], phase), "tp.all_gather", None)
+    action = CollectiveAction(Boundary(order[0], phase), TP_GATHER, None)
     CollectiveLauncher([chunk], [action], order, stage=0)
 
 
 def test_tp_collectives_are_refused_where_transformer_engine_decides_and_the_message_says_why() -> None:
     with pytest.raises(CollectivePlanError) as without_te:
-        _launcher(tp_comm_overlap=False, phase="gemm_overlap")
+        _launcher(tp_comm_overlap=False, phase=GEMM_OVERLAP)
     message = str(without_te.value)
     assert "synchronously inside each layer's forward and backward" in message
     assert "does not time them one by one" in message and "add --tp-comm-overlap" in message
     with pytest.raises(CollectivePlanError, match="userbuffers run the TP/SP collectives"):
         _launcher(tp_comm_overlap=True, phase=None)
-    _launcher(tp_comm_overlap=True, phase="gemm_overlap")  # what a live plan under the flag says
+    _launcher(tp_comm_overlap=True, phase=GEMM_OVERLAP)  # what a live plan under the flag says
     _launcher(tp_comm_overlap=False, phase=None)  # NCCL at megatron-core's own launch

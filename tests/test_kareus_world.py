@@ -20,7 +20,8 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.choices import KareusModel
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
-from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
+from megatron_energy.pipeline.collective_names import AFTER_OPTIMIZER
+from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
@@ -105,21 +106,21 @@ def test_kareus_plans_live_with_every_collective_class_and_runs_the_plan(
     assert point.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)
     for stage in range(2):
         actions = _collective_actions(point, stage)
-        classes = {parse_collective_name(a.collective).class_key for a in actions}
+        classes = {a.collective.class_key for a in actions}
         assert classes == {"dp.reduce_scatter", "dp.all_gather", "pp.send_recv"}
         assert all(a.at.instruction.stage == stage for a in actions)
         # what the running job cannot change stays as Megatron started it
         assert all(
-            a.at.phase == "after_optimizer" and a.max_ctas is None
+            a.at.phase == AFTER_OPTIMIZER and a.max_ctas is None
             for a in actions
-            if "all_gather" in a.collective
+            if a.collective.op == "all_gather"
         )
-        assert all(a.max_ctas is None for a in actions if a.collective == "pp.send_recv")
+        assert all(a.max_ctas is None for a in actions if a.collective.class_key == "pp.send_recv")
     budgets = {
         a.max_ctas
         for s in range(2)
         for a in _collective_actions(point, s)
-        if "reduce_scatter" in a.collective
+        if a.collective.op == "reduce_scatter"
     }
     assert budgets - {None}, "the search gave the gradient reduce-scatters no CTA budget"
     for report in reports:

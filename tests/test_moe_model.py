@@ -21,7 +21,8 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.choices import ClassChoice, KareusModel
 from megatron_energy.optimisers.kareus.collective_optimiser import class_space
-from megatron_energy.pipeline.collectives import build_collectives, parse_collective_name
+from megatron_energy.pipeline.collective_names import CollectiveName
+from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, layer_pattern, modelled_phases
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.workload import GEMM_EFFICIENCY, instruction_work
@@ -44,7 +45,7 @@ def _exchange(job: JobConfig, stage: int = 0):
     (collective,) = [
         c
         for c in build_collectives(job.collective_workload())
-        if c.stage == stage and c.name == "ep.all_to_all"
+        if c.stage == stage and c.name == CollectiveName("ep", "all_to_all")
     ]
     return collective
 
@@ -52,7 +53,7 @@ def _exchange(job: JobConfig, stage: int = 0):
 def test_the_all_to_all_moves_tokens_times_topk_times_hidden_per_launch() -> None:
     job = JobConfig.load(EXAMPLE)
     exchange = _exchange(job)
-    assert parse_collective_name("ep.all_to_all").class_key == "ep.all_to_all"
+    assert CollectiveName("ep", "all_to_all").class_key == "ep.all_to_all"
     assert (exchange.bytes_per_launch, exchange.group_size) == (BUFFER_BYTES, 4)
     assert exchange.traffic_bytes == SENT_BYTES
     # dispatch + combine, forward and backward: 4 per layer and microbatch, 8 layers, 16 microbatches

@@ -58,5 +58,5 @@ def test_an_moe_job_with_expert_parallelism_runs_and_plans_its_all_to_all(tmp_pa
     plan = Plan.load(folder)
     assert plan.optimisers == ("perseus", "kareus", "kernel"), plan.notes
     for point in plan.points:  # Kareus scheduled the expert all-to-all beside the data-parallel bucket
-        names = {a.collective for a in point.ranks[0].actions if isinstance(a, CollectiveAction)}
+        names = {str(a.collective) for a in point.ranks[0].actions if isinstance(a, CollectiveAction)}
         assert names == {"ep.all_to_all", "dp.all_reduce.bucket0"}, names

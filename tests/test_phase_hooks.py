@@ -16,11 +16,13 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
 from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, snap_to_phase_starts
 from megatron_energy.optimisers.registry import resolve
+from megatron_energy.pipeline.collective_names import END
 from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.modelled_phases import tail_phases
-from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
+from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.pipeline.profile import Profile, TransformerShape
-from megatron_energy.plan import ClockAction
+from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoint, RankPlan
 from megatron_energy.runtime.planning_round.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord
 from megatron_energy.runtime.running.plan_runner import InsideRequest, PlanRunner
@@ -188,10 +190,10 @@ def test_a_restore_lands_in_the_idle_gap_after_the_tail() -> None:
 
 
 def test_phase_labels_name_their_hook() -> None:
-    label = PhaseLabel("tail-restore", 2, "restore", "measured", 0.07, 0.0, "optimizer.end")
-    assert str(label).startswith("tail-restore2@optimizer.end:restore:measured:")
-    assert parse_phase_label(str(label)) == label
-    assert parse_phase_label("p3:memory:modelled:at=1.000ms:lead=0.000ms").hook is None
+    label = PhaseLabel("tail-restore", 2, "restore", "measured", 0.07, 0.0, OutsideHook("optimizer", True))
+    assert str(label).startswith("tail-restore2@optimizer.end (restore, measured)")
+    assert not label.inside
+    assert PhaseLabel("p", 3, "memory", "modelled", 1e-3, 0.0).hook is None
     with pytest.raises(ValueError, match="not outside phases"):
         tail_phases((("backward", 0.01),))
 
@@ -247,9 +249,9 @@ def test_the_runner_requests_tail_clocks_at_their_hooks_and_reports_what_it_cann
         runner = PlanRunner(plan, stage, job.orders.stage(stage))
         phase_actions = [a for a in plan.target_point.ranks[stage].actions if a.at.phase]
         tail = [
-            parse_phase_label(a.at.phase or "")
+            a.at.phase
             for a in phase_actions
-            if (a.at.phase or "").startswith("tail")
+            if isinstance(a.at.phase, PhaseLabel) and a.at.phase.scope.startswith("tail")
         ]
         assert tail and all(label.provenance == "measured" for label in tail)
         assert runner.outside_clocks("optimizer", end=True) == (1980,)  # the restore after the tail
@@ -261,6 +263,34 @@ def test_the_runner_requests_tail_clocks_at_their_hooks_and_reports_what_it_cann
         report = runner.hook_report() or ""
         assert "requested at outside-phase hooks (grad-sync" in report
         assert (f"{inside} inside instructions applied time-anchored" in report) == (inside > 0)
+
+
+def test_the_runner_takes_typed_labels_at_their_exact_times_through_the_file() -> None:
+    forward, backward = Instruction(0, 0, 0, "forward"), Instruction(0, 0, 0, "backward")
+    inside = PhaseLabel("p", 1, "memory", "modelled", 1.2345678e-3, 1e-3)
+    restore = PhaseLabel("tail-restore", 2, "restore", "measured", 0.07, 0.0, OutsideHook("optimizer", True))
+    actions = (
+        ClockAction(Boundary(forward), 1980),
+        ClockAction(Boundary(forward, inside), 1200),
+        ClockAction(Boundary(backward), 1500),
+        ClockAction(Boundary(backward, restore), 1980),
+        ClockAction(Boundary(backward, END), 1400),  # a launch point: no clock is switched there
+    )
+    point = PlanPoint("iso-time", 1.0, 1.0, 1.0, (RankPlan(actions, 2.0, 0.5),))
+    made = Plan(
+        "f" * 16, "h100-sxm", "modelled", "iso-time", ("kernel",), 0.01, Baseline(1.0, 2.0), (point,), 0
+    )
+    for plan in (made, Plan.from_json_text(made.to_json_text())):
+        runner = PlanRunner(plan, 0, (forward, backward))
+        # the planner's float, not the microsecond a label string kept (0.235 ms)
+        assert runner.inside_requests(forward) == (InsideRequest(1.2345678e-3 - 1e-3, 1200),)
+        assert runner.inside_requests(backward) == ()
+        assert runner.outside_clocks("optimizer", end=True) == (1980,)
+        assert runner.outside_clocks("optimizer") == ()
+        assert runner.clock_at(forward) == 1980 and runner.clock_at(forward, inside) == 1200
+        report = runner.hook_report() or ""
+        assert "1 requested at outside-phase hooks (optimizer.end)" in report
+        assert "1 at a point the runtime does not switch clocks at" in report
 
 
 @pytest.mark.slow
@@ -275,8 +305,8 @@ def test_the_runner_gives_every_instruction_its_own_inside_requests_in_plan_orde
         runner = PlanRunner(plan, stage, orders.stage(stage))
         planned: dict[Any, list[InsideRequest]] = {}
         for action in plan.target_point.ranks[stage].actions:
-            label = parse_phase_label(action.at.phase) if action.at.phase else None
-            if isinstance(action, ClockAction) and label is not None and label.scope in INSIDE_SCOPES:
+            label = action.at.phase
+            if isinstance(action, ClockAction) and isinstance(label, PhaseLabel) and label.inside:
                 offset_s = max(0.0, label.at_s - label.lead_s)
                 planned.setdefault(action.at.instruction, []).append(
                     InsideRequest(offset_s, action.clock_mhz)

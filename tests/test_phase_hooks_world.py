@@ -28,7 +28,7 @@ from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, parse_phase_label
+from megatron_energy.pipeline.phase_labels import PhaseLabel
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 from megatron_energy.plan import ClockAction, Plan, RankPlan
 
@@ -67,11 +67,18 @@ def kernel_run(tmp_path_factory) -> tuple[list[RankReport], Plan]:
     return reports, plan
 
 
+def _labels(rank: RankPlan) -> list[tuple[PhaseLabel, int]]:
+    """(label, clock) of the rank's phase requests, in plan order."""
+    return [
+        (a.at.phase, a.clock_mhz)
+        for a in rank.actions
+        if isinstance(a, ClockAction) and isinstance(a.at.phase, PhaseLabel)
+    ]
+
+
 def _tail_actions(rank: RankPlan) -> list[tuple[str, int]]:
-    """(hook, clock) of the rank's tail requests, in plan order."""
-    actions = [a for a in rank.actions if isinstance(a, ClockAction) and a.at.phase]
-    labels = [(parse_phase_label(a.at.phase or ""), a.clock_mhz) for a in actions]
-    return [(label.hook, clock) for label, clock in labels if label.scope.startswith("tail") and label.hook]
+    """(hook, clock) of the rank's tail requests, in plan order (``optimizer.end``: at the step's end)."""
+    return [(str(label.hook), clock) for label, clock in _labels(rank) if not label.inside and label.hook]
 
 
 def _expected(rank: RankPlan) -> dict[str, int]:
@@ -94,8 +101,7 @@ def test_the_plan_gives_the_measured_tail_phases_their_own_clocks(kernel_run) ->
         assert tail, "every rank's tail has phase requests"
         hooks = {hook for hook, _ in tail}
         assert hooks <= {"grad-sync", "optimizer", "optimizer.end"}
-        labels = [a.at.phase or "" for a in rank.actions if isinstance(a, ClockAction) and a.at.phase]
-        assert all(":measured:" in label for label in labels if label.startswith("tail"))
+        assert all(label.provenance == "measured" for label, _ in _labels(rank) if not label.inside)
         # the optimizer step (memory-bound) runs below the stock clock, and the tail restores after it
         assert _expected(rank)["optimizer"] < max(GRID_MHZ)
         assert ("optimizer.end", max(GRID_MHZ)) in tail
@@ -141,7 +147,7 @@ def _inside_actions(rank: RankPlan) -> dict[Instruction, int]:
     counts: dict[Instruction, int] = {}
     for action in rank.actions:
         phase = action.at.phase if isinstance(action, ClockAction) else None
-        if phase and parse_phase_label(phase).scope in INSIDE_SCOPES:
+        if isinstance(phase, PhaseLabel) and phase.inside:
             counts[action.at.instruction] = counts.get(action.at.instruction, 0) + 1
     return counts
 

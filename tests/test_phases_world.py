@@ -7,6 +7,7 @@ import json
 import pytest
 from session_world import SessionSettings, run_world
 
+from megatron_energy.pipeline.phase_labels import PhaseLabel
 from megatron_energy.plan import ClockAction, Plan
 from megatron_energy.target import parse_target
 
@@ -40,7 +41,9 @@ def test_all_modes_plan_with_phases_and_log_power_against_the_budget(tmp_path) -
         for a in rank.actions
         if isinstance(a, ClockAction) and a.at.phase
     ]
-    assert all("modelled" in (a.at.phase or "") for a in phase_actions)
+    assert all(
+        isinstance(a.at.phase, PhaseLabel) and a.at.phase.provenance == "modelled" for a in phase_actions
+    )
     for report in reports:
         assert report.steps[-1].phase == "planned"  # within budget: the safety net never tripped
     lines = [line for line in reports[0].lines if line.startswith("[energy] iteration") and "planned" in line]

@@ -1,4 +1,4 @@
-"""Plan v2: the checked JSON contract between optimisers and the runtime (and v1 migration)."""
+"""Plan v3: the checked JSON contract between optimisers and the runtime, typed phases and collectives."""
 
 import dataclasses
 import hashlib
@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from megatron_energy.pipeline.collective_names import END, CollectiveName, layer_start
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.plan import (
     SCHEMA_VERSION,
     Baseline,
@@ -27,6 +29,9 @@ F0 = Instruction(0, 0, 0, "forward")
 B0 = Instruction(0, 0, 0, "backward")
 F1 = Instruction(1, 0, 0, "forward")
 B1 = Instruction(1, 0, 0, "backward")
+REDUCE = CollectiveName("dp", "reduce_scatter", bucket=0)
+MEMORY = PhaseLabel("p", 1, "memory", "modelled", 1.2345678e-3, 0.01)
+TAIL = PhaseLabel("tail-restore", 2, "restore", "measured", 0.07, 0.0, OutsideHook("optimizer", at_end=True))
 
 
 def _point(
@@ -42,13 +47,19 @@ def _point(
                 (
                     ClockAction(Boundary(F0), clocks[0]),
                     ClockAction(Boundary(B0), clocks[1]),
-                    CollectiveAction(Boundary(B0, "grad-sync"), "dp-reduce-scatter", max_ctas=8),
+                    ClockAction(Boundary(B0, MEMORY), 1005),
+                    CollectiveAction(Boundary(B0, layer_start(1)), REDUCE, max_ctas=8),
                 ),
                 energy_j=energies[0],
                 busy_s=0.5,
             ),
             RankPlan(
-                (ClockAction(Boundary(F1), clocks[2]), ClockAction(Boundary(B1), clocks[3])),
+                (
+                    ClockAction(Boundary(F1), clocks[2]),
+                    ClockAction(Boundary(B1), clocks[3]),
+                    ClockAction(Boundary(B1, TAIL), clocks[2]),
+                    CollectiveAction(Boundary(B1, END), CollectiveName("pp", "send_recv"), max_ctas=None),
+                ),
                 energy_j=energies[1],
                 busy_s=0.6,
             ),
@@ -91,7 +102,7 @@ def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
     loaded = Plan.load(path, expected_fingerprint=plan.fingerprint)
     assert loaded == plan
     assert loaded.to_json_text() == path.read_text()
-    assert loaded.schema_version == SCHEMA_VERSION == 2
+    assert loaded.schema_version == SCHEMA_VERSION == 3
     assert loaded.created_by.startswith("megatron_energy ")
     assert loaded.clock_for(0, B0) == 1200
     assert loaded.clock_for(1, F1, point=1) == 1005
@@ -100,19 +111,19 @@ def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
         F0: 1410,
         B0: 1200,
     }  # phase actions are not instruction clocks
-    collective = loaded.target_point.ranks[0].actions[2]
-    assert collective == CollectiveAction(Boundary(B0, "grad-sync"), "dp-reduce-scatter", 8)
+    phase, collective = loaded.target_point.ranks[0].actions[2:]
+    assert phase == ClockAction(Boundary(B0, MEMORY), 1005)
+    assert phase.at.phase.at_s == 1.2345678e-3  # the planner's float, not a rounded string of it
+    assert collective == CollectiveAction(Boundary(B0, layer_start(1)), REDUCE, 8)
+    assert loaded.target_point.ranks[1].actions[2].at.phase.hook == OutsideHook("optimizer", at_end=True)
     assert loaded.num_stages == 2
 
 
-def test_a_measured_tail_round_trips_and_a_plan_written_without_one_still_loads(tmp_path):
+def test_a_measured_tail_round_trips_and_a_wrong_one_is_refused(tmp_path):
     plan = dataclasses.replace(_plan(), measured_tail=MeasuredTail(0.05, (20.0, 30.0)))
     path = plan.save(tmp_path / "plan.json")
     assert json.loads(path.read_text())["measured_tail"] == {"time_s": 0.05, "stage_energy_j": [20.0, 30.0]}
     assert Plan.load(path) == plan
-    # a version-2 file from before the tail existed: no key at all, checksum over what it held
-    _rewrite(path, lambda data: data.pop("measured_tail"), keep_checksum=False)
-    assert Plan.load(path).measured_tail is None
     _rewrite(path, lambda data: data.update(measured_tail={"time_s": 0.05, "stage_energy_j": [1.0]}),
              keep_checksum=False)  # fmt: skip
     with pytest.raises(PlanError, match="1 stage energies for 2 ranks"):
@@ -122,15 +133,32 @@ def test_a_measured_tail_round_trips_and_a_plan_written_without_one_still_loads(
 def test_file_is_plain_json_keyed_by_the_shared_instruction_identity(tmp_path):
     path = _plan().save(tmp_path / "plan.json")
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2 and len(data["checksum"]) == 64
+    assert data["schema_version"] == 3 and len(data["checksum"]) == 64
     action = data["points"][0]["ranks"][0]["actions"][1]
     assert action == {
         "type": "clock",
         "at": {"stage": 0, "chunk": 0, "microbatch": 0, "kind": "backward"},
         "clock_mhz": 1200,
     }
-    assert data["points"][0]["ranks"][0]["actions"][2]["at"]["phase"] == "grad-sync"
     assert data["optimisers"] == ["perseus"] and data["provenance"] == "modelled"
+
+
+def test_phases_and_collectives_are_json_objects_not_strings(tmp_path):
+    data = json.loads(_plan().save(tmp_path / "plan.json").read_text())
+    phase, collective = data["points"][0]["ranks"][0]["actions"][2:]
+    assert phase["at"]["phase"] == {
+        "scope": "p",
+        "index": 1,
+        "kind": "memory",
+        "provenance": "modelled",
+        "at_s": 1.2345678e-3,
+        "lead_s": 0.01,
+    }
+    assert collective["at"]["phase"] == {"where": "layer", "layer": 1}
+    assert collective["collective"] == {"group": "dp", "op": "reduce_scatter", "bucket": 0}
+    tail, send = data["points"][0]["ranks"][1]["actions"][2:]
+    assert tail["at"]["phase"]["hook"] == {"phase": "optimizer", "at_end": True}
+    assert send["at"]["phase"] == {"where": "end"} and send["max_ctas"] is None
 
 
 def test_a_straggler_pace_picks_the_least_energy_point_within_it():
@@ -155,38 +183,11 @@ def test_unknown_instruction_or_rank_is_refused():
         plan.clock_for(5, F0)
 
 
-def test_a_version_1_file_is_migrated(tmp_path):
-    body = {
-        "schema_version": 1,
-        "fingerprint": "f" * 16,
-        "gpu_name": "h100-sxm",
-        "provenance": "measured",
-        "target": "iso-time",
-        "created_by": "megatron_energy 0.1.0",
-        "ranks": [
-            [{"kind": "forward", "microbatch": 0, "chunk": 0, "clock_mhz": 1410}],
-            [{"kind": "backward", "microbatch": 0, "chunk": 0, "clock_mhz": 1200}],
-        ],
-        "prediction": {
-            "iteration_time_s": 1.0,
-            "energy_j": 10.0,
-            "stage_energy_j": [4.0, 6.0],
-            "baseline_time_s": 1.0,
-            "baseline_energy_j": 12.0,
-            "deadline_s": 1.0,
-            "lower_bound_j": 9.5,
-        },
-    }
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    body["checksum"] = hashlib.sha256(canonical.encode()).hexdigest()
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(body))
-    plan = Plan.load(path)
-    assert plan.schema_version == 2 and plan.optimisers == ("perseus",)
-    assert plan.clock_for(1, Instruction(1, 0, 0, "backward")) == 1200
-    assert plan.target_point.energy_j == 10.0 and plan.baseline.energy_j == 12.0
-    resaved = plan.save(tmp_path / "v2.json")
-    assert Plan.load(resaved) == plan
+def test_a_version_2_file_is_refused_and_names_the_version_to_plan_again_with(tmp_path):
+    path = _plan().save(tmp_path / "plan.json")
+    _rewrite(path, lambda data: data.update(schema_version=2), keep_checksum=False)
+    with pytest.raises(PlanError, match=r"schema version 2; .* reads version 3: rerun planning"):
+        Plan.load(path)
 
 
 def test_rejects_a_file_that_is_not_json(tmp_path):
@@ -222,24 +223,70 @@ def test_rejects_a_tampered_file(tmp_path):
         Plan.load(path)
 
 
+def _refused(tmp_path, edit) -> str:
+    """The refusal of the test plan's file after ``edit`` (re-signed as a writer would)."""
+    path = _plan().save(tmp_path / "plan.json")
+    _rewrite(path, edit, keep_checksum=False)
+    with pytest.raises(PlanError, match=r"malformed .*: delete it or rerun planning") as refusal:
+        Plan.load(path)
+    return str(refusal.value)
+
+
+def _action(data, rank=0, index=2):
+    return data["points"][0]["ranks"][rank]["actions"][index]
+
+
 def test_rejects_a_malformed_plan_even_with_a_valid_checksum(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
-    _rewrite(
-        path,
-        lambda data: data["points"][0]["ranks"][1]["actions"][0]["at"].update(kind="recompute"),
-        keep_checksum=False,
+    kind = _refused(tmp_path, lambda data: _action(data, 1, 0)["at"].update(kind="recompute"))
+    assert "points[0].ranks[1].actions[0].clock.at.kind: Input should be 'forward' or 'backward'" in kind
+    assert "baseline: Field required" in _refused(tmp_path, lambda data: data.pop("baseline"))
+    short = _refused(tmp_path, lambda data: data.update(frontier=[[1.0, 2.0]]))
+    assert "frontier[0]" in short
+
+
+def test_a_malformed_phase_object_is_refused_naming_the_field(tmp_path):
+    early = _refused(tmp_path, lambda data: _action(data)["at"]["phase"].update(at_s=-1.0))
+    assert (
+        "points[0].ranks[0].actions[2].clock.at.phase.label.at_s: Input should be greater than or equal to 0"
+        in early
     )
-    with pytest.raises(PlanError, match=r"malformed.*kind must be one of"):
-        Plan.load(path)
-    path = _plan().save(tmp_path / "plan.json")
-    _rewrite(path, lambda data: data.pop("baseline"), keep_checksum=False)
-    with pytest.raises(PlanError, match=r"malformed.*baseline"):
-        Plan.load(path)
-    _rewrite(path, lambda data: data.update(baseline={"iteration_time_s": 1.0, "energy_j": 2.0,
-                                                      "stage_energy_j": []}, frontier=[[1.0, 2.0]]),
-             keep_checksum=False)  # fmt: skip
-    with pytest.raises(PlanError, match=r"malformed.*frontier sample"):
-        Plan.load(path)
+    scope = _refused(tmp_path, lambda data: _action(data)["at"]["phase"].update(scope="q"))
+    assert (
+        "actions[2].clock.at.phase.label.scope: Input should be 'p', 'p-restore', 'tail' or 'tail-restore'"
+        in scope
+    )
+    missing = _refused(tmp_path, lambda data: _action(data)["at"]["phase"].pop("lead_s"))
+    assert "phase.label.lead_s: Field required" in missing
+    text = _refused(
+        tmp_path, lambda data: _action(data)["at"].update(phase="p1:memory:modelled:at=1ms:lead=0ms")
+    )
+    assert "actions[2].clock.at.phase: a phase is a phase label" in text
+    layer = _refused(tmp_path, lambda data: _action(data, 0, 3)["at"]["phase"].update(layer=None))
+    assert "actions[3].collective.at.phase.point: Value error, a 'layer' launch point names a layer" in layer
+
+
+def test_a_malformed_collective_is_refused_naming_the_field(tmp_path):
+    name = _refused(tmp_path, lambda data: _action(data, 0, 3)["collective"].update(op="broadcast"))
+    assert "actions[3].collective.collective.op: Input should be 'reduce_scatter'" in name
+    bucketless = _refused(tmp_path, lambda data: _action(data, 0, 3)["collective"].pop("bucket"))
+    assert "dp collectives name a bucket" in bucketless
+    budget = _refused(tmp_path, lambda data: _action(data, 0, 3).update(max_ctas=0))
+    assert "actions[3].collective.max_ctas: Input should be greater than or equal to 1" in budget
+
+
+def test_types_are_strict_and_unknown_keys_refused(tmp_path):
+    flag = _refused(tmp_path, lambda data: _action(data, 0, 0).update(clock_mhz=True))
+    assert "actions[0].clock.clock_mhz: Input should be a valid integer" in flag
+    text = _refused(tmp_path, lambda data: data["baseline"].update(energy_j="1000"))
+    assert "baseline.energy_j: Input should be a valid number" in text
+    extra = _refused(tmp_path, lambda data: _action(data)["at"]["phase"].update(label="p1"))
+    assert "phase.label.label: Unexpected keyword argument" in extra
+    assert "notes: Extra inputs are not permitted" not in _refused(
+        tmp_path, lambda data: data.update(notes=["x"], target_index=5)
+    )
+    assert "target_index 5 is not one of the 2 points" in _refused(
+        tmp_path, lambda data: data.update(target_index=5)
+    )
 
 
 def test_rejects_an_action_listed_under_the_wrong_rank(tmp_path):

@@ -70,9 +70,10 @@ def test_a_memory_clock_the_gpu_does_not_list_is_refused_with_the_supported_ones
     ("value", "problem"),
     [
         ([2619], "gives 1 memory clocks for 2 pipeline ranks"),
-        ([2619, "1593"], "must hold positive integers"),
-        ([2619, True], "must hold positive integers"),
-        ("2619", "must be a list of MHz"),
+        ([2619, "1593"], r"memory_clocks_mhz\[1\]: Input should be a valid integer"),
+        ([2619, True], r"memory_clocks_mhz\[1\]: Input should be a valid integer"),
+        ([2619, 0], r"memory_clocks_mhz\[1\]: Input should be greater than 0"),
+        ("2619", "memory_clocks_mhz: Input should be a valid array"),
     ],
 )
 def test_malformed_memory_clocks_are_refused(value: object, problem: str) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
-from megatron_energy.plan import Plan, PlanError, _checksum
+from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_band import SavingBand
+from megatron_energy.plan_file import _checksum
 from megatron_energy.plan_outcome import plan_saving
 from tests.banded_plans import SPEC, small_job, small_profile
 
@@ -75,18 +77,21 @@ def test_the_band_travels_in_the_plan_file_and_is_checked_on_load(plan, job, tmp
     assert plan.to_json_text() == dataclasses.replace(banded, saving_band=None).to_json_text()
     loaded = Plan.load(banded.save(tmp_path / "plan.json"))
     assert loaded.saving_band == banded.saving_band
-    body = banded.to_json_dict()
+    body = json.loads(banded.to_json_text())
     body["saving_band"] = {"low": -0.5, "high": -0.4, "varied": []}
     body.pop("checksum")
     with pytest.raises(PlanError, match="does not hold the plan's own saving"):
-        Plan.from_json_dict(_signed(body), source="forged")
+        Plan.from_json_text(_signed(body), source="forged")
     body["saving_band"] = {"low": -0.1, "high": "x", "varied": []}
-    with pytest.raises(PlanError, match=r"saving_band\.low and \.high must be numbers"):
-        Plan.from_json_dict(_signed(body), source="forged")
+    with pytest.raises(PlanError, match=r"saving_band\.high: Input should be a valid number"):
+        Plan.from_json_text(_signed(body), source="forged")
+    body["saving_band"] = {"low": -0.1, "high": -0.2, "varied": []}
+    with pytest.raises(PlanError, match=r"saving_band: Value error, a saving band needs finite low <= high"):
+        Plan.from_json_text(_signed(body), source="forged")
 
 
-def _signed(body: dict) -> dict:
-    return body | {"checksum": _checksum(body)}
+def _signed(body: dict) -> str:
+    return json.dumps(body | {"checksum": _checksum(body)})
 
 
 def test_a_plan_against_itself_is_no_change_under_every_variant(plan, job):

@@ -24,6 +24,7 @@ from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
+from megatron_energy.pipeline.collective_names import END, CollectiveName
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
@@ -328,6 +329,7 @@ def test_stock_steps_within_their_own_noise_count_as_normal_after_a_trip():
 
 F = Instruction(1, 0, 0, "forward")
 B = Instruction(1, 0, 0, "backward")
+GRAD = CollectiveName("dp", "all_reduce", bucket=0)
 
 
 def _runner_plan(target_index: int = 1) -> Plan:
@@ -349,7 +351,7 @@ def _runner_plan(target_index: int = 1) -> Plan:
                 RankPlan(
                     (
                         ClockAction(Boundary(F), 1900 - 100 * i),
-                        CollectiveAction(Boundary(B, "grad-sync"), "dp-grad", max_ctas=4 + i),
+                        CollectiveAction(Boundary(B, END), GRAD, max_ctas=4 + i),
                     ),
                     energies[i][1],
                     0.5,
@@ -375,7 +377,7 @@ def test_runner_applies_one_point_of_its_rank_and_switches_points():
     runner = PlanRunner(_runner_plan(), stage=1, order=(F, B))
     assert runner.on_target and runner.clock_at(F) == 1800
     assert runner.clock_at(B) is None  # no clock action there: leave the clock
-    assert runner.collective("dp-grad").max_ctas == 5
+    assert runner.collective(GRAD).max_ctas == 5
     runner.select(2)
     assert not runner.on_target
     assert runner.clock_at(F) == 1700

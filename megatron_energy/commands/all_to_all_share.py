@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimisers.kareus.choices import comm_load
+from megatron_energy.pipeline.collective_names import CollectiveName
 from megatron_energy.pipeline.collectives import Collective
 from megatron_energy.plan import CollectiveAction, PlanPoint
 
@@ -58,7 +59,7 @@ def all_to_all_share(
     exchanges = [c for c in collectives if c.cls.key == ALL_TO_ALL_CLASS]
     if not exchanges:
         return None
-    budgets: dict[tuple[int, str], int | None] = {}
+    budgets: dict[tuple[int, CollectiveName], int | None] = {}
     if point is not None:
         for stage, rank in enumerate(point.ranks):
             for action in rank.actions:

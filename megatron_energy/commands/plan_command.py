@@ -4,7 +4,7 @@ The job comes from a job YAML (``--config``: orders, pipeline transfers, iterati
 ``--stages/--microbatches/--vpp``; the profile from a Perseus/lowtime CSV (``stage,instruction,frequency,
 time,energy`` in seconds and joules, optional ``chunk`` and ``source`` columns) or, with ``--config`` alone,
 from the GPU's time/power model. megatron-core's own schedule gives each rank's instruction order. The Perseus
-optimiser solves the time–energy frontier and writes the plan (schema v2) for ``--target``. The
+optimiser solves the time–energy frontier and writes the plan (schema v3) for ``--target``. The
 per-instruction figures are *measured*, *modelled* or *simulated* as the CSV's ``source`` column says (the
 profiles the session writes have one); ``--profile-source`` says it for a CSV without one and is refused
 when it contradicts the file. Every iteration figure printed is *modelled*: the pipeline is simulated with

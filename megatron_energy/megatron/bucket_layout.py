@@ -4,9 +4,9 @@ megatron-core's ``DistributedDataParallel`` (one per model chunk) partitions its
 and the buckets into bucket groups (``distributed_data_parallel.py``: ``partition_buckets``); each bucket
 group is launched as one (coalesced) collective. With one buffer per chunk (one dtype, no experts) every
 group holds one bucket and the group index is megatron-core's bucket index, which the contract names:
-``dp.<op>[.chunk<c>].bucket<b>`` (``pipeline.collectives.collective_name``; the chunk only with a virtual
-pipeline). A parameter's place (a model-layer index of the chunk, the head or the embedding) decides when its
-gradient is complete in the backward pass (``runtime.running.collective_points.ready_phase``).
+``dp.<op>[.chunk<c>].bucket<b>`` (a ``pipeline.collective_names.CollectiveName``; the chunk only with a
+virtual pipeline). A parameter's place (a model-layer index of the chunk, the head or the embedding) decides
+when its gradient is complete in the backward pass (``runtime.running.collective_points.ready_point``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_energy.pipeline.collectives import MeasuredBucket, collective_name
+from megatron_energy.pipeline.collective_names import CollectiveName, CollectiveOp
+from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.runtime.running.collective_points import EMBEDDING, HEAD, CollectivePlanError
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -37,9 +38,9 @@ class BucketGroup:
     elements: int
     """Gradient elements it reduces."""
 
-    def name(self, op: str, virtual: bool) -> str:
+    def name(self, op: CollectiveOp, virtual: bool) -> CollectiveName:
         """The contract's name of its ``op`` collective."""
-        return collective_name("dp", op, self.chunk if virtual else None, self.index)
+        return CollectiveName("dp", op, self.chunk if virtual else None, self.index)
 
 
 def parameter_place(name: str) -> int | str:
@@ -78,7 +79,7 @@ def bucket_groups(model_chunks: Sequence[Any]) -> list[BucketGroup]:
     return result
 
 
-def gradient_op(group: Any) -> str:
+def gradient_op(group: Any) -> CollectiveOp:
     """``reduce_scatter`` with the distributed optimizer, else ``all_reduce``."""
     return "reduce_scatter" if group.ddp_config.use_distributed_optimizer else "all_reduce"
 
@@ -90,7 +91,9 @@ def communicator_attr(group: Any) -> str:
     return "data_parallel_group"
 
 
-def bucket_layout(model_chunks: Sequence[Any]) -> list[tuple[str, int, int, tuple[int | str, ...]]]:
+def bucket_layout(
+    model_chunks: Sequence[Any],
+) -> list[tuple[CollectiveName, int, int, tuple[int | str, ...]]]:
     """``(name, chunk, elements, places)`` of every gradient reduction on this rank, for planning and logs."""
     virtual = len(model_chunks) > 1
     return [

@@ -54,12 +54,12 @@ from megatron_energy.megatron.bucket_layout import (
     gradient_op,
 )
 from megatron_energy.megatron.communicators import BudgetCommunicators, require_nccl
-from megatron_energy.pipeline.collectives import (
-    AFTER_OPTIMIZER_PHASE,
-    END_PHASE,
-    GEMM_OVERLAP_PHASE,
-    ParsedName,
-    layer_phase,
+from megatron_energy.pipeline.collective_names import (
+    AFTER_OPTIMIZER,
+    END,
+    GEMM_OVERLAP,
+    CollectiveName,
+    layer_start,
 )
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Action, Boundary, CollectiveAction
@@ -67,7 +67,6 @@ from megatron_energy.runtime.running.collective_points import (
     CollectivePlanError,
     boundary_label,
     check_gradient_launch,
-    parse,
 )
 from megatron_energy.runtime.running.communicator_budgets import (
     CtaBudget,
@@ -84,8 +83,8 @@ class Launch:
 
     step: int
     """Training step (schedule) number."""
-    collective: str
-    """The plan's collective name."""
+    collective: CollectiveName
+    """The plan's collective."""
     where: str
     """``start of B3c1``, ``layer1 of B3c1``, ``end of B3c1``, or ``finish_grad_sync (missed its point)``."""
     max_ctas: int | None
@@ -158,14 +157,14 @@ class CollectiveLauncher:
         )
         planned = []
         named = [action.collective for action in collective_actions]
-        twice = sorted({name for name in named if named.count(name) > 1})
+        twice = sorted({str(name) for name in named if named.count(name) > 1})
         if twice:
             raise CollectivePlanError(
                 f"the plan launches {', '.join(twice)} more than once on pipeline rank {self.stage}; each "
                 "collective launches once per iteration: rerun planning"
             )
         for action in collective_actions:
-            parsed = parse(action.collective)
+            parsed = action.collective
             self._check_stage(action)
             if parsed.group != "dp":
                 self._check_inline(action, order, communicator_config)
@@ -176,7 +175,7 @@ class CollectiveLauncher:
         self._prepare_budgets(planned, budget_actions or actions, buckets, check_backend)
         for item in planned:
             self._install(item)
-        if any(at.phase not in (None, END_PHASE) for at in self._by_boundary):
+        if any(at.phase not in (None, END) for at in self._by_boundary):
             self._install_layer_hooks(model_chunks)
 
     # ----------------------------------------------------------------------------- checking the plan
@@ -189,7 +188,7 @@ class CollectiveLauncher:
                 "planning"
             )
 
-    def _bucket(self, parsed: ParsedName, action: CollectiveAction, buckets: dict) -> BucketGroup:
+    def _bucket(self, parsed: CollectiveName, action: CollectiveAction, buckets: dict) -> BucketGroup:
         if (parsed.chunk is not None) != self._virtual:
             raise CollectivePlanError(
                 f"the plan names {action.collective}, but this job has {len(self._layers)} model chunk(s) "
@@ -207,7 +206,7 @@ class CollectiveLauncher:
         return buckets[key]
 
     def _check_reduce(
-        self, action: CollectiveAction, parsed: ParsedName, buckets: dict, order: Sequence[Instruction]
+        self, action: CollectiveAction, parsed: CollectiveName, buckets: dict, order: Sequence[Instruction]
     ) -> _Planned:
         bucket = self._bucket(parsed, action, buckets)
         config = bucket.group.ddp_config
@@ -226,7 +225,7 @@ class CollectiveLauncher:
             )
         group = bucket.group
         if not config.overlap_grad_reduce:
-            megatrons = Boundary(order[-1], END_PHASE)
+            megatrons = Boundary(order[-1], END)
             if action.at != megatrons:
                 raise CollectivePlanError(
                     f"the plan launches {action.collective} at the {boundary_label(action.at)}, but without "
@@ -248,8 +247,8 @@ class CollectiveLauncher:
                 "gathers no parameters: rerun planning for this job's optimizer setting"
             )
         first_forward = next(i for i in order if i.kind == "forward" and i.chunk == bucket.chunk)
-        overlapped = Boundary(first_forward, layer_phase(0))
-        stepped = Boundary(order[-1], AFTER_OPTIMIZER_PHASE)
+        overlapped = Boundary(first_forward, layer_start(0))
+        stepped = Boundary(order[-1], AFTER_OPTIMIZER)
         if action.at not in (overlapped, stepped):
             raise CollectivePlanError(
                 f"the plan launches {action.collective} at the {boundary_label(action.at)}; megatron-core "
@@ -276,7 +275,7 @@ class CollectiveLauncher:
         order: Sequence[Instruction],
         communicator_config: Mapping[str, Mapping[str, Any]] | None,
     ) -> None:
-        if action.at.phase == GEMM_OVERLAP_PHASE and action.at._replace(phase=None) == Boundary(order[0]):
+        if action.at.phase == GEMM_OVERLAP and action.at._replace(phase=None) == Boundary(order[0]):
             self._check_gemm_overlap(action)
             return
         if action.at != Boundary(order[0]):
@@ -286,25 +285,25 @@ class CollectiveLauncher:
                 "instructions, so their launch is no choice: a plan gives them only a budget, at the "
                 "rank's first instruction. Rerun planning"
             )
-        if action.collective.startswith("tp.") and self._tp_comm_overlap:
+        if action.collective.group == "tp" and self._tp_comm_overlap:
             raise CollectivePlanError(
                 f"the plan runs {action.collective} on NCCL where megatron-core launches it, but "
                 "--tp-comm-overlap is on: Transformer Engine's userbuffers run the TP/SP collectives, split "
                 "and overlapped with their GEMMs on the SMs --tp-comm-overlap-cfg gives them, so the plan's "
                 f"timing of them is not what runs. Rerun planning for this job (its plan puts them at "
-                f"{GEMM_OVERLAP_PHASE!r}, without a budget)"
+                f"'{GEMM_OVERLAP}', without a budget)"
             )
         check_fixed_budget(action.collective, action.max_ctas, communicator_config)
 
     def _check_gemm_overlap(self, action: CollectiveAction) -> None:
-        if not action.collective.startswith("tp."):
+        if action.collective.group != "tp":
             raise CollectivePlanError(
-                f"the plan overlaps {action.collective} with GEMMs ({GEMM_OVERLAP_PHASE!r}); only TP "
+                f"the plan overlaps {action.collective} with GEMMs ('{GEMM_OVERLAP}'); only TP "
                 "collectives can be: rerun planning"
             )
         if not self._tp_comm_overlap:
             raise CollectivePlanError(
-                f"the plan overlaps {action.collective} with its GEMMs ({GEMM_OVERLAP_PHASE!r}), which "
+                f"the plan overlaps {action.collective} with its GEMMs ('{GEMM_OVERLAP}'), which "
                 "megatron-core does only through Transformer Engine's userbuffers (--tp-comm-overlap, with "
                 "--sequence-parallel). Without them megatron-core runs TP/SP collectives synchronously "
                 "inside each layer's forward and backward (tensor_parallel/mappings.py, NCCL on the compute "
@@ -324,14 +323,14 @@ class CollectiveLauncher:
     def _prepare_budgets(
         self, planned: list[_Planned], budget_actions: Sequence[Action], buckets: dict, check_backend: bool
     ) -> None:
-        wanted: dict[int, tuple[Any, str, set[int]]] = {}
+        wanted: dict[int, tuple[Any, CollectiveName, set[int]]] = {}
         for item in planned:
             base = getattr(item.bucket.group, communicator_attr(item.bucket.group))
             wanted.setdefault(id(base), (base, item.action.collective, set()))
         for action in budget_actions:
             if not isinstance(action, CollectiveAction) or action.max_ctas is None:
                 continue
-            parsed = parse(action.collective)
+            parsed = action.collective
             bucket = buckets.get((parsed.chunk or 0, parsed.bucket))
             if parsed.group != "dp" or parsed.op == "all_gather" or bucket is None:
                 continue  # fixed budgets, or another point's bucket (refused when that point is checked)
@@ -347,9 +346,9 @@ class CollectiveLauncher:
             )
         for base, what, values in wanted.values():
             if check_backend:
-                require_nccl(base, what)
+                require_nccl(base, str(what))
             budgets = [CtaBudget(collective_group(what), ctas) for ctas in values]
-            self.communicators.prepare(base, budgets, what, check_backend=check_backend)
+            self.communicators.prepare(base, budgets, str(what), check_backend=check_backend)
 
     # ------------------------------------------------------------------------------- installing
 
@@ -431,7 +430,7 @@ class CollectiveLauncher:
     def _layer_backward(self, chunk: int, k: int) -> None:
         current = self._current
         if current is not None and current.kind == "backward" and current.chunk == chunk:
-            self._at(Boundary(current, layer_phase(k)))
+            self._at(Boundary(current, layer_start(k)))
 
     # ------------------------------------------------------------------------------ listener
 
@@ -455,7 +454,7 @@ class CollectiveLauncher:
         """Launch what is planned at this instruction's end."""
         self._current = None
         if self._by_boundary:
-            self._at(Boundary(Instruction(self.stage, chunk, microbatch, kind), END_PHASE))
+            self._at(Boundary(Instruction(self.stage, chunk, microbatch, kind), END))
 
     def on_p2p_begin(self, op: str) -> None:
         """Pipeline p2p is not retimed."""

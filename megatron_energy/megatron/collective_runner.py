@@ -154,7 +154,7 @@ def changes_megatron(action: Action) -> bool:
     """
     if not isinstance(action, CollectiveAction):
         return False
-    return action.collective.startswith("dp.") or action.max_ctas is not None or action.at.phase is not None
+    return action.collective.group == "dp" or action.max_ctas is not None or action.at.phase is not None
 
 
 class CapturedModel:

@@ -3,9 +3,11 @@
 This module is the contract between the Kareus planner (model, simulator, search) and the runtime that applies
 a plan (NCCL communicator options, Megatron options and hooks). A plan says, per pipeline rank, *which*
 collective is launched *where* and with *how many CTAs*, as :class:`~megatron_energy.plan.CollectiveAction`
-``(at: Boundary, collective: str, max_ctas: int | None)``. Everything below defines those three fields.
+``(at: Boundary, collective: CollectiveName, max_ctas: int | None)``. Everything below defines those three
+fields; the typed values themselves are :mod:`megatron_energy.pipeline.collective_names`'.
 
-**Names.** ``<group>.<op>[.chunk<c>][.bucket<b>]``:
+**Names** (:class:`~megatron_energy.pipeline.collective_names.CollectiveName`, written here in their dotted
+form ``<group>.<op>[.chunk<c>][.bucket<b>]``, which is what ``str()`` of a name gives):
 
 * ``dp.reduce_scatter[.chunk<c>].bucket<b>`` (group ``dp``, bucket class): gradient reduce-scatter of DDP
   bucket ``b`` with the distributed optimizer; ``dp.all_reduce[.chunk<c>].bucket<b>`` without it;
@@ -22,21 +24,21 @@ collective is launched *where* and with *how many CTAs*, as :class:`~megatron_en
 is its own megatron-core ``DistributedDataParallel`` with its own buckets. ``bucket<b>`` is megatron-core's
 bucket index inside that chunk's gradient buffer: buffers hold parameters in *reverse* registration order,
 so bucket 0 holds the chunk's last layers, whose gradients are ready first in the backward pass.
-:func:`collective_name` builds names and :func:`parse_collective_name` reads them back.
 
 **Process groups** (:data:`PROCESS_GROUPS`): ``dp`` is megatron-core's data-parallel group *with* context
 parallelism (``parallel_state.get_data_parallel_group(with_context_parallel=True)``, the group DDP reduces
 over), ``pp`` the pipeline group, ``tp`` the tensor-parallel group, ``ep`` the expert-parallel group.
 
-**Launch points.** A launch point is a :class:`~megatron_energy.plan.Boundary`: an instruction and a phase
-inside it. Phase names (:func:`layer_phase`, :data:`END_PHASE`, :data:`AFTER_OPTIMIZER_PHASE`):
+**Launch points.** A launch point is a :class:`~megatron_energy.plan.Boundary`: an instruction and a
+:class:`~megatron_energy.pipeline.collective_names.LaunchPoint` inside it (``None``: the instruction's
+start):
 
-* ``"layer<k>"``: the start of the ``k``-th transformer layer of the instruction's chunk *in execution
-  order* (0-based; a backward pass runs the chunk's layers last to first, so ``layer0`` of a backward is the
-  chunk's last layer);
-* ``"end"``: the end of the instruction (after its last kernel, before the rank's next instruction);
-* ``"after_optimizer"``: after the optimizer step that follows the rank's last instruction of the iteration
-  (the instruction named is that last instruction).
+* ``layer<k>`` (``layer_start(k)``): the start of the ``k``-th transformer layer of the instruction's chunk
+  *in execution order* (0-based; a backward pass runs the chunk's layers last to first, so ``layer0`` of a
+  backward is the chunk's last layer);
+* ``end`` (``END``): the end of the instruction (after its last kernel, before the rank's next instruction);
+* ``after_optimizer`` (``AFTER_OPTIMIZER``): after the optimizer step that follows the rank's last
+  instruction of the iteration (the instruction named is that last instruction).
 
 Per kind of class:
 
@@ -55,10 +57,9 @@ Per kind of class:
 * *inline* classes are launched by megatron-core itself inside or between instructions (every layer, every
   microbatch): a plan holds one action per class per rank, at the rank's first instruction, whose
   ``max_ctas`` holds for the whole iteration. Its phase is ``None`` (NCCL, where megatron-core launches it)
-  or, for the tensor-parallel classes only, ``"gemm_overlap"`` (:data:`GEMM_OVERLAP_PHASE`): split and
-  overlapped with the GEMM it feeds or follows by Transformer Engine's userbuffers
-  (``--tp-comm-overlap``, sequence parallelism required), ``max_ctas`` then being TE's ``num_sm`` for the
-  class's userbuffers ops.
+  or, for the tensor-parallel classes only, ``gemm_overlap`` (``GEMM_OVERLAP``): split and overlapped with
+  the GEMM it feeds or follows by Transformer Engine's userbuffers (``--tp-comm-overlap``, sequence
+  parallelism required), ``max_ctas`` then being TE's ``num_sm`` for the class's userbuffers ops.
 
 **CTA budgets.** ``max_ctas`` caps the CTAs (thread blocks; NCCL runs one per channel, one per SM) of the
 collective's kernels: NCCL's per-communicator ``maxCTAs`` (``min_ctas``/``max_ctas`` in megatron-core's
@@ -78,13 +79,22 @@ Pure Python: no torch, megatron or NVML imports.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
+from megatron_energy.pipeline.collective_names import (
+    AFTER_OPTIMIZER,
+    END,
+    GEMM_OVERLAP,
+    CollectiveName,
+    CollectiveNameError,
+    CollectiveOp,
+    GroupName,
+    layer_start,
+)
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.moe import ALL_TO_ALLS_PER_LAYER_PASS, all_to_all_bytes
 from megatron_energy.pipeline.moe import layer_parameters as moe_layer_parameters
@@ -92,8 +102,6 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.workload import BF16_BYTES, TransformerShape
 from megatron_energy.plan import Boundary
 
-GroupName = Literal["dp", "pp", "tp", "ep"]
-CollectiveOp = Literal["reduce_scatter", "all_gather", "all_reduce", "send_recv", "all_to_all"]
 Link = Literal["nvlink", "nic", "pcie"]
 
 PROCESS_GROUPS: dict[str, str] = {
@@ -103,15 +111,6 @@ PROCESS_GROUPS: dict[str, str] = {
     "ep": "parallel_state.get_expert_model_parallel_group()",
 }
 """The megatron-core process group behind each group name."""
-
-END_PHASE = "end"
-"""Phase name: the end of the instruction."""
-
-AFTER_OPTIMIZER_PHASE = "after_optimizer"
-"""Phase name: after the optimizer step that follows the named (last) instruction of the iteration."""
-
-GEMM_OVERLAP_PHASE = "gemm_overlap"
-"""Phase of a tensor-parallel class's action: overlapped with its GEMMs by TE userbuffers (see above)."""
 
 DEFAULT_BUCKET_ELEMENTS = 40_000_000
 """megatron-core's minimum DDP bucket size (elements); the default is ``max(40e6, 1e6 x dp)``."""
@@ -131,111 +130,6 @@ CTA_BUDGETS: dict[str, tuple[int, ...]] = {
     "ep.all_to_all": (4, 8, 16, 32),
 }
 """The CTA budgets a plan may give each class (besides ``None``, NCCL's default)."""
-
-_NAME = re.compile(
-    r"^(dp|pp|tp|ep)\.(reduce_scatter|all_gather|all_reduce|send_recv|all_to_all)"
-    r"(?:\.chunk(\d+))?(?:\.bucket(\d+))?$"
-)
-_LAYER = re.compile(r"^layer(\d+)$")
-
-
-class CollectiveNameError(EnergyValueError):
-    """A collective name or launch point does not follow the scheme of this module."""
-
-
-def collective_name(group: str, op: str, chunk: int | None = None, bucket: int | None = None) -> str:
-    """The name of a collective (see the module docstring).
-
-    Args:
-        group: ``"dp"``, ``"pp"`` or ``"tp"``.
-        op: ``"reduce_scatter"``, ``"all_gather"``, ``"all_reduce"`` or ``"send_recv"``.
-        chunk: Model chunk, only with a virtual pipeline (``None`` otherwise).
-        bucket: DDP bucket index inside the chunk (bucket classes only).
-
-    Raises:
-        CollectiveNameError: If the parts do not make a valid name.
-    """
-    name = f"{group}.{op}"
-    if chunk is not None:
-        name += f".chunk{chunk}"
-    if bucket is not None:
-        name += f".bucket{bucket}"
-    parse_collective_name(name)
-    return name
-
-
-@dataclass(frozen=True)
-class ParsedName:
-    """The parts of a collective name."""
-
-    group: GroupName
-    """Process group name."""
-    op: CollectiveOp
-    """Collective operation."""
-    chunk: int | None
-    """Model chunk (virtual pipeline only)."""
-    bucket: int | None
-    """DDP bucket index inside the chunk (bucket classes only)."""
-
-    @property
-    def class_key(self) -> str:
-        """``<group>.<op>``: the class the collective belongs to (the key of :data:`CTA_BUDGETS`)."""
-        return f"{self.group}.{self.op}"
-
-
-def parse_collective_name(name: str) -> ParsedName:
-    """Split a collective name into its parts.
-
-    Raises:
-        CollectiveNameError: If the name does not follow the scheme (the message shows the scheme).
-    """
-    match = _NAME.match(name)
-    if match is None:
-        raise CollectiveNameError(
-            f"collective name {name!r} does not follow <group>.<op>[.chunk<c>][.bucket<b>] with group in "
-            "dp/pp/tp/ep and op in reduce_scatter/all_gather/all_reduce/send_recv/all_to_all"
-        )
-    group, op, chunk, bucket = match.groups()
-    parsed = ParsedName(
-        group,  # type: ignore[arg-type]
-        op,  # type: ignore[arg-type]
-        None if chunk is None else int(chunk),
-        None if bucket is None else int(bucket),
-    )
-    is_bucket_class = group == "dp"
-    if is_bucket_class != (parsed.bucket is not None):
-        raise CollectiveNameError(f"collective {name!r}: dp collectives name a bucket, pp and tp ones do not")
-    if not is_bucket_class and parsed.chunk is not None:
-        raise CollectiveNameError(f"collective {name!r}: only dp (bucket) collectives name a chunk")
-    return parsed
-
-
-def layer_phase(k: int) -> str:
-    """Phase name of the start of the ``k``-th layer (execution order) of an instruction."""
-    if k < 0:
-        raise CollectiveNameError(f"layer index must not be negative, got {k}")
-    return f"layer{k}"
-
-
-def phase_layer(phase: str | None, num_layers: int) -> int | None:
-    """Layers of the instruction done before a launch at ``phase``: ``k`` for ``layer<k>``, all for ``end``.
-
-    Returns ``None`` for ``after_optimizer``, ``gemm_overlap`` and the instruction's start (phase ``None``).
-
-    Raises:
-        CollectiveNameError: On an unknown phase or a layer index beyond the chunk's layers.
-    """
-    if phase is None or phase in (AFTER_OPTIMIZER_PHASE, GEMM_OVERLAP_PHASE):
-        return None
-    if phase == END_PHASE:
-        return num_layers
-    match = _LAYER.match(phase)
-    if match is None or int(match.group(1)) >= num_layers:
-        raise CollectiveNameError(
-            f"launch phase {phase!r} is not layer0..layer{num_layers - 1}, {END_PHASE!r} or "
-            f"{AFTER_OPTIMIZER_PHASE!r}"
-        )
-    return int(match.group(1))
 
 
 @dataclass(frozen=True)
@@ -276,7 +170,7 @@ def traffic_factor(op: str, group_size: int) -> float:
 class Collective:
     """One collective of one pipeline rank, with the bytes it moves and where it may launch."""
 
-    name: str
+    name: CollectiveName
     """Its name (see the module docstring)."""
     stage: int
     """Pipeline rank."""
@@ -294,7 +188,7 @@ class Collective:
     """Bandwidth of that link per GPU and direction, GB/s."""
     launch_points: tuple[Boundary, ...]
     """Allowed launch points, earliest first; for inline classes the rank's first instruction (phase ``None``)
-    and, for TP classes with sequence parallelism, the same with :data:`GEMM_OVERLAP_PHASE`."""
+    and, for TP classes with sequence parallelism, the same with ``GEMM_OVERLAP``."""
     layers: tuple[int, int] = (0, 0)
     """Bucket classes: the chunk's layers (model order, ``[first, last)``) whose parameters the bucket holds;
     the embedding or output layer counts as a layer of its own just outside ``[0, L)``."""
@@ -474,16 +368,16 @@ def _bucket_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                 points: tuple[Boundary, ...]
                 if op == "all_gather":
                     points = (
-                        Boundary(order[-1], AFTER_OPTIMIZER_PHASE),
-                        Boundary(first_forward, layer_phase(0)),
+                        Boundary(order[-1], AFTER_OPTIMIZER),
+                        Boundary(first_forward, layer_start(0)),
                     )
                 else:
                     points = _reduce_launch_points(last_backward, model_layers, workload.layers_per_chunk)
                     if last_backward != order[-1]:
-                        points += (Boundary(order[-1], END_PHASE),)
+                        points += (Boundary(order[-1], END),)
                 result.append(
                     Collective(
-                        name=collective_name("dp", op, chunk if virtual else None, index),
+                        name=CollectiveName("dp", op, chunk if virtual else None, index),
                         stage=stage,
                         cls=cls,
                         group_size=workload.data_parallel,
@@ -530,7 +424,7 @@ def _reduce_launch_points(
     ready = ready_layer(model_layers, num_layers)
     if model_layers[0] < 0:  # the embedding's gradient is ready only at the end
         ready = num_layers
-    phases = [layer_phase(k) for k in range(ready, num_layers)] + [END_PHASE]
+    phases = [layer_start(k) for k in range(ready, num_layers)] + [END]
     return tuple(Boundary(instruction, phase) for phase in phases)
 
 
@@ -547,7 +441,7 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
         # One send or receive per pass except at the pipeline's ends; counted as one launch per pass.
         result.append(
             Collective(
-                name=collective_name("pp", "send_recv"),
+                name=CollectiveName("pp", "send_recv"),
                 stage=stage,
                 cls=_collective_class("pp", "send_recv", per_bucket=False),
                 group_size=2,
@@ -567,7 +461,7 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
             # two all-gathers and two reduce-scatters.
             result.append(
                 Collective(
-                    name=collective_name("tp", op),
+                    name=CollectiveName("tp", op),
                     stage=stage,
                     cls=_collective_class("tp", op, per_bucket=False),
                     group_size=shape.tensor_parallel,
@@ -575,7 +469,7 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
                     launches_per_iteration=2 * layers * passes,
                     link="nvlink",
                     bandwidth_gbps=workload.tp_bandwidth_gbps,
-                    launch_points=(first, first._replace(phase=GEMM_OVERLAP_PHASE))
+                    launch_points=(first, first._replace(phase=GEMM_OVERLAP))
                     if workload.sequence_parallel
                     else (first,),
                 )
@@ -584,7 +478,7 @@ def _inline_collectives(workload: CollectiveWorkload, stage: int) -> list[Collec
     if moe is not None and moe.expert_parallel > 1:
         result.append(
             Collective(
-                name=collective_name("ep", "all_to_all"),
+                name=CollectiveName("ep", "all_to_all"),
                 stage=stage,
                 cls=_collective_class("ep", "all_to_all", per_bucket=False),
                 group_size=moe.expert_parallel,

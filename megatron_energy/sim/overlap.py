@@ -74,7 +74,8 @@ class CommLaunch:
     """One launch of a collective on a stage's collective stream.
 
     Attributes:
-        name: The collective's name (``pipeline.collectives``).
+        name: What the launch is called in messages and traces (a collective's dotted name,
+            ``str(CollectiveName)``; a benchmark's copy); never read back.
         stage: Pipeline stage.
         traffic_bytes: Bytes the GPU sends.
         load: Its CTA budget and link.

@@ -30,13 +30,8 @@ from dataclasses import dataclass
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
-from megatron_energy.pipeline.collectives import (
-    AFTER_OPTIMIZER_PHASE,
-    GEMM_OVERLAP_PHASE,
-    NCCL_DEFAULT_CTAS,
-    Collective,
-    phase_layer,
-)
+from megatron_energy.pipeline.collective_names import AFTER_OPTIMIZER, GEMM_OVERLAP, LaunchPoint
+from megatron_energy.pipeline.collectives import NCCL_DEFAULT_CTAS, Collective
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.plan import Boundary, CollectiveAction
@@ -173,18 +168,23 @@ class KareusModel:
         return OverlapSchedule(tuple(launches), transfer_s, inline)
 
     def _launch(self, collective: Collective, at: Boundary, load: CommLoad) -> CommLaunch:
-        if at.phase == AFTER_OPTIMIZER_PHASE:
+        if at.phase == AFTER_OPTIMIZER:
             return CommLaunch(
-                collective.name, collective.stage, collective.traffic_bytes, load, "after_optimizer"
+                str(collective.name), collective.stage, collective.traffic_bytes, load, "after_optimizer"
             )
         if collective.cls.op == "all_gather":
             return CommLaunch(
-                collective.name, collective.stage, collective.traffic_bytes, load, "prefetch", at.instruction
+                str(collective.name),
+                collective.stage,
+                collective.traffic_bytes,
+                load,
+                "prefetch",
+                at.instruction,
             )
-        done = phase_layer(at.phase, self.layers)
+        done = at.phase.layers_done(self.layers) if isinstance(at.phase, LaunchPoint) else None
         fraction = 1.0 if done is None else done / self.layers
         return CommLaunch(
-            collective.name,
+            str(collective.name),
             collective.stage,
             collective.traffic_bytes,
             load,
@@ -202,7 +202,7 @@ class KareusModel:
         part = InlinePart(
             per_pass * load.duration_s(collective.traffic_bytes),
             load,
-            collective.overlapped or self.boundary(collective, choice).phase == GEMM_OVERLAP_PHASE,
+            collective.overlapped or self.boundary(collective, choice).phase == GEMM_OVERLAP,
         )
         profiled_s = per_pass * self.load(collective, None).duration_s(collective.traffic_bytes)
         for work in {node.work for node in self.dag.stage_order(collective.stage)}:

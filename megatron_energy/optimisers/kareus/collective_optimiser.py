@@ -52,6 +52,7 @@ from megatron_energy.optimisers.kareus.search import (
     search,
 )
 from megatron_energy.optimisers.kareus.search_cache import SearchCache
+from megatron_energy.pipeline.collective_names import AFTER_OPTIMIZER, END, LaunchPoint
 from megatron_energy.pipeline.collectives import CollectiveWorkload, build_collectives
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.profile import Profile
@@ -61,6 +62,7 @@ from megatron_energy.plan import (
     Boundary,
     ClockAction,
     CollectiveAction,
+    Phase,
     Plan,
     PlanPoint,
     RankPlan,
@@ -406,12 +408,13 @@ def _ordered(
     ]
     for action in collectives:
         phase = action.at.phase
-        layer = -1 if phase is None else (10**6 if phase in ("end", "after_optimizer") else _layer(phase))
-        rank = 2 if phase == "after_optimizer" else 1
+        layer = -1 if phase is None else (10**6 if phase in (END, AFTER_OPTIMIZER) else _layer(phase))
+        rank = 2 if phase == AFTER_OPTIMIZER else 1
         keyed.append(((position[action.at.instruction], rank, layer), action))
     keyed.sort(key=lambda item: item[0])
     return tuple(action for _, action in keyed)
 
 
-def _layer(phase: str) -> int:
-    return int(phase[len("layer") :]) if phase.startswith("layer") else 0
+def _layer(phase: Phase) -> int:
+    """The layer a launch point starts (0 for a point without one, e.g. ``gemm_overlap``)."""
+    return phase.layer if isinstance(phase, LaunchPoint) and phase.layer is not None else 0

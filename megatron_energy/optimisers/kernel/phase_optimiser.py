@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal
 
 from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
@@ -31,7 +32,7 @@ from megatron_energy.optimisers.kernel.sequence_plan import SequencePlan, plan_s
 from megatron_energy.optimisers.kernel.stock import stock_plan
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.modelled_phases import coalesce, modelled_phases, tail_phases
-from megatron_energy.pipeline.phase_labels import PhaseLabel
+from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel, PhaseProvenance
 from megatron_energy.pipeline.phase_timeline import Phase, PhaseClass
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Action, Boundary, ClockAction, Plan, PlanPoint, RankPlan
@@ -165,7 +166,7 @@ class _Context:
         The tail's phases are the outside phases the profiling measured (``PlanningJob.tail_phases``), else a
         modelled tail's gradient sync and optimizer step; a measured tail without them has none. Their
         requests go out at the outside phases' hooks (``hooked``), each label naming its hook: a phase's
-        start (``@optimizer``) or, for the restoring request, the tail's end (``@optimizer.end``).
+        start (``OutsideHook("optimizer")``) or, for the restoring request, the tail's end (``at_end``).
         """
         durations = self._tail_durations()
         if not clocks or not durations:
@@ -189,10 +190,11 @@ class _Context:
             plan.energy_j + self.profile.blocked_power_w * max(0.0, budget_s - plan.planned_s) - unplanned_j
         )
         hook_at = {phase.start_s: hook for phase, hook in zip(phases, hooks, strict=True)}
-        names = [hook_at[phase.start_s] for phase in plan.phases] + [f"{_last_to_end(durations)}.end"]
+        names = [OutsideHook(hook_at[phase.start_s]) for phase in plan.phases]
+        names.append(OutsideHook(_last_to_end(durations), at_end=True))
         return _kept_if_better(self._actions(last.at.instruction, plan, "tail", names), delta_j)
 
-    def _provenance(self, scope: str) -> str:
+    def _provenance(self, scope: str) -> PhaseProvenance:
         """``measured`` when the scope's phase durations were measured (timelines, hooks), else modelled."""
         measured = bool(self.job.tail_phases) if scope == "tail" else self.measured_inside
         return "measured" if measured else "modelled"
@@ -214,14 +216,18 @@ class _Context:
         return (("grad-sync", tail.dp_sync_s), ("optimizer", tail.optimizer_s))
 
     def _actions(
-        self, instruction: Instruction, plan: SequencePlan, scope: str, hooks: Sequence[str] = ()
+        self,
+        instruction: Instruction,
+        plan: SequencePlan,
+        scope: Literal["p", "tail"],
+        hooks: Sequence[OutsideHook] = (),
     ) -> tuple[ClockAction, ...]:
         """A clock action per request of ``plan``, named by its phase label (and hook, when hooked)."""
         actions = []
         for request in plan.requests:
             restore = request.phase >= len(plan.phases)
             label = PhaseLabel(
-                f"{scope}-restore" if restore else scope,
+                ("p-restore" if scope == "p" else "tail-restore") if restore else scope,
                 request.phase,
                 "restore" if restore else plan.phases[request.phase].kind,
                 self._provenance(scope),
@@ -229,7 +235,7 @@ class _Context:
                 request.lead_s,
                 None if request.hook is None else hooks[request.hook],
             )
-            actions.append(ClockAction(Boundary(instruction, str(label)), request.clock_mhz))
+            actions.append(ClockAction(Boundary(instruction, label), request.clock_mhz))
         return tuple(actions)
 
 

@@ -30,7 +30,8 @@ from typing import Any
 
 from megatron_energy.atomic import folder_lock, write_atomically
 from megatron_energy.errors import TargetUnreachableError
-from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
+from megatron_energy.plan import FINGERPRINT_DIGITS, SCHEMA_VERSION, fingerprint
+from megatron_energy.plan_file import stale_plan_version
 from megatron_energy.runtime.planning_round.cache_manifest import (
     MANIFEST_NAME,
     CacheVerificationError,
@@ -317,6 +318,16 @@ class JobCache:
         return None
 
     def _hit(self, contents: Mapping[str, bytes]) -> CacheLoad:
+        """Verified contents; a miss when their plan was written by another schema version (profile again)."""
+        plan = contents.get("plan.json")
+        version = None if plan is None else stale_plan_version(plan.decode("utf-8"))
+        if version is not None:
+            return CacheLoad(
+                self.folder,
+                False,
+                f"energy cache at {self.folder} holds a schema-version-{version} plan, which this "
+                f"megatron_energy does not read (it writes version {SCHEMA_VERSION}): profiling again",
+            )
         return CacheLoad(self.folder, True, f"energy cache hit: reusing verified {self.folder}", contents)
 
     def _job_record(self) -> str:

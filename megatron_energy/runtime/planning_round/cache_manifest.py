@@ -3,7 +3,8 @@
 ``manifest.json`` lists every artefact of one store with its SHA-256 and size, and the full job fingerprint.
 It is written last, so a folder whose store was interrupted fails verification instead of passing with
 stale or partial files. A folder that fails is never deleted: :func:`quarantine` moves its files into
-``quarantine-<UTC timestamp>-<pid>/`` inside it, kept for inspection.
+``quarantine-<UTC timestamp>-<pid>/`` inside it, kept for inspection. The manifest is read and written
+through :class:`CacheManifest` (pydantic), the checks on its fields.
 """
 
 from __future__ import annotations
@@ -14,18 +15,51 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Final, Literal
+
+from annotated_types import Ge
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from megatron_energy.atomic import LOCK_FILE_NAME
 from megatron_energy.errors import EnergyError
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION: Final = 1
 QUARANTINE_PREFIX = "quarantine-"
 
 
 class CacheVerificationError(EnergyError):
     """A cache folder failed verification; the message says what failed, in a few words."""
+
+
+def _artefact_name(name: str) -> str:
+    if not is_artefact_name(name):
+        raise ValueError(f"{name!r} is not a plain file name of an artefact")
+    return name
+
+
+class ArtefactEntry(BaseModel):
+    """One artefact of a store: its checksum and size."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    """SHA-256 of its content (hex)."""
+    size_bytes: Annotated[int, Ge(0)]
+    """Its size."""
+
+
+class CacheManifest(BaseModel):
+    """``manifest.json``: every artefact of one store, and the job they belong to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    schema_version: Literal[1]
+    """Layout version (:data:`MANIFEST_SCHEMA_VERSION`)."""
+    fingerprint: str
+    """The full fingerprint of the job the artefacts belong to."""
+    artefacts: dict[Annotated[str, AfterValidator(_artefact_name)], ArtefactEntry]
+    """File name -> entry, by name."""
 
 
 def manifest_for(artefacts: Mapping[str, bytes], job_fingerprint: str) -> bytes:
@@ -39,15 +73,13 @@ def manifest_for(artefacts: Mapping[str, bytes], job_fingerprint: str) -> bytes:
         The manifest as UTF-8 JSON.
     """
     entries = {
-        name: {"sha256": hashlib.sha256(content).hexdigest(), "size_bytes": len(content)}
+        name: ArtefactEntry(sha256=hashlib.sha256(content).hexdigest(), size_bytes=len(content))
         for name, content in sorted(artefacts.items())
     }
-    manifest = {
-        "schema_version": MANIFEST_SCHEMA_VERSION,
-        "fingerprint": job_fingerprint,
-        "artefacts": entries,
-    }
-    return json.dumps(manifest, indent=2).encode("utf-8")
+    manifest = CacheManifest(
+        schema_version=MANIFEST_SCHEMA_VERSION, fingerprint=job_fingerprint, artefacts=entries
+    )
+    return json.dumps(manifest.model_dump(), indent=2).encode("utf-8")
 
 
 def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...]) -> dict[str, bytes]:
@@ -77,12 +109,11 @@ def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...])
             content = path.read_bytes()
         except FileNotFoundError:
             raise CacheVerificationError(f"{name} is missing") from None
-        if len(content) != entry["size_bytes"]:
+        if len(content) != entry.size_bytes:
             raise CacheVerificationError(
-                f"{name} has {len(content)} bytes, the manifest says {entry['size_bytes']} "
-                "(truncated or grown)"
+                f"{name} has {len(content)} bytes, the manifest says {entry.size_bytes} (truncated or grown)"
             )
-        if hashlib.sha256(content).hexdigest() != entry["sha256"]:
+        if hashlib.sha256(content).hexdigest() != entry.sha256:
             raise CacheVerificationError(f"{name} does not match its checksum (changed after it was written)")
         if name.endswith(".json"):
             try:
@@ -93,9 +124,10 @@ def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...])
     return contents
 
 
-def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, dict[str, Any]]:
+def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, ArtefactEntry]:
     try:
-        manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
+        text = (folder / MANIFEST_NAME).read_bytes()
+        manifest = json.loads(text)
     except FileNotFoundError:
         raise CacheVerificationError(
             f"{MANIFEST_NAME} is missing (written by an older version, or the store was interrupted)"
@@ -108,17 +140,14 @@ def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, dict[str,
         raise CacheVerificationError(
             f"{MANIFEST_NAME} belongs to another job (fingerprint {manifest.get('fingerprint')!r})"
         )
-    entries = manifest.get("artefacts")
-    well_formed = isinstance(entries, dict) and all(
-        isinstance(entry, dict)
-        and isinstance(entry.get("sha256"), str)
-        and isinstance(entry.get("size_bytes"), int)
-        and is_artefact_name(name)
-        for name, entry in entries.items()
-    )
-    if not well_formed:
-        raise CacheVerificationError(f"{MANIFEST_NAME} has malformed artefact entries")
-    return entries  # type: ignore[return-value]
+    try:
+        return CacheManifest.model_validate_json(text).artefacts
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise CacheVerificationError(
+            f"{MANIFEST_NAME} has malformed artefact entries ({where}: {first['msg']})"
+        ) from None
 
 
 def is_artefact_name(name: str) -> bool:

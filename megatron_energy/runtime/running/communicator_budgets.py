@@ -22,9 +22,10 @@ from typing import Any
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.pipeline.collective_names import CollectiveName, GroupName
 from megatron_energy.plan import Action, CollectiveAction, Plan
 
-MEGATRON_GROUPS: dict[str, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp", "ep": "ep"}
+MEGATRON_GROUPS: dict[GroupName, str] = {"dp": "dp_cp", "tp": "tp", "pp": "pp", "ep": "ep"}
 """Group of a plan's collective name (``pipeline.collectives.PROCESS_GROUPS``) -> megatron-core's config key.
 
 DDP reduces gradients over ``intra_dp_cp_group``, which is the ``dp_cp`` communicator with a single
@@ -71,20 +72,9 @@ class CtaBudget:
         return entry
 
 
-def collective_group(collective: str) -> str:
-    """The megatron-core process group a plan's collective runs on.
-
-    Raises:
-        BudgetError: The collective's class has no communicator of its own.
-    """
-    family = collective.split(".", 1)[0]
-    try:
-        return MEGATRON_GROUPS[family]
-    except KeyError:
-        raise BudgetError(
-            f"collective {collective!r} belongs to no communicator megatron-core configures (classes: "
-            f"{', '.join(sorted(MEGATRON_GROUPS))}); rerun planning with this version"
-        ) from None
+def collective_group(collective: CollectiveName) -> str:
+    """The megatron-core process group (its communicator-config key) a plan's collective runs on."""
+    return MEGATRON_GROUPS[collective.group]
 
 
 def plan_budgets(actions: Iterable[Action], exact: bool = True) -> dict[str, tuple[CtaBudget, ...]]:
@@ -165,7 +155,7 @@ def plan_communicator_config(
     Raises:
         BudgetError: The plan gives one fixed group two budgets.
     """
-    fixed: dict[str, tuple[int, str]] = {}
+    fixed: dict[str, tuple[int, CollectiveName]] = {}
     for point in plan.points:
         for rank in point.ranks:
             for action in rank.actions:
@@ -222,7 +212,7 @@ def write_communicator_config(path: str | Path, config: Mapping[str, Mapping[str
 
 
 def check_fixed_budget(
-    collective: str, max_ctas: int | None, config: Mapping[str, Mapping[str, Any]] | None
+    collective: CollectiveName, max_ctas: int | None, config: Mapping[str, Mapping[str, Any]] | None
 ) -> None:
     """Refuse a budget for a collective Megatron launches itself unless its communicator was created with it.
 
@@ -230,7 +220,7 @@ def check_fixed_budget(
     their budget must be in the communicator config Megatron read (``--nccl-communicator-config-path``).
 
     Args:
-        collective: The plan's name (``pp.send_recv``, ``tp.all_reduce``, ...).
+        collective: The plan's collective (``pp.send_recv``, ``tp.all_reduce``, ...).
         max_ctas: The plan's budget; ``None`` needs nothing.
         config: The communicator config the job started with (``None``: none was given).
 

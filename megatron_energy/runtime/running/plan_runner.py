@@ -5,18 +5,19 @@ instruction's start (or at a phase inside it) and the launch point and SM budget
 switch to another point of the same plan (a straggler's pace) without re-planning. It knows nothing of
 how a plan was made, so every optimiser's plan runs through it.
 
-Phase actions (``Boundary(instruction, phase)``, named by ``pipeline.phase_labels``) run in two ways:
+Phase actions (``Boundary(instruction, PhaseLabel(...))``, ``pipeline.phase_labels``) run in two ways:
 
-- **outside instructions** (the iteration tail): a label naming a hook (``tail1@optimizer:...``) is requested
-  when that outside phase begins (``events.OUTSIDE_PHASES``: megatron-core's ``all-grads-sync``,
+- **outside instructions** (the iteration tail): a label naming a hook (``OutsideHook("optimizer")``) is
+  requested when that outside phase begins (``events.OUTSIDE_PHASES``: megatron-core's ``all-grads-sync``,
   ``optimizer`` and ``params-all-gather`` timers on the launcher path), in plan order; the planner already
   moved each request to a hook early enough for the switch latency
-  (``kernel.switch_times.snap_to_phase_starts``). The restoring request (``@optimizer.end``) goes out when the
-  optimizer step ends: no hook lies inside it, so the restored clock lands up to one switch latency into the
-  next iteration (its first instruction may start at the tail's clock for that long);
-- **inside instructions** (``p3:memory:modelled:at=1.234ms:lead=10.000ms``, and ``p-restore`` back to the
-  instruction's clock before its end): no host hook marks a phase (a module pre-hook fires when kernels are
-  *launched*, backward phases run under autograd), so they are *time-anchored*:
+  (``kernel.switch_times.snap_to_phase_starts``). The restoring request (its hook ``at_end``) goes out when
+  the optimizer step ends: no hook lies inside it, so the restored clock lands up to one switch latency into
+  the next iteration (its first instruction may start at the tail's clock for that long);
+- **inside instructions** (scope ``p``, e.g. phase 3, memory-bound, modelled, at 1.234 ms with a 10 ms
+  lead, and ``p-restore`` back to the instruction's clock before its end): no host hook marks a phase (a
+  module pre-hook fires when kernels are *launched*, backward phases run under autograd), so they are
+  *time-anchored*:
   :meth:`PlanRunner.inside_requests` gives each instruction's requests as offsets ``at - lead`` from the
   instruction's start on the GPU, in plan order, and the session hands them with the instruction's start
   marker to a phase switcher (``runtime.running.phase_switcher``: a host thread that waits for the
@@ -32,12 +33,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from megatron_energy.pipeline.collective_names import CollectiveName
 from megatron_energy.pipeline.instruction import Step
-from megatron_energy.pipeline.phase_labels import INSIDE_SCOPES, PhaseLabel, parse_phase_label
+from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.plan import (
     Boundary,
     ClockAction,
     CollectiveAction,
+    Phase,
     Plan,
     PlanError,
     PlanPoint,
@@ -84,11 +87,11 @@ class PlanRunner:
         self.order = order
         self.index = plan.target_index
         self._clocks: dict[Boundary, int] = {}
-        self._outside: dict[str, tuple[int, ...]] = {}
+        self._outside: dict[OutsideHook, tuple[int, ...]] = {}
         self._inside: dict[Step, tuple[InsideRequest, ...]] = {}
         self._inside_provenance: set[str] = set()
         self._unhooked = 0
-        self._collectives: dict[str, CollectiveAction] = {}
+        self._collectives: dict[CollectiveName, CollectiveAction] = {}
         self.select(plan.target_index)
 
     def select(self, index: int) -> None:
@@ -97,17 +100,17 @@ class PlanRunner:
         self.index = index
         clocks = [action for action in actions if isinstance(action, ClockAction)]
         self._clocks = {action.at: action.clock_mhz for action in clocks}
-        outside: dict[str, list[int]] = {}
+        outside: dict[OutsideHook, list[int]] = {}
         inside: dict[Step, list[InsideRequest]] = {}
         self._inside_provenance = set()
         self._unhooked = 0
         for action in clocks:
-            if action.at.phase is None:
+            label = action.at.phase
+            if label is None:
                 continue
-            label = _label_of(action.at.phase)
-            if label is not None and label.hook is not None:
+            if isinstance(label, PhaseLabel) and label.hook is not None:
                 outside.setdefault(label.hook, []).append(action.clock_mhz)
-            elif label is not None and label.scope in INSIDE_SCOPES:
+            elif isinstance(label, PhaseLabel) and label.inside:
                 offset_s = max(0.0, label.at_s - label.lead_s)
                 inside.setdefault(action.at.step, []).append(InsideRequest(offset_s, action.clock_mhz))
                 self._inside_provenance.add(label.provenance)
@@ -139,13 +142,13 @@ class PlanRunner:
         """The running point's predicted energy of this rank's GPU per iteration (modelled)."""
         return self.point.ranks[self.stage].energy_j
 
-    def clock_at(self, instruction: Step, phase: str | None = None) -> int | None:
+    def clock_at(self, instruction: Step, phase: Phase | None = None) -> int | None:
         """The clock to lock at a step's start (or a phase inside it); ``None``: leave it."""
         return self._clocks.get(step_boundary(instruction, phase))
 
     def outside_clocks(self, name: str, end: bool = False) -> tuple[int, ...]:
         """The clocks to request, in order, when the outside phase ``name`` begins (or ``end`` s)."""
-        return self._outside.get(f"{name}.end" if end else name, ())
+        return self._outside.get(OutsideHook(name, end), ())
 
     def inside_requests(self, instruction: Step) -> tuple[InsideRequest, ...]:
         """The clocks to request inside ``instruction``, in plan order (empty when it has none)."""
@@ -164,7 +167,8 @@ class PlanRunner:
             return None
         parts = []
         if hooked:
-            parts.append(f"{hooked} requested at outside-phase hooks ({', '.join(sorted(self._outside))})")
+            hooks = ", ".join(sorted(str(hook) for hook in self._outside))
+            parts.append(f"{hooked} requested at outside-phase hooks ({hooks})")
         provenance = "/".join(sorted(self._inside_provenance))
         if inside and inside_switched:
             parts.append(
@@ -178,17 +182,9 @@ class PlanRunner:
                 "realised"
             )
         if self._unhooked:
-            parts.append(f"{self._unhooked} with a phase name the runtime does not know, not applied")
+            parts.append(f"{self._unhooked} at a point the runtime does not switch clocks at, not applied")
         return f"phase clocks on pipeline rank {self.stage}: " + "; ".join(parts)
 
-    def collective(self, name: str) -> CollectiveAction | None:
+    def collective(self, name: CollectiveName) -> CollectiveAction | None:
         """The launch point and SM budget planned for a collective; ``None``: run it as Megatron does."""
         return self._collectives.get(name)
-
-
-def _label_of(phase: str) -> PhaseLabel | None:
-    """A phase action's label, parsed; ``None`` for a name ``pipeline.phase_labels`` did not write."""
-    try:
-        return parse_phase_label(phase)
-    except ValueError:
-        return None
