@@ -394,7 +394,7 @@ def _follow_a_session(
     from types import SimpleNamespace
 
     from megatron_energy.megatron.collective_runner import CollectiveRunner
-    from megatron_energy.megatron.schedule import pipeline_orders
+    from megatron_energy.pipeline.schedule_orders import pipeline_orders
     from megatron_energy.plan import CollectiveAction
     from megatron_energy.runtime.running.plan_runner import PlanRunner
 
