@@ -63,10 +63,10 @@ from lowtime.solver import PhillipsDessouky
 from profile_family import ProfileFamily, balanced_family, family_profile
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
 from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
 from megatron_energy.pipeline.profile import CSV_COLUMNS, Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.sim.simulator import Simulator
 
 GPU = "a100-sxm-80gb"

@@ -29,8 +29,8 @@ from megatron.core.timers import Timers
 
 from megatron_energy.events import ListenerFanout, TraceWriter
 from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 
 def replay_step(timers: Any, order: Sequence[Instruction]) -> None:

@@ -11,8 +11,7 @@ command layer imports a concrete optimiser):
 6. ``demo_model/``'s modules: the demo's training job, a Megatron training script the launcher runs;
    nothing in the package imports them.
 
-5. what a user calls: ``commands/``, ``report/``, ``launch``, ``cli``, ``job`` (the offline job description
-   the commands read).
+5. what a user calls: ``commands/``, ``report/``, ``launch``, ``cli``.
 4. ``megatron/``: the only room that imports ``megatron.*``: hooks, executed pipeline orders, refused modes,
    patches.
 3. ``runtime/``: the session, a thin dispatcher of Megatron's schedule events over one explicit phase,
@@ -25,7 +24,8 @@ command layer imports a concrete optimiser):
    instruction), ``optimisers/kareus/`` (collectives) and ``optimisers/kernel/`` (clock per phase), each a
    leaf that only the registry (by name) and the command layer reach; beside them ``config/`` (the flags that
    choose them, each declared on its ``EnergyConfig`` field, and what each of their values may be),
-   ``plan_outcome`` (why a plan saves nothing). Pure Python, no torch.
+   ``plan_outcome`` (why a plan saves nothing), ``job`` (the job description the offline commands plan
+   and simulate). Pure Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator and the power
    floor), ``plan`` (Plan v3, the one executable contract), ``target`` (``--energy-target`` and its one

@@ -1,7 +1,8 @@
 """The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report``, ``patch`` and ``calibrate``.
 
 Each subcommand lives in its own module under ``megatron_energy/commands/`` and exposes
-``register(subparsers)``; this module only assembles them.
+``register(subparsers)``; this module only assembles them. A command line that names its subcommand imports
+that subcommand's module alone, so ``plan`` never imports what ``demo`` or ``calibrate`` need.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ COMMANDS: dict[str, str] = {
 """Each subcommand and its module under ``megatron_energy/commands/``."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the ``megatron-energy`` parser with every available subcommand registered.
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the ``megatron-energy`` parser.
+
+    Args:
+        command: Register this subcommand alone; ``None``: every subcommand (for ``--help`` and errors).
 
     Each subcommand's parser is an ``EnergyArgumentParser``, so the ``--energy-*`` flags ``demo`` takes are
     held to the launcher's rules while parsing.
@@ -43,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=EnergyArgumentParser
     )
-    for module_name in COMMANDS.values():
-        module = importlib.import_module(f"megatron_energy.commands.{module_name}")
-        module.register(subparsers)
+    for name, module_name in COMMANDS.items():
+        if command is None or name == command:
+            module = importlib.import_module(f"megatron_energy.commands.{module_name}")
+            module.register(subparsers)
     return parser
 
 
@@ -58,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The process exit status.
     """
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:  # Ctrl-C anywhere: one line, not a traceback

@@ -53,7 +53,6 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
@@ -62,6 +61,8 @@ from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
+from megatron_energy.pipeline.schedule_tables import check_schedule_arguments
 from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY, instruction_mixes
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 from megatron_energy.target import EnergyTarget
@@ -196,7 +197,7 @@ class JobConfig:
         return fingerprint(kind="job-config", **fields)[:FINGERPRINT_DIGITS]
 
     def orders(self) -> PipelineOrders:
-        """Megatron's instruction order on every pipeline rank (imports megatron-core)."""
+        """Megatron's instruction order on every pipeline rank."""
         return pipeline_orders(self.pipeline_stages, self.num_microbatches, self.virtual_stages)
 
     def comm_spec(self, spec: GpuSpec | None = None) -> CommSpec:

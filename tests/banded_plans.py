@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import fingerprint
 from megatron_energy.target import parse_target
 

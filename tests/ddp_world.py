@@ -398,7 +398,7 @@ def _follow_a_session(
 ) -> dict:
     """A ``CollectiveRunner`` following a session state: its plan switches point, stops, re-arms, is bad."""
     from megatron_energy.megatron.collective_runner import CollectiveRunner
-    from megatron_energy.megatron.schedule import pipeline_orders
+    from megatron_energy.pipeline.schedule_orders import pipeline_orders
     from megatron_energy.plan import CollectiveAction
     from megatron_energy.runtime.running.plan_runner import PlanRunner
     from megatron_energy.runtime.session_state import SessionState

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.assembly import build_session
 from megatron_energy.runtime.context import JobContext

@@ -28,10 +28,10 @@ from plugin_site import PLUGIN_SOURCE, install_plugin
 from session_world import RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.planning_round.planner_process import PlannerInput
 from megatron_energy.runtime.planning_round.planning import Fallback, PlanRelease, plan_on_root

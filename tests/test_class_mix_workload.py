@@ -12,7 +12,6 @@ from megatron_energy.dvfs.kernel_classes import ClassMix, KernelClass
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile, fit_work_profile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig, JobConfigError
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.megatron.session_factory import transformer_shape
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.kernel.phase_optimiser import _Context
@@ -20,6 +19,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, layer_pattern, modelled_phases, run_mixes
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape, instruction_mixes, instruction_work
 from megatron_energy.runtime.profiling.collector import ProfileRow
 from megatron_energy.runtime.profiling.extrapolation import extrapolate_rows

@@ -16,10 +16,10 @@ from ddp_world import NUM_MICROBATCHES, grad_ready_world_worker, launch_world_wo
 from megatron_harness import spawn_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.collective_names import END
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 
 pytestmark = pytest.mark.world

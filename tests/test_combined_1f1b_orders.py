@@ -12,8 +12,8 @@ import pytest
 from combined_1f1b_world import SHAPES, record_combined_orders
 from megatron_harness import spawn_world
 
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 WORLD_SIZE = 4
 SHAPE_KEYS = [

@@ -6,7 +6,6 @@ import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.dag import PipelineDag, Transfer, _receiver
@@ -14,6 +13,7 @@ from megatron_energy.pipeline.fused_profile import fused_works, with_fused_steps
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, passes
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import ClockAction, Plan, fingerprint
 from megatron_energy.sim import Simulator
 from megatron_energy.target import parse_target

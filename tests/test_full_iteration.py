@@ -18,7 +18,7 @@ from megatron_harness import PipelineWorld, RecordingListener, spawn_world
 
 from megatron_energy.events import CapturedStep
 from megatron_energy.megatron.modes import refused_in_args, refused_in_argv
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 NUM_MICROBATCHES = 4
 WARMUP_STEPS = 2

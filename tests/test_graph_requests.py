@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.running.graph_requests import GRAD_SYNC, graph_requests
 from megatron_energy.runtime.running.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.runtime.timing import InstructionSample

@@ -15,7 +15,6 @@ import pytest
 from session_world import ASSUMED_H100, RankReport, SessionSettings, run_world
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.choices import KareusModel
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
@@ -25,6 +24,7 @@ from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan, PlanPoint
 from megatron_energy.target import EnergyTarget

@@ -14,10 +14,10 @@ from test_session_parts import _Controller, _Meter, _Timer
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.kineto_trace import kernels_by_annotation
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import LocalComms

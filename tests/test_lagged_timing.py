@@ -17,9 +17,9 @@ import torch
 from megatron_energy.config import EnergyConfig, Planning
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.instruction import Instruction
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import LocalComms
 from megatron_energy.runtime.cuda_timer import CudaEventTimer

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.pipeline": 1,
     "megatron_energy.sim": 1,
     "megatron_energy.plan": 1,
+    "megatron_energy.plan_file": 1,
     "megatron_energy.plan_band": 1,
     "megatron_energy.plan_outcome": 2,
     "megatron_energy.dvfs.model": 1,
@@ -39,6 +40,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.dvfs.calibration_fit": 1,
     "megatron_energy.dvfs.calibrated_spec": 1,
     "megatron_energy.config": 2,
+    "megatron_energy.job": 2,
     "megatron_energy.optimisers": 2,
     "megatron_energy.runtime": 3,
     "megatron_energy.dvfs": 3,
@@ -47,7 +49,6 @@ LAYERS: dict[str, int] = {
     "megatron_energy.report": 5,
     "megatron_energy.launch": 5,
     "megatron_energy.cli": 5,
-    "megatron_energy.job": 5,
     "megatron_energy.demo_model": 5,
     "megatron_energy.demo_model.cpu_shims": 6,
     "megatron_energy.demo_model.tiny_gpt": 6,
@@ -72,7 +73,7 @@ CONCRETE_OPTIMISERS: tuple[str, ...] = (
 (by name, through its factories) and each optimiser itself may import one."""
 
 COMMAND_LAYER = 5
-"""``commands/``, ``report/``, ``cli``, ``launch``, ``job``: what a user calls."""
+"""``commands/``, ``report/``, ``cli``, ``launch``: what a user calls."""
 
 TYPE_NAME = re.compile(r"^[A-Z][a-z0-9]+[A-Za-z0-9]*$")
 """A class or type alias name (CamelCase); a constant (``UPPER_CASE``) or function is not one."""

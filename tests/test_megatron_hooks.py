@@ -14,7 +14,7 @@ import pytest
 from megatron_harness import PipelineWorld, RecordingListener, spawn_world
 
 from megatron_energy.events import read_trace
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 

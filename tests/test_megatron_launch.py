@@ -12,7 +12,7 @@ from launcher_world import run_launcher, traced_plan_argv
 from megatron_energy import launch
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan
 
 NUM_MICROBATCHES = 8

@@ -8,7 +8,6 @@ import pytest
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.memory_clock import (
     MemoryClockLever,
@@ -18,6 +17,7 @@ from megatron_energy.optimisers.memory_clock import (
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.instruction import KINDS, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.sim.memory_clocks import MemoryClockPricing
 from megatron_energy.sim.simulator import Simulator

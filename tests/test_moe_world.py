@@ -19,7 +19,7 @@ from session_world import ASSUMED_H100
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import read_trace
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import CollectiveAction, Plan
 
 TRAIN_ITERS = 9  # 8 profiling steps, then the plan runs (as tests/test_megatron_launch.py)

@@ -16,8 +16,8 @@ from launcher_world import LauncherRun, run_launcher
 from megatron_harness import TINY_GPT_SCRIPT
 from plugin_site import PLUGIN_SOURCE, install_plugin
 
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers import registry
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks

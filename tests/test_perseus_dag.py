@@ -6,7 +6,6 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import (
     SINK,
     SOURCE,
@@ -18,6 +17,7 @@ from megatron_energy.pipeline.dag import (
 )
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 
 def fwd(stage: int, microbatch: int, chunk: int = 0) -> Instruction:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus import relaxation
 from megatron_energy.optimisers.perseus.frontier import FrontierSolver
 from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.sim import Simulator
 
 TOY_TIMES = {(0, "forward"): 1.0, (0, "backward"): 2.0, (1, "forward"): 2.0, (1, "backward"): 3.0}

@@ -12,7 +12,6 @@ from profile_family import (
 )
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus.frontier import FrontierSolver, PlanClocks
 from megatron_energy.optimisers.perseus.local_search import LocalSearch
 from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
@@ -20,6 +19,7 @@ from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import CommSpec, PipelineDag
 from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.stock_clocks import all_max_clocks
 from megatron_energy.sim import Simulator
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus.longest_path import earliest_starts, latest_starts, neighbour_pairs
 from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 
 def test_neighbour_pairs_cover_degrees_one_and_two_only():

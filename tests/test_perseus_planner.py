@@ -6,7 +6,6 @@ import pytest
 
 from megatron_energy.commands import plan_command
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser, plan_point
 from megatron_energy.optimisers.perseus.target_point import Planner
@@ -14,6 +13,7 @@ from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import ClockAction, Plan, PlanPoint, fingerprint
 from megatron_energy.sim import Simulator
 from megatron_energy.sim.simulator import SimResult

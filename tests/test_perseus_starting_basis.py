@@ -5,13 +5,13 @@ import pytest
 import scipy.sparse as sp
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus import relaxation
 from megatron_energy.optimisers.perseus.frontier import FrontierSolver
 from megatron_energy.optimisers.perseus.relaxation import HotStartProgram
 from megatron_energy.optimisers.perseus.starting_basis import BASIC, LOWER, UPPER, tree_basis
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 
 @pytest.fixture(scope="module")

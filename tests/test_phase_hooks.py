@@ -11,7 +11,6 @@ from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import ListenerFanout
 from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
 from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, snap_to_phase_starts
@@ -22,6 +21,7 @@ from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.modelled_phases import tail_phases
 from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoint, RankPlan
 from megatron_energy.runtime.planning_round.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord

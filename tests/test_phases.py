@@ -8,7 +8,6 @@ import pytest
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.allocate import allocate, phase_options
 from megatron_energy.optimisers.kernel.merge import merge_short_phases
@@ -25,6 +24,7 @@ from megatron_energy.pipeline.phase_timeline import (
     group_phases,
 )
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import ClockAction, Plan
 from megatron_energy.target import EnergyTarget
 

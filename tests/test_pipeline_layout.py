@@ -20,10 +20,10 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.pipeline_layout import job_layers, layout_layers
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.assembly import require_even_layers

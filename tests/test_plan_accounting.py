@@ -5,8 +5,8 @@ from profile_family import ProfileFamily, family_profile
 
 from megatron_energy.commands import plan_command
 from megatron_energy.commands.accounting import Accounting, format_gap, row_warning_lines
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.stock_clocks import all_max_clocks
 from megatron_energy.plan import Plan
 from megatron_energy.sim import Simulator

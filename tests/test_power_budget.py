@@ -6,11 +6,11 @@ import math
 import pytest
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus.power_point import PowerBudgetError, point_power
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import PlanPoint, RankPlan
 from megatron_energy.runtime.running.policies import SafetyNet
 from megatron_energy.runtime.running.power_watch import allowed_power_w, measured_power_w, power_budget_part

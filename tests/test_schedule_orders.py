@@ -2,7 +2,8 @@ from collections import Counter
 
 import pytest
 
-from megatron_energy.megatron.schedule import check_schedule_arguments, pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
+from megatron_energy.pipeline.schedule_tables import check_schedule_arguments
 
 
 def _orders(*args, **kwargs) -> list[list[tuple[str, int, int]]]:

@@ -22,12 +22,12 @@ from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.collective_names import END, CollectiveName
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import (
     Baseline,
     Boundary,

@@ -9,10 +9,10 @@ import pytest
 from megatron_energy.commands import plan_command, simulate
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.dag import IterationTail, PipelineDag, TailStep
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan
 from megatron_energy.sim import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace

@@ -4,13 +4,13 @@ import pytest
 
 from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.perseus.switch_latency import count_switches, make_switch_aware
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import instruction_work
 from megatron_energy.sim import Simulator
 from megatron_energy.sim.simulator import StagePowers

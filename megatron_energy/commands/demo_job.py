@@ -20,7 +20,7 @@ from pathlib import Path
 from megatron_energy.config import EnergyConfig, energy_argv
 from megatron_energy.demo_model import TRAINING_SCRIPT
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import KNOWN_SHAPES, TransformerShape
 from megatron_energy.runtime.assembly import profiling_grid
 from megatron_energy.runtime.profiling.baseline_length import pilot_steps

@@ -32,13 +32,13 @@ from megatron_energy.commands.arguments import (
 from megatron_energy.config import known_gpu_spec, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.plan_outcome import saving_text
 from megatron_energy.report.console import output_console

@@ -113,7 +113,7 @@ class CollectiveLauncher:
     Args:
         model_chunks: This rank's ``DistributedDataParallel`` model chunks.
         actions: This rank's actions of the running plan point (clock actions are ignored).
-        order: This rank's executed instruction order (``megatron.schedule.pipeline_orders``).
+        order: This rank's executed instruction order (``pipeline.schedule_orders.pipeline_orders``).
         stage: This rank's pipeline stage.
         communicators: Creates and holds per-budget communicators; required when a reduction has a budget.
         budget_actions: Actions whose budgets to prepare communicators for (every point of the plan);

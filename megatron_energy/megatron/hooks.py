@@ -15,8 +15,8 @@ files changes; two of its own extension points are used.
   ``'backward-compute'`` in ``backward_step``; the proxy fires hooks on those names *before* Megatron's
   log-level filter, so hooks fire at the default ``--timing-log-level 0`` and the level is never raised
   (a real ``Timer`` synchronises the GPU on every start/stop). The timers carry no ids, so
-  ``ExpectedOrder`` walks this rank's order from ``schedule.pipeline_orders`` (megatron-core's own schedule
-  table) and checks every observed kind against it.
+  ``ExpectedOrder`` walks this rank's order, replayed from megatron-core's own schedule tables
+  (``schedule.megatron_schedule_tables``), and checks every observed kind against it.
 - *Outside phases.* The same proxy fires ``on_outside_begin/end`` on the timers megatron-core starts
   around the work outside instructions: ``'all-grads-sync'`` (``finalize_model_grads``: the data-parallel
   gradient sync) as ``grad-sync``, ``'optimizer'`` (``train_step`` around ``optimizer.step()``) as
@@ -57,8 +57,9 @@ import torch
 
 from megatron_energy.errors import EnergyRuntimeError
 from megatron_energy.events import CapturedStep, GraphStepListener, OutsidePhaseListener, ScheduleListener
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.megatron.schedule import megatron_schedule_tables
 from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Step
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 
 RankOrder = Sequence[Step]
 
@@ -249,6 +250,7 @@ def _rank_order(
         num_chunks,
         microbatch_group_size=microbatch_group_size,
         combined=combined,
+        tables=megatron_schedule_tables,
     )
     return orders.steps(rank)
 

@@ -22,10 +22,11 @@ from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
 from megatron_energy.megatron.modes import uses_full_iteration_graph
 from megatron_energy.megatron.pipeline_layout import job_layers
-from megatron_energy.megatron.schedule import pipeline_orders
+from megatron_energy.megatron.schedule import megatron_schedule_tables
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.moe import MoeShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import Group, TorchComms
@@ -141,6 +142,7 @@ def parallel_job_context(
         ps.get_virtual_pipeline_model_parallel_world_size() or 1,
         microbatch_group_size=microbatch_group_size,
         combined=combined,
+        tables=megatron_schedule_tables,
     )
     context = JobContext(
         pipeline_rank=ps.get_pipeline_model_parallel_rank(),

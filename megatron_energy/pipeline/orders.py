@@ -1,9 +1,9 @@
 """The executed instruction order of every pipeline rank: what the DAG, the planner and the timer all use.
 
-Megatron decides the order (``megatron_energy.megatron.schedule.pipeline_orders`` asks megatron-core's own
-schedule helpers, with the job's real microbatch group size); it is computed once, travels in the job
-context, and every DAG of the job is built from it. With the combined 1F1B schedule
-(``megatron_energy.megatron.combined_schedule``) a rank's order holds fused steps
+Megatron decides the order (``pipeline.schedule_orders.pipeline_orders`` replays megatron-core's schedule
+tables, with the job's real microbatch group size); it is computed once, travels in the job context, and
+every DAG of the job is built from it. With the combined 1F1B schedule
+(``--overlap-moe-expert-parallel-comm``) a rank's order holds fused steps
 (:class:`~megatron_energy.pipeline.instruction.FusedInstruction`) beside single passes.
 """
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan
 
 
