@@ -43,7 +43,7 @@ from gpt_job import gpt_args  # noqa: E402  (lab/, the folder of this script)
 from megatron_log_check import megatron_stock_lines  # noqa: E402
 
 from megatron_energy.megatron.training_log import parse_iteration_lines  # noqa: E402
-from megatron_energy.plan import Plan  # noqa: E402
+from megatron_energy.plan_file import load_plan  # noqa: E402
 from megatron_energy.runtime.energy_log.energy_line import logged_phases  # noqa: E402
 
 KEY_LINES = ("model vs measured", "plan for")
@@ -197,7 +197,7 @@ def stock_check_lines(log: str, energy_dir: Path) -> list[str]:
     """The run's plan's stock prediction against Megatron's own log (``lab/megatron_log_check.py``)."""
     try:
         fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
-        plan = Plan.load(energy_dir / fingerprint / "plan.json")
+        plan = load_plan(energy_dir / fingerprint / "plan.json")
     except (OSError, ValueError, KeyError) as problem:
         return [f"stock plan vs Megatron's own log: no plan to compare ({problem})"]
     return megatron_stock_lines(log, plan)

@@ -37,13 +37,11 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
 from annotated_types import Ge
 
 from megatron_energy import __version__
-from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.collective_names import CollectiveName, LaunchPoint
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step, StepKey
@@ -56,7 +54,7 @@ collectives as objects)."""
 
 Provenance = Literal["measured", "modelled", "simulated"]
 
-Phase = PhaseLabel | LaunchPoint
+BoundaryPhase = PhaseLabel | LaunchPoint
 """A point inside an instruction: a phase clock's label, or a collective's launch point."""
 
 Seconds = Annotated[float, Ge(0)]
@@ -75,7 +73,7 @@ class Boundary(NamedTuple):
 
     instruction: Instruction
     """The instruction (of a fused step: its forward, with which the step starts)."""
-    phase: Phase | None = None
+    phase: BoundaryPhase | None = None
     """A phase clock's label or a collective's launch point inside the instruction; ``None``: its start."""
     backward: Instruction | None = None
     """Combined 1F1B: the backward run with ``instruction`` as one fused step; ``None`` for a single pass."""
@@ -88,7 +86,7 @@ class Boundary(NamedTuple):
         )
 
 
-def step_boundary(step: Step, phase: Phase | None = None) -> Boundary:
+def step_boundary(step: Step, phase: BoundaryPhase | None = None) -> Boundary:
     """The boundary at the start of a step (or of a phase inside it)."""
     if isinstance(step, FusedInstruction):
         return Boundary(step.forward, phase, step.backward)
@@ -313,53 +311,6 @@ class Plan:
             return self.target_index
         feasible = [i for i, point in enumerate(self.points) if point.iteration_time_s <= time_s * (1 + 1e-9)]
         return min(feasible, key=lambda i: (self.points[i].energy_j, self.points[i].iteration_time_s))
-
-    def to_json_text(self) -> str:
-        """The file's exact text (:func:`megatron_energy.plan_file.plan_text`)."""
-        from megatron_energy.plan_file import plan_text  # the file's models build on this module's types
-
-        return plan_text(self)
-
-    def save(self, path: str | Path) -> Path:
-        """Write the plan atomically (parent folders are created).
-
-        Args:
-            path: Destination file.
-
-        Returns:
-            The path written.
-        """
-        target = Path(path)
-        write_atomically(target, self.to_json_text())
-        return target
-
-    @classmethod
-    def load(cls, path: str | Path, expected_fingerprint: str | None = None) -> Plan:
-        """Read a plan written by :meth:`save` and check it.
-
-        Args:
-            path: The plan file.
-            expected_fingerprint: When given, the plan must have been computed for this job and GPU.
-
-        Raises:
-            PlanError: If the file is missing, not JSON, of another schema version, modified after it was
-                written, malformed (the message names the field), or planned for another job or GPU.
-        """
-        source = Path(path)
-        try:
-            text = source.read_text(encoding="utf-8")
-        except OSError as error:
-            raise PlanError(f"cannot read plan file {source}: {error.strerror}; rerun planning") from None
-        return cls.from_json_text(text, source=str(source), expected_fingerprint=expected_fingerprint)
-
-    @classmethod
-    def from_json_text(
-        cls, text: str, source: str = "<plan>", expected_fingerprint: str | None = None
-    ) -> Plan:
-        """Parse and check a plan file's text (see :meth:`load`)."""
-        from megatron_energy.plan_file import read_plan  # the file's models build on this module's types
-
-        return read_plan(text, source, expected_fingerprint)
 
 
 FINGERPRINT_DIGITS = 16

@@ -20,12 +20,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, MinLen
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
 from megatron_energy import __version__
+from megatron_energy.atomic import write_atomically
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.collective_names import CollectiveName, LaunchPoint
 from megatron_energy.pipeline.instruction import Instruction, Kind
@@ -358,8 +360,41 @@ def plan_text(plan: Plan) -> str:
     return json.dumps(body, indent=1) + "\n"
 
 
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write ``plan`` to ``path`` atomically (parent folders are created).
+
+    Returns:
+        The path written.
+
+    Raises:
+        PlanError: The plan breaks a check of the file.
+    """
+    target = Path(path)
+    write_atomically(target, plan_text(plan))
+    return target
+
+
+def load_plan(path: str | Path, expected_fingerprint: str | None = None) -> Plan:
+    """Read a plan written by :func:`save_plan` and check it.
+
+    Args:
+        path: The plan file.
+        expected_fingerprint: When given, the plan must have been computed for this job and GPU.
+
+    Raises:
+        PlanError: If the file is missing, not JSON, of another schema version, modified after it was
+            written, malformed (the message names the field), or planned for another job or GPU.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as error:
+        raise PlanError(f"cannot read plan file {source}: {error.strerror}; rerun planning") from None
+    return read_plan(text, source=str(source), expected_fingerprint=expected_fingerprint)
+
+
 def read_plan(text: str, source: str = "<plan>", expected_fingerprint: str | None = None) -> Plan:
-    """Parse and check a plan file's text (see :meth:`~megatron_energy.plan.Plan.load`).
+    """Parse and check a plan file's text (see :func:`load_plan`).
 
     Raises:
         PlanError: Not JSON, of another schema version, modified after it was written, malformed, or

@@ -23,6 +23,7 @@ from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
 from megatron_energy.plan import Plan
 from megatron_energy.plan_band import SavingBand
+from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.plan_outcome import band_ends, plan_saving, run_band, saving_text
 from megatron_energy.report.demo_summary import DemoSummary, JobFigures, summary_table
 from megatron_energy.report.job_report import plan_table
@@ -69,7 +70,7 @@ def test_the_notation_puts_the_end_nearer_zero_first():
 def test_the_plan_line_and_the_report_give_the_band(plan):
     band = plan.saving_band
     expected = (round(100 * band.high, 2), round(100 * band.low, 2))
-    assert _bands(plan_summary(plan, plan.to_json_text())) == [expected]
+    assert _bands(plan_summary(plan, plan_text(plan))) == [expected]
     assert _bands(_text(plan_table(plan))) == [expected]
     assert saving_text(plan).startswith(f"{100 * plan_saving(plan):+.2f} % (")
 
@@ -139,7 +140,7 @@ def test_the_plan_command_prints_the_band(tmp_path, capsys):
     assert args.func(args) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "energy per iteration" in line]
     assert len(_bands(row)) == 1
-    assert Plan.load(tmp_path / "plan.json").saving_band is not None
+    assert load_plan(tmp_path / "plan.json").saving_band is not None
 
 
 def test_the_readmes_modelled_savings_have_their_bands():

@@ -21,6 +21,7 @@ from megatron_energy.errors import EnergyRuntimeError
 from megatron_energy.megatron import collective_runner, session_factory
 from megatron_energy.megatron.collective_runner import CollectiveRunner
 from megatron_energy.megatron.session_factory import DeferredSession
+from megatron_energy.pipeline.collective_names import CollectiveName
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import (
     Action,
@@ -60,8 +61,8 @@ def _plan(points: Sequence[Sequence[Action]], fingerprint: str = "f" * 16) -> Pl
     )
 
 
-EARLY = (CollectiveAction(Boundary(B), "dp.all_reduce.bucket0"),)
-LATE = (CollectiveAction(Boundary(B), "dp.all_reduce.bucket0", max_ctas=8),)
+EARLY = (CollectiveAction(Boundary(B), CollectiveName("dp", "all_reduce", bucket=0)),)
+LATE = (CollectiveAction(Boundary(B), CollectiveName("dp", "all_reduce", bucket=0), max_ctas=8),)
 
 
 class Told:

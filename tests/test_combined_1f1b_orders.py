@@ -14,6 +14,7 @@ from megatron_harness import spawn_world
 
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
+from megatron_energy.plan_file import load_plan
 
 WORLD_SIZE = 4
 SHAPE_KEYS = [
@@ -105,7 +106,6 @@ def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path, cap
     from session_world import SessionSettings, run_world
 
     from megatron_energy.cli import main
-    from megatron_energy.plan import Plan
     from megatron_energy.runtime.session_phase import SessionPhase
 
     energy_dir = tmp_path / "energy"
@@ -122,7 +122,7 @@ def test_the_session_profiles_plans_and_runs_clocks_per_fused_step(tmp_path, cap
     reports = run_world(settings, tmp_path / "results")
     orders = pipeline_orders(2, 4, 2, combined=True)
     fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
-    plan = Plan.load(energy_dir / fingerprint / "plan.json")
+    plan = load_plan(energy_dir / fingerprint / "plan.json")
     assert plan.optimisers == ("perseus",)
     for report in reports:
         assert [step.phase for step in report.steps][-settings.run_steps :] == [SessionPhase.PLANNED] * 3

@@ -14,7 +14,8 @@ from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, 
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
-from megatron_energy.plan import ClockAction, Plan, fingerprint
+from megatron_energy.plan import ClockAction, fingerprint
+from megatron_energy.plan_file import load_plan, save_plan
 from megatron_energy.sim import Simulator
 from megatron_energy.target import parse_target
 
@@ -106,7 +107,7 @@ def test_perseus_clocks_every_fused_step_and_saves_energy_within_the_time_budget
     ]
     assert fused_clocks and len(set(fused_clocks)) > 1  # fused steps are planned, not left at one clock
     # the plan file keeps fused steps: it reads back to the same clocks, and the simulator runs them
-    loaded = Plan.load(plan.save(tmp_path / "plan.json"))
+    loaded = load_plan(save_plan(plan, tmp_path / "plan.json"))
     clocks = {s: c for stage in range(stages) for s, c in loaded.target_point.step_clocks(stage).items()}
     assert clocks == {
         s: c for stage in range(stages) for s, c in plan.target_point.step_clocks(stage).items()

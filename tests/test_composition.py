@@ -18,6 +18,7 @@ from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan, PlanPoint
+from megatron_energy.plan_file import plan_text, read_plan
 from megatron_energy.runtime.planning_round.planning import plan_summary
 from tests.kareus_jobs import EXAMPLE_7B
 from tests.test_kareus_optimiser import Planned, perseus_plan_of, planning_job
@@ -81,8 +82,8 @@ def test_a_refinement_slower_than_the_target_allows_is_left_out_and_the_plan_say
     (note,) = plan.notes
     assert note.startswith("slower's refinement left out (it predicts ")
     assert "where iso-time allows +0.00 %" in note
-    assert note in plan_summary(plan, plan.to_json_text())
-    assert Plan.from_json_text(plan.to_json_text()).notes == plan.notes  # the file keeps it
+    assert note in plan_summary(plan, plan_text(plan))
+    assert read_plan(plan_text(plan)).notes == plan.notes  # the file keeps it
 
 
 def test_a_refinement_that_costs_more_energy_is_left_out(perseus: Plan) -> None:

@@ -21,7 +21,7 @@ from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimis
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan, plan_text, read_plan
 from megatron_energy.target import parse_target
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
@@ -58,7 +58,7 @@ def test_all_is_within_its_target_and_no_costlier_than_its_best_part(target: str
     if len(both.optimisers) == 1 and both.optimisers != ("perseus",):  # a later part alone: it says so
         assert both.notes[-1].startswith(f"{both.optimisers[0]} alone is the plan: ")
     # a saved and read-back plan still says what was left out and why
-    assert Plan.from_json_text(both.to_json_text()).notes == both.notes
+    assert read_plan(plan_text(both)).notes == both.notes
 
 
 def test_the_comparison_rows_are_the_plan_files_predictions_within_their_deadlines(tmp_path: Path) -> None:
@@ -66,12 +66,12 @@ def test_the_comparison_rows_are_the_plan_files_predictions_within_their_deadlin
     comparison = compare_optimisers(job, FAST, points=POINTS)
     out = tmp_path / "plan.json"
     assert main(["plan", "--config", str(DEMO_LIKE), "--points", str(POINTS), "--out", str(out)]) == 0
-    perseus = Plan.load(out).target_point
+    perseus = load_plan(out).target_point
     row = comparison.row("perseus")
     assert row.iteration_time_s == perseus.iteration_time_s
     assert row.total_energy_j == pytest.approx(perseus.energy_j, rel=1e-12)
     assert comparison.row("stock").total_energy_j == pytest.approx(
-        Plan.load(out).baseline.energy_j, rel=1e-12
+        load_plan(out).baseline.energy_j, rel=1e-12
     )
     both = comparison.row("all").plan.target_point
     assert (comparison.row("all").iteration_time_s, comparison.row("all").total_energy_j) == (

@@ -18,7 +18,8 @@ from megatron_energy.cli import main
 from megatron_energy.commands.comparison_output import all_vs_perseus_line, modes_table
 from megatron_energy.commands.optimiser_comparison import MODES, compare_job_folder
 from megatron_energy.demo_model import TRAINING_SCRIPT
-from megatron_energy.plan import CollectiveAction, Plan
+from megatron_energy.plan import CollectiveAction
+from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import band_ends, change_text, plan_saving, run_band, saving_text
 from megatron_energy.runtime.energy_log.energy_line import read_records
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
@@ -78,7 +79,7 @@ def test_cpu_noise_stays_out_and_megatrons_arguments_go_to_the_log(demo: DemoRun
 
 def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo: DemoRun) -> None:
     assert demo.out.count("┃ stock clocks ┃") == 1
-    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    plan = load_plan(demo.job / "plan.json", expected_fingerprint=demo.job.name)
     target, predicted_stock = plan.target_point, plan.baseline
 
     def row(label: str) -> list[str]:
@@ -136,7 +137,7 @@ def test_one_summary_table_with_the_figures_of_the_run_and_of_the_plan_file(demo
 
 
 def test_all_mode_prints_perseus_kareus_and_both_planned_from_the_measured_profile(demo: DemoRun) -> None:
-    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    plan = load_plan(demo.job / "plan.json", expected_fingerprint=demo.job.name)
     # the pipeline's p2p, if Kareus schedules it, at NCCL's budget: the demo job's own setting
     for rank in plan.target_point.ranks:
         actions = [a for a in rank.actions if isinstance(a, CollectiveAction)]
@@ -169,7 +170,7 @@ def test_all_in_the_demo_is_its_plan_file_no_slower_than_stock_and_no_costlier_t
     demo: DemoRun,
 ) -> None:
     """Issue 33: the demo's ``all`` plan predicted +1.54 % time and more energy than Perseus alone."""
-    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    plan = load_plan(demo.job / "plan.json", expected_fingerprint=demo.job.name)
     comparison = compare_job_folder(demo.job, "demo")
     both, perseus = comparison.row("all"), comparison.row("perseus")
     target = plan.target_point
@@ -186,7 +187,7 @@ def test_one_saving_in_the_plan_line_the_summary_the_comparison_and_the_report(
     demo: DemoRun, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Issue 33: one output gave -12.0 %, -11.76 % and -15.94 % for the same plan; issue 41: with its band."""
-    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    plan = load_plan(demo.job / "plan.json", expected_fingerprint=demo.job.name)
     assert re.fullmatch(r"-\d+\.\d\d %", change_text(plan_saving(plan)))
     saving = saving_text(plan)
     assert re.fullmatch(r"-\d+\.\d\d % \([+-]\d+\.\d\d to [+-]\d+\.\d\d %, modelled\)", saving)
@@ -263,6 +264,6 @@ PLAN_LINE = re.compile(
 def test_the_composed_plan_predicts_no_slower_an_iteration_than_stock_at_iso_time(demo: DemoRun) -> None:
     (match,) = [m for line in demo.lines if (m := PLAN_LINE.match(line))]
     assert float(match[2]) <= float(match[3])  # the demo's PP=4 `all` plan once predicted 127.6 vs 125.7 ms
-    plan = Plan.load(demo.job / "plan.json", expected_fingerprint=demo.job.name)
+    plan = load_plan(demo.job / "plan.json", expected_fingerprint=demo.job.name)
     assert plan.target_point.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)
     assert ", ".join(plan.optimisers) == match[1]

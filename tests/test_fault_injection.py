@@ -57,6 +57,7 @@ from zygote import start_zygote
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.events import read_trace
+from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.cache_manifest import (
     MANIFEST_NAME,
@@ -281,11 +282,9 @@ def prepare(key: str, root: Path, job: Job) -> None:
         manifest["fingerprint"] = FOREIGN_FINGERPRINT
         (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
     elif key == "foreign-plan":
-        from megatron_energy.plan import Plan
-
-        plan = Plan.load(folder / "plan.json")
+        plan = load_plan(folder / "plan.json")
         foreign = dataclasses.replace(plan, fingerprint=FOREIGN_FINGERPRINT[: len(plan.fingerprint)])
-        _resign(folder, {"plan.json": foreign.to_json_text().encode()})
+        _resign(folder, {"plan.json": plan_text(foreign).encode()})
     elif key == "not-a-baseline":
         _resign(folder, {"baseline.json": b"[1, 2, 3]\n"})
     else:

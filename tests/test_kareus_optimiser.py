@@ -26,6 +26,7 @@ from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan, PlanPoint
+from megatron_energy.plan_file import plan_text, read_plan
 from megatron_energy.target import parse_target
 from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
 
@@ -70,7 +71,7 @@ def test_kareus_alone_plans_every_collective_and_the_plan_round_trips(tmp_path: 
         assert len(names) == len(set(names))
         assert {n.class_key for n in names} >= {"dp.reduce_scatter", "pp.send_recv"}
         assert all(a.at.instruction.stage == stage for a in rank.actions)
-    assert Plan.from_json_text(plan.to_json_text()) == plan
+    assert read_plan(plan_text(plan)) == plan
     assert SearchCache(tmp_path).path(job.fingerprint()).is_file()
 
 

@@ -27,6 +27,7 @@ from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import ClockAction, CollectiveAction, Plan, PlanPoint
+from megatron_energy.plan_file import load_plan
 from megatron_energy.target import EnergyTarget
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
@@ -60,7 +61,7 @@ def _run(mode: str, tmp_path: Path) -> tuple[Plan, list[RankReport], Path]:
     reports = run_world(settings, tmp_path / "results")
     fingerprint = json.loads((settings.energy_dir / "last_job.json").read_text())["fingerprint"]
     folder = settings.energy_dir / fingerprint
-    return Plan.load(folder / "plan.json", expected_fingerprint=fingerprint), reports, folder
+    return load_plan(folder / "plan.json", expected_fingerprint=fingerprint), reports, folder
 
 
 @pytest.fixture(scope="module")

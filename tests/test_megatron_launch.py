@@ -13,7 +13,7 @@ from megatron_energy import launch
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 
 NUM_MICROBATCHES = 8
 GROUP_SIZE = 4
@@ -170,7 +170,7 @@ def test_the_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_
         )
     assert "not optimising" not in run.output
     (plan_file,) = (tmp_path / "energy").glob("*/plan.json")
-    plan = Plan.load(plan_file)
+    plan = load_plan(plan_file)
     for rank in (0, 1):
         for point in plan.points:
             planned = [action.at.instruction for action in point.ranks[rank].actions]

@@ -20,7 +20,8 @@ from session_world import ASSUMED_H100
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import read_trace
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
-from megatron_energy.plan import CollectiveAction, Plan
+from megatron_energy.plan import CollectiveAction
+from megatron_energy.plan_file import load_plan
 
 TRAIN_ITERS = 9  # 8 profiling steps, then the plan runs (as tests/test_megatron_launch.py)
 NUM_MICROBATCHES = 2  # global batch 8 / (micro batch 2 x data-parallel 2)
@@ -55,7 +56,7 @@ def test_an_moe_job_with_expert_parallelism_runs_and_plans_its_all_to_all(tmp_pa
     moe = job["parts"]["model"]["moe"]  # the session read the MoE layers from Megatron's arguments
     assert (moe["num_experts"], moe["topk"], moe["expert_parallel"]) == (4, 2, 2)
     load_gpu_spec(ASSUMED_H100)  # the plan names its spec: found by name once loaded by path
-    plan = Plan.load(folder)
+    plan = load_plan(folder)
     assert plan.optimisers == ("perseus", "kareus", "kernel"), plan.notes
     for point in plan.points:  # Kareus scheduled the expert all-to-all beside the data-parallel bucket
         names = {str(a.collective) for a in point.ranks[0].actions if isinstance(a, CollectiveAction)}

@@ -18,7 +18,7 @@ from plugin_site import PLUGIN_SOURCE, install_plugin
 
 from megatron_energy.optimisers import registry
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
 
@@ -58,7 +58,7 @@ def test_the_plugin_plans_and_its_plan_runs(toy_run: LauncherRun) -> None:
     output = toy_run.output
     assert toy_run.statuses == (0, 0), output[-4000:]
     (plan_file,) = (toy_run.folder / "energy").glob("*/plan.json")
-    plan = Plan.load(plan_file)
+    plan = load_plan(plan_file)
     assert plan.optimisers == ("toy",)
     orders = pipeline_orders(2, 4, 1)
     for stage in (0, 1):

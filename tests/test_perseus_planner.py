@@ -15,6 +15,7 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import ClockAction, Plan, PlanPoint, fingerprint
+from megatron_energy.plan_file import load_plan, save_plan
 from megatron_energy.sim import Simulator
 from megatron_energy.sim.simulator import SimResult
 from megatron_energy.target import EnergyTarget, parse_target
@@ -163,7 +164,7 @@ def test_plan_lists_every_rank_in_execution_order_and_round_trips(planner, order
         assert all(action.clock_mhz == point.clocks[action.at.instruction] for action in rank.actions)
         assert rank.energy_j == point.stage_energy_j[stage]
     plan = dataclasses.replace(iso_plan, points=(converted,), target_index=0)
-    loaded = Plan.load(plan.save(tmp_path / "plan.json"), expected_fingerprint=FINGERPRINT)
+    loaded = load_plan(save_plan(plan, tmp_path / "plan.json"), expected_fingerprint=FINGERPRINT)
     assert loaded == plan
     backward = Instruction(stage=2, chunk=0, microbatch=3, kind="backward")
     assert loaded.clock_for(2, backward) == point.clocks[backward]
@@ -197,7 +198,7 @@ def test_plan_command_writes_plan_frontier_and_plot(tmp_path, capsys, monkeypatc
     # The per-instruction figures are what the file says; every iteration figure is modelled.
     assert f"modelled: the pipeline simulated from a {source} profile" in printed
     assert "energy per iteration (J)" in printed and "│ modelled" in printed
-    plan = Plan.load(out)
+    plan = load_plan(out)
     assert plan.provenance == source and plan.target == "slowdown:0.02"
     assert plan.target_point.iteration_time_s <= 1.02 * plan.baseline.iteration_time_s
     # The frontier (one sample per deadline of --points) now travels in the plan file.
@@ -231,7 +232,7 @@ def test_plan_command_never_assumes_where_a_profile_comes_from(tmp_path, capsys)
         _plan_status(["--profile", str(bare), "--profile-source", "measured", *pipeline, "--out", str(out)])
         == 0
     )
-    assert Plan.load(out).provenance == "measured"
+    assert load_plan(out).provenance == "measured"
 
 
 def test_plan_command_refuses_a_profile_of_another_pipeline(tmp_path, capsys):

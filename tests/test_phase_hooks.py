@@ -23,6 +23,7 @@ from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanPoint, RankPlan
+from megatron_energy.plan_file import plan_text, read_plan
 from megatron_energy.runtime.planning_round.planning import tail_phases_from_profiling
 from megatron_energy.runtime.profiling.collector import ProfileRow, StepRecord
 from megatron_energy.runtime.running.plan_runner import InsideRequest, PlanRunner
@@ -280,7 +281,7 @@ def test_the_runner_takes_typed_labels_at_their_exact_times_through_the_file() -
     made = Plan(
         "f" * 16, "h100-sxm", "modelled", "iso-time", ("kernel",), 0.01, Baseline(1.0, 2.0), (point,), 0
     )
-    for plan in (made, Plan.from_json_text(made.to_json_text())):
+    for plan in (made, read_plan(plan_text(made))):
         runner = PlanRunner(plan, 0, (forward, backward))
         # the planner's float, not the microsecond a label string kept (0.235 ms)
         assert runner.inside_requests(forward) == (InsideRequest(1.2345678e-3 - 1e-3, 1200),)

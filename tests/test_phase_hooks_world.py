@@ -31,6 +31,7 @@ from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.phase_labels import PhaseLabel
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 from megatron_energy.plan import ClockAction, Plan, RankPlan
+from megatron_energy.plan_file import load_plan
 
 pytestmark = pytest.mark.world  # spawns a gloo world of megatron-core ranks
 
@@ -63,7 +64,7 @@ def kernel_run(tmp_path_factory) -> tuple[list[RankReport], Plan]:
     )
     reports = run_world(settings, root / "results")
     fingerprint = json.loads((settings.energy_dir / "last_job.json").read_text())["fingerprint"]
-    plan = Plan.load(settings.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
+    plan = load_plan(settings.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
     return reports, plan
 
 

@@ -26,6 +26,7 @@ from megatron_energy.pipeline.phase_timeline import (
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import ClockAction, Plan
+from megatron_energy.plan_file import load_plan, save_plan
 from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h200")
@@ -199,8 +200,8 @@ def test_kernel_mode_alone_saves_energy_at_stock_time(profile: Profile, tmp_path
     # 50 ms switches: every instruction is one phase; only the tail (gradient sync, optimizer step) is split
     assert all(isinstance(a.at.phase, PhaseLabel) and not a.at.phase.inside for a in _phase_actions(coarse))
     assert fine.target_point.energy_j < coarse.target_point.energy_j
-    path = fine.save(tmp_path / "plan.json")
-    assert Plan.load(path).target_point == fine.target_point
+    path = save_plan(fine, tmp_path / "plan.json")
+    assert load_plan(path).target_point == fine.target_point
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ import pytest
 from session_world import SessionSettings, run_world
 
 from megatron_energy.pipeline.phase_labels import PhaseLabel
-from megatron_energy.plan import ClockAction, Plan
+from megatron_energy.plan import ClockAction
+from megatron_energy.plan_file import load_plan
 from megatron_energy.target import parse_target
 
 pytestmark = pytest.mark.world  # spawns a gloo world of megatron-core ranks
@@ -29,7 +30,7 @@ def test_all_modes_plan_with_phases_and_log_power_against_the_budget(tmp_path) -
     )
     reports = run_world(demo, tmp_path / "results")
     fingerprint = json.loads((demo.energy_dir / "last_job.json").read_text())["fingerprint"]
-    plan = Plan.load(demo.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
+    plan = load_plan(demo.energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
     # the session describes the job's collectives, so Kareus plans its part too; where its model prices the
     # point slower than the target allows, `all` leaves it out and says so
     assert plan.optimisers in (("perseus", "kareus", "kernel"), ("perseus", "kernel"))

@@ -25,7 +25,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.runtime.assembly import require_even_layers
 from megatron_energy.runtime.context import JobContext
 
@@ -156,7 +156,7 @@ def test_a_layout_job_profiles_plans_and_runs_megatrons_order_through_the_launch
             ]
             assert executed == [(i.kind, i.microbatch, i.chunk) for i in expected.stage(rank)]
     (plan_file,) = (tmp_path / "energy").glob("*/plan.json")
-    plan = Plan.load(plan_file)
+    plan = load_plan(plan_file)
     for rank in (0, 1):
         for point in plan.points:
             assert [action.at.instruction for action in point.ranks[rank].actions] == list(

@@ -8,7 +8,7 @@ from megatron_energy.commands.accounting import Accounting, format_gap, row_warn
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.stock_clocks import all_max_clocks
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.sim import Simulator
 
 
@@ -66,7 +66,7 @@ def test_plan_command_says_its_accounting_and_warns_about_rows(tmp_path, capsys,
     # The printed and stored baseline is every instruction at 1410 MHz, not the quickest plan.
     dag = PipelineDag.build(pipeline_orders(2, 4))
     all_max = Simulator(dag, profile).run(all_max_clocks(dag, profile))
-    plan = Plan.load(out)
+    plan = load_plan(out)
     assert plan.baseline.iteration_time_s == all_max.iteration_time_s
     assert plan.baseline.energy_j == all_max.total_energy_j
     assert plan.frontier[0].time_s < all_max.iteration_time_s

@@ -23,6 +23,7 @@ from megatron_energy.plan import (
     RankPlan,
     fingerprint,
 )
+from megatron_energy.plan_file import load_plan, plan_text, save_plan
 from megatron_energy.runtime.planning_round.planning import plan_summary
 
 F0 = Instruction(0, 0, 0, "forward")
@@ -98,10 +99,10 @@ def _rewrite(path, edit, keep_checksum=True):
 
 def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
     plan = _plan()
-    path = plan.save(tmp_path / "deep" / "plan.json")
-    loaded = Plan.load(path, expected_fingerprint=plan.fingerprint)
+    path = save_plan(plan, tmp_path / "deep" / "plan.json")
+    loaded = load_plan(path, expected_fingerprint=plan.fingerprint)
     assert loaded == plan
-    assert loaded.to_json_text() == path.read_text()
+    assert plan_text(loaded) == path.read_text()
     assert loaded.schema_version == SCHEMA_VERSION == 3
     assert loaded.created_by.startswith("megatron_energy ")
     assert loaded.clock_for(0, B0) == 1200
@@ -121,17 +122,17 @@ def test_round_trip_keeps_every_field_and_answers_lookups(tmp_path):
 
 def test_a_measured_tail_round_trips_and_a_wrong_one_is_refused(tmp_path):
     plan = dataclasses.replace(_plan(), measured_tail=MeasuredTail(0.05, (20.0, 30.0)))
-    path = plan.save(tmp_path / "plan.json")
+    path = save_plan(plan, tmp_path / "plan.json")
     assert json.loads(path.read_text())["measured_tail"] == {"time_s": 0.05, "stage_energy_j": [20.0, 30.0]}
-    assert Plan.load(path) == plan
+    assert load_plan(path) == plan
     _rewrite(path, lambda data: data.update(measured_tail={"time_s": 0.05, "stage_energy_j": [1.0]}),
              keep_checksum=False)  # fmt: skip
     with pytest.raises(PlanError, match="1 stage energies for 2 ranks"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_file_is_plain_json_keyed_by_the_shared_instruction_identity(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     data = json.loads(path.read_text())
     assert data["schema_version"] == 3 and len(data["checksum"]) == 64
     action = data["points"][0]["ranks"][0]["actions"][1]
@@ -144,7 +145,7 @@ def test_file_is_plain_json_keyed_by_the_shared_instruction_identity(tmp_path):
 
 
 def test_phases_and_collectives_are_json_objects_not_strings(tmp_path):
-    data = json.loads(_plan().save(tmp_path / "plan.json").read_text())
+    data = json.loads(save_plan(_plan(), tmp_path / "plan.json").read_text())
     phase, collective = data["points"][0]["ranks"][0]["actions"][2:]
     assert phase["at"]["phase"] == {
         "scope": "p",
@@ -184,51 +185,51 @@ def test_unknown_instruction_or_rank_is_refused():
 
 
 def test_a_version_2_file_is_refused_and_names_the_version_to_plan_again_with(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     _rewrite(path, lambda data: data.update(schema_version=2), keep_checksum=False)
     with pytest.raises(PlanError, match=r"schema version 2; .* reads version 3: rerun planning"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_a_file_that_is_not_json(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text("[('forward', 1410)]  # a Perseus plan is Python, and is never evaluated here")
     with pytest.raises(PlanError, match=r"not valid JSON.*delete it or rerun planning"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_json_that_is_not_an_object(tmp_path):
     path = tmp_path / "plan.json"
     path.write_text("[1, 2, 3]")
     with pytest.raises(PlanError, match="does not hold a JSON object"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_a_missing_file(tmp_path):
     with pytest.raises(PlanError, match="cannot read plan file"):
-        Plan.load(tmp_path / "absent.json")
+        load_plan(tmp_path / "absent.json")
 
 
 def test_rejects_another_schema_version(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     _rewrite(path, lambda data: data.update(schema_version=SCHEMA_VERSION + 1), keep_checksum=False)
     with pytest.raises(PlanError, match=rf"schema version {SCHEMA_VERSION + 1}.*rerun planning"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_a_tampered_file(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     _rewrite(path, lambda data: data["points"][0]["ranks"][0]["actions"][0].update(clock_mhz=210))
     with pytest.raises(PlanError, match=r"modified after it was written \(checksum mismatch\)"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def _refused(tmp_path, edit) -> str:
     """The refusal of the test plan's file after ``edit`` (re-signed as a writer would)."""
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     _rewrite(path, edit, keep_checksum=False)
     with pytest.raises(PlanError, match=r"malformed .*: delete it or rerun planning") as refusal:
-        Plan.load(path)
+        load_plan(path)
     return str(refusal.value)
 
 
@@ -290,35 +291,35 @@ def test_types_are_strict_and_unknown_keys_refused(tmp_path):
 
 
 def test_rejects_an_action_listed_under_the_wrong_rank(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     _rewrite(
         path,
         lambda data: data["points"][0]["ranks"][1]["actions"][0]["at"].update(stage=0),
         keep_checksum=False,
     )
     with pytest.raises(PlanError, match="listed under rank 1 but names stage 0"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_non_finite_numbers(tmp_path):
-    path = _plan().save(tmp_path / "plan.json")
+    path = save_plan(_plan(), tmp_path / "plan.json")
     path.write_text(path.read_text().replace('"energy_j": 1000.0', '"energy_j": NaN'))
     with pytest.raises(PlanError, match="not valid JSON"):
-        Plan.load(path)
+        load_plan(path)
 
 
 def test_rejects_a_plan_for_another_job_naming_both_fingerprints(tmp_path):
     plan = _plan("job-a")
-    path = plan.save(tmp_path / "plan.json")
+    path = save_plan(plan, tmp_path / "plan.json")
     other = fingerprint(job="job-b")[:16]
     with pytest.raises(PlanError, match=rf"another job.*{plan.fingerprint}.*{other}"):
-        Plan.load(path, expected_fingerprint=other)
+        load_plan(path, expected_fingerprint=other)
 
 
 def test_the_log_summary_names_the_frontier_only_when_one_was_swept():
     swept = _plan()
-    text = swept.to_json_text()
+    text = plan_text(swept)
     assert "2 frontier points" in plan_summary(swept, text) and "relaxed" in plan_summary(swept, text)
     alone = dataclasses.replace(swept, frontier=())  # kernel or kareus alone: stock instruction clocks
-    line = plan_summary(alone, alone.to_json_text())
+    line = plan_summary(alone, plan_text(alone))
     assert "no frontier swept" in line and "relaxed" not in line

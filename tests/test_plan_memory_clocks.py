@@ -11,6 +11,7 @@ import pytest
 
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.plan import Baseline, Boundary, ClockAction, Plan, PlanError, PlanPoint, RankPlan
+from megatron_energy.plan_file import load_plan, plan_text, read_plan, save_plan
 
 
 def _plan(memory_clocks_mhz: tuple[int, ...] = ()) -> Plan:
@@ -44,26 +45,26 @@ def _resigned(text: str, edit) -> str:
 
 def test_memory_clocks_round_trip_and_answer_per_rank(tmp_path: Path) -> None:
     plan = _plan((2619, 1593))
-    loaded = Plan.load(plan.save(tmp_path / "plan.json"))
+    loaded = load_plan(save_plan(plan, tmp_path / "plan.json"))
     assert loaded == plan
     assert loaded.memory_clocks_mhz == (2619, 1593)
     assert [loaded.memory_clock_for(stage) for stage in range(2)] == [2619, 1593]
 
 
 def test_a_plan_at_stock_memory_clocks_writes_no_field() -> None:
-    text = _plan().to_json_text()
+    text = plan_text(_plan())
     assert "memory_clocks_mhz" not in text
-    assert Plan.from_json_text(text).memory_clock_for(1) is None
+    assert read_plan(text).memory_clock_for(1) is None
 
 
 def test_a_memory_clock_the_gpu_does_not_list_is_refused_with_the_supported_ones() -> None:
-    text = _plan((2619, 1500)).to_json_text()
+    text = plan_text(_plan((2619, 1500)))
     with pytest.raises(
         PlanError,
         match=r"rank 1's memory clock 1500 MHz is not one of h100-sxm's supported "
         r"memory clocks \(2619, 1593 MHz\)",
     ):
-        Plan.from_json_text(text)
+        read_plan(text)
 
 
 @pytest.mark.parametrize(
@@ -77,12 +78,12 @@ def test_a_memory_clock_the_gpu_does_not_list_is_refused_with_the_supported_ones
     ],
 )
 def test_malformed_memory_clocks_are_refused(value: object, problem: str) -> None:
-    text = _resigned(_plan((2619, 1593)).to_json_text(), lambda data: data.update(memory_clocks_mhz=value))
+    text = _resigned(plan_text(_plan((2619, 1593))), lambda data: data.update(memory_clocks_mhz=value))
     with pytest.raises(PlanError, match=problem):
-        Plan.from_json_text(text)
+        read_plan(text)
 
 
 def test_memory_clocks_of_a_gpu_without_a_spec_are_refused() -> None:
     plan = dataclasses.replace(_plan((1593, 1593)), gpu_name="mystery-gpu")
     with pytest.raises(PlanError, match="'mystery-gpu', which has no GPU spec to check them against"):
-        Plan.from_json_text(plan.to_json_text())
+        read_plan(plan_text(plan))

@@ -14,6 +14,7 @@ from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimis
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import plan_text, save_plan
 from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.report.job_report import write_job_report
 from megatron_energy.runtime.planning_round.planning import plan_summary
@@ -53,7 +54,7 @@ def _job_folder(tmp_path: Path, job: JobConfig, plan: Plan) -> Path:
     }
     (folder / "job.json").write_text(json.dumps({"fingerprint": FINGERPRINT, "parts": parts}))
     (folder / "profile.csv").write_text(job.synthetic_profile(job.spec()).to_csv_text())
-    plan.save(folder / "plan.json")
+    save_plan(plan, folder / "plan.json")
     return folder
 
 
@@ -62,7 +63,7 @@ def test_phases_shorter_than_the_switch_latency_say_so_and_draw_no_plot(tmp_path
     plan = PhaseOptimiser().plan(job.synthetic_profile(job.spec()), planning)
     why = why_nothing_found(plan)
     assert why is not None and "kernel: no phase gains from a clock of its own once a 5000 ms" in why
-    assert f"(no saving: {why})" in plan_summary(plan, plan.to_json_text())
+    assert f"(no saving: {why})" in plan_summary(plan, plan_text(plan))
     report = write_job_report(_job_folder(tmp_path, job, plan))
     assert report.frontier_png is None and not (tmp_path / FINGERPRINT / "frontier.png").exists()
     assert "none drawn" in report.frontier_line and why in report.frontier_line

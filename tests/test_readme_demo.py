@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from megatron_energy.cli import main
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.report.job_report import latest_job_folder
 
 pytestmark = pytest.mark.world  # the demo's torch.distributed.run of four ranks
@@ -72,7 +72,7 @@ def test_the_readmes_prose_figures_are_the_demos(demo) -> None:
     assert int(_quoted(r"runs the plan for (\d+) iterations")) == len(planned)
     (run_row,) = [line for line in lines if line.startswith("│ iteration time, run (modelled)")]
     assert f"hence {_quoted(r'hence ([\d.]+) ms')} ms" in f"hence {run_row.split('│')[3].split()[0]} ms"
-    plan = Plan.load(job / "plan.json")
+    plan = load_plan(job / "plan.json")
     target = plan.target_point
     instant = min(s.energy_j for s in plan.frontier if s.time_s <= target.deadline_s * (1 + 1e-9))
     survives = (plan.baseline.energy_j - target.energy_j) / (plan.baseline.energy_j - instant)

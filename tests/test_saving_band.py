@@ -12,7 +12,7 @@ from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_band import SavingBand
-from megatron_energy.plan_file import _checksum
+from megatron_energy.plan_file import _checksum, load_plan, plan_text, read_plan, save_plan
 from megatron_energy.plan_outcome import plan_saving
 from tests.banded_plans import SPEC, small_job, small_profile
 
@@ -74,20 +74,20 @@ def test_a_measured_profile_varies_the_switch_latency_only(plan, job):
 def test_the_band_travels_in_the_plan_file_and_is_checked_on_load(plan, job, tmp_path):
     banded = with_saving_band(plan, small_profile(), job)
     assert banded.saving_band is not None and banded.saving_band.varied == tuple(SPEC.ranges)
-    assert plan.to_json_text() == dataclasses.replace(banded, saving_band=None).to_json_text()
-    loaded = Plan.load(banded.save(tmp_path / "plan.json"))
+    assert plan_text(plan) == plan_text(dataclasses.replace(banded, saving_band=None))
+    loaded = load_plan(save_plan(banded, tmp_path / "plan.json"))
     assert loaded.saving_band == banded.saving_band
-    body = json.loads(banded.to_json_text())
+    body = json.loads(plan_text(banded))
     body["saving_band"] = {"low": -0.5, "high": -0.4, "varied": []}
     body.pop("checksum")
     with pytest.raises(PlanError, match="does not hold the plan's own saving"):
-        Plan.from_json_text(_signed(body), source="forged")
+        read_plan(_signed(body), source="forged")
     body["saving_band"] = {"low": -0.1, "high": "x", "varied": []}
     with pytest.raises(PlanError, match=r"saving_band\.high: Input should be a valid number"):
-        Plan.from_json_text(_signed(body), source="forged")
+        read_plan(_signed(body), source="forged")
     body["saving_band"] = {"low": -0.1, "high": -0.2, "varied": []}
     with pytest.raises(PlanError, match=r"saving_band: Value error, a saving band needs finite low <= high"):
-        Plan.from_json_text(_signed(body), source="forged")
+        read_plan(_signed(body), source="forged")
 
 
 def _signed(body: dict) -> str:

@@ -27,7 +27,7 @@ import pytest
 from session_world import RankReport, SessionSettings, run_world, summarise
 
 from megatron_energy.cli import main
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 from megatron_energy.stats import relative_change
 from megatron_energy.target import parse_target
@@ -302,7 +302,7 @@ def test_the_cache_folder_holds_the_job(first_run):
     assert rows[0] == "stage,instruction,frequency,time,energy,source"
     assert len(rows) - 1 == 4 * 2 * len(GRID_MHZ)  # stage x (forward, backward) x clock
     assert {row.rsplit(",", 1)[1] for row in rows[1:]} == {"simulated"}  # profiled on simulated GPUs
-    plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
+    plan = load_plan(folder / "plan.json", expected_fingerprint=folder.name)
     assert plan.num_stages == 4 and plan.target == "iso-time"
     planned = {clock for stage in range(4) for clock in plan.target_point.clock_table(stage).values()}
     assert planned <= set(GRID_MHZ)
@@ -319,7 +319,7 @@ def test_report_command_writes_the_frontier_plot_and_the_timeline(first_run, cap
     assert (folder / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     timeline = json.loads((folder / "timeline.json").read_text())
     assert timeline["otherData"]["source"] == "modelled"
-    plan = Plan.load(folder / "plan.json")
+    plan = load_plan(folder / "plan.json")
     for stage in range(4):
         for kind in ("forward", "backward"):
             requested = {

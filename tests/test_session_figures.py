@@ -27,6 +27,7 @@ from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.runtime.profiling.baseline_length import MAX_STOCK_STEPS
 from megatron_energy.target import parse_target
 
@@ -65,7 +66,7 @@ def settings(energy_dir: Path, **changes: object) -> SessionSettings:
 def cached_plan(energy_dir: Path) -> Plan:
     load_gpu_spec(ASSUMED_H100)  # the plan names its spec: found by name once loaded by path
     fingerprint = json.loads((energy_dir / "last_job.json").read_text())["fingerprint"]
-    return Plan.load(energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
+    return load_plan(energy_dir / fingerprint / "plan.json", expected_fingerprint=fingerprint)
 
 
 def stock_steps(report: RankReport) -> range:

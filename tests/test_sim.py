@@ -13,7 +13,7 @@ from megatron_energy.pipeline.dag import IterationTail, PipelineDag, TailStep
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
-from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.sim import Simulator, StagePowers
 from megatron_energy.sim.trace import write_trace
 
@@ -186,7 +186,7 @@ def test_a_plan_made_for_the_job_config_simulates_to_its_own_prediction(tmp_path
     plan_path = tmp_path / "plan.json"
     assert _run_plan(["--config", EXAMPLE, "--points", "3", "--out", str(plan_path)]) == 0
     capsys.readouterr()
-    plan = Plan.load(plan_path)
+    plan = load_plan(plan_path)
     job = JobConfig.load(EXAMPLE)
     assert plan.fingerprint == job.fingerprint() and plan.switch_latency_s == job.spec().switch_latency_s
 
@@ -217,7 +217,7 @@ def test_simulate_refuses_a_plan_made_for_another_job(tmp_path, capsys):
     assert _run_simulate(["--config", EXAMPLE, "--plan", str(plan_path)]) == 2
     err = capsys.readouterr().err
     assert "another job" in err
-    assert Plan.load(plan_path).fingerprint in err and JobConfig.load(EXAMPLE).fingerprint() in err
+    assert load_plan(plan_path).fingerprint in err and JobConfig.load(EXAMPLE).fingerprint() in err
 
 
 def test_a_pass_resumed_from_an_earlier_one_is_the_whole_pass_to_the_last_float():

@@ -40,6 +40,7 @@ from megatron_energy.pipeline.dag import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, fingerprint
+from megatron_energy.plan_file import save_plan
 from megatron_energy.plan_outcome import saving_text
 from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         profile, job, source, accounting = _planning_inputs(args)
         job = dataclasses.replace(job, memory_clock=args.memory_clock == "auto")
         plan = with_saving_band(MemoryClockLever(PerseusOptimiser()).plan(profile, job), profile, job)
-        plan.save(args.out)
+        save_plan(plan, args.out)
     except (ValueError, OSError) as error:
         return fail("plan", error)
     console.print(_summary(plan))

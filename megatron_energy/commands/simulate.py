@@ -29,6 +29,7 @@ from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
+from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import banded_text, change_text, energy_change, run_band
 from megatron_energy.report.console import output_console
 from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         dag, profile = job.build_dag(spec=spec), job.synthetic_profile(spec)
         simulator = Simulator(dag, profile, switch_latency_s=latency_s)
         baseline = simulator.run()
-        plan = Plan.load(args.plan, expected_fingerprint=job.fingerprint()) if args.plan else None
+        plan = load_plan(args.plan, expected_fingerprint=job.fingerprint()) if args.plan else None
         planned = None
         if plan is not None:
             clocks = _plan_clocks(plan, spec.name)

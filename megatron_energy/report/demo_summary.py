@@ -21,6 +21,7 @@ from rich.table import Table
 
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import band_ends, change_text, run_band, saving_text
 from megatron_energy.report.tables import ComparisonRow, comparison_table
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, read_job_records
@@ -76,7 +77,7 @@ def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
         OSError: A file cannot be read.
     """
     baseline = StockBaseline.from_json((job_folder / "baseline.json").read_text(encoding="utf-8"))
-    plan = Plan.load(job_folder / "plan.json", expected_fingerprint=job_folder.name)
+    plan = load_plan(job_folder / "plan.json", expected_fingerprint=job_folder.name)
     records = [record for record in read_job_records(log_file, job_folder.name) if record.phase == "planned"]
     if len(records) < 2:
         raise SummaryError(

@@ -18,6 +18,7 @@ from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import load_plan
 
 
 class ReportError(EnergyValueError):
@@ -55,7 +56,7 @@ def read_job_folder(folder: Path) -> JobFolder:
     if not (folder / "profile.csv").exists() or not (folder / "plan.json").exists():
         raise ReportError(f"{folder} has no profile.csv/plan.json yet: the job has not finished profiling")
     spec = load_gpu_spec(parts["gpu"])
-    plan = Plan.load(folder / "plan.json", expected_fingerprint=folder.name)
+    plan = load_plan(folder / "plan.json", expected_fingerprint=folder.name)
     profile = Profile.from_csv(folder / "profile.csv", gpu_name=spec.name, source=plan.provenance)
     orders = pipeline_orders(
         parts["pipeline_size"],

@@ -60,9 +60,9 @@ from megatron_energy.plan import (
     Action,
     Baseline,
     Boundary,
+    BoundaryPhase,
     ClockAction,
     CollectiveAction,
-    Phase,
     Plan,
     PlanPoint,
     RankPlan,
@@ -415,6 +415,6 @@ def _ordered(
     return tuple(action for _, action in keyed)
 
 
-def _layer(phase: Phase) -> int:
+def _layer(phase: BoundaryPhase) -> int:
     """The layer a launch point starts (0 for a point without one, e.g. ``gemm_overlap``)."""
     return phase.layer if isinstance(phase, LaunchPoint) and phase.layer is not None else 0

@@ -31,6 +31,7 @@ from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import read_plan
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
@@ -460,7 +461,7 @@ class PlanningRound:
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
         """Every rank parses the same plan text; all run it only if every rank could (one small reduction)."""
         try:
-            plan = Plan.from_json_text(
+            plan = read_plan(
                 release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
             )
             runner = PlanRunner(

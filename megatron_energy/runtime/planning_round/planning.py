@@ -30,6 +30,7 @@ from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
+from megatron_energy.plan_file import plan_text
 from megatron_energy.plan_outcome import saving_text, why_nothing_found
 from megatron_energy.runtime.planning_round.cache import REQUIRED_ARTEFACTS, JobCache
 from megatron_energy.runtime.profiling.collector import (
@@ -120,7 +121,7 @@ def plan_on_root(
     plan = with_saving_band(MemoryClockLever(optimiser).plan(profile, job), profile, job)
     measured = MeasuredInputs.of_job(job, optimiser.request)
     return PlanRelease(
-        plan.to_json_text(), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
+        plan_text(plan), baseline, profile.to_csv_text(), frontier_csv_text(plan), measured.to_json()
     )
 
 

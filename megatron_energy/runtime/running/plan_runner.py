@@ -38,9 +38,9 @@ from megatron_energy.pipeline.instruction import Step
 from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
 from megatron_energy.plan import (
     Boundary,
+    BoundaryPhase,
     ClockAction,
     CollectiveAction,
-    Phase,
     Plan,
     PlanError,
     PlanPoint,
@@ -142,7 +142,7 @@ class PlanRunner:
         """The running point's predicted energy of this rank's GPU per iteration (modelled)."""
         return self.point.ranks[self.stage].energy_j
 
-    def clock_at(self, instruction: Step, phase: Phase | None = None) -> int | None:
+    def clock_at(self, instruction: Step, phase: BoundaryPhase | None = None) -> int | None:
         """The clock to lock at a step's start (or a phase inside it); ``None``: leave it."""
         return self._clocks.get(step_boundary(instruction, phase))
 
