@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.atomic import LOCK_FILE_NAME
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX
 from megatron_energy.errors import EnergyError
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION = 1
-QUARANTINE_PREFIX = "quarantine-"
 
 
 class CacheVerificationError(EnergyError):
@@ -95,18 +94,18 @@ def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...])
 
 def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, dict[str, Any]]:
     try:
-        manifest = json.loads((folder / MANIFEST_NAME).read_bytes())
+        manifest = json.loads((folder / MANIFEST).read_bytes())
     except FileNotFoundError:
         raise CacheVerificationError(
-            f"{MANIFEST_NAME} is missing (written by an older version, or the store was interrupted)"
+            f"{MANIFEST} is missing (written by an older version, or the store was interrupted)"
         ) from None
     except ValueError as error:
-        raise CacheVerificationError(f"{MANIFEST_NAME} is not valid JSON ({error})") from None
+        raise CacheVerificationError(f"{MANIFEST} is not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        raise CacheVerificationError(f"{MANIFEST_NAME} is not a version-{MANIFEST_SCHEMA_VERSION} manifest")
+        raise CacheVerificationError(f"{MANIFEST} is not a version-{MANIFEST_SCHEMA_VERSION} manifest")
     if manifest.get("fingerprint") != job_fingerprint:
         raise CacheVerificationError(
-            f"{MANIFEST_NAME} belongs to another job (fingerprint {manifest.get('fingerprint')!r})"
+            f"{MANIFEST} belongs to another job (fingerprint {manifest.get('fingerprint')!r})"
         )
     entries = manifest.get("artefacts")
     well_formed = isinstance(entries, dict) and all(
@@ -117,13 +116,13 @@ def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, dict[str,
         for name, entry in entries.items()
     )
     if not well_formed:
-        raise CacheVerificationError(f"{MANIFEST_NAME} has malformed artefact entries")
+        raise CacheVerificationError(f"{MANIFEST} has malformed artefact entries")
     return entries  # type: ignore[return-value]
 
 
 def is_artefact_name(name: str) -> bool:
     """Whether ``name`` may name an artefact: a plain file name, not hidden, not the manifest."""
-    return bool(name) and name == Path(name).name and not name.startswith(".") and name != MANIFEST_NAME
+    return bool(name) and name == Path(name).name and not name.startswith(".") and name != MANIFEST
 
 
 def has_cached_files(folder: Path) -> bool:
