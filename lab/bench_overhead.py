@@ -91,9 +91,10 @@ from gpt_job import gpt_args
 
 import megatron_energy
 from megatron_energy.dvfs.calibration_nvml import SetterTripwires
+from megatron_energy.energy_dir import overhead_pairs_path
 from megatron_energy.megatron.training_log import IterationLine, parse_iteration_lines
 from megatron_energy.runtime.energy_log.energy_line import logged_phases
-from megatron_energy.runtime.energy_log.overhead_check import OVERHEAD_PAIRS_FILE, OverheadResult, pooled
+from megatron_energy.runtime.energy_log.overhead_check import OverheadResult, pooled
 from megatron_energy.stats import paired_median_change
 
 REPO = Path(__file__).resolve().parents[1]
@@ -827,7 +828,7 @@ def in_process(args: argparse.Namespace, harness: Harness) -> int:
     """
     args.out.mkdir(parents=True, exist_ok=True)
     mode = args.modes[0]
-    pairs_file = energy_dir(args, mode) / OVERHEAD_PAIRS_FILE.format(rank=0)
+    pairs_file = overhead_pairs_path(energy_dir(args, mode), 0)
     pairs_file.unlink(missing_ok=True)  # a previous run's, on a machine that keeps build outputs
     check = ["--energy-overhead-check", str(args.in_process), "--energy-safety-steps", str(args.iters + 1)]
     finished = launch(args, harness, job_command(args, mode, args.iters, check), "in-process")

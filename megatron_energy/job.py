@@ -53,17 +53,16 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob, planning_job
 from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
-from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.schedule_tables import check_schedule_arguments
-from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY, instruction_mixes
+from megatron_energy.pipeline.workload import MEMORY_EFFICIENCY
 from megatron_energy.plan import FINGERPRINT_DIGITS, fingerprint
 from megatron_energy.target import EnergyTarget
 
@@ -280,19 +279,18 @@ class JobConfig:
         """
         spec = spec or self.spec()
         workload = self.collective_workload(spec)
-        return PlanningJob(
-            orders=workload.orders,
-            fingerprint=self.fingerprint(),
-            target=target,
-            switch_latency_s=spec.switch_latency_s if switch_latency_s is None else switch_latency_s,
+        return planning_job(
+            workload.orders,
+            self.fingerprint(),
+            target,
+            spec,
+            shape=self.shape,
+            switch_latency_s=switch_latency_s,
             comm=self.comm_spec(spec),
             tail=self.iteration_tail(spec),
-            frontier_points=frontier_points,
             collectives=workload,
-            gpu=spec,
             layers_per_chunk=workload.layers_per_chunk,
-            layer_pattern=layer_pattern(self.shape, spec),
-            compute_mixes=instruction_mixes(self.shape, spec, self.pipeline_stages, self.virtual_stages),
+            frontier_points=frontier_points,
         )
 
     def synthetic_profile(self, spec: GpuSpec | None = None) -> Profile:

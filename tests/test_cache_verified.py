@@ -9,16 +9,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from job_facts import job_facts as _job
+from job_facts import planned as _planned
+from job_facts import read_back
 
-from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
-from megatron_energy.runtime.planning_round.cache_manifest import MANIFEST_NAME, QUARANTINE_PREFIX
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX
+from megatron_energy.runtime.planning_round.cache import JobCache
 
 PROFILE = "stage,instruction,frequency,time,energy\n0,forward,1980,0.0125,12.5\n0,backward,1980,0.025,25.0\n"
 BASELINE = json.dumps({"stock_time_s": 0.5, "stock_energy_j": {"0": 300.0}})
-
-
-def _job(**changes: object) -> dict[str, object]:
-    return {"model": {"hidden_size": 2048}, "pipeline_size": 4, "num_microbatches": 8} | changes
 
 
 def _artefacts(tag: str = "") -> dict[str, str]:
@@ -36,11 +35,12 @@ def test_store_then_load_returns_the_verified_artefacts(tmp_path: Path) -> None:
     assert loaded.hit and loaded.quarantined is None
     assert "cache hit" in loaded.message
     assert loaded.artefacts["profile.csv"].decode() == PROFILE
-    assert json.loads(loaded.artefacts["job.json"])["parts"] == _job(), "job.json is added to the set"
-    manifest = json.loads((loaded.folder / MANIFEST_NAME).read_text())
+    record = json.loads(loaded.artefacts["job.json"])
+    assert record["parts"] == read_back(_job()), "job.json is added to the set"
+    manifest = json.loads((loaded.folder / MANIFEST).read_text())
     assert set(manifest["artefacts"]) == {*_artefacts(), "job.json"}
     assert manifest["fingerprint"] == JobCache(tmp_path, _job()).full_fingerprint
-    assert json.loads((tmp_path / "last_job.json").read_text())["parts"] == _job()
+    assert json.loads((tmp_path / "last_job.json").read_text())["parts"] == read_back(_job())
 
 
 def test_a_miss_says_first_run_or_what_changed(tmp_path: Path) -> None:
@@ -78,13 +78,13 @@ def _same_size_edit(folder: Path) -> None:
 def _foreign_manifest(folder: Path) -> None:
     other = JobCache(folder.parent, _job(pipeline_size=2))
     other.store(_artefacts())
-    (folder / MANIFEST_NAME).write_bytes((other.folder / MANIFEST_NAME).read_bytes())
+    (folder / MANIFEST).write_bytes((other.folder / MANIFEST).read_bytes())
 
 
 def _edit_manifest_entry(folder: Path, **entry: object) -> None:
-    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     manifest["artefacts"]["plan.json"].update(entry)
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -93,8 +93,8 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated profile": (_truncate_profile, "profile.csv has 20 bytes"),
     "same-size edit": (_same_size_edit, "plan.json does not match its checksum"),
     "missing artefact": (lambda folder: (folder / "frontier.csv").unlink(), "frontier.csv is missing"),
-    "missing manifest": (lambda folder: (folder / MANIFEST_NAME).unlink(), "manifest.json is missing"),
-    "unparsable manifest": (lambda folder: (folder / MANIFEST_NAME).write_text("{"), "not valid JSON"),
+    "missing manifest": (lambda folder: (folder / MANIFEST).unlink(), "manifest.json is missing"),
+    "unparsable manifest": (lambda folder: (folder / MANIFEST).write_text("{"), "not valid JSON"),
     "foreign fingerprint": (_foreign_manifest, "belongs to another job"),
     "checksum not hex": (
         lambda folder: _edit_manifest_entry(folder, sha256="not-a-digest"),
@@ -167,7 +167,7 @@ def test_a_set_without_a_required_artefact_is_not_a_hit(tmp_path: Path) -> None:
     assert not loaded.hit and "lists no plan.json, baseline.json" in loaded.message
 
 
-@pytest.mark.parametrize("name", ["../escape.csv", "sub/profile.csv", ".hidden", MANIFEST_NAME])
+@pytest.mark.parametrize("name", ["../escape.csv", "sub/profile.csv", ".hidden", MANIFEST])
 def test_store_refuses_names_that_are_not_plain_artefact_files(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match="not plain file names"):
         JobCache(tmp_path, _job()).store({name: "x"})
@@ -199,10 +199,6 @@ def test_concurrent_jobs_sharing_an_energy_dir_never_see_a_partial_set(tmp_path:
     assert [worker.exitcode for worker in workers] == [0] * 4
     folder = JobCache(tmp_path, _job()).folder
     assert not [path for path in folder.iterdir() if path.name.startswith(QUARANTINE_PREFIX)]
-
-
-def _planned(target: str, **changes: object) -> dict[str, object]:
-    return _job(**changes) | {PLANNING_PARTS: {"mode": "perseus", "target": target}}
 
 
 def test_a_changed_planning_input_re_plans_from_the_verified_run_and_names_the_input(tmp_path: Path) -> None:
@@ -273,9 +269,9 @@ def test_a_hit_makes_its_job_the_most_recent_one(tmp_path: Path) -> None:
 
 
 def test_a_miss_names_only_what_changed_not_tuples_read_back_as_lists(tmp_path: Path) -> None:
-    spec = {PLANNING_PARTS: {"gpu_spec": {"sm_clocks_mhz": (1980, 1500)}}}
-    JobCache(tmp_path, _job() | spec).store(_artefacts())
-    miss = JobCache(tmp_path, _job(num_microbatches=4) | spec).load()
+    spec = {"sm_clocks_mhz": (1980, 1500)}
+    JobCache(tmp_path, _planned("iso-time", spec)).store(_artefacts())
+    miss = JobCache(tmp_path, _planned("iso-time", spec, num_microbatches=4)).load()
     assert not miss.hit and "num_microbatches: 8 -> 4" in miss.message
     assert "sm_clocks_mhz" not in miss.message
 

@@ -56,14 +56,11 @@ from megatron_harness import (
 from zygote import start_zygote
 
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, JobFacts, JobRecord
 from megatron_energy.events import read_trace
 from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.runtime.planning_round.cache import JobCache
-from megatron_energy.runtime.planning_round.cache_manifest import (
-    MANIFEST_NAME,
-    QUARANTINE_PREFIX,
-    manifest_for,
-)
+from megatron_energy.runtime.planning_round.cache_manifest import manifest_for
 from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
@@ -251,12 +248,12 @@ def damage(damage_kind: str, name: str, content: bytes) -> bytes:
 
 def _resign(folder: Path, replacements: dict[str, bytes]) -> None:
     """Replace files and rewrite the manifest so that every checksum matches (a deliberate edit)."""
-    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     contents = {name: (folder / name).read_bytes() for name in manifest["artefacts"]}
     contents.update(replacements)
     for name, content in replacements.items():
         (folder / name).write_bytes(content)
-    (folder / MANIFEST_NAME).write_bytes(manifest_for(contents, manifest["fingerprint"]))
+    (folder / MANIFEST).write_bytes(manifest_for(contents, manifest["fingerprint"]))
 
 
 FOREIGN_FINGERPRINT = "0123456789abcdef" * 4
@@ -278,9 +275,9 @@ def prepare(key: str, root: Path, job: Job) -> None:
     if key == "copy-clean":
         return
     if key == "foreign-folder":
-        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+        manifest = json.loads((folder / MANIFEST).read_text())
         manifest["fingerprint"] = FOREIGN_FINGERPRINT
-        (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
     elif key == "foreign-plan":
         plan = load_plan(folder / "plan.json")
         foreign = dataclasses.replace(plan, fingerprint=FOREIGN_FINGERPRINT[: len(plan.fingerprint)])
@@ -698,7 +695,7 @@ def test_a_clean_job_profiles_plans_and_caches(fault_run: FaultRun) -> None:
     assert results[0].phases == PLANNED_AFTER_PROFILING
     assert lines_with(results[0], "energy cache empty for this job")
     folder = job_folder(fault_run.root / "clean")
-    assert (folder / MANIFEST_NAME).exists() and not quarantines(folder)
+    assert (folder / MANIFEST).exists() and not quarantines(folder)
 
 
 def test_the_same_job_again_reuses_the_verified_cache(fault_run: FaultRun) -> None:
@@ -734,8 +731,8 @@ def test_a_damaged_cached_file_is_moved_aside_and_every_rank_profiles_again(
     assert JobCache(folder.parent, _parts(folder)).load().hit, "the re-planned job must be cached again"
 
 
-def _parts(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "job.json").read_text())["parts"]
+def _parts(folder: Path) -> JobFacts:
+    return JobRecord.read(folder / "job.json").facts
 
 
 def test_another_jobs_folder_is_moved_aside(fault_run: FaultRun) -> None:
@@ -745,7 +742,7 @@ def test_another_jobs_folder_is_moved_aside(fault_run: FaultRun) -> None:
     (message,) = lines_with(results[0], "failed verification")
     assert "belongs to another job" in message and FOREIGN_FINGERPRINT in message
     (aside,) = quarantines(job_folder(fault_run.root / "foreign-folder"))
-    assert json.loads((aside / MANIFEST_NAME).read_text())["fingerprint"] == FOREIGN_FINGERPRINT
+    assert json.loads((aside / MANIFEST).read_text())["fingerprint"] == FOREIGN_FINGERPRINT
 
 
 def test_a_resigned_plan_of_another_job_is_refused_by_every_rank_and_kept(fault_run: FaultRun) -> None:

@@ -249,7 +249,7 @@ def _run(
         comms=LocalComms(),
         clocks_mhz=[1980, 1500],
         can_set_clocks=can_set_clocks,
-        cache=JobCache(tmp_path, context.fingerprint_parts(SPEC.name)),
+        cache=JobCache(tmp_path, context.job_facts(SPEC.name)),
         spec=SPEC,
         printer=lines.append,
         kernel_timeline=recorder,

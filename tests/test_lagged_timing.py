@@ -161,7 +161,7 @@ def _session(
         comms=LocalComms(),
         clocks_mhz=[1980, 1500],
         can_set_clocks=False,
-        cache=JobCache(tmp_path, context.fingerprint_parts(spec.name)),
+        cache=JobCache(tmp_path, context.job_facts(spec.name)),
         spec=spec,
         printer=lines.append,
     )

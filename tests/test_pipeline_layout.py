@@ -130,7 +130,7 @@ def test_two_layouts_of_one_model_have_different_fingerprints() -> None:
         JobContext(0, orders, 0, 1, shape=SHAPE, layers=layers)
         for layers in (None, ChunkLayers(LAYOUT_LAYERS), ChunkLayers(((1, 1), (2, 1))))
     ]
-    parts = [context.fingerprint_parts("h100-sxm") for context in contexts]
+    parts = [context.job_facts("h100-sxm").to_parts() for context in contexts]
     assert parts[0] != parts[1] != parts[2]
     assert "layers" not in parts[0]  # jobs without a layout keep their fingerprints
 

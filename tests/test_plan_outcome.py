@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 
+from megatron_energy.energy_dir import JobFacts, JobRecord
 from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
@@ -45,14 +45,18 @@ def _job_folder(tmp_path: Path, job: JobConfig, plan: Plan) -> Path:
     folder = tmp_path / FINGERPRINT
     folder.mkdir()
     orders = job.orders()
-    parts = {
-        "gpu": job.spec().name,
-        "pipeline_size": orders.num_stages,
-        "num_microbatches": orders.num_microbatches,
-        "num_chunks": orders.num_chunks,
-        "microbatch_group_size": orders.microbatch_group_size,
-    }
-    (folder / "job.json").write_text(json.dumps({"fingerprint": FINGERPRINT, "parts": parts}))
+    facts = JobFacts(
+        model=job.shape,
+        pipeline_size=orders.num_stages,
+        num_chunks=orders.num_chunks,
+        tensor_parallel_size=job.tensor_parallel,
+        data_parallel_size=job.data_parallel,
+        num_microbatches=orders.num_microbatches,
+        microbatch_group_size=orders.microbatch_group_size,
+        gpu=job.spec().name,
+        collectives=None,
+    )
+    (folder / "job.json").write_text(JobRecord(FINGERPRINT, facts).to_json())
     (folder / "profile.csv").write_text(job.synthetic_profile(job.spec()).to_csv_text())
     save_plan(plan, folder / "plan.json")
     return folder

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
+from job_facts import job_facts, read_back
 from reductions import PeerComms, over_ranks
 
 from megatron_energy.config import EnergyConfig
@@ -411,20 +412,20 @@ def test_describe_changes_names_each_changed_fact_dotted_and_sorted():
 
 
 def test_cache_load_empty_hit_and_changed(tmp_path):
-    cache = JobCache(tmp_path, _job())
+    cache = JobCache(tmp_path, job_facts())
     first = cache.load()
     assert not first.hit
     assert "empty" in first.message
     assert first.folder == tmp_path / cache.fingerprint
 
     cache.store({"plan.json": "{}", "baseline.json": "{}", "profile.csv": "stage\n"})
-    hit = JobCache(tmp_path, _job()).load()
+    hit = JobCache(tmp_path, job_facts()).load()
     assert hit.hit and hit.artefacts["profile.csv"] == b"stage\n"
     assert "cache hit" in hit.message and str(cache.folder) in hit.message
     assert json.loads((tmp_path / "last_job.json").read_text())["fingerprint"] == cache.fingerprint
-    assert json.loads((cache.folder / "job.json").read_text())["parts"] == _job()
+    assert json.loads((cache.folder / "job.json").read_text())["parts"] == read_back(job_facts())
 
-    changed = JobCache(tmp_path, _job(num_microbatches=4))
+    changed = JobCache(tmp_path, job_facts(num_microbatches=4))
     assert changed.fingerprint != cache.fingerprint
     miss = changed.load()
     assert not miss.hit
@@ -754,7 +755,7 @@ def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True,
         comms=comms,
         clocks_mhz=[1980, 1500],
         can_set_clocks=can_set_clocks,
-        cache=JobCache(tmp_path, context.fingerprint_parts(spec.name)),
+        cache=JobCache(tmp_path, context.job_facts(spec.name)),
         spec=spec,
         printer=lines.append,
     )

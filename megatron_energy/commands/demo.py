@@ -28,6 +28,7 @@ from megatron_energy.commands.rank_processes import free_port, run_ranks
 from megatron_energy.config import EnergyConfig, add_energy_args, positive_int
 from megatron_energy.demo_model import python_warnings_filter
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.energy_dir import JobFiles
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.workload import KNOWN_SHAPES
 from megatron_energy.report.console import output_console
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         return status
     try:
         folder = latest_job_folder(job.energy.dir)
-        if not (folder / "plan.json").is_file():
+        if not JobFiles(folder).plan.is_file():
             return fail(
                 "demo",
                 "no plan ran: the ranks trained at stock clocks (the [energy] line above says why); "

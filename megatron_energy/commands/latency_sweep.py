@@ -30,11 +30,10 @@ from pathlib import Path
 
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.job import JobConfig
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import planning_job
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
-from megatron_energy.pipeline.modelled_phases import layer_pattern
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_band import SavingBand
@@ -158,17 +157,18 @@ def sweep_job(
     profile = Profile.synthetic(config.shape, spec, config.pipeline_stages, config.virtual_stages, clocks)
     layers = config.shape.num_layers // (config.pipeline_stages * config.virtual_stages)
     for latency_s in latencies:
-        job = PlanningJob(
+        job = planning_job(
             config.orders(),
             config.fingerprint(),
             EnergyTarget("iso-time"),
+            spec,
+            shape=config.shape,
             switch_latency_s=latency_s,
             comm=config.comm_spec(spec),
             tail=config.iteration_tail(spec),
+            layers_per_chunk=layers,
             frontier_points=points,
             kept_points=2,
-            layers_per_chunk=layers,
-            layer_pattern=layer_pattern(config.shape, spec),
         )
         instruction = with_saving_band(PerseusOptimiser().plan(profile, job), profile, job)
         phase = with_saving_band(PhaseOptimiser().plan(profile, job, base=instruction), profile, job)

@@ -26,15 +26,15 @@ with expert parallelism each row also carries the expert all-to-all's part of it
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_energy.commands.all_to_all_share import AllToAllShare, all_to_all_share
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.energy_dir import JobFiles
 from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.composition import ComposedOptimiser
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.kareus.collective_optimiser import KareusOptimiser
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
@@ -43,13 +43,12 @@ from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import IterationTail
-from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
-from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.plan import Plan
 from megatron_energy.plan_band import SavingBand
 from megatron_energy.report.job_folder import ReportError, read_job_folder
-from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.runtime.planning_round.replanning import job_from_facts
+from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
 from megatron_energy.target import EnergyTarget, parse_target
 
 MODES: tuple[str, ...] = ("stock", "perseus", "kareus", "all")
@@ -227,9 +226,10 @@ def compare_modes(
 def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = None) -> Comparison:
     """The modes of a job a live session planned, priced on the profile it measured (the demo).
 
-    The job is the session's: its orders, measured iteration tail and phases (``measured.json``), target and
-    switch latency (the plan's), and the collectives it described (``job.json``: the model shape and the
-    collective setup with the job's levers), so each mode plans only what the running job could honour.
+    The job is the session's, built as the session builds it (``runtime.planning_round.replanning``): its
+    facts (``job.json``: the model shape, the layer layout and the collective setup with the job's levers),
+    orders, measured iteration tail and phases (``measured.json``), and target and switch latency (the
+    plan's), so each mode plans only what the running job could honour.
 
     Args:
         folder: The job's cache folder (``<energy dir>/<fingerprint>``).
@@ -239,36 +239,31 @@ def compare_job_folder(folder: Path, name: str, budget: SearchBudget | None = No
     Raises:
         ReportError: The folder is not a finished job's, or its record has no model shape or collectives.
     """
-    job = read_job_folder(folder)
-    model, setup = job.parts.get("model"), job.parts.get("collectives")
-    if model is None or setup is None:
+    job, files = read_job_folder(folder), JobFiles(folder)
+    facts = job.facts
+    if facts.model is None or facts.collectives is None:
         raise ReportError(
-            f"{folder}/job.json records no model shape or collectives (a job cached by an older version?): "
+            f"{files.record} records no model shape or collectives (a job cached by an older version?): "
             "run the job again"
         )
-    shape = TransformerShape.from_dict(model)
-    measured_path = folder / MEASURED_NAME
-    measured = (
-        MeasuredInputs.from_json(measured_path.read_text(encoding="utf-8"))
-        if measured_path.is_file()
-        else None
-    )
-    collectives = CollectiveSetup.from_dict(setup)
-    if measured is not None:
-        collectives = dataclasses.replace(collectives, buckets=measured.buckets)
-    workload = collectives.workload(shape, job.orders, job.spec)
-    tail = job.plan.measured_tail
-    planning = PlanningJob(
-        orders=job.orders,
-        fingerprint=job.plan.fingerprint,
-        target=parse_target(job.plan.target),
+    measured_path = files.measured
+    if measured_path.is_file():
+        measured = MeasuredInputs.from_json(measured_path.read_text(encoding="utf-8"))
+    else:
+        tail = job.plan.measured_tail
+        measured = MeasuredInputs(
+            ProfileRequest(),
+            None if tail is None else IterationTail.measured(tail.time_s, tail.stage_energy_j),
+        )
+    planning = job_from_facts(
+        facts,
+        job.orders,
+        job.spec,
+        parse_target(job.plan.target),
+        job.plan.fingerprint,
+        measured,
         switch_latency_s=job.plan.switch_latency_s,
-        tail=None if tail is None else IterationTail.measured(tail.time_s, tail.stage_energy_j),
-        collectives=workload,
-        gpu=job.spec,
-        tail_phases=measured.tail_phases if measured is not None else (),
-        phase_timelines=(measured.phase_timelines or None) if measured is not None else None,
     )
-    pipelines = job.parts["tensor_parallel_size"] * job.parts["data_parallel_size"]
+    pipelines = facts.tensor_parallel_size * facts.data_parallel_size
     subject = ComparedJob(name, job.orders.num_stages, pipelines)
     return compare_modes(subject, job.profile, planning, job.spec, budget)

@@ -32,7 +32,7 @@ from megatron_energy.commands.arguments import (
 from megatron_energy.config import known_gpu_spec, positive_int
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.job import JobConfig
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import PlanningJob, planning_job
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
@@ -199,10 +199,11 @@ def _planning_inputs(args: argparse.Namespace) -> tuple[Profile, PlanningJob, st
         switch_latency_s=latency_ms / 1e3,
         latency_from="from --switch-latency-ms" if args.switch_latency_ms is not None else latency_from,
     )
-    job = PlanningJob(
-        orders=pipeline_orders(args.stages, args.microbatches, args.vpp),
-        fingerprint=job_fingerprint,
-        target=args.target,
+    job = planning_job(
+        pipeline_orders(args.stages, args.microbatches, args.vpp),
+        job_fingerprint,
+        args.target,
+        spec,
         switch_latency_s=latency_ms / 1e3,
         comm=comm,
         frontier_points=args.points,

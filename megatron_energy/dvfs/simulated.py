@@ -7,7 +7,8 @@ supported clocks, cumulative energy in mJ, power in mW), so they cannot tell the
 Time does not pass on its own: the owner advances each GPU's virtual clock with :meth:`SimulatedGPUs.execute`
 (run a :class:`~megatron_energy.dvfs.model.WorkProfile` at the clock in effect) and :meth:`SimulatedGPUs.wait`
 (spend time blocked in a communication wait or idle). A clock change asked for at virtual time ``t`` takes
-effect at ``t + spec.switch_latency_s``; work that straddles that instant runs partly at each clock.
+effect at ``t + spec.switch_latency_s`` and replaces one still pending; work that straddles that instant runs
+partly at each clock (the rule of :mod:`megatron_energy.dvfs.clock_switch`, the simulator's too).
 :meth:`SimulatedGPUs.execute_sequence` runs an instruction as its phases one after another and calls back at
 given offsets from its start (the GPU's own notion of the instruction's start), so clocks requested inside
 an instruction change the rest of it piecewise, in virtual time. The
@@ -43,6 +44,7 @@ from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNot
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.clock_events import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
+from megatron_energy.dvfs.clock_switch import is_due, lands_at_s
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 from megatron_energy.dvfs.simulated_nvml import SimulatedNvml
@@ -56,7 +58,7 @@ SIMULATED_TEMPERATURE_C = 50
 AVERAGE_POWER_WINDOW_S = 1.0
 """Window of ``get_average_power_usage``, like NVML's 1 s average on Ampere and newer."""
 _TIME_TOLERANCE_S = 1e-12
-"""A pending switch this close to the current virtual time is due (guards against rounding)."""
+"""A timed callback this close to the current virtual time is due (guards against rounding)."""
 
 
 _instances = itertools.count()
@@ -428,10 +430,10 @@ class SimulatedGPUs(GPUs):
             self._persist(force=True)
 
     def _schedule_switch(self, state: _GpuState, clock_mhz: int) -> None:
+        """Request ``clock_mhz`` now: it lands after the switch latency and replaces a pending request."""
         state.pending_sm_clock_mhz = clock_mhz
-        state.pending_at_s = state.virtual_time_s + self.spec.switch_latency_s
-        if self.spec.switch_latency_s <= 0.0:
-            self._apply_due_switch(state)
+        state.pending_at_s = lands_at_s(state.virtual_time_s, self.spec.switch_latency_s)
+        self._apply_due_switch(state)
         self._persist(force=True)
 
     def _time_to_switch(self, state: _GpuState) -> float:
@@ -440,7 +442,7 @@ class SimulatedGPUs(GPUs):
         return max(0.0, state.pending_at_s - state.virtual_time_s)
 
     def _apply_due_switch(self, state: _GpuState) -> None:
-        if state.pending_at_s is not None and state.pending_at_s <= state.virtual_time_s + _TIME_TOLERANCE_S:
+        if state.pending_at_s is not None and is_due(state.pending_at_s, state.virtual_time_s):
             assert state.pending_sm_clock_mhz is not None
             state.sm_clock_mhz = state.pending_sm_clock_mhz
             state.pending_sm_clock_mhz = state.pending_at_s = None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.energy_dir import overhead_pairs_path
 from megatron_energy.events import CapturedStep
 from megatron_energy.megatron.bucket_layout import measured_buckets
 from megatron_energy.megatron.collective_setup import collective_setup
@@ -31,11 +32,7 @@ from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import Group, TorchComms
 from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comms
-from megatron_energy.runtime.energy_log.overhead_check import (
-    OVERHEAD_PAIRS_FILE,
-    OverheadCheck,
-    OverheadResult,
-)
+from megatron_energy.runtime.energy_log.overhead_check import OverheadCheck, OverheadResult
 from megatron_energy.runtime.parts import PlanFollower
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
 
@@ -346,7 +343,7 @@ class DeferredSession:
 
     def _keep_pairs(self, result: OverheadResult, rank: int) -> str:
         """Write the pairs to ``--energy-dir`` (runs can be pooled from them); say where, or why not."""
-        path = self.config.dir / OVERHEAD_PAIRS_FILE.format(rank=rank)
+        path = overhead_pairs_path(self.config.dir, rank)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result.to_json()))

@@ -19,15 +19,18 @@ from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
 from megatron_energy.pipeline.instruction import Work
-from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, LayerPattern
+from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, LayerPattern, layer_pattern
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
+from megatron_energy.pipeline.workload import instruction_mixes
 from megatron_energy.plan import Baseline, FrontierSample, MeasuredTail, Plan, PlanPoint
 from megatron_energy.target import EnergyTarget
 
 if TYPE_CHECKING:
     from megatron_energy.dvfs.spec import GpuSpec
+    from megatron_energy.pipeline.chunk_layers import ChunkLayers
     from megatron_energy.pipeline.collectives import CollectiveWorkload
+    from megatron_energy.pipeline.workload import TransformerShape
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class ProfileRequest:
 
 @dataclass(frozen=True)
 class PlanningJob:
-    """The job an optimiser plans for, as plain data."""
+    """The job an optimiser plans for, as plain data; built by :func:`planning_job` only."""
 
     orders: PipelineOrders
     """Every rank's executed instruction order (from megatron-core's schedule, group size included)."""
@@ -174,6 +177,77 @@ class PlanningJob:
             frontier=tuple(frontier),
             measured_tail=measured_tail,
         )
+
+
+def planning_job(
+    orders: PipelineOrders,
+    fingerprint: str,
+    target: EnergyTarget,
+    spec: GpuSpec | None,
+    *,
+    shape: TransformerShape | None = None,
+    layers: ChunkLayers | None = None,
+    switch_latency_s: float | None = None,
+    comm: CommSpec | None = None,
+    tail: IterationTail | None = None,
+    collectives: CollectiveWorkload | None = None,
+    tail_phases: Sequence[tuple[str, float]] = (),
+    phase_timelines: Mapping[Work, Sequence[tuple[str, WorkProfile]]] | None = None,
+    layers_per_chunk: int | None = None,
+    frontier_points: int = 40,
+    kept_points: int = 8,
+    memory_clock: bool = True,
+) -> PlanningJob:
+    """The one builder of a :class:`PlanningJob`: offline (a job file, a profile CSV), live, in comparisons.
+
+    What the model shape decides is derived here from it, for every caller alike: one layer's runs for the
+    modelled phase split (``pipeline.modelled_phases.layer_pattern``: an MoE layer's router, experts and
+    all-to-alls) and the kernel classes of each instruction class's compute time
+    (``pipeline.workload.instruction_mixes``, over ``layers`` when a layout places them).
+
+    Args:
+        orders: Every rank's executed instruction order.
+        fingerprint: The job fingerprint every plan carries.
+        target: The planning target.
+        spec: The GPU spec (switch latency, powers, links); ``None``: none given (a bare profile CSV).
+        shape: The model's transformer shape; ``None``: not known (a dense layer's runs, bf16 GEMMs).
+        layers: Decoder layers of every model chunk when a layout places them; ``None``: the even split.
+        switch_latency_s: The clock-switch latency; the spec's (0 without one) when ``None``.
+        comm: Cost of one pipeline transfer; ``None``: in the measured instruction times.
+        tail: The iteration tail (modelled or measured); ``None``: none.
+        collectives: The job's collectives, for the optimisers that plan them; ``None``: not planned.
+        tail_phases: Measured durations of the outside phases at the stock clock.
+        phase_timelines: Measured phases of each instruction class; ``None``: modelled.
+        layers_per_chunk: Layers one instruction runs in the modelled phase split; ``None``: one.
+        frontier_points: Deadlines in a frontier sweep.
+        kept_points: Executable frontier points a plan keeps besides the target.
+        memory_clock: Whether the plan may lower a rank's memory clock where that pays.
+    """
+    if switch_latency_s is None:
+        switch_latency_s = 0.0 if spec is None else spec.switch_latency_s
+    pattern: LayerPattern = LAYER_PATTERN
+    mixes: Mapping[Work, ClassMix] | None = None
+    if shape is not None and spec is not None:
+        pattern = layer_pattern(shape, spec)
+        mixes = instruction_mixes(shape, spec, orders.num_stages, orders.num_chunks, layers)
+    return PlanningJob(
+        orders=orders,
+        fingerprint=fingerprint,
+        target=target,
+        switch_latency_s=switch_latency_s,
+        comm=comm,
+        tail=tail,
+        frontier_points=frontier_points,
+        kept_points=kept_points,
+        collectives=collectives,
+        gpu=spec,
+        layers_per_chunk=layers_per_chunk,
+        layer_pattern=pattern,
+        tail_phases=tail_phases,
+        phase_timelines=phase_timelines,
+        compute_mixes=mixes,
+        memory_clock=memory_clock,
+    )
 
 
 class Optimiser(Protocol):

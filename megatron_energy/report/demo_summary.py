@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from megatron_energy.energy_dir import JobFiles
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.plan import Plan
 from megatron_energy.plan_file import load_plan
@@ -76,9 +77,12 @@ def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
         ValueError: A file is not what it should be.
         OSError: A file cannot be read.
     """
-    baseline = StockBaseline.from_json((job_folder / "baseline.json").read_text(encoding="utf-8"))
-    plan = load_plan(job_folder / "plan.json", expected_fingerprint=job_folder.name)
-    records = [record for record in read_job_records(log_file, job_folder.name) if record.phase == "planned"]
+    files = JobFiles(job_folder)
+    baseline = StockBaseline.from_json(files.baseline.read_text(encoding="utf-8"))
+    plan = load_plan(files.plan, expected_fingerprint=files.fingerprint)
+    records = [
+        record for record in read_job_records(log_file, files.fingerprint) if record.phase == "planned"
+    ]
     if len(records) < 2:
         raise SummaryError(
             f"{len(records)} iteration(s) ran the plan (see {log_file}); the first settles, so give "

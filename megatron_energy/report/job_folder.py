@@ -1,18 +1,17 @@
 """One cached job folder read back: its facts, GPU spec, plan, profile and executed orders.
 
-The folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job facts the fingerprint was made of,
-``runtime.context.JobContext.fingerprint_parts``), ``profile.csv`` and ``plan.json``; the report and the
-demo's mode comparison read it through :func:`read_job_folder`.
+The folder (``<energy dir>/<fingerprint>``, its files named in ``megatron_energy.energy_dir``) holds
+``job.json`` (the job facts the fingerprint was made of, ``energy_dir.JobFacts``), ``profile.csv`` and
+``plan.json``; the report and the demo's mode comparison read it through :func:`read_job_folder`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.energy_dir import JobFacts, JobFiles, JobRecord
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import Profile
@@ -31,7 +30,7 @@ class JobFolder:
 
     folder: Path
     """``<energy dir>/<fingerprint>``."""
-    parts: dict[str, Any]
+    facts: JobFacts
     """The job facts (``job.json``)."""
     spec: GpuSpec
     """The GPU spec the job ran on."""
@@ -49,20 +48,25 @@ def read_job_folder(folder: Path) -> JobFolder:
     Raises:
         ReportError: The folder misses the job facts, the profile or the plan, or the plan is another job's.
     """
+    files = JobFiles(folder)
     try:
-        parts = json.loads((folder / "job.json").read_text(encoding="utf-8"))["parts"]
-    except (OSError, ValueError, KeyError):
-        raise ReportError(f"{folder} has no readable job.json; is it a megatron_energy job folder?") from None
-    if not (folder / "profile.csv").exists() or not (folder / "plan.json").exists():
-        raise ReportError(f"{folder} has no profile.csv/plan.json yet: the job has not finished profiling")
-    spec = load_gpu_spec(parts["gpu"])
-    plan = load_plan(folder / "plan.json", expected_fingerprint=folder.name)
-    profile = Profile.from_csv(folder / "profile.csv", gpu_name=spec.name, source=plan.provenance)
+        facts = JobRecord.read(files.record).facts
+    except (OSError, ValueError):
+        raise ReportError(
+            f"{folder} has no readable {files.record.name}; is it a megatron_energy job folder?"
+        ) from None
+    if not files.profile.exists() or not files.plan.exists():
+        raise ReportError(
+            f"{folder} has no {files.profile.name}/{files.plan.name} yet: the job has not finished profiling"
+        )
+    spec = load_gpu_spec(facts.gpu)
+    plan = load_plan(files.plan, expected_fingerprint=files.fingerprint)
+    profile = Profile.from_csv(files.profile, gpu_name=spec.name, source=plan.provenance)
     orders = pipeline_orders(
-        parts["pipeline_size"],
-        parts["num_microbatches"],
-        parts.get("num_chunks", 1),
-        microbatch_group_size=parts.get("microbatch_group_size"),
-        combined=parts.get("combined_1f1b", False),
+        facts.pipeline_size,
+        facts.num_microbatches,
+        facts.num_chunks,
+        microbatch_group_size=facts.microbatch_group_size,
+        combined=facts.combined_1f1b,
     )
-    return JobFolder(folder, parts, spec, plan, profile, orders)
+    return JobFolder(folder, facts, spec, plan, profile, orders)

@@ -10,12 +10,12 @@ stock steps, and states the run's measured savings with their intervals when the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
+from megatron_energy.energy_dir import LAST_JOB, JobFiles, latest_fingerprint
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import saving_text, why_nothing_found
@@ -63,10 +63,10 @@ def latest_job_folder(energy_dir: Path) -> Path:
     Raises:
         ReportError: No job was recorded there.
     """
-    record = energy_dir / "last_job.json"
+    record = energy_dir / LAST_JOB
     try:
-        fingerprint = json.loads(record.read_text(encoding="utf-8"))["fingerprint"]
-    except (OSError, ValueError, KeyError):
+        fingerprint = latest_fingerprint(energy_dir)
+    except (OSError, ValueError):
         raise ReportError(
             f"no job recorded under {energy_dir} ({record} missing or unreadable); run a training job with "
             "--energy-optimise or `megatron-energy demo` first, or pass --energy-dir"
@@ -91,10 +91,10 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     Raises:
         ReportError: The folder misses the job facts, the profile or the plan, or the plan is another job's.
     """
-    out_dir = out_dir or folder
+    out = JobFiles(out_dir or folder)
     job = read_job_folder(folder)
     plan, profile = job.plan, job.profile
-    frontier_png = plot_frontier(plan, out_dir / "frontier.png") if plan.frontier else None
+    frontier_png = plot_frontier(plan, out.frontier_plot) if plan.frontier else None
     clocks = {
         instruction: clock
         for stage in range(plan.num_stages)
@@ -103,7 +103,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     dag = PipelineDag.build(job.orders)
     result = Simulator(dag, profile, switch_latency_s=plan.switch_latency_s).run(clocks)
     powers = StagePowers(profile.blocked_power_w, profile.idle_power_w)
-    timeline_json = write_trace(result, powers, out_dir / "timeline.json")
+    timeline_json = write_trace(result, powers, out.timeline)
     section = tuple(model_vs_measured_lines(folder, plan, log_file))
     return JobReport(plan_table(plan), frontier_png, timeline_json, section, why_nothing_found(plan))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from megatron_energy.energy_dir import JobFiles
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.energy_log.energy_line import NOT_SET, EnergyRecord, read_job_records
 from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_lines
@@ -40,10 +41,11 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
         ValueError: ``baseline.json`` or the log file is malformed.
         OSError: A file cannot be read.
     """
-    baseline_path = folder / "baseline.json"
+    baseline_path = JobFiles(folder).baseline
     if not baseline_path.exists():
         lines = [
-            f"{TITLE}: {folder} holds no baseline.json (measured stock steps); rerun the job to write it"
+            f"{TITLE}: {folder} holds no {baseline_path.name} (measured stock steps); rerun the job to "
+            "write it"
         ]
     else:
         baseline = StockBaseline.from_json(baseline_path.read_text(encoding="utf-8"))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
@@ -14,6 +13,7 @@ from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
 from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.energy_dir import JobFacts, simulated_state_path
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.optimisers.registry import resolve
@@ -21,12 +21,12 @@ from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.modelled_phases import layer_pattern, modelled_phases
 from megatron_energy.pipeline.workload import instruction_work
-from megatron_energy.runtime.context import JobContext, planning_parts
+from megatron_energy.runtime.context import JobContext, planning_inputs
 from megatron_energy.runtime.control_plane.comms import RankComms
 from megatron_energy.runtime.control_plane.group_chain import in_planning_replica, reduce_everywhere
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
-from megatron_energy.runtime.planning_round.cache import PLANNING_PARTS, JobCache
+from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.replanning import Replanner
 from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
@@ -176,7 +176,7 @@ class _RankParts:
     timer: InstructionTimer
     meter: EnergyMeter
     optimiser: Optimiser
-    fingerprint_parts: dict[str, Any]
+    facts: JobFacts
 
     @property
     def can_set_clocks(self) -> bool:
@@ -199,7 +199,7 @@ def _open_parts(
     """Open this rank's GPU, guard, controller, grid and timer; no collective."""
     index = context.local_device_index
     if handle is None:
-        state = Path(config.dir) / "simulated" / f"rank{context.global_rank}.json"
+        state = simulated_state_path(config.dir, context.global_rank)
         handle = open_gpus(
             config.backend, config.gpu_spec, config.dry_run, local_index=index, state_path=state
         )
@@ -226,11 +226,12 @@ def _open_parts(
         if guard is not None:
             guard.close()
         raise
-    parts = context.fingerprint_parts(handle.spec.name) | {
-        "grid_mhz": grid,
-        PLANNING_PARTS: planning_parts(config, handle.spec),
-    }
-    return _RankParts(handle, handle.spec, guard, controller, grid, timer, meter, optimiser, parts)
+    facts = replace(
+        context.job_facts(handle.spec.name),
+        grid_mhz=tuple(grid),
+        planning=planning_inputs(config, handle.spec),
+    )
+    return _RankParts(handle, handle.spec, guard, controller, grid, timer, meter, optimiser, facts)
 
 
 def build_session(
@@ -303,7 +304,7 @@ def build_session(
         can_set_clocks=can_set_clocks,
         cache=JobCache(
             config.dir,
-            parts.fingerprint_parts | {"clock_control": can_set_clocks},
+            replace(parts.facts, clock_control=can_set_clocks),
             replan=Replanner(config, context, parts.spec, parts.optimiser),
         ),
         spec=parts.spec,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.energy_dir import JobFacts, PlanningInputs
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
@@ -99,50 +100,42 @@ class JobContext:
             return None
         return instruction_mixes(self.shape, spec, self.pipeline_size, self.num_chunks, self.layers)
 
-    def fingerprint_parts(self, gpu_name: str) -> dict[str, Any]:
-        """The job facts a cached profile or plan depends on.
+    def job_facts(self, gpu_name: str) -> JobFacts:
+        """The job facts a cached profile or plan depends on (any change to them invalidates the cache).
 
         Args:
             gpu_name: The GPU model the profile was taken on.
-
-        Returns:
-            A JSON-serialisable mapping; any change to it invalidates the cache.
         """
-        parts: dict[str, Any] = {
-            "model": None if self.shape is None else self.shape.identity(),
-            "pipeline_size": self.pipeline_size,
-            "num_chunks": self.num_chunks,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "data_parallel_size": self.data_parallel_size,
-            "num_microbatches": self.num_microbatches,
-            "microbatch_group_size": self.orders.microbatch_group_size,
-            "gpu": gpu_name,
+        setup = self.collectives
+        return JobFacts(
+            model=self.shape,
+            pipeline_size=self.pipeline_size,
+            num_chunks=self.num_chunks,
+            tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            num_microbatches=self.num_microbatches,
+            microbatch_group_size=self.orders.microbatch_group_size,
+            gpu=gpu_name,
             # every rank computes the same fingerprint: the setup without this rank's own bucket layout
-            "collectives": None if self.collectives is None else asdict(self.collectives) | {"buckets": None},
-        }
-        if self.layers is not None:  # jobs without a layout keep the fingerprints they had
-            parts["layers"] = [list(row) for row in self.layers.counts]
-        if self.orders.is_combined:  # the same: only combined 1F1B jobs name their schedule
-            parts["combined_1f1b"] = True
-        if self.full_iteration_graph:  # and only graph-captured jobs name that
-            parts["full_iteration_graph"] = True
-        return parts
+            collectives=None if setup is None else replace(setup, buckets=None),
+            layers=self.layers,
+            combined_1f1b=self.orders.is_combined,
+            full_iteration_graph=self.full_iteration_graph,
+        )
 
 
-def planning_parts(config: EnergyConfig, spec: GpuSpec) -> dict[str, Any]:
+def planning_inputs(config: EnergyConfig, spec: GpuSpec) -> PlanningInputs:
     """The planning inputs a cached plan depends on besides the job: a change to any of them re-plans.
 
     Args:
-        config: The ``--energy-*`` configuration (mode, target, phase switching).
+        config: The ``--energy-*`` configuration (mode, target, phase switching, memory clock).
         spec: The GPU spec the plan is modelled with (its switch latency and every other figure).
-
-    Returns:
-        A JSON-serialisable mapping, one entry per input, so a miss can name the one that changed.
     """
-    return {
-        "mode": config.mode,
-        "target": str(config.target),
-        "switch_latency_s": spec.switch_latency_s,
-        "phase_switching": config.phase_switching,
-        "gpu_spec": {name: value for name, value in asdict(spec).items() if name != "sources"},
-    } | ({"memory_clock": config.memory_clock} if config.memory_clock != "auto" else {})
+    return PlanningInputs(
+        mode=config.mode,
+        target=str(config.target),
+        switch_latency_s=spec.switch_latency_s,
+        phase_switching=config.phase_switching,
+        gpu_spec={name: value for name, value in asdict(spec).items() if name != "sources"},
+        memory_clock=config.memory_clock,
+    )

@@ -23,8 +23,8 @@ the GPU does outside the pipeline span in tail, and the wait for the iteration's
 is a constant of the plan (it does not depend on the instructions' clocks; it was measured at the stock
 clock). All results are *modelled*, from measured parts where the profile and the tail are measured.
 
-**Switch latency.** With ``switch_latency_s`` L > 0 a clock change is not instant, exactly as on
-:class:`~megatron_energy.dvfs.simulated.SimulatedGPUs`:
+**Switch latency.** With ``switch_latency_s`` L > 0 a clock change is not instant, by the rule of
+:mod:`megatron_energy.dvfs.clock_switch`, the one :class:`~megatron_energy.dvfs.simulated.SimulatedGPUs` runs:
 
 * a stage asks for a compute node's clock when the node starts, and only when it differs from the stage's
   previous request (the frequency controller drops repeats);

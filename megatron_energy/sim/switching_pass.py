@@ -1,7 +1,8 @@
 """The simulator's switch-latency pass, and its rerun of only the nodes a change of options reaches.
 
 With a switch latency, each compute node's time depends on the clock in effect on its stage when it starts,
-which the stage's earlier requests set (the rules are in :mod:`megatron_energy.sim.simulator`). A node's
+which the stage's earlier requests set (the rules are in :mod:`megatron_energy.sim.simulator`, the switch
+itself :mod:`megatron_energy.dvfs.clock_switch`'s). A node's
 figures are a function of three things only: the end times of its predecessors, its own option, and its
 stage's clock state left by the stage's previous compute node. So once a pass is kept
 (:class:`PassCheckpoint`), a pass of other options reruns only the nodes whose inputs changed: the nodes with
@@ -21,10 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from megatron_energy.dvfs.clock_switch import SwitchState, straddle
 from megatron_energy.pipeline.instruction import Work
-
-DUE_TOLERANCE_S = 1e-12
-"""A pending switch this close to an instruction's start is in effect (as in the simulated GPU)."""
 
 
 class Option(Protocol):
@@ -59,14 +58,6 @@ class Pass(NamedTuple):
     stale_energy_j: list[float]
 
 
-class StageState(NamedTuple):
-    """A stage's clocks after one of its compute nodes started: in effect, last requested, and when due."""
-
-    effective_mhz: int
-    requested_mhz: int
-    due_s: float
-
-
 class PassCheckpoint(NamedTuple):
     """A switch-latency pass kept so that a pass of other options reruns only the nodes they reach."""
 
@@ -74,7 +65,7 @@ class PassCheckpoint(NamedTuple):
     """The options it ran, by compute position."""
     passed: Pass
     """Its figures."""
-    states: list[StageState | None]
+    states: list[SwitchState | None]
     """The stage's clock state after each compute node (by compute position) started."""
 
 
@@ -172,7 +163,7 @@ def switching_pass(
         times_s, energies_j = [0.0] * num_compute, [0.0] * num_compute
         stale_clock: list[int | None] = [None] * num_compute
         stale_s, stale_j = [0.0] * num_compute, [0.0] * num_compute
-        states: list[StageState | None] = [None] * num_compute
+        states: list[SwitchState | None] = [None] * num_compute
         to_run = bytearray(b"\x01") * num_nodes
     else:
         kept = base.passed
@@ -199,33 +190,18 @@ def switching_pass(
         else:
             option, stage = chosen[pos], graph.stage_of[pos]
             before = graph.previous_in_stage[pos]
-            if before < 0:
-                effective = requested = steady[stage]
-                due_s = 0.0
-            else:
-                effective, requested, due_s = states[before]  # type: ignore[misc]  # set: runs first
-            if requested != effective and due_s <= begin + DUE_TOLERANCE_S:
-                effective = requested
-            if option.clock_mhz != requested:
-                requested = option.clock_mhz
-                due_s = begin + latency_s
+            previous = states[before] if before >= 0 else SwitchState(steady[stage], steady[stage], 0.0)
+            state = previous.requested_at(option.clock_mhz, begin, latency_s)  # type: ignore[union-attr]
+            effective = state.effective_mhz
             time_s, energy_j = option.time_s, option.energy_j
             if effective != option.clock_mhz:
                 old_time_s, old_energy_j = price(keys[pos], effective)
-                ran_s = due_s - begin
-                if ran_s >= old_time_s:
-                    time_s, energy_j, ran_s = old_time_s, old_energy_j, old_time_s
-                    stale_j[pos] = old_energy_j
-                else:
-                    done = ran_s / old_time_s
-                    time_s = ran_s + (1.0 - done) * time_s
-                    energy_j = done * old_energy_j + (1.0 - done) * energy_j
-                    stale_j[pos] = done * old_energy_j
-                stale_clock[pos], stale_s[pos] = effective, ran_s
+                cut = straddle(state.due_s - begin, old_time_s, old_energy_j, time_s, energy_j)
+                time_s, energy_j = cut.time_s, cut.energy_j
+                stale_clock[pos], stale_s[pos], stale_j[pos] = effective, cut.stale_s, cut.stale_energy_j
             else:
                 stale_clock[pos], stale_s[pos], stale_j[pos] = None, 0.0, 0.0
             times_s[pos], energies_j[pos] = time_s, energy_j
-            state = StageState(effective, requested, due_s)
             if state != states[pos]:
                 states[pos] = state
                 after = graph.next_in_stage[pos]

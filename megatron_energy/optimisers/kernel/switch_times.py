@@ -1,6 +1,7 @@
 """When to request each phase's clock, and the latency-aware simulation that checks no deadline is missed.
 
-A requested clock lands some time within ``L`` (the switch latency) after the request. The rule, the
+A requested clock lands some time within ``L`` (the switch latency) after the request, and a newer request
+replaces a pending one (the rule of :mod:`megatron_energy.dvfs.clock_switch`). When to request, the
 instruction-level post-pass's idea carried to phases:
 
 - a switch **up** (to a higher clock than the one in force) is requested ``L`` before the phase's planned
@@ -20,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from megatron_energy.dvfs.clock_switch import is_due, landed_switches, lands_at_s
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
 
 
@@ -99,6 +101,8 @@ def simulate(
 ) -> SimulatedRun:
     """Run the phases with each request landing ``landings[i] * latency_s`` after it goes out.
 
+    A request overtaken by the next before it lands never lands (``dvfs.clock_switch.landed_switches``).
+
     Args:
         model: Time and power of the phases.
         works: The phases' work, in order.
@@ -112,11 +116,14 @@ def simulate(
     """
     if len(landings) != len(requests) or any(not 0.0 <= u <= 1.0 for u in landings):
         raise ValueError("one landing in [0, 1] per request is needed")
-    changes = sorted(
-        (r.request_s + u * latency_s, r.clock_mhz) for r, u in zip(requests, landings, strict=True)
+    changes = landed_switches(
+        [
+            (r.request_s, r.clock_mhz, lands_at_s(r.request_s, latency_s, u))
+            for r, u in zip(requests, landings, strict=True)
+        ]
     )
     clock = incoming_mhz
-    while changes and changes[0][0] <= 0.0:
+    while changes and is_due(changes[0][0], 0.0):
         clock = changes.pop(0)[1]
     now_s = energy_j = 0.0
     for work in works:

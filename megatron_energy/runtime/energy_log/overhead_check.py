@@ -38,8 +38,8 @@ wherever clocks are not set) the clocks are the same in both blocks, so the chan
 clocks applied it is the plan's effect, that cost included. On simulated GPUs only the session
 drives the simulated device, so only the time is compared (the host's own cost of the plugin on that machine).
 
-The session's listener writes each rank's pairs to ``--energy-dir`` (:data:`OVERHEAD_PAIRS_FILE`) when the run
-ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
+The session's listener writes each rank's pairs to ``--energy-dir`` (``energy_dir.overhead_pairs_path``) when
+the run ends; runs of one job and one version of the code can then be pooled (:func:`pooled`,
 ``lab/bench_overhead.py --pool``), since a pair is compared only with itself.
 """
 
@@ -57,8 +57,6 @@ from megatron_energy.stats import RelativeChange, paired_median_change, paired_r
 
 WINDOW = "overhead-check"
 """The name of the check's energy window on the session's meter (apart from the session's own laps)."""
-OVERHEAD_PAIRS_FILE = "overhead-check-rank{rank}.json"
-"""Where in ``--energy-dir`` each rank writes its check's pairs (:meth:`OverheadResult.to_json`)."""
 
 
 class Suspendable(Protocol):

@@ -1,8 +1,8 @@
 """Profiles and plans under ``--energy-dir``, keyed by a fingerprint of the job; atomic and verified.
 
-Layout: ``<dir>/<fingerprint>/{job.json,profile.csv,plan.json,frontier.csv,baseline.json,manifest.json}``
-plus ``<dir>/last_job.json``, the facts of the job that ran most recently (stored or loaded), so that a miss
-can say what changed and ``megatron-energy report`` finds that job.
+The folder of a job is ``<dir>/<fingerprint>`` (its files are named in ``megatron_energy.energy_dir``), and
+``<dir>/last_job.json`` records the job that ran most recently (stored or loaded), so that a miss can say
+what changed and ``megatron-energy report`` finds that job.
 
 :meth:`JobCache.store` writes every artefact atomically under the folder's exclusive lock, then the manifest
 (checksum and size per artefact, the job fingerprint). :meth:`JobCache.load` reads under a shared lock and
@@ -10,12 +10,11 @@ verifies everything; a folder that fails is moved aside (never deleted) and the 
 :meth:`JobCache.set_aside` does the same for a verified folder whose content the caller cannot use.
 Jobs sharing an ``--energy-dir`` therefore never see a partial set of files.
 
-The job facts hold the planning inputs apart, under :data:`PLANNING_PARTS` (mode, target, switch latency,
-phase switching, GPU spec: ``runtime.context.planning_parts``), so they are part of the fingerprint. A job
-whose folder is empty but whose profile facts match a cached run with other planning inputs is re-planned
-from that run's verified artefacts (the ``replan`` a cache is given,
-``runtime.planning_round.replanning.Replanner``) and stored in its own folder: the line says which input
-changed, and nothing is profiled again.
+The job facts (``energy_dir.JobFacts``) hold the planning inputs apart (``JobFacts.planning``: mode, target,
+switch latency, phase switching, GPU spec), so they are part of the fingerprint. A job whose folder is empty
+but whose profile facts match a cached run with other planning inputs is re-planned from that run's verified
+artefacts (the ``replan`` a cache is given, ``runtime.planning_round.replanning.Replanner``) and stored in its
+own folder: the line says which input changed, and nothing is profiled again.
 """
 
 from __future__ import annotations
@@ -29,11 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from megatron_energy.atomic import folder_lock, write_atomically
+from megatron_energy.energy_dir import (
+    JOB_RECORD,
+    LAST_JOB,
+    MANIFEST,
+    PLAN,
+    PROFILE,
+    PROFILE_ARTEFACTS,
+    REQUIRED_ARTEFACTS,
+    JobFacts,
+    JobRecord,
+)
 from megatron_energy.errors import TargetUnreachableError
-from megatron_energy.plan import FINGERPRINT_DIGITS, SCHEMA_VERSION, fingerprint
+from megatron_energy.plan import SCHEMA_VERSION
 from megatron_energy.plan_file import stale_plan_version
 from megatron_energy.runtime.planning_round.cache_manifest import (
-    MANIFEST_NAME,
     CacheVerificationError,
     has_cached_files,
     is_artefact_name,
@@ -61,19 +70,6 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         elif before != after:
             changes.append(f"{key}: {before!r} -> {after!r}")
     return changes
-
-
-JOB_RECORD = "job.json"
-LAST_JOB = "last_job.json"
-"""The record, in the ``--energy-dir``, of the job that ran most recently."""
-PLANNING_PARTS = "planning"
-"""The key of the job facts that hold the planning inputs (the rest are the profile's facts)."""
-REQUIRED_ARTEFACTS: tuple[str, ...] = ("plan.json", "baseline.json", "profile.csv")
-"""What a cached job must hold to skip profiling and planning: the plan that runs, the stock baseline it is
-measured against, and the profile it was planned from (for reports)."""
-PROFILE_ARTEFACTS: tuple[str, ...] = ("baseline.json", "profile.csv")
-"""What a cached run must hold to be planned again without profiling (with its measured inputs, which the
-re-planner checks): a run whose target could not be met holds these and no plan."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +101,8 @@ class JobCache:
 
     Args:
         root: The ``--energy-dir``.
-        parts: The job facts (``JobContext.fingerprint_parts``, the planning inputs under
-            :data:`PLANNING_PARTS`).
+        facts: The job facts (``JobContext.job_facts``, with the session's grid, planning inputs and clock
+            control).
         replan: Given another run's verified artefacts and this job's fingerprint, this job's artefacts
             planned from them; ``None``: a job with an empty folder profiles.
     """
@@ -114,25 +110,26 @@ class JobCache:
     def __init__(
         self,
         root: Path,
-        parts: Mapping[str, Any],
+        facts: JobFacts,
         replan: Callable[[Mapping[str, bytes], str], Mapping[str, bytes | str]] | None = None,
     ) -> None:
         self.root = Path(root)
-        self.parts = dict(parts)
+        self.facts = facts
+        self.parts = facts.to_parts()
         self.replan = replan
-        self.full_fingerprint = fingerprint(**self.parts)
-        self.fingerprint = self.full_fingerprint[:FINGERPRINT_DIGITS]
+        self.full_fingerprint = facts.full_fingerprint
+        self.fingerprint = facts.fingerprint
         self.folder = self.root / self.fingerprint
 
     @property
     def profile_path(self) -> Path:
         """The cached profile CSV."""
-        return self.folder / "profile.csv"
+        return self.folder / PROFILE
 
     @property
     def plan_path(self) -> Path:
         """The cached plan JSON."""
-        return self.folder / "plan.json"
+        return self.folder / PLAN
 
     def store(self, artefacts: Mapping[str, bytes | str]) -> None:
         """Write this job's artefacts, each atomically, then their manifest, all under an exclusive lock.
@@ -145,13 +142,13 @@ class JobCache:
                 ``baseline.json``, ``plan.json``, ``frontier.csv``.
 
         Raises:
-            ValueError: A name is not a plain file name (or is ``manifest.json``, or hidden).
+            ValueError: A name is not a plain file name (or is the manifest's, or hidden).
             OSError: The folder cannot be written; a load then fails verification and re-profiles.
         """
         bad = [name for name in artefacts if not is_artefact_name(name)]
         if bad:
             raise ValueError(
-                f"artefact names {bad} are not plain file names; use names like profile.csv or plan.json"
+                f"artefact names {bad} are not plain file names; use names like {PROFILE} or {PLAN}"
             )
         record = self._job_record()
         contents = {name: _bytes(content) for name, content in artefacts.items()}
@@ -159,7 +156,7 @@ class JobCache:
         with folder_lock(self.folder, "exclusive"):
             for name, content in contents.items():
                 write_atomically(self.folder / name, content)
-            write_atomically(self.folder / MANIFEST_NAME, manifest_for(contents, self.full_fingerprint))
+            write_atomically(self.folder / MANIFEST, manifest_for(contents, self.full_fingerprint))
         write_atomically(self.root / LAST_JOB, record)
 
     def load(self, required: tuple[str, ...] = REQUIRED_ARTEFACTS) -> CacheLoad:
@@ -236,7 +233,7 @@ class JobCache:
     def _holds_profile_only(self, required: tuple[str, ...]) -> bool:
         """Whether the folder holds a profile and no plan, as a run whose target was unmet leaves it."""
         names = {path.name for path in self.folder.iterdir()}
-        return "plan.json" in required and "plan.json" not in names and set(PROFILE_ARTEFACTS) <= names
+        return PLAN in required and PLAN not in names and set(PROFILE_ARTEFACTS) <= names
 
     def _replanned_from_own_profile(self, required: tuple[str, ...]) -> CacheLoad:
         """This job planned again from the profile its folder holds without a plan (its target was unmet)."""
@@ -277,8 +274,8 @@ class JobCache:
         """
         if self.replan is None or (found := self._planning_sibling()) is None:
             return None
-        parts, sibling = found
-        changed = "; ".join(describe_changes(_planning_of(parts), _planning_of(self.parts)))
+        facts, sibling = found
+        changed = "; ".join(describe_changes(_planning_of(facts), _planning_of(self.facts)))
         try:
             self.store(self.replan(sibling.artefacts, self.fingerprint))
             stored = self._verified(required)
@@ -297,24 +294,24 @@ class JobCache:
         )
         return CacheLoad(self.folder, True, message, stored.artefacts)
 
-    def _planning_sibling(self) -> tuple[dict[str, Any], CacheLoad] | None:
+    def _planning_sibling(self) -> tuple[JobFacts, CacheLoad] | None:
         """The most recent verified run of this job, profiled alike, with other planning inputs."""
-        mine = _canonical(_profile_facts(self.parts))
+        mine = _canonical(self.facts.profile_facts().to_parts())
         candidates = []
-        for record in self.root.glob(f"*/{JOB_RECORD}"):
-            try:
-                parts = json.loads(record.read_text(encoding="utf-8"))["parts"]
-                written_s = record.stat().st_mtime
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # not a job record (or removed meanwhile): no run to re-plan from
-            if not isinstance(parts, dict) or record.parent == self.folder:
+        for path in self.root.glob(f"*/{JOB_RECORD}"):
+            if path.parent == self.folder:
                 continue
-            if _canonical(_profile_facts(parts)) == mine:
-                candidates.append((written_s, parts))
-        for _, parts in sorted(candidates, key=lambda candidate: candidate[0], reverse=True):
-            sibling = JobCache(self.root, parts)._verified(PROFILE_ARTEFACTS)
+            try:
+                facts = JobRecord.read(path).facts
+                written_s = path.stat().st_mtime
+            except (OSError, ValueError):
+                continue  # not a job record (or removed meanwhile): no run to re-plan from
+            if _canonical(facts.profile_facts().to_parts()) == mine:
+                candidates.append((written_s, facts))
+        for _, facts in sorted(candidates, key=lambda candidate: candidate[0], reverse=True):
+            sibling = JobCache(self.root, facts)._verified(PROFILE_ARTEFACTS)
             if sibling.hit:
-                return parts, sibling
+                return facts, sibling
         return None
 
     def _hit(self, contents: Mapping[str, bytes]) -> CacheLoad:
@@ -331,17 +328,16 @@ class JobCache:
         return CacheLoad(self.folder, True, f"energy cache hit: reusing verified {self.folder}", contents)
 
     def _job_record(self) -> str:
-        return json.dumps({"fingerprint": self.fingerprint, "parts": self.parts}, indent=2, default=str)
+        return JobRecord.of(self.facts).to_json()
 
     def _explain_miss(self) -> str:
         """A first run for this job, or what changed since the most recent job in this ``--energy-dir``."""
-        last = self.root / LAST_JOB
         try:
-            previous = json.loads(last.read_text(encoding="utf-8"))
+            previous: JobRecord | None = JobRecord.read(self.root / LAST_JOB)
         except (OSError, ValueError):
             previous = None
-        if isinstance(previous, dict) and previous.get("fingerprint") != self.fingerprint:
-            changes = describe_changes(previous.get("parts", {}), _as_read_back(self.parts))
+        if previous is not None and previous.fingerprint != self.fingerprint:
+            changes = describe_changes(_as_read_back(previous.facts.to_parts()), _as_read_back(self.parts))
             return (
                 "energy cache miss, profiling again: the job changed since the cached one ("
                 + "; ".join(changes or ["unknown change"])
@@ -350,14 +346,9 @@ class JobCache:
         return "energy cache empty for this job: profiling"
 
 
-def _profile_facts(parts: Mapping[str, Any]) -> dict[str, Any]:
-    """The job facts a profile depends on: all but the planning inputs."""
-    return {key: value for key, value in parts.items() if key != PLANNING_PARTS}
-
-
-def _planning_of(parts: Mapping[str, Any]) -> dict[str, Any]:
-    """The planning inputs among the job facts, as read back from JSON."""
-    return _as_read_back({PLANNING_PARTS: parts.get(PLANNING_PARTS, {})})
+def _planning_of(facts: JobFacts) -> dict[str, Any]:
+    """The planning inputs among the job facts, as read back from JSON, under the record's key."""
+    return _as_read_back({"planning": {} if facts.planning is None else facts.planning.to_parts()})
 
 
 def _as_read_back(facts: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,11 +21,10 @@ from annotated_types import Ge
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from megatron_energy.atomic import LOCK_FILE_NAME
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX
 from megatron_energy.errors import EnergyError
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_VERSION: Final = 1
-QUARANTINE_PREFIX = "quarantine-"
 
 
 class CacheVerificationError(EnergyError):
@@ -126,19 +125,19 @@ def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...])
 
 def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, ArtefactEntry]:
     try:
-        text = (folder / MANIFEST_NAME).read_bytes()
+        text = (folder / MANIFEST).read_bytes()
         manifest = json.loads(text)
     except FileNotFoundError:
         raise CacheVerificationError(
-            f"{MANIFEST_NAME} is missing (written by an older version, or the store was interrupted)"
+            f"{MANIFEST} is missing (written by an older version, or the store was interrupted)"
         ) from None
     except ValueError as error:
-        raise CacheVerificationError(f"{MANIFEST_NAME} is not valid JSON ({error})") from None
+        raise CacheVerificationError(f"{MANIFEST} is not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("schema_version") != MANIFEST_SCHEMA_VERSION:
-        raise CacheVerificationError(f"{MANIFEST_NAME} is not a version-{MANIFEST_SCHEMA_VERSION} manifest")
+        raise CacheVerificationError(f"{MANIFEST} is not a version-{MANIFEST_SCHEMA_VERSION} manifest")
     if manifest.get("fingerprint") != job_fingerprint:
         raise CacheVerificationError(
-            f"{MANIFEST_NAME} belongs to another job (fingerprint {manifest.get('fingerprint')!r})"
+            f"{MANIFEST} belongs to another job (fingerprint {manifest.get('fingerprint')!r})"
         )
     try:
         return CacheManifest.model_validate_json(text).artefacts
@@ -146,13 +145,13 @@ def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, ArtefactE
         first = error.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise CacheVerificationError(
-            f"{MANIFEST_NAME} has malformed artefact entries ({where}: {first['msg']})"
+            f"{MANIFEST} has malformed artefact entries ({where}: {first['msg']})"
         ) from None
 
 
 def is_artefact_name(name: str) -> bool:
     """Whether ``name`` may name an artefact: a plain file name, not hidden, not the manifest."""
-    return bool(name) and name == Path(name).name and not name.startswith(".") and name != MANIFEST_NAME
+    return bool(name) and name == Path(name).name and not name.startswith(".") and name != MANIFEST
 
 
 def has_cached_files(folder: Path) -> bool:

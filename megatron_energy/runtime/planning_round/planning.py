@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from megatron_energy.energy_dir import REQUIRED_ARTEFACTS, JobArtefacts
 from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
@@ -32,7 +33,7 @@ from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_file import plan_text
 from megatron_energy.plan_outcome import saving_text, why_nothing_found
-from megatron_energy.runtime.planning_round.cache import REQUIRED_ARTEFACTS, JobCache
+from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.profiling.collector import (
     ProfileRow,
     StepRecord,
@@ -41,7 +42,7 @@ from megatron_energy.runtime.profiling.collector import (
     synchronised_records,
 )
 from megatron_energy.runtime.profiling.job_stock import JobStock
-from megatron_energy.runtime.profiling.measured_inputs import MEASURED_NAME, MeasuredInputs
+from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 
 NOTHING_S = 1e-9
@@ -129,11 +130,11 @@ def profile_artefacts(
     profile: Profile, job: PlanningJob, baseline: StockBaseline, request: ProfileRequest
 ) -> dict[str, str]:
     """The cache artefacts of a profiled job without a plan: what re-planning it needs (``Replanner``)."""
-    return {
-        "baseline.json": baseline.to_json(),
-        "profile.csv": profile.to_csv_text(),
-        MEASURED_NAME: MeasuredInputs.of_job(job, request).to_json(),
-    }
+    return JobArtefacts(
+        profile_csv=profile.to_csv_text(),
+        baseline_json=baseline.to_json(),
+        measured_json=MeasuredInputs.of_job(job, request).to_json(),
+    ).files()
 
 
 def frontier_csv_text(plan: Plan) -> str:
@@ -158,22 +159,19 @@ def frontier_csv_text(plan: Plan) -> str:
     return out.getvalue()
 
 
-def release_artefacts(release: PlanRelease) -> dict[str, str]:
+def release_artefacts(release: PlanRelease) -> JobArtefacts:
     """The cache artefacts of a release.
 
     The plan file, the baseline, the profile, and (when the release has them) its frontier and the measured
     planning inputs.
     """
-    artefacts = {
-        "plan.json": release.plan_text,
-        "baseline.json": release.baseline.to_json(),
-        "profile.csv": release.profile_csv,
-    }
-    if release.frontier_csv:
-        artefacts["frontier.csv"] = release.frontier_csv
-    if release.measured_json:
-        artefacts[MEASURED_NAME] = release.measured_json
-    return artefacts
+    return JobArtefacts(
+        profile_csv=release.profile_csv,
+        baseline_json=release.baseline.to_json(),
+        plan_json=release.plan_text,
+        frontier_csv=release.frontier_csv or None,
+        measured_json=release.measured_json or None,
+    )
 
 
 def store_release(cache: JobCache, release: PlanRelease) -> None:
@@ -182,7 +180,7 @@ def store_release(cache: JobCache, release: PlanRelease) -> None:
     Raises:
         OSError: The cache cannot be written.
     """
-    cache.store(release_artefacts(release))
+    cache.store(release_artefacts(release).files())
 
 
 def load_release(cache: JobCache) -> tuple[PlanRelease | Fallback | None, str]:
@@ -204,9 +202,11 @@ def load_release(cache: JobCache) -> tuple[PlanRelease | Fallback | None, str]:
         return Fallback(reason), load.message
     if not load.hit:
         return None, load.message
-    text = {name: content.decode("utf-8") for name, content in load.artefacts.items()}
+    artefacts = JobArtefacts.of_files(load.artefacts)
+    if artefacts.plan_json is None:
+        raise ValueError(f"the cached set of {load.folder} holds no plan")
     release = PlanRelease(
-        text["plan.json"], StockBaseline.from_json(text["baseline.json"]), text["profile.csv"]
+        artefacts.plan_json, StockBaseline.from_json(artefacts.baseline_json), artefacts.profile_csv
     )
     return release, load.message
 

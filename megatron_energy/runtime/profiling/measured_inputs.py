@@ -19,13 +19,11 @@ from typing import Any
 
 from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import WorkProfile
+from megatron_energy.energy_dir import MEASURED
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Work
-
-MEASURED_NAME = "measured.json"
-"""The cache artefact holding :class:`MeasuredInputs`."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ class MeasuredInputs:
                 ),
             )
         except (KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"{MEASURED_NAME} does not hold measured planning inputs ({error})") from None
+            raise ValueError(f"{MEASURED} does not hold measured planning inputs ({error})") from None
 
 
 def _timelines(entries: Sequence[Mapping[str, Any]]) -> dict[Work, list[tuple[str, WorkProfile]]]:
