@@ -21,11 +21,11 @@ from megatron_energy import energy_dir
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.energy_dir import JobArtefacts, JobFacts, JobRecord
-from megatron_energy.megatron.schedule import pipeline_orders
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.moe import MoeShape
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
 from megatron_energy.runtime.context import JobContext, planning_inputs
 from megatron_energy.runtime.planning_round.cache import JobCache

@@ -14,6 +14,7 @@ from megatron_energy.job import JobConfig
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, layer_pattern
 from megatron_energy.plan import ClockAction, Plan
+from megatron_energy.plan_file import read_plan
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.planning_round.replanning import Replanner, planning_job
 from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
@@ -67,7 +68,7 @@ def test_a_live_moe_job_plans_with_its_layer_pattern() -> None:
         },
         "live",
     )
-    phase_clocks = _phase_clocks(Plan.from_json_text(replanned["plan.json"]))
+    phase_clocks = _phase_clocks(read_plan(replanned["plan.json"]))
     assert phase_clocks == _phase_clocks(optimiser.plan(profile, live))
     dense = dataclasses.replace(live, layer_pattern=LAYER_PATTERN)
     assert phase_clocks != _phase_clocks(optimiser.plan(profile, dense)), (

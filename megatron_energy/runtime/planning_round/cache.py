@@ -316,7 +316,7 @@ class JobCache:
 
     def _hit(self, contents: Mapping[str, bytes]) -> CacheLoad:
         """Verified contents; a miss when their plan was written by another schema version (profile again)."""
-        plan = contents.get("plan.json")
+        plan = contents.get(PLAN)
         version = None if plan is None else stale_plan_version(plan.decode("utf-8"))
         if version is not None:
             return CacheLoad(
