@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from kernel_plans import gpt3_kernel_plan
 
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.optimisers.interface import PlanningJob
-from megatron_energy.optimisers.registry import resolve
-from megatron_energy.pipeline.dag import IterationTail
-from megatron_energy.pipeline.profile import Profile, TransformerShape
-from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.running.graph_requests import GRAD_SYNC, graph_requests
 from megatron_energy.runtime.running.plan_runner import InsideRequest, PlanRunner
 from megatron_energy.runtime.timing import InstructionSample
-from megatron_energy.target import EnergyTarget
 
 SPEC = load_gpu_spec("h100-sxm")
 GRID = [1980, 1530, 1080, 900, 630]
@@ -21,19 +16,8 @@ GRID = [1980, 1530, 1080, 900, 630]
 
 @pytest.fixture(scope="module")
 def kernel_plan():
-    """A kernel-mode plan of a 2-stage GPT-3 1.3B: instruction clocks, phases inside them, tail clocks."""
-    shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=2)
-    profile = Profile.synthetic(shape, SPEC, 2, clocks_mhz=GRID)
-    job = PlanningJob(
-        pipeline_orders(2, 4),
-        "0123456789abcdef",
-        EnergyTarget("iso-time"),
-        switch_latency_s=1e-3,
-        tail=IterationTail.measured(0.1, (20.0, 20.0)),
-        layers_per_chunk=12,
-        tail_phases=((GRAD_SYNC, 0.030), ("optimizer", 0.040)),
-    )
-    return resolve("kernel").plan(profile, job), job
+    """Instruction clocks, phases inside them (a 1 ms switch latency), tail clocks."""
+    return gpt3_kernel_plan(1e-3)
 
 
 def _replay(order, gap_s: float = 0.002, length_s: float = 0.05) -> tuple[InstructionSample, ...]:

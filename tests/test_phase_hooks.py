@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+from kernel_plans import gpt3_kernel_plan
 
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import load_gpu_spec
@@ -16,7 +17,6 @@ from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
 from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, snap_to_phase_starts
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.collective_names import END
-from megatron_energy.pipeline.dag import IterationTail
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.modelled_phases import tail_phases
 from megatron_energy.pipeline.phase_labels import OutsideHook, PhaseLabel
@@ -229,18 +229,7 @@ def test_measured_outside_phases_are_the_stock_steps_means_longest_over_ranks() 
 
 @pytest.fixture(scope="module")
 def kernel_plan():
-    shape = TransformerShape.from_name("gpt3-1.3b", micro_batch_size=2)
-    profile = Profile.synthetic(shape, SPEC, 2, clocks_mhz=GRID)
-    job = PlanningJob(
-        pipeline_orders(2, 4),
-        "0123456789abcdef",
-        EnergyTarget("iso-time"),
-        switch_latency_s=LATENCY_S,
-        tail=IterationTail.measured(0.1, (20.0, 20.0)),
-        layers_per_chunk=12,
-        tail_phases=(("grad-sync", 0.030), ("optimizer", 0.040)),
-    )
-    return resolve("kernel").plan(profile, job), job
+    return gpt3_kernel_plan(LATENCY_S)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ told a :class:`RunningPoint` by the session's state (``runtime.session_state``) 
 
 from __future__ import annotations
 
+import collections
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,15 +89,13 @@ class SwitchCounts:
     """Requests dropped at their time: their instruction had ended on the GPU (or switching was cancelled)."""
     dropped: int = 0
     """Requests dropped unmade: queue full, cancelled (a revert to stock clocks) or at close."""
-    late_s: list[float] = field(default_factory=list)
+    late_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=LATENESS_KEPT))
     """How long after its offset each of the latest applied requests went out (host clock, measured; the
     last :data:`LATENESS_KEPT`)."""
 
     def note_lateness(self, late_s: float) -> None:
         """Keep how late an applied request went out."""
         self.late_s.append(late_s)
-        if len(self.late_s) > LATENESS_KEPT:
-            del self.late_s[: len(self.late_s) - LATENESS_KEPT]
 
     def summary(self) -> str:
         """What became of the requests, for the log (counted on this rank's host)."""
