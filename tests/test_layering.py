@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.atomic": 0,
     "megatron_energy.events": 0,
     "megatron_energy.stats": 0,
+    "megatron_energy.power_swing": 0,
     "megatron_energy.plugin_threads": 0,
     "megatron_energy.dvfs.spec": 0,
     "megatron_energy.dvfs.kernel_classes": 0,
