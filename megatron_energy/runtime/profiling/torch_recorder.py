@@ -44,6 +44,7 @@ teardown off again for jobs with CUDA graphs on CUDA < 12.6, where it crashes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -222,6 +223,7 @@ class TorchKernelTimeline:
         import torch
 
         self._torch = torch
+        self._operators = [torch.profiler.ProfilerActivity.CPU]  # what a toggle turns on or off
         self.spec = spec
         self.instances = tuple(instances)
         self.gemm_class = gemm_class
@@ -233,6 +235,9 @@ class TorchKernelTimeline:
         self._trace_files: dict[int, list[str]] = {}  # per clock, the first one the reference
         self._teardown_before: str | None = None
         self._teardown_set = False
+        self._broken: str | None = (
+            None  # why torch's profiler failed mid-run, after which nothing is recorded
+        )
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
             pass  # Kineto initialises at the process's first profile: here, not in the recorded step
 
@@ -242,8 +247,12 @@ class TorchKernelTimeline:
         return self._recording is not None
 
     def start(self, clock_mhz: int, step: int) -> None:
-        """A recorded step (``step``, at ``clock_mhz``) begins; the profiler starts at its first instance."""
-        self._recording = _Recording(clock_mhz, step, set(self.instances))
+        """A recorded step (``step``, at ``clock_mhz``) begins; the profiler starts at its first instance.
+
+        Nothing is recorded once torch's profiler has failed in this run (:meth:`_abandon`).
+        """
+        if self._broken is None:
+            self._recording = _Recording(clock_mhz, step, set(self.instances))
 
     def instruction_begin(self, instruction: Instruction) -> None:
         """A recorded instance starts: the profiler starts (or collects operators again); its range opens."""
@@ -257,11 +266,15 @@ class TorchKernelTimeline:
                 return
             started = time.perf_counter()
             recording.start_s, began = started - began, started
-        else:
-            recording.profiler.toggle_collection_dynamic(True, [self._torch.profiler.ProfilerActivity.CPU])
-            recording.toggles += 1
-        scope = self._torch.profiler.record_function(annotation(instruction))
-        scope.__enter__()
+        try:
+            if recording.recorded:
+                recording.profiler.toggle_collection_dynamic(True, self._operators)
+                recording.toggles += 1
+            scope = self._torch.profiler.record_function(annotation(instruction))
+            scope.__enter__()
+        except Exception as problem:  # torch's profiler refused: this recorder stops, training goes on
+            self._abandon(recording, f"{instruction}'s start", problem)
+            return
         recording.ranges[instruction] = scope
         recording.recorded += 1
         recording.toggles_s += time.perf_counter() - began
@@ -273,10 +286,14 @@ class TorchKernelTimeline:
         if recording is None or scope is None:
             return
         began = time.perf_counter()
-        scope.__exit__(None, None, None)
-        recording.profiler.toggle_collection_dynamic(False, [self._torch.profiler.ProfilerActivity.CPU])
-        recording.toggles += 1
         recording.left.discard(instruction)
+        try:
+            scope.__exit__(None, None, None)
+            recording.profiler.toggle_collection_dynamic(False, self._operators)
+            recording.toggles += 1
+        except Exception as problem:  # torch's profiler refused: this recorder stops, training goes on
+            self._abandon(recording, f"{instruction}'s end", problem)
+            return
         if not recording.left:
             self._hand_off(recording)
         recording.toggles_s += time.perf_counter() - began
@@ -287,11 +304,53 @@ class TorchKernelTimeline:
         if recording is None or recording.profiler is None:
             return
         began = time.perf_counter()
-        for scope in recording.ranges.values():  # an instance that began and did not end
-            scope.__exit__(None, None, None)
+        try:
+            for scope in recording.ranges.values():  # an instance that began and did not end
+                scope.__exit__(None, None, None)
+        except Exception as problem:
+            self._abandon(recording, "the step's end", problem)
+            return
         recording.ranges.clear()
         self._hand_off(recording)
         recording.toggles_s += time.perf_counter() - began
+
+    def _abandon(self, recording: _Recording, where: str, problem: Exception) -> None:
+        """Give up recording for the rest of the run after torch's profiler raised (training thread).
+
+        The profiler is stopped here if it can be (once; a synchronising stop is cheaper than a broken
+        profiler left attached), no later recorded step starts one, and the planner models the split of the
+        instruction classes left unrecorded, as for any trace that was not written.
+        """
+        reason = str(problem).strip().splitlines()[0] if str(problem).strip() else ""
+        error = f"the profiler failed at {where} ({type(problem).__name__}: {reason}); no more recording"
+        self._broken = error
+        profiler, recording.profiler = recording.profiler, None
+        recording.ranges.clear()
+        recording.left.clear()
+        if self._recording is recording:
+            self._recording = None
+        with contextlib.suppress(Exception):
+            profiler.__exit__(None, None, None)
+        self._restore_teardown()
+        self._record_failure(recording, error)
+
+    def _record_failure(self, recording: _Recording, error: str) -> None:
+        """Keep why a recorded step left no trace, with what it cost until then."""
+        self._errors.append(error)
+        self._costs.append(
+            RecordedStepCost(
+                iteration=recording.step + 1,
+                clock_mhz=recording.clock_mhz,
+                instances=recording.recorded,
+                start_ms=1e3 * recording.start_s,
+                toggles=recording.toggles,
+                toggles_ms=1e3 * recording.toggles_s,
+                stop_ms=0.0,
+                export_ms=0.0,
+                trace_mib=0.0,
+                error=error,
+            )
+        )
 
     def _start_profiler(self, recording: _Recording) -> Any:
         """The profiler, started once the previous trace is written (training thread); ``None``: it failed."""
@@ -312,21 +371,8 @@ class TorchKernelTimeline:
                 raise RuntimeError("its state is the starting thread's own (profile_all_threads unsupported)")
         except Exception as problem:  # nothing recorded in this step: the planner models the split
             self._restore_teardown()
-            error = f"the profiler did not start ({type(problem).__name__}: {problem})"
-            self._errors.append(error)
-            self._costs.append(
-                RecordedStepCost(
-                    iteration=recording.step + 1,
-                    clock_mhz=recording.clock_mhz,
-                    instances=0,
-                    start_ms=0.0,
-                    toggles=0,
-                    toggles_ms=0.0,
-                    stop_ms=0.0,
-                    export_ms=0.0,
-                    trace_mib=0.0,
-                    error=error,
-                )
+            self._record_failure(
+                recording, f"the profiler did not start ({type(problem).__name__}: {problem})"
             )
             recording.left.clear()
             return None
