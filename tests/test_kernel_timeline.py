@@ -37,6 +37,7 @@ from megatron_energy.runtime.profiling.torch_recorder import (
     TEARDOWN_CUPTI,
     TorchKernelTimeline,
     recorded_instances,
+    toggling_works,
 )
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.session_phase import SessionPhase
@@ -561,6 +562,33 @@ def test_a_profiler_that_refuses_a_toggle_ends_recording_and_training_goes_on(mo
     assert isinstance(outcome, TimelinesUnread) and "no more recording" in outcome.reason
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         pass  # the failed profiler was stopped: another may start
+    recorder.close()
+
+
+def test_where_torch_cannot_toggle_collection_the_step_is_recorded_with_collection_on(monkeypatch) -> None:
+    import torch
+
+    real = torch.profiler.profile.toggle_collection_dynamic
+
+    def toggle(self: Any, enable: bool, activities: Any) -> None:
+        if enable:  # torch 2.11's profile_all_threads: off works, on again raises
+            raise RuntimeError("Expected profiler state set")
+        real(self, enable, activities)
+
+    monkeypatch.setattr(torch.profiler.profile, "toggle_collection_dynamic", toggle)
+    assert not toggling_works(torch)
+    order = list(pipeline_orders(1, 3).steps(0))
+    recorder = TorchKernelTimeline(SPEC, recorded_instances(order))
+    recorder.start(1980, step=6)
+    _torch_step(recorder, order)
+    recorder.stop()
+    cost = None
+    while cost is None:
+        cost = recorder.finished()
+    assert (cost.instances, cost.toggles, cost.error) == (2, 0, None) and cost.trace_mib > 0
+    events = [e for e in _written_trace(recorder)["traceEvents"] if e.get("ph") == "X"]
+    ranges = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert ranges == [annotation(i) for i in recorded_instances(order)]
     recorder.close()
 
 

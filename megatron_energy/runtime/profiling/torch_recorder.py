@@ -14,9 +14,10 @@ a normal step on an H100. So:
   ``pipeline.kineto_trace`` need, and the instance's ``record_function`` range, :func:`~megatron_energy.
   runtime.profiling.kernel_timeline.annotation`) is on only while a recorded instance runs:
   ``toggle_collection_dynamic`` removes the operator callbacks in between (PyTorch logs a warning at each
-  toggle). Its CUDA side (CUPTI: kernels and their launches) runs from the first instance's start to the
-  profiler's stop, and is never toggled: Kineto's toggle synchronises the device, mid-step. Kernels launched
-  outside every range are in the trace but belong to no instruction;
+  toggle; where this torch cannot toggle, :func:`toggling_works`, collection stays on from the first
+  recorded instance to the hand-off). Its CUDA side (CUPTI: kernels and their launches) runs from the
+  first instance's start to the profiler's stop, and is never toggled: Kineto's toggle synchronises the
+  device, mid-step. Kernels launched outside every range are in the trace but belong to no instruction;
 - at the last instance's end the profiler passes to a writer thread, which stops it and writes the trace;
 - no stacks, no memory events, no FLOP counters;
 - Kineto initialises itself at the process's first profile (its library, CUPTI's; 2-4 s measured on a
@@ -98,6 +99,25 @@ def recorded_instances(order: Sequence[Step]) -> tuple[Instruction, ...]:
             by_class.setdefault(step.work, []).append(step)
     chosen = {found[(len(found) - 1) // 2] for found in by_class.values()}
     return tuple(step for step in order if step in chosen)
+
+
+def toggling_works(torch: Any) -> bool:
+    """Whether this torch can turn operator collection off and on again in a ``profile_all_threads`` profile.
+
+    Runs one CPU-only profile (which also initialises Kineto) and toggles inside it. torch 2.11 on an H100
+    raised "Expected profiler state set" at the toggle back on (``lab/profiler_toggle_probe.py``,
+    2026-12-06); where it cannot, the recorded step collects operators from its first recorded instance to
+    the hand-off instead (more events, the same ranges).
+    """
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    config = torch.profiler._ExperimentalConfig(profile_all_threads=True)
+    try:
+        with torch.profiler.profile(activities=cpu, experimental_config=config) as profiler:
+            profiler.toggle_collection_dynamic(False, cpu)
+            profiler.toggle_collection_dynamic(True, cpu)
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass
@@ -238,8 +258,8 @@ class TorchKernelTimeline:
         self._broken: str | None = (
             None  # why torch's profiler failed mid-run, after which nothing is recorded
         )
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-            pass  # Kineto initialises at the process's first profile: here, not in the recorded step
+        # Kineto initialises at the process's first profile: here, not in the recorded step
+        self._toggling = toggling_works(torch)
 
     @property
     def recording(self) -> bool:
@@ -267,7 +287,7 @@ class TorchKernelTimeline:
             started = time.perf_counter()
             recording.start_s, began = started - began, started
         try:
-            if recording.recorded:
+            if recording.recorded and self._toggling:
                 recording.profiler.toggle_collection_dynamic(True, self._operators)
                 recording.toggles += 1
             scope = self._torch.profiler.record_function(annotation(instruction))
@@ -289,8 +309,9 @@ class TorchKernelTimeline:
         recording.left.discard(instruction)
         try:
             scope.__exit__(None, None, None)
-            recording.profiler.toggle_collection_dynamic(False, self._operators)
-            recording.toggles += 1
+            if self._toggling:
+                recording.profiler.toggle_collection_dynamic(False, self._operators)
+                recording.toggles += 1
         except Exception as problem:  # torch's profiler refused: this recorder stops, training goes on
             self._abandon(recording, f"{instruction}'s end", problem)
             return
