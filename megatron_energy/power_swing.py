@@ -96,6 +96,10 @@ class PowerTrace:
         edges = self.edges_s[0] + np.concatenate(([0.0], np.cumsum(np.tile(steps, count))))
         return PowerTrace(edges, np.tile(self.power_w, count), self.source)
 
+    def scaled(self, factor: float) -> PowerTrace:
+        """The trace with every power multiplied by ``factor`` (``factor`` GPUs drawing alike)."""
+        return PowerTrace(self.edges_s, self.power_w * factor, self.source)
+
     def shifted(self, offset_s: float) -> PowerTrace:
         """The trace as a periodic one started ``offset_s`` later: its end wraps round to its start."""
         start, period = float(self.edges_s[0]), self.duration_s
@@ -184,10 +188,15 @@ def swing_figures(
     )
 
 
+def floored(trace: PowerTrace, floor_w: float, resolution_s: float = DEFAULT_RESOLUTION_S) -> PowerTrace:
+    """``trace`` read at ``resolution_s`` with a filler holding every bin at ``floor_w`` or above."""
+    bins = trace.binned(resolution_s)
+    return PowerTrace(bins.edges_s, np.maximum(bins.power_w, floor_w), trace.source)
+
+
 def floor_energy_j(trace: PowerTrace, floor_w: float, resolution_s: float = DEFAULT_RESOLUTION_S) -> float:
     """What a filler spends to hold ``trace`` at ``floor_w`` or above: ∫ max(0, floor − P) dt, binned."""
-    bins = trace.binned(resolution_s).power_w
-    return float(np.clip(floor_w - bins, 0.0, None).sum() * resolution_s)
+    return floored(trace, floor_w, resolution_s).energy_j - trace.binned(resolution_s).energy_j
 
 
 def summed(traces: list[PowerTrace]) -> PowerTrace:
