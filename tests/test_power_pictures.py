@@ -91,3 +91,6 @@ def test_simulate_power_swing_refuses_a_size_that_is_not_whole_replicas_before_p
     assert "1022 GPUs are not a whole number of replicas of 4 GPUs" in line
     assert _simulate(["--config", EXAMPLE, "--plot", "x.png"]) == 2
     assert "add --power-swing" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        _simulate(["--config", EXAMPLE, "--power-swing", "--floor", "0"])
+    assert refused.value.code == 2 and "'0' must be a share above 0 up to 1" in capsys.readouterr().err

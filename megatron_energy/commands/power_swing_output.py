@@ -59,13 +59,21 @@ def gpu_counts(text: str) -> tuple[int, ...]:
 
 
 def share(text: str) -> float:
-    """A share from 0 to 1, e.g. ``0.8`` (an ``argparse`` type)."""
+    """A share from 0 to 1, e.g. ``0.1`` (an ``argparse`` type)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0.0 <= value <= 1.0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"'{text}' must be a share from 0 to 1, e.g. 0.8")
+        raise argparse.ArgumentTypeError(f"'{text}' must be a share from 0 to 1, e.g. 0.1")
+    return value
+
+
+def floor_share(text: str) -> float:
+    """A share above 0 up to 1, e.g. ``0.8`` (an ``argparse`` type)."""
+    value = share(text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be a share above 0 up to 1, e.g. 0.8")
     return value
 
 

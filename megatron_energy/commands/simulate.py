@@ -28,7 +28,13 @@ from megatron_energy.commands.arguments import fail, output_file, plain_text, re
 from megatron_energy.commands.comparison_output import comparison_label, print_comparison
 from megatron_energy.commands.latency_sweep import HEADER, example_jobs, latencies_argument, sweep_job
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
-from megatron_energy.commands.power_swing_output import SwingOptions, gpu_counts, print_power_swing, share
+from megatron_energy.commands.power_swing_output import (
+    SwingOptions,
+    floor_share,
+    gpu_counts,
+    print_power_swing,
+    share,
+)
 from megatron_energy.config import positive_int
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
@@ -119,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--floor",
-        type=share,
+        type=floor_share,
         default=0.8,
         help="with --power-swing: the filler floor as a share of the busiest GPU's stock peak (default 0.8)",
     )
