@@ -111,11 +111,16 @@ class RunTotals:
         if saving is None:
             parts.append("saving vs stock clocks: no stock baseline was measured")
         else:
+            less = f"{100 * abs(saving.fraction):.1f} % {'less' if saving.fraction >= 0 else 'more'}"
+            spread = (
+                f"95 % CI {saving.low_kwh:.4g} to {saving.high_kwh:.4g} kWh"
+                if saving.high_kwh > saving.low_kwh
+                else "no noise in modelled figures"
+            )
             verdict = "" if saving.resolved else ", within noise"
             parts.append(
-                f"saving vs stock clocks: {saving.kwh:.4g} kWh ({100 * saving.fraction:+.1f} % less; "
-                f"{saving.source}, 95 % CI {saving.low_kwh:.4g} to {saving.high_kwh:.4g} kWh{verdict}, "
-                f"{saving.stock_iterations} stock iterations)"
+                f"saving vs stock clocks, profiling included: {saving.kwh:.4g} kWh ({less} energy; "
+                f"{saving.source}, {spread}{verdict}, against {saving.stock_iterations} stock iterations)"
             )
         if self.co2_kg is not None:
             co2 = f"CO2 {self.co2_kg:.4g} kg at {self.grid_gco2_per_kwh:g} g/kWh"
