@@ -136,6 +136,18 @@ def test_megatrons_log_energy_total_is_named_beside_ours_in_its_unit(tmp_path: P
     assert "same NVML counter" in line
 
 
+def test_iterations_after_the_last_line_are_named_as_left_out(tmp_path: Path) -> None:
+    lines: list[str] = []
+    logger = _logger(tmp_path, lines)
+    for step in range(6):
+        logger.add(step, "profiling", _figures(100.0), None, StockBaseline())
+    logger.close()
+    assert "[energy] run totals, iterations 1-4 " in lines[-2]
+    assert lines[-1] == (
+        "[energy] run totals leave out iterations 5-6: they ended after the last energy log line"
+    )
+
+
 def test_a_run_no_line_covered_prints_no_totals(tmp_path: Path) -> None:
     lines: list[str] = []
     logger = _logger(tmp_path, lines)

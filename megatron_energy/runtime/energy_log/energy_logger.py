@@ -199,9 +199,16 @@ class EnergyLogger:
         totals = self.tally.totals(
             self.source, tokens, self.grid_gco2_per_kwh, self.context.megatron_log_energy, self.job
         )
-        if totals is not None:
-            self.printer(totals.line())
-            self.write_record(totals)
+        if totals is None:
+            return
+        self.printer(totals.line())
+        self.write_record(totals)
+        after = totals.last_iteration + 1
+        if self._staged is None and after <= self._last_step + 1:
+            self.printer(
+                f"[energy] run totals leave out iterations {after}-{self._last_step + 1}: they ended after "
+                "the last energy log line"
+            )
 
     def _reduction(
         self, step: int, phase: str, predicted_j: float | None, baseline: StockBaseline, exact: bool
