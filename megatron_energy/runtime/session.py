@@ -470,7 +470,7 @@ class EnergySession:
             sealed = self._sealed.pop(0)
             figures = sealed.figures(timing)
             self.history.append(figures)
-            self.energy_logger.window.add(sealed.step, self._label(sealed.phase), figures)
+            self.energy_logger.add_unlogged(sealed.step, self._label(sealed.phase), figures)
             if (sealed.step + 1) % self.context.log_interval == 0:
                 self.printer(
                     f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} ({why}, this rank "

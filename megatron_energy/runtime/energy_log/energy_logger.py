@@ -171,6 +171,11 @@ class EnergyLogger:
         if reduced is not None:
             self._log(reduced)
 
+    def add_unlogged(self, step: int, phase: str, figures: StepFigures) -> None:
+        """Record a step no line will cover (flushed at close or before a suspension; no collective runs)."""
+        self.window.add(step, phase, figures)
+        self._last_step = max(self._last_step, step)
+
     def close(self) -> None:
         """At the end of the run (no collective may start): rank 0's last words on the energy log.
 
