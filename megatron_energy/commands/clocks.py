@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from megatron_energy.dvfs.backends import open_zeus_gpus
 from megatron_energy.dvfs.lease import RUN_DIR_ENV, run_dir
 from megatron_energy.dvfs.leftover_clocks import (
     GpuClocks,
     Lease,
+    MachineGpus,
     read_gpu_clocks,
     read_leases,
     reset_leftovers,
     simulated_clocks,
 )
-
-if TYPE_CHECKING:
-    from zeus.device.gpu.common import GPUs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,12 +53,12 @@ def run(args: argparse.Namespace) -> int:
     """Print the status, or reset the leftovers; see the module docstring."""
     folder = args.run_dir if args.run_dir is not None else run_dir()
     leases, unreadable = read_leases(folder)
-    gpus, why_none = _gpus()
+    machine = MachineGpus.open()
     if args.action == "status":
-        for line in status_lines(folder, leases, unreadable, gpus, why_none):
+        for line in status_lines(folder, leases, unreadable, machine):
             print(line)
         return 0
-    actions = reset_leftovers(leases, gpus, args.apply, folder)
+    actions = reset_leftovers(leases, machine.gpus, args.apply, folder)
     for action in actions:
         print(action.line())
     if not args.apply and any(action.outcome.startswith("would") for action in actions):
@@ -72,23 +68,15 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(action.outcome == "failed" for action in actions) else 0
 
 
-def _gpus() -> tuple[GPUs | None, str]:
-    """This machine's real GPUs through zeus, or ``None`` and why there are none."""
-    gpus, failure = open_zeus_gpus()
-    if gpus is None or len(gpus) == 0:
-        return None, failure or "zeus sees no GPU"
-    return gpus, ""
-
-
 def status_lines(
-    folder: Path, leases: list[Lease], unreadable: list[Path], gpus: GPUs | None, why_none: str
+    folder: Path, leases: list[Lease], unreadable: list[Path], machine: MachineGpus
 ) -> list[str]:
     """The ``status`` output: the GPUs' clocks, then the leases."""
     lines = ["GPUs (clocks read through NVML, nothing set):"]
-    if gpus is None:
-        lines.append(f"  no GPUs here ({why_none}); leases only")
+    if machine.gpus is None:
+        lines.append(f"  no GPUs here ({machine.why_none}); leases only")
     else:
-        lines += [f"  {_clocks(clocks)}" for clocks in read_gpu_clocks(gpus)]
+        lines += [f"  {_clocks(clocks)}" for clocks in read_gpu_clocks(machine.gpus)]
     lines.append(f"clock leases in {folder}:")
     if not leases and not unreadable:
         lines.append("  none: no job of the plugin holds or left a GPU's clocks locked here")

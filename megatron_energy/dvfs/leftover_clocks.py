@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from megatron_energy.dvfs.backends import PERMISSION_REMEDY, permission_problem
+from megatron_energy.dvfs.backends import PERMISSION_REMEDY, open_zeus_gpus, permission_problem
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path, read_lease, repair_stale_lease
 from megatron_energy.dvfs.simulated_state import read_state, reset_state_file
 from megatron_energy.stats import Source
@@ -156,6 +156,24 @@ class GpuClocks:
     """The locked SM clock where the backend tells it (simulated GPUs); ``None``: not locked, or unknown."""
     source: Source
     """``measured`` (NVML) or ``modelled`` (a simulated GPU's state)."""
+
+
+@dataclass(frozen=True)
+class MachineGpus:
+    """This machine's real GPUs as zeus opens them, for reading and resetting."""
+
+    gpus: GPUs | None
+    """The GPUs; ``None`` where no GPU library works (or it sees no GPU)."""
+    why_none: str
+    """Why there are none (empty when there are)."""
+
+    @classmethod
+    def open(cls) -> MachineGpus:
+        """Open them (nothing is set: zeus only opens its library and reads)."""
+        gpus, failure = open_zeus_gpus()
+        if gpus is None or len(gpus) == 0:
+            return cls(None, failure or "zeus sees no GPU")
+        return cls(gpus, "")
 
 
 def read_gpu_clocks(gpus: GPUs) -> list[GpuClocks]:
