@@ -121,7 +121,8 @@ def test_without_permission_a_real_gpus_reset_is_refused_saying_why_and_nothing_
     capability(False)
     folder, lease = _real_lease(tmp_path, monkeypatch)
     status, out = _clocks(capsys, "status", "--run-dir", str(folder))
-    assert f"GPU 0 NVIDIA H200: SM {LOCKED_MHZ} of 1980 MHz" in out and "(measured)" in out
+    assert f"GPU 0 NVIDIA H200: SM {LOCKED_MHZ} of 1980 MHz" in out
+    assert f"(measured); lease {lease.name}, stale: its job died with the clocks locked" in out
     status, out = _clocks(capsys, "reset", "--apply", "--run-dir", str(folder))
     assert status == 1
     assert (

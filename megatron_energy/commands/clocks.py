@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from megatron_energy.dvfs.lease import RUN_DIR_ENV, run_dir
+from megatron_energy.dvfs.lease import RUN_DIR_ENV, lease_path, run_dir
 from megatron_energy.dvfs.leftover_clocks import (
     GpuClocks,
     Lease,
@@ -76,7 +76,11 @@ def status_lines(
     if machine.gpus is None:
         lines.append(f"  no GPUs here ({machine.why_none}); leases only")
     else:
-        lines += [f"  {_clocks(clocks)}" for clocks in read_gpu_clocks(machine.gpus)]
+        held = {lease.path: lease for lease in leases}
+        for clocks in read_gpu_clocks(machine.gpus):
+            lease = held.get(lease_path(machine.gpus, clocks.index, folder))
+            state = "no lease" if lease is None else f"lease {lease.path.name}, {_state(lease)}"
+            lines.append(f"  {_clocks(clocks)}; {state}")
     lines.append(f"clock leases in {folder}:")
     if not leases and not unreadable:
         lines.append("  none: no job of the plugin holds or left a GPU's clocks locked here")
