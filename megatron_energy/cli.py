@@ -1,4 +1,4 @@
-"""The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report``, ``patch`` and ``calibrate``.
+"""The ``megatron-energy`` command and its subcommands (``demo``, ``plan``, ``report``, ``clocks``, ...).
 
 Each subcommand lives in its own module under ``megatron_energy/commands/`` and exposes
 ``register(subparsers)``; this module only assembles them. A command line that names its subcommand imports
@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "patch": "patch",
     "calibrate": "calibrate",
+    "clocks": "clocks",
 }
 """Each subcommand and its module under ``megatron_energy/commands/``."""
 
@@ -41,7 +42,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-energy",
         description=(
-            "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate."
+            "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate, "
+            "clocks."
         ),
     )
     subparsers = parser.add_subparsers(

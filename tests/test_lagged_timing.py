@@ -220,7 +220,7 @@ def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
     assert figures.energy_j == 1000.0 * last + 7.0
     assert figures.timing.samples[0].duration_s == pytest.approx(_forward_ms(last) / 1e3)
     assert session.energy_logger.window.window[-1] == (last, figures)
-    summaries = ("model vs measured at stock clocks", "plugin host time")  # the run's closing summaries
+    summaries = ("model vs measured at stock clocks", "plugin host time", "run totals")  # closing summaries
     closing = [line for line in lines if not any(summary in line for summary in summaries)]
     assert closing == [
         f"[energy] rank 0 iteration {last + 1} (last, this rank only): {figures.energy_j:.1f} J, "

@@ -17,6 +17,7 @@ from megatron_energy.config.checks import (
     block_problem,
     clock_grid_problem,
     fraction_problem,
+    grid_intensity_problem,
     power_floor_problem,
     power_target_problem,
     whole_number_problem,
@@ -228,6 +229,21 @@ class EnergyConfig:
                 path=True,
                 help="""Also write each ``[energy]`` log line's figures (iteration, phase, source, scalars) as
                 one JSON object per line to this file (rank 0, appended).""",
+            )
+        },
+    )
+
+    grid_gco2_per_kwh: float | None = field(
+        default=None,
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-grid-gco2-per-kwh",),
+                parse=float,
+                check=grid_intensity_problem,
+                metavar="G",
+                help="""The electricity grid's carbon intensity in grams of CO2 per kWh: the run's totals at
+                its end (``runtime.energy_log.run_totals``) then also state its CO2 in kg, and the saving's
+                (GPU energy only; the grid's figure is the user's). Unset: no CO2 figure.""",
             )
         },
     )

@@ -46,10 +46,14 @@ Mode = Literal["control", "dry-run", "monitor-only"]
 DEFAULT_SIMULATED_SPEC = "h200"
 _ZEUSD_ENV = ("ZEUSD_SOCK_PATH", "ZEUSD_HOST_PORT")
 
-REMEDIES = (
+PERMISSION_REMEDY = (
     "To let megatron_energy set clocks: run as root, or grant the process CAP_SYS_ADMIN, or run the zeus "
-    "daemon (zeusd) with GPU control enabled and set ZEUSD_SOCK_PATH. To rehearse without changing clocks "
-    "use --energy-dry-run; to run without a GPU use --energy-backend simulated."
+    "daemon (zeusd) with GPU control enabled and set ZEUSD_SOCK_PATH."
+)
+"""What gives a process permission to set clocks."""
+REMEDIES = (
+    f"{PERMISSION_REMEDY} To rehearse without changing clocks use --energy-dry-run; to run without a GPU use "
+    "--energy-backend simulated."
 )
 
 
@@ -128,7 +132,7 @@ def open_gpus(
             "--energy-backend simulated",
             emulation,
         )
-    gpus, failure = _open_zeus_gpus()
+    gpus, failure = open_zeus_gpus()
     if gpus is None or len(gpus) == 0:
         why = f"no GPU found ({failure or 'zeus sees no GPU'})"
         if backend == "auto":
@@ -206,7 +210,7 @@ def _claim(gpus: GPUs, index: int) -> str | None:
     return None if usable else note
 
 
-def _open_zeus_gpus() -> tuple[GPUs | None, str | None]:
+def open_zeus_gpus() -> tuple[GPUs | None, str | None]:
     """Return (zeus GPUs or None, a description of what failed or None).
 
     If zeusd is configured but unusable (unreachable, no GPU-control scope), the GPUs are opened again
@@ -232,12 +236,12 @@ def _open_zeus_gpus() -> tuple[GPUs | None, str | None]:
 
 def _why_no_control(gpus: GPUs, index: int) -> str | None:
     """Return why clocks cannot be set on GPU ``index``, or None if they can; probes once if it must."""
-    from zeus.device.common import has_sys_admin
     from zeus.device.gpu.common import ZeusGPUNoPermissionError, ZeusGPUNotSupportedError
     from zeus.exception import ZeusBaseError
 
-    if not _uses_zeusd(gpus) and not has_sys_admin():
-        return "this process has no SYS_ADMIN capability and zeusd is not configured (ZEUSD_SOCK_PATH unset)"
+    refusal = permission_problem(gpus)
+    if refusal is not None:
+        return refusal
     try:
         gpus.reset_gpu_locked_clocks(index)
     except ZeusGPUNoPermissionError as error:
@@ -246,6 +250,18 @@ def _why_no_control(gpus: GPUs, index: int) -> str | None:
         return f"GPU {index} ({gpus.get_name(index)}) does not support locked clocks ({error})"
     except ZeusBaseError as error:
         return f"the clock reset probe on GPU {index} failed: {type(error).__name__}: {error}"
+    return None
+
+
+def permission_problem(gpus: GPUs) -> str | None:
+    """Why this process may not set the clocks of ``gpus``, judged without touching them; None if it may try.
+
+    zeusd grants clock control to whoever reaches it; without zeusd the process needs ``SYS_ADMIN``.
+    """
+    from zeus.device.common import has_sys_admin
+
+    if not _uses_zeusd(gpus) and not has_sys_admin():
+        return "this process has no SYS_ADMIN capability and zeusd is not configured (ZEUSD_SOCK_PATH unset)"
     return None
 
 

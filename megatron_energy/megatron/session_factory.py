@@ -105,6 +105,7 @@ def parallel_job_context(
     log_sinks: tuple[Any, ...] = (),
     collectives: CollectiveSetup | None = None,
     full_iteration_graph: bool = False,
+    megatron_log_energy: bool = False,
 ) -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
 
@@ -121,6 +122,7 @@ def parallel_job_context(
         log_sinks: Scalar writers ``(name, value, step)``.
         collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
         full_iteration_graph: Megatron captures the training step as one CUDA graph.
+        megatron_log_energy: Megatron's own ``--log-energy`` is on.
 
     Returns:
         The context and the collectives: over this rank's pipeline, tensor(-and-context) and data-parallel
@@ -156,6 +158,7 @@ def parallel_job_context(
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
         log_interval=log_interval,
         log_sinks=log_sinks,
+        megatron_log_energy=megatron_log_energy,
     )
     warn = functools.partial(print, file=sys.stderr)
     groups: dict[Group, Any] = {
@@ -204,6 +207,7 @@ def megatron_job_context(
         if full_iteration
         else collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
         full_iteration_graph=full_iteration,
+        megatron_log_energy=bool(getattr(args, "log_energy", False)),
     )
 
 

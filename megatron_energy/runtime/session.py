@@ -205,6 +205,7 @@ class EnergySession:
         self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
         self.energy_logger.log_file = config.log_file
         self.energy_logger.job = cache.fingerprint
+        self.energy_logger.grid_gco2_per_kwh = config.grid_gco2_per_kwh
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self.planning.start_from_cache()
         self.laps.lap()
@@ -469,7 +470,7 @@ class EnergySession:
             sealed = self._sealed.pop(0)
             figures = sealed.figures(timing)
             self.history.append(figures)
-            self.energy_logger.window.add(sealed.step, self._label(sealed.phase), figures)
+            self.energy_logger.add_unlogged(sealed.step, self._label(sealed.phase), figures)
             if (sealed.step + 1) % self.context.log_interval == 0:
                 self.printer(
                     f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} ({why}, this rank "

@@ -52,6 +52,13 @@ class StageEnergy:
     window: RankWindow = field(default_factory=lambda: RankWindow(first_step=-1))
     """This rank's per-iteration figures over the phase's window."""
 
+    run_energy_j: float = 0.0
+    """This rank's GPU energy over every step since the previous line, whatever its phase (the run's totals,
+    ``runtime.energy_log.run_totals``)."""
+
+    run_steps: int = 0
+    """The steps ``run_energy_j`` counts."""
+
 
 @dataclass(frozen=True)
 class JobInterval:
@@ -69,6 +76,10 @@ class JobInterval:
     """Per iteration of that window: the slowest GPU's time."""
     gpus: int
     """GPUs the figures sum over."""
+    run_j: float = 0.0
+    """Energy summed over the GPUs of every step since the previous line, whatever its phase."""
+    run_steps: int = 0
+    """The steps ``run_j`` counts (the most any rank counted; every rank counts the same)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ the chain over the three groups costs at most one exchange's share of the contro
 steps, and the line is printed when its last link completes (a few steps later, naming the iteration its
 interval ended at). An interval's end that comes before K steps have passed begins nothing: its steps join
 the next interval, and that line names the iterations it covers. No collective runs at close: rank 0 says
-which iterations no line covered.
+which iterations no line covered, then prints the run's totals over the iterations the lines covered and
+appends their record (``runtime.energy_log.run_totals``: each line's reductions carry the energy of every
+step since the previous one, so the totals need no collective of their own).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from megatron_energy.runtime.energy_log.energy_line import (
 from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.energy_log.log_window import PhaseWindow
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
+from megatron_energy.runtime.energy_log.run_totals import RunTally, RunTotals, tokens_per_iteration
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.power_watch import with_power_budget
 from megatron_energy.runtime.session_phase import SessionPhase
@@ -100,6 +103,8 @@ class EnergyLogger:
         plan_band: The running plan's saving band around zero (``plan_outcome.run_band``), set when a plan
             takes effect: a modelled energy change of the planned phase carries it around its own value.
         job: The job's fingerprint, written into every record (``EnergyRecord.job``).
+        grid_gco2_per_kwh: ``--energy-grid-gco2-per-kwh``: the run's totals then state their CO₂.
+        tally: Rank 0's running sums of the lines' job-wide figures, for the run's totals.
     """
 
     def __init__(
@@ -120,6 +125,10 @@ class EnergyLogger:
         self.power_target: EnergyTarget | None = None
         self.plan_band: SavingBand | None = None
         self.job = ""
+        self.grid_gco2_per_kwh: float | None = None
+        self.tally = RunTally()
+        self._run_j = 0.0  # this rank's energy over every step since the previous line (any phase)
+        self._run_steps = 0
         sizes = [comms.size(group) for group in GROUPS]
         self._staged: StagedExchange[_ReducedInterval] | None = None
         """Where the chain costs more than its share of the budget: the staged exchange that runs it."""
@@ -147,6 +156,8 @@ class EnergyLogger:
             baseline: The stock baseline to compare with (empty: no comparison, as while profiling).
         """
         self.window.add(step, phase, figures)
+        self._run_j += figures.energy_j
+        self._run_steps += 1
         self._last_step = step
         if self._first_step is None:
             self._first_step = step
@@ -160,15 +171,48 @@ class EnergyLogger:
         if reduced is not None:
             self._log(reduced)
 
+    def add_unlogged(self, step: int, phase: str, figures: StepFigures) -> None:
+        """Record a step no line will cover (flushed at close or before a suspension; no collective runs)."""
+        self.window.add(step, phase, figures)
+        self._last_step = max(self._last_step, step)
+
     def close(self) -> None:
-        """At the end of the run (no collective may start): rank 0 names the iterations no line covered."""
-        if self.context.global_rank != 0 or self._staged is None:
+        """At the end of the run (no collective may start): rank 0's last words on the energy log.
+
+        It names the iterations no line covered, then prints the run's totals and appends their record.
+        """
+        if self.context.global_rank != 0:
             return
-        first = self._in_flight_first if self._staged.in_flight else self._first_step
-        if first is not None and first <= self._last_step:
+        if self._staged is not None:
+            first = self._in_flight_first if self._staged.in_flight else self._first_step
+            if first is not None and first <= self._last_step:
+                self.printer(
+                    f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
+                    "reductions had not completed when the run ended, and no collective runs at close)"
+                )
+        shape = self.context.shape
+        tokens = (
+            None
+            if shape is None
+            else tokens_per_iteration(
+                shape.micro_batch_size,
+                shape.seq_length,
+                self.context.num_microbatches,
+                self.context.data_parallel_size,
+            )
+        )
+        totals = self.tally.totals(
+            self.source, tokens, self.grid_gco2_per_kwh, self.context.megatron_log_energy, self.job
+        )
+        if totals is None:
+            return
+        self.printer(totals.line())
+        self.write_record(totals)
+        after = totals.last_iteration + 1
+        if self._staged is None and after <= self._last_step + 1:
             self.printer(
-                f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
-                "reductions had not completed when the run ended, and no collective runs at close)"
+                f"[energy] run totals leave out iterations {after}-{self._last_step + 1}: they ended after "
+                "the last energy log line"
             )
 
     def _reduction(
@@ -184,7 +228,10 @@ class EnergyLogger:
             predicted_j_per_iter=predicted_j,
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
             window=self.window.rank_window(),
+            run_energy_j=self._run_j,
+            run_steps=self._run_steps,
         )
+        self._run_j, self._run_steps = 0.0, 0
         end = _IntervalEnd(first + 1, step + 1, phase, self._stock(baseline, exact), self._period(exact))
         stages = self.context.pipeline_size
         maxima, sums = yield from reduction_stages(self.comms, GROUPS, *interval_vectors(mine, stages, step))
@@ -214,6 +261,7 @@ class EnergyLogger:
             write_scalars(scalars, end.iteration, self.context.log_sinks)
             return
         publish(line, scalars, end.iteration, self.context.log_sinks, self.printer)
+        self.tally.add(job, end.first_iteration, end.iteration, end.stock)
         self.write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
 
     def _period(self, exact: bool) -> float:
@@ -227,15 +275,15 @@ class EnergyLogger:
         period_s = 0.0 if exact else self.counter_period_s
         return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
 
-    def write_record(self, record: EnergyRecord | PowerCapRecord) -> None:
+    def write_record(self, record: EnergyRecord | PowerCapRecord | RunTotals) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
         if self.log_file is None:
             return
         try:
-            if isinstance(record, PowerCapRecord):
-                append_json_line(self.log_file, record.to_json())
-            else:
+            if isinstance(record, EnergyRecord):
                 append_record(self.log_file, record)
+            else:
+                append_json_line(self.log_file, record.to_json())
         except OSError as problem:
             self.printer(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
             self.log_file = None
