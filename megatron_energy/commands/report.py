@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--log-file",
         type=Path,
         default=None,
-        help="the run's --energy-log-file: its measured savings against stock clocks join the report",
+        help="the run's --energy-log-file: its savings against stock clocks (measured, or modelled on "
+        "simulated GPUs) join the report",
     )
     parser.set_defaults(func=run)
 

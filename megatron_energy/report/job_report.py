@@ -5,7 +5,8 @@ The job folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job fact
 nothing is solved again); the plan's target point is simulated for the timeline. Those figures are modelled
 from the profile, whose own source (measured, modelled or simulated) is named. The "model vs measured at
 stock clocks" section (``report.model_vs_measured``) sets the stock plan's prediction against the measured
-stock steps, and states the run's measured savings with their intervals when the energy log is given.
+stock steps, and states the run's savings (measured, or modelled on simulated GPUs) with their intervals
+when the energy log is given.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     Args:
         folder: ``<energy dir>/<fingerprint>``.
         out_dir: Where the plot and timeline go (default: ``folder``).
-        log_file: The run's ``--energy-log-file`` (for its measured savings), or None.
+        log_file: The run's ``--energy-log-file`` (for its savings against stock clocks), or None.
 
     Returns:
         The summary table and the files written.
