@@ -68,8 +68,8 @@ def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
     """
     if log_file is None:
         return [
-            "savings against stock clocks: not shown; run the job with --energy-log-file FILE and pass --log-file FILE "
-            "to the report"
+            "savings against stock clocks: not shown; run the job with --energy-log-file FILE and pass "
+            "--log-file FILE to the report"
         ]
     records = [
         record
@@ -78,7 +78,9 @@ def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
     ]
     windowed = [record for record in records if "energy/change_vs_stock" in record.scalars]
     if not windowed:
-        return [f"savings against stock clocks: {log_file} holds no planned iteration compared with stock clocks yet"]
+        return [
+            f"savings against stock clocks: {log_file} holds no planned iteration compared with stock clocks yet"
+        ]
     last = windowed[-1]
     return [
         f"{last.source} savings against stock clocks (iteration {last.iteration}, last window of "
