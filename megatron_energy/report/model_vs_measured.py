@@ -79,7 +79,8 @@ def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
     windowed = [record for record in records if "energy/change_vs_stock" in record.scalars]
     if not windowed:
         return [
-            f"savings against stock clocks: {log_file} holds no planned iteration compared with stock clocks yet"
+            f"savings against stock clocks: {log_file} holds no planned iteration compared with stock "
+            "clocks yet"
         ]
     last = windowed[-1]
     return [
