@@ -58,8 +58,13 @@ class JobReport:
         )
 
 
-def latest_job_folder(energy_dir: Path) -> Path:
+def latest_job_folder(energy_dir: Path, dir_was_given: bool = True) -> Path:
     """The folder of the most recent job under ``energy_dir`` (from ``last_job.json``).
+
+    Args:
+        energy_dir: The energy directory.
+        dir_was_given: Whether the user named ``energy_dir`` (``--energy-dir``); only when they did not does
+            the error suggest passing it.
 
     Raises:
         ReportError: No job was recorded there.
@@ -68,9 +73,10 @@ def latest_job_folder(energy_dir: Path) -> Path:
     try:
         fingerprint = latest_fingerprint(energy_dir)
     except (OSError, ValueError):
+        other_dir = "" if dir_was_given else ", or pass the job's --energy-dir"
         raise ReportError(
             f"no job recorded under {energy_dir} ({record} missing or unreadable); run a training job with "
-            "--energy-optimise or `megatron-energy demo` first, or pass --energy-dir"
+            f"--energy-optimise or `megatron-energy demo` first{other_dir}"
         ) from None
     return energy_dir / fingerprint
 
