@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from megatron_energy import __version__
 from megatron_energy.commands.arguments import INTERRUPTED_STATUS
 from megatron_energy.config import EnergyArgumentParser
 
@@ -46,6 +47,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             "clocks."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=EnergyArgumentParser
     )

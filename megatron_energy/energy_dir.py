@@ -60,6 +60,9 @@ measured against, and the profile it was planned from (for reports)."""
 PROFILE_ARTEFACTS: tuple[str, ...] = (BASELINE, PROFILE)
 """What a cached run must hold to be planned again without profiling (with its measured inputs, which the
 re-planner checks): a run whose target could not be met holds these and no plan."""
+PLANNED_ARTEFACTS: tuple[str, ...] = (PLAN, FRONTIER)
+"""What planning made from the profile: one that fails verification is set aside alone and planned again
+from the verified profile, which is kept (``runtime.planning_round.cache``)."""
 
 
 def simulated_state_path(root: Path, rank: int) -> Path:

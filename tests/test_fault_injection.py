@@ -714,18 +714,26 @@ EXPECTED_FAILURE = {
 
 @pytest.mark.parametrize("damage_kind", DAMAGES)
 @pytest.mark.parametrize("name", DAMAGED_FILES)
-def test_a_damaged_cached_file_is_moved_aside_and_every_rank_profiles_again(
+def test_a_damaged_cached_file_is_moved_aside_and_every_rank_profiles_again_or_plans_again(
     fault_run: FaultRun, name: str, damage_kind: str
 ) -> None:
+    """A damaged profile or baseline: the folder moves aside whole and the job profiles again. A damaged plan
+    (issue 44): it moves aside alone, and the plan is rebuilt from the verified profile without profiling."""
     results = fault_run.job(f"{damage_kind}-{name}")
     assert_healthy_end(results)
-    assert results[0].phases == PLANNED_AFTER_PROFILING
+    plan_only = name == "plan.json"
+    assert results[0].phases == (("planned",) * JOB_STEPS if plan_only else PLANNED_AFTER_PROFILING)
     (message,) = lines_with(results[0], "failed verification")
-    assert name in message and "profiling again" in message
+    assert name in message
+    if plan_only:
+        assert message.endswith("rebuilt the plan from the verified profile, without profiling again")
+    else:
+        assert message.endswith("profiling again") and "without" not in message
     assert any(reason in message for reason in EXPECTED_FAILURE[damage_kind]), message
     folder = job_folder(fault_run.root / f"{damage_kind}-{name}")
     (aside,) = quarantines(folder)
     assert str(aside) in message
+    assert plan_only == ([path.name for path in aside.iterdir()] == [name]), "only the plan is set aside"
     clean = (job_folder(fault_run.root / "clean") / name).read_bytes()
     assert (aside / name).read_bytes() == damage(damage_kind, name, clean), "the damaged file must be kept"
     assert JobCache(folder.parent, _parts(folder)).load().hit, "the re-planned job must be cached again"

@@ -10,10 +10,14 @@ import sys
 from pathlib import Path
 
 from megatron_energy.commands.arguments import fail, output_folder
+from megatron_energy.config import EnergyConfig
 from megatron_energy.report.console import output_console
 from megatron_energy.report.energy_csv import energy_tables, write_tables
 from megatron_energy.report.job_report import ReportError, latest_job_folder, write_job_report
 from megatron_energy.runtime.energy_log.energy_line import ForeignLogError
+
+DEFAULT_ENERGY_DIR: Path = EnergyConfig.dir
+"""Where the report looks without ``--energy-dir``: the training job's own default."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "report",
         help="summarise a job's cached profile and plan: table, frontier plot, Perfetto timeline",
     )
-    parser.add_argument("--energy-dir", type=Path, default=Path("energy"), help="the job's --energy-dir")
+    parser.add_argument(
+        "--energy-dir",
+        type=Path,
+        default=None,
+        help=f"the job's --energy-dir (default: {DEFAULT_ENERGY_DIR})",
+    )
     parser.add_argument("--job", default=None, help="job fingerprint (folder name); default: the latest job")
     parser.add_argument(
         "--out", type=output_folder, default=None, help="where plot and timeline go (default: job folder)"
@@ -31,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--log-file",
         type=Path,
         default=None,
-        help="the run's --energy-log-file: its measured savings against stock clocks join the report",
+        help="the run's --energy-log-file: its savings against stock clocks (measured, or modelled on "
+        "simulated GPUs) join the report",
     )
     parser.add_argument(
         "--csv",
@@ -54,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
         return export_csv(args.log_file, args.csv)
     console = output_console()
     try:
-        folder = args.energy_dir / args.job if args.job else latest_job_folder(args.energy_dir)
+        energy_dir = args.energy_dir or DEFAULT_ENERGY_DIR
+        given = args.energy_dir is not None
+        folder = energy_dir / args.job if args.job else latest_job_folder(energy_dir, given)
         report = write_job_report(folder, args.out, args.log_file)
     except (ReportError, ForeignLogError) as problem:  # says what to do itself
         return fail("report", problem)

@@ -129,7 +129,8 @@ class EnergyConfig:
                 choices=BACKENDS,
                 help="""GPU backend: ``zeus`` (real GPUs through NVML, amdsmi or zeusd), ``simulated`` (GPUs
                 driven by the time/power model of ``--energy-gpu-spec``), or ``auto`` (real GPUs when there
-                are any).""",
+                are any, else simulated ones, with a warning at start that every figure is modelled; refused
+                where CUDA sees GPUs that NVML cannot open).""",
             )
         },
     )

@@ -27,12 +27,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from megatron_energy.config import Backend
 from megatron_energy.dvfs.lease import repair_stale_lease
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
@@ -57,6 +58,10 @@ REMEDIES = (
 )
 
 
+class CudaWithoutNvmlError(EnergyValueError):
+    """``--energy-backend auto`` where CUDA sees GPUs that zeus cannot open (a container without NVML)."""
+
+
 def monitor_only_message(why: str) -> str:
     """Return the one message shown when clock control is unavailable: why, what happens, the remedies."""
     return (
@@ -76,6 +81,8 @@ class GpuHandle:
         reason: Why this backend and mode (one sentence or the monitor-only message).
         backend: ``"zeus"`` or ``"simulated"``.
         spec: The GPU spec (always for simulated GPUs; for real GPUs when one matches the GPU's name).
+        warning: What rank 0 must say loudly at start, or None: ``auto`` found no GPU and chose simulated
+            ones, so every figure is modelled (which spec, and how to pin the backend).
     """
 
     gpus: GPUs
@@ -83,6 +90,7 @@ class GpuHandle:
     reason: str
     backend: Literal["zeus", "simulated"]
     spec: GpuSpec | None
+    warning: str | None = None
 
     @property
     def energy_source(self) -> Literal["measured", "modelled"]:
@@ -117,8 +125,13 @@ def open_gpus(
         emulation: How simulated GPUs depart from exact (counter noise, hidden energies, work between two
             schedules); exact when ``None``.
 
+    ``auto`` without a GPU zeus can open runs on simulated GPUs and says so loudly (``GpuHandle.warning``),
+    unless CUDA sees GPUs in this process: a GPU node whose container lacks NVML would otherwise log a
+    model's figures as its own, so that is refused.
+
     Raises:
         ValueError: For an unknown backend or spec name.
+        CudaWithoutNvmlError: ``auto`` where CUDA sees GPUs that zeus cannot open.
     """
     if backend not in ("auto", "zeus", "simulated"):
         raise ValueError(f"unknown GPU backend {backend!r}; use auto, zeus or simulated")
@@ -136,9 +149,14 @@ def open_gpus(
     if gpus is None or len(gpus) == 0:
         why = f"no GPU found ({failure or 'zeus sees no GPU'})"
         if backend == "auto":
-            return _open_simulated(
+            _refuse_cuda_without_nvml(why)
+            handle = _open_simulated(
                 spec_name, dry_run, num_simulated_gpus, state_path, local_index, f"auto: {why}", emulation
             )
+            warning = auto_simulated_warning(
+                why, load_gpu_spec(spec_name or DEFAULT_SIMULATED_SPEC), not spec_name
+            )
+            return replace(handle, warning=warning)
         return _monitor_only(_empty_gpus(), why, None)
     if local_index is None:
         local_index = _default_local_index(len(gpus))
@@ -190,6 +208,39 @@ def _open_simulated(
     if held is not None:
         return GpuHandle(gpus, "monitor-only", monitor_only_message(held), "simulated", spec)
     return GpuHandle(gpus, "control", reason, "simulated", spec)
+
+
+def auto_simulated_warning(why: str, spec: GpuSpec, default_spec: bool) -> str:
+    """What ``auto`` says on finding no GPU: simulated GPUs of which spec, every figure modelled."""
+    chosen = ", the default; --energy-gpu-spec NAME picks another" if default_spec else ""
+    return (
+        f"--energy-backend auto found no GPU ({why}): this run is on a simulated {spec.display_name} (GPU "
+        f"spec {spec.name}{chosen}), and every "
+        "energy and time figure it logs is modelled, not measured. Pin the backend: --energy-backend "
+        "simulated to rehearse on the model, --energy-backend zeus to require real GPUs."
+    )
+
+
+def _refuse_cuda_without_nvml(why: str) -> None:
+    """Raise where CUDA sees GPUs in this process although zeus opened none (``auto`` must not simulate).
+
+    Only a process that imported torch is asked (a training rank); offline commands never are.
+
+    Raises:
+        CudaWithoutNvmlError: CUDA sees at least one GPU.
+    """
+    torch = sys.modules.get("torch")
+    try:
+        visible = 0 if torch is None else int(torch.cuda.device_count())
+    except Exception:  # a broken CUDA install: no GPU to speak of
+        visible = 0
+    if visible:
+        raise CudaWithoutNvmlError(
+            f"--energy-backend auto: CUDA sees {visible} GPU(s) but zeus cannot open them ({why}); a "
+            "simulated GPU would log a model's figures as this GPU's, so none stands in: make NVML reachable "
+            "(the driver's libnvidia-ml.so.1 in the container, the nvidia-ml-py package), or pin "
+            "--energy-backend simulated --energy-gpu-spec NAME to rehearse on the model"
+        )
 
 
 def _default_local_index(num_gpus: int) -> int:

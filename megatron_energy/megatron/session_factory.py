@@ -34,7 +34,9 @@ from megatron_energy.runtime.control_plane.comms import Group, TorchComms
 from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comms
 from megatron_energy.runtime.energy_log.overhead_check import OverheadCheck, OverheadResult
 from megatron_energy.runtime.parts import PlanFollower
+from megatron_energy.runtime.profiling.job_length import too_short_line
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
+from megatron_energy.runtime.session_phase import SessionPhase
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -224,6 +226,24 @@ def graph_settling_steps() -> int:
     return int(getattr(args, "cuda_graph_warmup_steps", 0) or 0) + 1
 
 
+def training_length(step: int) -> tuple[int, int] | None:
+    """Megatron's ``--train-iters`` and the iterations left from step ``step`` of this process on.
+
+    The iterations done before it are Megatron's ``curr_iteration`` (a resumed job's included), else the
+    checkpoint's ``iteration`` plus ``step``. ``None`` for a job sized by ``--train-samples``.
+    """
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    train_iters = getattr(args, "train_iters", None)
+    if not train_iters:
+        return None
+    done = getattr(args, "curr_iteration", None)
+    if done is None:
+        done = (getattr(args, "iteration", 0) or 0) + step
+    return int(train_iters), int(train_iters) - int(done)
+
+
 class DeferredSession:
     """A ``ScheduleListener`` that builds the energy session at the first training step.
 
@@ -244,12 +264,13 @@ class DeferredSession:
         """Follow the session's state from its start: told which plan point runs, and each change
         (``collective_runner.follow_session``)."""
 
-    def _start(self) -> None:
+    def _start(self, step: int) -> None:
         from megatron_energy.runtime.assembly import build_session
 
         try:
             context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
+            self._say_if_too_short(step)
             for follower in self.plan_followers:
                 self.session.state.follow(follower)
             if self.config.overhead_check:
@@ -273,13 +294,23 @@ class DeferredSession:
         if self.session is None and not self.failed:
             if step < graph_settling_steps():
                 return
-            self._start()
+            self._start(step)
         if self.session is None:
             return
         if self.overhead_check is not None:
             self._active = self.overhead_check.before_step(step, self.session)
         if self._active:
             self.session.on_step_begin(step)
+
+    def _say_if_too_short(self, step: int) -> None:
+        """Rank 0, as profiling starts: one line if the job ends first (``runtime.profiling.job_length``)."""
+        session = self.session
+        if session.context.global_rank != 0 or session.phase != SessionPhase.PROFILING:
+            return
+        length = training_length(step)
+        line = None if length is None else too_short_line(session.collector, length[1], length[0])
+        if line is not None:
+            session.printer(line)
 
     def _taking_part(self) -> bool:
         return self.session is not None and self._active

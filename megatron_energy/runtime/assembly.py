@@ -189,6 +189,20 @@ class _RankParts:
             self.guard.close()
 
 
+def handle_lines(handle: GpuHandle, rank: int) -> list[str]:
+    """What ``rank`` says of its GPUs at start.
+
+    Its mode and why (every rank not in control, and rank 0), then, on rank 0, the handle's warning
+    (``auto`` chose simulated GPUs: every figure modelled).
+    """
+    lines = []
+    if handle.mode != "control" or rank == 0:
+        lines.append(f"[energy] rank {rank}: {handle.mode} ({handle.reason})")
+    if handle.warning is not None and rank == 0:
+        lines.append(f"[energy] WARNING: {handle.warning}")
+    return lines
+
+
 def _open_parts(
     config: EnergyConfig,
     context: JobContext,
@@ -207,8 +221,8 @@ def _open_parts(
         raise ValueError(
             f"no GPU spec for {handle.gpus.get_name(index)}; pass --energy-gpu-spec with one of configs/gpus"
         )
-    if handle.mode != "control" or context.global_rank == 0:
-        printer(f"[energy] rank {context.global_rank}: {handle.mode} ({handle.reason})")
+    for line in handle_lines(handle, context.global_rank):
+        printer(line)
     guard = None
     if handle.mode == "control":
         from megatron_energy.dvfs.guard import ClockGuard

@@ -259,17 +259,23 @@ def append_json_line(path: Path, data: dict[str, Any]) -> None:
         handle.write(json.dumps(data, allow_nan=False) + "\n")
 
 
-def read_records(path: Path) -> list[EnergyRecord]:
+def read_records(path: Path, start_byte: int = 0) -> list[EnergyRecord]:
     """The iteration records of a ``--energy-log-file``, in the order they were written.
 
     Lines of other record types (a ``"record"`` key names them: ``runtime.energy_log.power_cap_record``) are
     left out.
 
+    Args:
+        path: The log (runs append to it).
+        start_byte: Where to start reading: the file's size when a run began reads that run's records alone.
+
     Raises:
         ValueError: A line is not such a record.
     """
     records: list[EnergyRecord] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    data = path.read_bytes()
+    first_line = data[:start_byte].count(b"\n") + 1
+    for number, line in enumerate(data[start_byte:].decode("utf-8").splitlines(), start=first_line):
         try:
             data = json.loads(line)
             if "record" in data:
@@ -296,8 +302,8 @@ class ForeignLogError(EnergyValueError):
     """An energy log holds records of another job than the one asked about; the message names both."""
 
 
-def read_job_records(path: Path, fingerprint: str) -> list[EnergyRecord]:
-    """The records of ``path``, which must be the log of job ``fingerprint``.
+def read_job_records(path: Path, fingerprint: str, start_byte: int = 0) -> list[EnergyRecord]:
+    """The records of ``path`` from ``start_byte`` on (:func:`read_records`): job ``fingerprint``'s alone.
 
     Records of older runs, which name no job, are taken as they are.
 
@@ -305,7 +311,7 @@ def read_job_records(path: Path, fingerprint: str) -> list[EnergyRecord]:
         ForeignLogError: A record names another job.
         ValueError: A line is not a record.
     """
-    records = read_records(path)
+    records = read_records(path, start_byte)
     others = sorted({record.job for record in records if record.job and record.job != fingerprint})
     if others:
         raise ForeignLogError(
