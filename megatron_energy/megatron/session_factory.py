@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comm
 from megatron_energy.runtime.energy_log.overhead_check import OverheadCheck, OverheadResult
 from megatron_energy.runtime.parts import PlanFollower
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
+
+logger = logging.getLogger(__name__)
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -253,10 +256,7 @@ class DeferredSession:
                 self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
-            print(
-                f"[energy] not optimising, training continues at stock clocks: {problem}",
-                file=sys.stderr,
-            )
+            logger.info(f"[energy] not optimising, training continues at stock clocks: {problem}")
 
     def on_step_begin(self, step: int) -> None:
         """Build the session on the first step after any CUDA graph warm-up and capture, then forward.
@@ -330,7 +330,7 @@ class DeferredSession:
         if check is not None:
             result = check.result()
             rank = self.session.context.global_rank
-            self.session.printer(
+            logger.info(
                 f"[energy] rank {rank}: "
                 + (
                     "overhead check: fewer than two complete pairs of blocks ran; train longer or give a "
