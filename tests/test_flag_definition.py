@@ -44,6 +44,9 @@ SAMPLE_VALUES: dict[str, list[str]] = {
     "phase_switching": ["auto"],
     "memory_clock": ["auto"],
     "planning": ["auto"],
+    "log_level": ["info"],
+    "log_ranks": ["all"],
+    "show_megatron_log": [],
 }
 """A valid value for each flag (none for a switch): given alone, only the optimise rule can refuse it."""
 
