@@ -148,6 +148,8 @@ def test_a_value_rule_is_the_fields_and_the_config_holds_every_field_to_it() -> 
         "phase_switching",
         "memory_clock",
         "planning",
+        "log_level",
+        "log_ranks",
     }
     for name in checked:
         flag = ENERGY_FLAGS[name]
