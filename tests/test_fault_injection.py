@@ -58,6 +58,8 @@ from zygote import start_zygote
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, JobFacts, JobRecord
 from megatron_energy.events import read_trace
+from megatron_energy.log import configure_logging
+from megatron_energy.megatron.console_log import leave_energy_records_to_their_handler
 from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.cache_manifest import manifest_for
@@ -411,6 +413,8 @@ def _run_job(rank: int, job: Job, root: Path, world: PipelineWorld, meet: Any, r
         contextlib.redirect_stderr(output),
         inject(job.fault if rank == job.fault_rank else None, energy_dir),
     ):
+        configure_logging(config.log_level, config.log_ranks)  # as the launcher does
+        leave_energy_records_to_their_handler()
         listeners = launch.build_listeners(config)
         installation = install_hooks(ListenerFanout(listeners))
         world.config.timers = get_timers()
