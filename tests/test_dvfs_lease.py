@@ -50,7 +50,7 @@ def _wait_dead(pid: int) -> None:
 
 @pytest.mark.slow
 def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_resets_the_clock(
-    tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, lease_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer, state_path, first_line = start_trainer(tmp_path, "sigkill")
     watchdog_pid = int(first_line.split()[1])
@@ -68,7 +68,9 @@ def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_res
 
     handle = open_gpus("simulated", "h200", False, local_index=0, num_simulated_gpus=1, state_path=state_path)
 
-    err = capsys.readouterr().err
+    (err,) = [
+        record.getMessage() for record in caplog.records if record.name == "megatron_energy.dvfs.backends"
+    ]
     assert f"pids trainer {trainer.pid}, watchdog {watchdog_pid}" in err
     assert f"left its SM clock locked at {LOCKED_MHZ} MHz; reset it" in err
     assert handle.mode == "control"
