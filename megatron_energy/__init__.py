@@ -30,9 +30,10 @@ command layer imports a concrete optimiser):
    Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator, each GPU's
-   modelled power over an iteration and the power floor), ``plan`` (Plan v3, the one executable contract),
-   ``target`` (``--energy-target`` and its one deadline rule), ``dvfs.model`` and the calibration's pure side
-   (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it makes, ``dvfs.calibrated_spec``).
+   modelled power over an iteration, the whole job's power at scale and the power floor), ``plan`` (Plan v3,
+   the one executable contract), ``target`` (``--energy-target`` and its one deadline rule), ``dvfs.model``
+   and the calibration's pure side (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it
+   makes, ``dvfs.calibrated_spec``).
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``log`` (the
    ``megatron_energy`` logger every module's logger sits under, its console handler and rank filter),
    ``atomic``, ``events``,
