@@ -9,11 +9,9 @@ do, and training goes on at stock clocks.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -160,13 +158,12 @@ def parallel_job_context(
         log_interval=log_interval,
         log_sinks=log_sinks,
     )
-    warn = functools.partial(print, file=sys.stderr)
     groups: dict[Group, Any] = {
         "pipeline": ps.get_pipeline_model_parallel_group(),
         "tensor": ps.get_tensor_and_context_parallel_group(),
         "data": ps.get_data_parallel_group(),
     }
-    return context, control_plane_comms(groups, device, warn)
+    return context, control_plane_comms(groups, device)
 
 
 def megatron_job_context(
