@@ -894,7 +894,7 @@ LEASE_RELEASE_LIMIT_S = 10.0
 
 
 def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_lock(
-    fault_run: FaultRun, capsys: pytest.CaptureFixture[str]
+    fault_run: FaultRun, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert fault_run.kill_targets, "the killed job never ran its cached plan on both ranks"
     for rank, seconds in fault_run.died_within_s.items():
@@ -916,7 +916,7 @@ def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_l
 
     handle = open_gpus("simulated", GPU_SPEC, False, local_index=0, state_path=one.state_path)
     assert handle.mode == "control"
-    message = capsys.readouterr().err
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "megatron_energy.dvfs.backends"]
     assert "a job that died" in message and "reset it to the default" in message
     assert not Path(one.lease_path).exists()
     assert json.loads(Path(one.state_path).read_text())["gpus"][0]["locked_sm_clock_mhz"] is None
