@@ -58,6 +58,8 @@ from zygote import start_zygote
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, JobFacts, JobRecord
 from megatron_energy.events import read_trace
+from megatron_energy.log import configure_logging
+from megatron_energy.megatron.console_log import leave_energy_records_to_their_handler
 from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.cache_manifest import manifest_for
@@ -411,6 +413,8 @@ def _run_job(rank: int, job: Job, root: Path, world: PipelineWorld, meet: Any, r
         contextlib.redirect_stderr(output),
         inject(job.fault if rank == job.fault_rank else None, energy_dir),
     ):
+        configure_logging(config.log_level, config.log_ranks)  # as the launcher does
+        leave_energy_records_to_their_handler()
         listeners = launch.build_listeners(config)
         installation = install_hooks(ListenerFanout(listeners))
         world.config.timers = get_timers()
@@ -898,7 +902,7 @@ LEASE_RELEASE_LIMIT_S = 10.0
 
 
 def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_lock(
-    fault_run: FaultRun, capsys: pytest.CaptureFixture[str]
+    fault_run: FaultRun, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert fault_run.kill_targets, "the killed job never ran its cached plan on both ranks"
     for rank, seconds in fault_run.died_within_s.items():
@@ -920,7 +924,7 @@ def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_l
 
     handle = open_gpus("simulated", GPU_SPEC, False, local_index=0, state_path=one.state_path)
     assert handle.mode == "control"
-    message = capsys.readouterr().err
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "megatron_energy.dvfs.backends"]
     assert "a job that died" in message and "reset it to the default" in message
     assert not Path(one.lease_path).exists()
     assert json.loads(Path(one.state_path).read_text())["gpus"][0]["locked_sm_clock_mhz"] is None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from log_lines import capture_lines
 from test_session_parts import _Controller, _Meter, _Timer
 
 from megatron_energy.config import EnergyConfig
@@ -234,7 +235,7 @@ def _run(
     planning: str = "auto",
 ) -> tuple[_Recorder, list[str], EnergySession]:
     """Train ``steps`` steps of a one-stage job; ``trace``: the recorder leaves trace files of that text."""
-    controller, lines, begun = _Controller(), [], []
+    controller, lines, begun = _Controller(), capture_lines(), []
     context = JobContext(
         pipeline_rank=0, orders=pipeline_orders(1, 1), data_parallel_rank=0, data_parallel_size=1
     )
@@ -252,7 +253,6 @@ def _run(
         can_set_clocks=can_set_clocks,
         cache=JobCache(tmp_path, context.job_facts(SPEC.name)),
         spec=SPEC,
-        printer=lines.append,
         kernel_timeline=recorder,
     )
     for step in range(steps):

@@ -250,14 +250,14 @@ def _default_local_index(num_gpus: int) -> int:
 
 
 def _claim(gpus: GPUs, index: int) -> str | None:
-    """Reset GPU ``index``'s clocks if a dead job's lease says it left them locked (and say so on stderr).
+    """Reset GPU ``index``'s clocks if a dead job's lease says it left them locked (and log it).
 
     Returns:
         Why this job must not control the GPU (another job that still runs holds it), or None.
     """
     usable, note = repair_stale_lease(gpus, index)
     if usable and note is not None:
-        print(f"[megatron_energy] {note}", file=sys.stderr, flush=True)
+        logger.warning(note)
     return None if usable else note
 
 

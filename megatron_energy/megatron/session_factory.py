@@ -9,10 +9,9 @@ do, and training goes on at stock clocks.
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +36,8 @@ from megatron_energy.runtime.parts import PlanFollower
 from megatron_energy.runtime.profiling.job_length import too_short_line
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
 from megatron_energy.runtime.session_phase import SessionPhase
+
+logger = logging.getLogger(__name__)
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -162,13 +163,12 @@ def parallel_job_context(
         log_sinks=log_sinks,
         megatron_log_energy=megatron_log_energy,
     )
-    warn = functools.partial(print, file=sys.stderr)
     groups: dict[Group, Any] = {
         "pipeline": ps.get_pipeline_model_parallel_group(),
         "tensor": ps.get_tensor_and_context_parallel_group(),
         "data": ps.get_data_parallel_group(),
     }
-    return context, control_plane_comms(groups, device, warn)
+    return context, control_plane_comms(groups, device)
 
 
 def megatron_job_context(
@@ -278,10 +278,7 @@ class DeferredSession:
                 self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
-            print(
-                f"[energy] not optimising, training continues at stock clocks: {problem}",
-                file=sys.stderr,
-            )
+            logger.info(f"[energy] not optimising, training continues at stock clocks: {problem}")
 
     def on_step_begin(self, step: int) -> None:
         """Build the session on the first step after any CUDA graph warm-up and capture, then forward.
@@ -310,7 +307,7 @@ class DeferredSession:
         length = training_length(step)
         line = None if length is None else too_short_line(session.collector, length[1], length[0])
         if line is not None:
-            session.printer(line)
+            logger.info(line)
 
     def _taking_part(self) -> bool:
         return self.session is not None and self._active
@@ -365,7 +362,7 @@ class DeferredSession:
         if check is not None:
             result = check.result()
             rank = self.session.context.global_rank
-            self.session.printer(
+            logger.info(
                 f"[energy] rank {rank}: "
                 + (
                     "overhead check: fewer than two complete pairs of blocks ran; train longer or give a "

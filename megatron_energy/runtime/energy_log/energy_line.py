@@ -17,6 +17,7 @@ resolved change is said to come from outside the plan.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from megatron_energy.plan_band import SavingBand
 from megatron_energy.plan_outcome import band_ends
 from megatron_energy.runtime.energy_log.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -196,10 +199,9 @@ def publish(
     scalars: dict[str, float],
     iteration: int,
     sinks: Sequence[Callable[[str, float, int], Any]],
-    printer: Callable[[str], Any] = print,
 ) -> None:
-    """Print the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
-    printer(line)
+    """Log the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
+    logger.info(line)
     write_scalars(scalars, iteration, sinks)
 
 

@@ -24,10 +24,9 @@ step since the previous one, so the totals need no collective of their own).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from megatron_energy.plan_band import SavingBand
 from megatron_energy.runtime.context import JobContext
@@ -59,6 +58,8 @@ from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.stats import Source
 from megatron_energy.target import EnergyTarget
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,6 @@ class EnergyLogger:
         comms: Collectives of the job.
         source: ``measured`` or ``modelled``: where the figures come from.
         counter_period_s: The energy counter's period, for figures read from it.
-        printer: Where the line goes.
 
     Attributes:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
@@ -113,13 +113,11 @@ class EnergyLogger:
         comms: RankComms,
         source: Source,
         counter_period_s: float,
-        printer: Callable[[str], Any],
     ) -> None:
         self.context = context
         self.comms = comms
         self.source: Source = source
         self.counter_period_s = counter_period_s
-        self.printer = printer
         self.window = PhaseWindow()
         self.log_file: Path | None = None
         self.power_target: EnergyTarget | None = None
@@ -186,7 +184,7 @@ class EnergyLogger:
         if self._staged is not None:
             first = self._in_flight_first if self._staged.in_flight else self._first_step
             if first is not None and first <= self._last_step:
-                self.printer(
+                logger.info(
                     f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
                     "reductions had not completed when the run ended, and no collective runs at close)"
                 )
@@ -206,11 +204,11 @@ class EnergyLogger:
         )
         if totals is None:
             return
-        self.printer(totals.line())
+        logger.info(totals.line())
         self.write_record(totals)
         after = totals.last_iteration + 1
         if self._staged is None and after <= self._last_step + 1:
-            self.printer(
+            logger.info(
                 f"[energy] run totals leave out iterations {after}-{self._last_step + 1}: they ended after "
                 "the last energy log line"
             )
@@ -260,7 +258,7 @@ class EnergyLogger:
         if not root:
             write_scalars(scalars, end.iteration, self.context.log_sinks)
             return
-        publish(line, scalars, end.iteration, self.context.log_sinks, self.printer)
+        publish(line, scalars, end.iteration, self.context.log_sinks)
         self.tally.add(job, end.first_iteration, end.iteration, end.stock)
         self.write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
 
@@ -285,5 +283,5 @@ class EnergyLogger:
             else:
                 append_json_line(self.log_file, record.to_json())
         except OSError as problem:
-            self.printer(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
+            logger.info(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
             self.log_file = None
