@@ -47,6 +47,7 @@ SAMPLE_VALUES: dict[str, list[str]] = {
     "log_level": ["info"],
     "log_ranks": ["all"],
     "show_megatron_log": [],
+    "grid_gco2_per_kwh": ["450"],
 }
 """A valid value for each flag (none for a switch): given alone, only the optimise rule can refuse it."""
 
@@ -150,6 +151,7 @@ def test_a_value_rule_is_the_fields_and_the_config_holds_every_field_to_it() -> 
         "planning",
         "log_level",
         "log_ranks",
+        "grid_gco2_per_kwh",
     }
     for name in checked:
         flag = ENERGY_FLAGS[name]
