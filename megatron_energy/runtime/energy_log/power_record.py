@@ -9,8 +9,8 @@ record to ``--energy-log-file``, beside the iteration records; its line carries 
      "rank": 0, "gpu": 0, "power": {"source": "measured", "instant_source": "instant field 186",
      "readings": 191, "resolution_s": 0.05, "band_resolution_s": 0.1, "band_hz": [0.1, 5.0],
      "average_w": 612.4, "instant_mean_w": 608.9, "instant_min_w": 309.0, "instant_max_w": 702.0,
-     "sm_clock_median_mhz": 1980.0, "sm_clock_min_mhz": 1755.0, "iterations": [{"iteration": 11, "duration_s": 0.935, "swing_w": 330.2,
-     ...}, ...], "note": ""}, "job": "...", "time_utc": "..."}
+     "sm_clock_median_mhz": 1980.0, "sm_clock_min_mhz": 1755.0, "iterations": [{"iteration": 11,
+     "duration_s": 0.935, "swing_w": 330.2, ...}, ...], "note": ""}, "job": "...", "time_utc": "..."}
 
 A rank with metric writers (Megatron's last rank) writes :func:`power_scalars`: the interval's levels at its
 last iteration, each iteration's swing at that iteration. Its size does not grow with the job: one record of
