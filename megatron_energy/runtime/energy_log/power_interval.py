@@ -48,7 +48,8 @@ class IterationSwing:
     swing_w: float
     """``peak_w - trough_w``."""
     ramp_up_w_per_s: float
-    """The largest rise between adjacent bins of the band's resolution, per second."""
+    """The largest rise between adjacent bins of the band's resolution, per second, from the bin before the
+    iteration's start (the change into it is its own)."""
     ramp_down_w_per_s: float
     """The largest fall between adjacent bins of the band's resolution, per second (positive)."""
     band_share: float
@@ -111,7 +112,7 @@ def held_trace(samples: PowerSamples, values: np.ndarray, start_s: float, end_s:
 def interval_power(
     samples: PowerSamples, start_s: float, ends: Sequence[tuple[int, float]]
 ) -> GpuPowerInterval | None:
-    """The interval's figures (module docstring); ``None`` without a reading in it.
+    """The interval's figures (module docstring); ``None`` without a reading taken in it.
 
     Args:
         samples: The GPU's readings over the interval (with the one before it, which holds into it).
@@ -120,7 +121,7 @@ def interval_power(
     """
     end_s = ends[-1][1]
     trace = held_trace(samples, samples.instant_w, start_s, end_s)
-    if trace is None:
+    if trace is None or not np.any((samples.time_s > start_s) & (samples.time_s <= end_s)):
         return None
     inside = (samples.time_s >= trace.edges_s[0]) & (samples.time_s <= end_s)
     inside[max(0, int(np.searchsorted(samples.time_s, start_s, side="right")) - 1)] = True
@@ -172,12 +173,16 @@ def _iteration_swing(
     band_resolution_s: float,
 ) -> IterationSwing | None:
     """One iteration's swing figures, or ``None`` when it is shorter than ``MIN_BINS`` bins or unread."""
-    trace = held_trace(samples, samples.instant_w, *span_s)
+    start_s, end_s = span_s
+    trace = held_trace(samples, samples.instant_w, start_s, end_s)
     if trace is None or trace.duration_s < MIN_BINS * band_resolution_s:
         return None
     levels = swing_figures(trace, resolution_s)
     band_hz = (max(GRID_BAND_HZ[0], 1.0 / trace.duration_s), min(GRID_BAND_HZ[1], 0.5 / band_resolution_s))
-    changes = swing_figures(trace, band_resolution_s, band_hz=band_hz)
+    band = swing_figures(trace, band_resolution_s, band_hz=band_hz)
+    # ramps from one bin before the start: the change into the iteration (a step boundary's) is its own
+    ramps = held_trace(samples, samples.instant_w, start_s - band_resolution_s, end_s) or trace
+    changes = swing_figures(ramps, band_resolution_s)
     return IterationSwing(
         iteration=iteration,
         duration_s=trace.duration_s,
@@ -187,5 +192,5 @@ def _iteration_swing(
         swing_w=levels.swing_w,
         ramp_up_w_per_s=changes.ramp_up_w_per_s,
         ramp_down_w_per_s=changes.ramp_down_w_per_s,
-        band_share=changes.band_share,
+        band_share=band.band_share,
     )
