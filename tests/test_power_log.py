@@ -152,19 +152,20 @@ def test_the_power_log_of_a_simulated_gpu_logs_each_interval_modelled(tmp_path):
     )
     sampler.close()  # the test reads at virtual times of its own choosing
     log.write_record = records.append
-    work = WorkProfile(compute_s=0.01, memory_s=0.0)
+    work = WorkProfile(compute_s=0.02, memory_s=0.0)
     for step in range(4):
-        for _ in range(30):  # 0.3 s of work, then 0.1 s idle, read every 10 ms
+        for _ in range(10):  # 0.2 s of work at the stock clock (longer at the power cap's), then 0.1 s idle
             gpus.execute(0, work)
             sampler.read_once()
-        for _ in range(10):
-            gpus.wait(0, 0.01, blocked=False)
+        for _ in range(5):
+            gpus.wait(0, 0.02, blocked=False)
             sampler.read_once()
         log.step_end(step, "profiling")
     log.close()
     assert [(r.first_iteration, r.iteration) for r in records] == [(1, 2), (3, 4)]
     power = records[1].power
-    assert power.source == "modelled" and power.band_resolution_s == pytest.approx(0.02)
+    assert power.source == "modelled" and power.band_resolution_s == power.resolution_s  # the model is exact
+    assert power.band_hz == pytest.approx((0.1, 0.5 / power.resolution_s))
     assert power.instant_min_w == pytest.approx(spec.idle_power_w)
     assert power.instant_max_w > 2 * spec.idle_power_w
     assert [s.iteration for s in power.iterations] == [3, 4]

@@ -10,7 +10,8 @@ metric writers writes its scalars, and with ``--energy-power-trace`` every rank 
 iteration ends to its own trace file (``runtime.energy_log.power_trace_file``). Nothing here is a
 collective; the figures are the rank's own GPU's, of a fixed size whatever the job's. The work at an
 interval's end (a copy of the ring's span, a few small FFTs) runs on the training thread, inside the session's
-timed hook.
+timed hook; so does one reading when the thread took none in the interval (a simulated GPU's virtual time can
+run far ahead of the wall clock the thread sleeps on), so every interval has one.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ class PowerLog:
         start_s, end_s = self._start_s, ends[-1][1]
         self._start_s = end_s
         figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        if figures is None and self.sampler.error is None:
+            # no reading since the interval began (a simulated GPU's virtual time outran the thread): one now
+            try:
+                self.sampler.read_once()
+            except Exception as problem:  # an NVML error: the interval goes without figures
+                self.sampler.error = f"power reading failed: {type(problem).__name__}: {problem}"
+            figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
         self._write_trace(ends, end_s)
         if figures is None:
             return
