@@ -291,7 +291,7 @@ def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
 
 
 def test_every_rank_logs_its_gpus_sampled_power_at_each_log_interval(first_run):
-    """Each rank's power sampler reads its simulated GPU (modelled); its levels reach the rank's metric writers."""
+    """Each rank samples its simulated GPU (modelled); the levels reach its metric writers."""
     _, reports = first_run
     intervals = [step + 1 for step in sorted(energy_lines(reports[0]))]
     for report in reports:
