@@ -21,7 +21,8 @@ trough, the largest ramps up and down, the share of fluctuation energy in the gr
 reads resolve (5 Hz at the field's ~100 ms refresh); for the run, the instant power's range and mean, the SM
 clock's median and minimum. For the plugin's run, the same twice: from this script's 10 ms reads, and from
 the plugin's own trace (its reads every ``PLUGIN_MS``, its iteration ends), so the two can be compared; and
-the count of power records the plugin wrote to its energy log.
+the count of power records the plugin wrote to its energy log, and the plugin's closing line of its own cost
+(the power sampler's CPU time per step among its threads').
 
 **Files** (``--out``, default ``build/power_swing``; at most 8): ``power_swing.json`` (every figure, rewritten
 after each run), ``runs.log`` (every run's output), and per job ``JOB-plain.csv`` and ``JOB-plugin.csv``
@@ -60,6 +61,9 @@ from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, 
 from megatron_energy.runtime.energy_log.power_record import read_power_records
 from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter, read_power_trace
 
+HOST_COST = "plugin host time on the training thread"
+"""The plugin's closing line of its own cost, its background threads' CPU time included
+(``runtime.energy_log.host_cost``)."""
 FIRST_RUN_S = 120.0
 """What a run is assumed to take before one has run (start-up ~25 s, 30 gpu-bound iterations, exit)."""
 
@@ -210,7 +214,11 @@ def traced_run(
         PowerTraceWriter(path, "csv", rank=0, gpu=0).append(samples, ends)
     figures = run_figures(samples, ends, args.warmup)
     print(summary_line(f"{tag}, this script's reads", figures), flush=True)
+    cost = [text.strip() for _, text in finished.lines if HOST_COST in text]
+    for line in cost:  # the sampler's CPU time is in it ("power sampler ... ms"), measured
+        print(f"{tag}: {line}", flush=True)
     return finished, {
+        "host_cost": cost,
         "tag": tag,
         "returncode": finished.returncode,
         "wall_s": finished.ended_s - finished.started_s,
