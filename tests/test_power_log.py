@@ -182,3 +182,24 @@ def test_the_power_log_of_a_simulated_gpu_logs_each_interval_modelled(tmp_path):
     } <= written
     ends = read_power_trace(tmp_path / "trace.jsonl").ends
     assert [iteration for iteration, _ in ends] == [1, 2, 3, 4]
+
+
+def test_steps_the_log_did_not_see_leave_their_interval_without_a_record(tmp_path):
+    handle = open_gpus(
+        "simulated", "h200", dry_run=True, num_simulated_gpus=1, state_path=tmp_path / "g.json"
+    )
+    sampler = PowerSampler.from_handle(handle, 0, 0.02)
+    sampler.read_once()
+    log = PowerLog(sampler, rank=0, gpu=0, log_interval=2, sinks=(), printer=print)
+    sampler.close()
+    records: list[PowerRecord] = []
+    log.write_record = records.append
+    for step in (0, 1, 2, 5, 6, 7):  # steps 3 and 4 ran suspended (the overhead check)
+        for _ in range(5):
+            handle.gpus.execute(0, WorkProfile(compute_s=0.02, memory_s=0.0))
+            sampler.read_once()
+        log.step_end(step, "planned")
+    assert [(r.first_iteration, r.iteration) for r in records] == [(1, 2), (7, 8)]
+    assert records[1].power.iterations[0].duration_s == pytest.approx(
+        records[0].power.iterations[1].duration_s
+    )

@@ -347,8 +347,6 @@ class EnergySession:
     def on_step_end(self, step: int) -> None:
         """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
         run_phase = self.phase != SessionPhase.PROFILING
-        if self.power_log is not None:
-            self.power_log.step_end(step, self._label(self.phase))
         self._seal_step(step)
         self._check_phase_switcher()
         self.host_cost.end_step(run_phase)
@@ -389,6 +387,8 @@ class EnergySession:
         idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
         planning = self.phase == SessionPhase.PLANNING
+        if self.power_log is not None:
+            self.power_log.step_end(step, self._label(self.phase))
         timings = self.timer.finish_step(lagged=self._step_lagged)
         if self.kernel_timeline is not None:
             if self.kernel_timeline.recording:

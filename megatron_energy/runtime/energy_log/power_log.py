@@ -109,12 +109,24 @@ class PowerLog:
         """When the interval's first iteration began (the previous iteration's end)."""
         self._ends: list[tuple[int, float]] = []
         """The interval's iterations so far and their ends."""
+        self._last_step: int | None = None
+        """The last step whose end the log saw (0-based)."""
         sampler.start()
 
     def step_end(self, step: int, phase: str) -> None:
-        """Note where step ``step`` (0-based) ended; at a log interval's end, log the interval."""
-        self._ends.append((step + 1, self.sampler.clock()))
-        if (step + 1) % self.log_interval == 0:
+        """Note where step ``step`` (0-based) ended; at a log interval's end, log the interval.
+
+        After steps the log did not see (the overhead check's suspended blocks), the interval so far gets
+        no record (its iteration ends still go to the trace) and the next starts at this step's end.
+        """
+        now_s = self.sampler.clock()
+        if self._last_step is not None and step != self._last_step + 1:
+            self._write_trace(self._ends, self._ends[-1][1] if self._ends else self._start_s)
+            self._ends, self._start_s = [], now_s
+        else:
+            self._ends.append((step + 1, now_s))
+        self._last_step = step
+        if (step + 1) % self.log_interval == 0 and self._ends:
             self._log(phase)
 
     def close(self) -> None:
