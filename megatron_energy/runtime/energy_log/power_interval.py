@@ -177,9 +177,9 @@ def _iteration_swing(
     trace = held_trace(samples, samples.instant_w, start_s, end_s)
     if trace is None or trace.duration_s < MIN_BINS * band_resolution_s:
         return None
-    levels = swing_figures(trace, resolution_s)
     band_hz = (max(GRID_BAND_HZ[0], 1.0 / trace.duration_s), min(GRID_BAND_HZ[1], 0.5 / band_resolution_s))
     band = swing_figures(trace, band_resolution_s, band_hz=band_hz)
+    levels = band if resolution_s == band_resolution_s else swing_figures(trace, resolution_s)
     # ramps from one bin before the start: the change into the iteration (a step boundary's) is its own
     ramps = held_trace(samples, samples.instant_w, start_s - band_resolution_s, end_s) or trace
     changes = swing_figures(ramps, band_resolution_s)
