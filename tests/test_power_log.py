@@ -203,3 +203,10 @@ def test_steps_the_log_did_not_see_leave_their_interval_without_a_record(tmp_pat
     assert records[1].power.iterations[0].duration_s == pytest.approx(
         records[0].power.iterations[1].duration_s
     )
+
+
+def test_iterations_that_end_at_the_same_instant_get_no_figures_and_raise_nothing():
+    samples = square_wave()
+    assert interval_power(samples, 1.0, [(12, 1.0)]) is None
+    power = interval_power(samples, 0.0, [(11, 1.0), (12, 1.0), (13, 2.0)])
+    assert power is not None and [swing.iteration for swing in power.iterations] == [11, 13]

@@ -93,11 +93,14 @@ class GpuPowerInterval:
 
 
 def held_trace(samples: PowerSamples, values: np.ndarray, start_s: float, end_s: float) -> PowerTrace | None:
-    """``values`` (one per reading) as a step function over ``[start_s, end_s]``; ``None`` if none holds.
+    """``values`` (one per reading) as a step function over ``[start_s, end_s]``, or ``None``.
 
     The reading before ``start_s`` holds into it; without one, the trace starts at the first reading.
+    ``None`` when no reading holds there or the span is empty.
     """
     times = samples.time_s
+    if not end_s > start_s:
+        return None
     held = int(np.searchsorted(times, start_s, side="right")) - 1
     if held < 0:
         if not len(times) or times[0] >= end_s:

@@ -25,9 +25,10 @@ from megatron_energy.dvfs.backends import GpuHandle
 from megatron_energy.dvfs.power_reader import PowerReadingsUnavailableError
 from megatron_energy.dvfs.power_sampler import PowerSampler
 from megatron_energy.energy_dir import JobFiles
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log.energy_line import write_scalars
-from megatron_energy.runtime.energy_log.power_interval import interval_power
+from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, interval_power
 from megatron_energy.runtime.energy_log.power_record import PowerRecord, power_scalars
 from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter
 
@@ -141,14 +142,12 @@ class PowerLog:
         ends, self._ends = self._ends, []
         start_s, end_s = self._start_s, ends[-1][1]
         self._start_s = end_s
-        figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
-        if figures is None and self.sampler.error is None:
-            # no reading since the interval began (a simulated GPU's virtual time outran the thread): one now
-            try:
-                self.sampler.read_once()
-            except Exception as problem:  # an NVML error: the interval goes without figures
-                self.sampler.error = f"power reading failed: {type(problem).__name__}: {problem}"
-            figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        try:
+            figures = self._figures(start_s, ends)
+        except EnergyValueError as problem:  # never into the training step: the interval goes without
+            covered = f"iterations {ends[0][0]}-{ends[-1][0]}"
+            self.printer(f"[energy] rank {self.rank}: {covered}: no power figures ({problem})")
+            figures = None
         self._write_trace(ends, end_s)
         if figures is None:
             return
@@ -160,6 +159,19 @@ class PowerLog:
             self.write_record(record)
         for iteration, scalars in power_scalars(record).items():
             write_scalars(scalars, iteration, self.sinks)
+
+    def _figures(self, start_s: float, ends: list[tuple[int, float]]) -> GpuPowerInterval | None:
+        """The interval's figures, with one reading taken now if the thread took none in it."""
+        end_s = ends[-1][1]
+        figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        if figures is None and self.sampler.error is None:
+            # no reading since the interval began (a simulated GPU's virtual time outran the thread): one now
+            try:
+                self.sampler.read_once()
+            except Exception as problem:  # an NVML error: the interval goes without figures
+                self.sampler.error = f"power reading failed: {type(problem).__name__}: {problem}"
+            figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        return figures
 
     def _write_trace(self, ends: list[tuple[int, float]], end_s: float | None = None) -> None:
         """Append the readings up to ``end_s`` (all when ``None``) and ``ends`` to the trace, if one is kept.
