@@ -186,3 +186,5 @@ def test_a_power_sampling_period_faster_than_nvml_refreshes_is_refused(
     refusal = _refusal(["--energy-optimise", "--energy-power-sample-ms", "5"], capsys)
     assert refusal is not None and "must be 0 (off) or a period of 10-1000 ms" in refusal
     assert EnergyConfig(power_sample_ms=20, power_trace="jsonl").power_trace == "jsonl"
+    with pytest.raises(EnergyConfigError, match="needs power readings, but --energy-power-sample-ms is 0"):
+        EnergyConfig(power_sample_ms=0, power_trace="csv")

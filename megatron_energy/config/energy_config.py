@@ -428,6 +428,11 @@ class EnergyConfig:
             if (problem := spec.problem(getattr(self, name))) is not None
         ]
         problems += _planning_problems(self.mode, self.target, self.gpu_spec)
+        if self.power_trace != "off" and self.power_sample_ms == 0:
+            problems.append(
+                f"power_trace={self.power_trace!r} (--energy-power-trace) needs power readings, but "
+                "--energy-power-sample-ms is 0 (off): give a period of 10-1000 ms, or drop the trace"
+            )
         if problems:
             raise EnergyConfigError(*problems)
 
