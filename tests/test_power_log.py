@@ -8,13 +8,16 @@ import json
 import numpy as np
 import pytest
 
-from megatron_energy.dvfs.backends import open_gpus
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.backends import GpuHandle, open_gpus
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.power_sampler import PowerSampler, PowerSamples
 from megatron_energy.energy_dir import JobFiles
+from megatron_energy.pipeline.schedule_orders import pipeline_orders
+from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, append_record, read_records
 from megatron_energy.runtime.energy_log.power_interval import interval_power
-from megatron_energy.runtime.energy_log.power_log import PowerLog
+from megatron_energy.runtime.energy_log.power_log import PowerLog, open_power_log
 from megatron_energy.runtime.energy_log.power_record import PowerRecord, power_scalars, read_power_records
 from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter, read_power_trace
 
@@ -210,3 +213,31 @@ def test_iterations_that_end_at_the_same_instant_get_no_figures_and_raise_nothin
     assert interval_power(samples, 1.0, [(12, 1.0)]) is None
     power = interval_power(samples, 0.0, [(11, 1.0), (12, 1.0), (13, 2.0)])
     assert power is not None and [swing.iteration for swing in power.iterations] == [11, 13]
+
+
+def test_the_flags_open_a_power_log_with_its_trace_in_the_job_folder_or_none(tmp_path):
+    handle = open_gpus(
+        "simulated", "h200", dry_run=True, num_simulated_gpus=2, state_path=tmp_path / "g.json"
+    )
+    context = JobContext(0, pipeline_orders(2, 4), 0, 1, global_rank=5, local_device_index=1, log_interval=3)
+    job = JobFiles(tmp_path / "job")
+    lines: list[str] = []
+    assert open_power_log(EnergyConfig(power_sample_ms=0), handle, context, job, lines.append) is None
+    log = open_power_log(EnergyConfig(power_trace="csv"), handle, context, job, lines.append)
+    assert log is not None and log.trace is not None
+    log.close()
+    assert (log.gpu, log.log_interval, log.sampler.period_s) == (1, 3, 0.05)
+    assert log.trace.path == tmp_path / "job" / "power_trace.rank5.csv"
+    amd = GpuHandle(HandlelessGpus(), "dry-run", "", "zeus", handle.spec)  # type: ignore[arg-type]
+    assert open_power_log(EnergyConfig(), amd, context, job, lines.append) is None
+    (line,) = lines
+    assert line.startswith("[energy] rank 5: no power log (GPU 1 has no NVML handle (not an NVIDIA GPU")
+
+
+class HandlelessGpus:
+    """A zeus ``GPUs`` whose GPUs have no NVML handle (AMD's)."""
+
+    gpus = (object(), object())
+
+    def __len__(self) -> int:
+        return 2

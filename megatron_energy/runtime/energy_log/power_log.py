@@ -36,7 +36,7 @@ from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter
 def open_power_log(
     config: EnergyConfig, handle: GpuHandle, context: JobContext, job: JobFiles, printer: Callable[[str], Any]
 ) -> PowerLog | None:
-    """The rank's power log as ``--energy-power-sample-ms`` and ``--energy-power-trace`` ask, sampling.
+    """The rank's power log (sampling) as ``--energy-power-sample-ms`` and ``--energy-power-trace`` ask.
 
     ``None`` when sampling is off, or when the GPU's power cannot be read (the rank says why, once).
     """
