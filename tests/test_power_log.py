@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from test_power_sampler import HandlelessGpus
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.backends import GpuHandle, open_gpus
@@ -232,12 +233,3 @@ def test_the_flags_open_a_power_log_with_its_trace_in_the_job_folder_or_none(tmp
     assert open_power_log(EnergyConfig(), amd, context, job, lines.append) is None
     (line,) = lines
     assert line.startswith("[energy] rank 5: no power log (GPU 1 has no NVML handle (not an NVIDIA GPU")
-
-
-class HandlelessGpus:
-    """A zeus ``GPUs`` whose GPUs have no NVML handle (AMD's)."""
-
-    gpus = (object(), object())
-
-    def __len__(self) -> int:
-        return 2

@@ -117,12 +117,12 @@ def test_an_unsupported_instant_field_falls_back_to_the_averaged_power_once_with
 
 
 class HandlelessGpus:
-    """A zeus ``GPUs`` whose GPU has no NVML handle (an AMD GPU)."""
+    """A zeus ``GPUs`` whose two GPUs have no NVML handle (AMD GPUs)."""
 
-    gpus = (object(),)
+    gpus = (object(), object())
 
     def __len__(self) -> int:
-        return 1
+        return 2
 
 
 def test_a_gpu_without_an_nvml_handle_has_no_power_reader():
