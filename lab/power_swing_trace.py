@@ -15,7 +15,8 @@ setter is replaced by a tripwire that raises, ``dvfs.calibration_nvml.SetterTrip
 line per iteration (``--log-interval 1``); each line is stamped as it arrives, on ``time.monotonic``, the
 clock the plugin's trace uses too, so the stamps are the iterations' ends.
 
-**Figures (all measured).** Over each run's iterations after ``--warmup``, per iteration
+**Figures (all measured).** Over each run's iterations after ``--warmup`` (and, with the plugin, after its
+last profiling iteration: its synchronous profile steps wait for the device), per iteration
 (``runtime.energy_log.power_interval.interval_power`` on ``power_swing.swing_figures``): swing from peak to
 trough, the largest ramps up and down, the share of fluctuation energy in the grid band up to what the
 reads resolve (5 Hz at the field's ~100 ms refresh); for the run, the instant power's range and mean, the SM
@@ -57,9 +58,11 @@ from megatron_energy.dvfs.calibration_nvml import SetterTripwires
 from megatron_energy.dvfs.power_reader import PowerReader
 from megatron_energy.dvfs.power_sampler import PowerSampler, PowerSamples
 from megatron_energy.megatron.training_log import parse_iteration_lines
+from megatron_energy.runtime.energy_log.energy_line import logged_phases
 from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, interval_power
 from megatron_energy.runtime.energy_log.power_record import read_power_records
 from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter, read_power_trace
+from megatron_energy.runtime.session_phase import SessionPhase
 
 HOST_COST = "plugin host time on the training thread"
 """The plugin's closing line of its own cost, its background threads' CPU time included
@@ -88,6 +91,16 @@ def iteration_ends(lines: Sequence[tuple[float, str]]) -> list[tuple[int, float]
         for line in parse_iteration_lines(text):
             ends.setdefault(line.iteration, stamp)
     return sorted(ends.items())
+
+
+def kept_after(text: str, warmup: int) -> int:
+    """The last iteration left out: ``warmup``, or the plugin's last profiling iteration if later.
+
+    The plugin's synchronous profiling steps wait for the device, which changes the power they draw; its
+    ``[energy]`` line of each iteration (``--log-interval 1``) names the phase.
+    """
+    profiling = [i for i, phase in logged_phases(text).items() if phase.startswith(SessionPhase.PROFILING)]
+    return max([warmup, *profiling])
 
 
 def run_figures(samples: PowerSamples, ends: Sequence[tuple[int, float]], warmup: int) -> dict[str, Any]:
@@ -212,12 +225,14 @@ def traced_run(
     path.unlink(missing_ok=True)
     if len(samples):
         PowerTraceWriter(path, "csv", rank=0, gpu=0).append(samples, ends)
-    figures = run_figures(samples, ends, args.warmup)
+    warmup = kept_after(finished.text, args.warmup)
+    figures = run_figures(samples, ends, warmup)
     print(summary_line(f"{tag}, this script's reads", figures), flush=True)
     cost = [text.strip() for _, text in finished.lines if HOST_COST in text]
     for line in cost:  # the sampler's CPU time is in it ("power sampler ... ms"), measured
         print(f"{tag}: {line}", flush=True)
     return finished, {
+        "warmup": warmup,
         "host_cost": cost,
         "tag": tag,
         "returncode": finished.returncode,
@@ -226,7 +241,7 @@ def traced_run(
     }
 
 
-def plugin_own(args: argparse.Namespace, job: Job) -> dict[str, Any]:
+def plugin_own(args: argparse.Namespace, job: Job, warmup: int) -> dict[str, Any]:
     """The plugin's own trace of ``job`` (copied to ``JOB-plugin-own.csv``) and its energy log's records."""
     traces = sorted(energy_dir(args, job).glob("*/power_trace.rank0.csv"))
     if not traces:
@@ -235,7 +250,7 @@ def plugin_own(args: argparse.Namespace, job: Job) -> dict[str, Any]:
     copy = args.out / f"{job.name}-plugin-own.csv"
     shutil.copyfile(traces[-1], copy)
     trace = read_power_trace(copy)
-    figures = run_figures(trace.samples, trace.ends, args.warmup)
+    figures = run_figures(trace.samples, trace.ends, warmup)
     log_file = energy_dir(args, job) / "energy.jsonl"
     records = read_power_records(log_file) if log_file.exists() else []
     print(summary_line(f"{job.name}-plugin, the plugin's own trace", figures), flush=True)
@@ -273,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 slowest_s = max(slowest_s if results else 0.0, finished.ended_s - finished.started_s)
                 results.append(figures)
                 if plugin:
-                    results.append(plugin_own(args, job))
+                    results.append(plugin_own(args, job, figures["warmup"]))
                 stored = {"args": vars_json(args), "runs": results}
                 (args.out / "power_swing.json").write_text(json.dumps(stored, indent=1))
     return 0 if all(run.get("returncode", 0) == 0 for run in results) else 1

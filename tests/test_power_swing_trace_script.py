@@ -92,3 +92,13 @@ def test_bad_flags_are_refused(capsys: pytest.CaptureFixture[str]):
         with pytest.raises(SystemExit):
             script.parse_args(argv)
         assert says in capsys.readouterr().err
+
+
+def test_the_plugins_profiling_iterations_are_left_out_with_the_warm_up():
+    text = "\n".join(
+        f"[energy] iteration {i} | {phase} (clocks not set) | J/iter measured: s0=1.0 | total=1.0"
+        for i, phase in ((1, "profiling"), (9, "profiling"), (10, "stock (planning)"), (11, "planned"))
+    )
+    assert script.kept_after(text, warmup=5) == 9
+    assert script.kept_after(text.replace("iteration 9 | profiling", "iteration 9 | planned"), warmup=5) == 5
+    assert script.kept_after("no plugin here", warmup=5) == 5
