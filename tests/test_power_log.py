@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -151,7 +152,6 @@ def test_the_power_log_of_a_simulated_gpu_logs_each_interval_modelled(tmp_path):
         gpu=0,
         log_interval=2,
         sinks=(lambda *s: scalars.append(s),),
-        printer=print,
         trace=trace,
     )
     sampler.close()  # the test reads at virtual times of its own choosing
@@ -194,7 +194,7 @@ def test_steps_the_log_did_not_see_leave_their_interval_without_a_record(tmp_pat
     )
     sampler = PowerSampler.from_handle(handle, 0, 0.02)
     sampler.read_once()
-    log = PowerLog(sampler, rank=0, gpu=0, log_interval=2, sinks=(), printer=print)
+    log = PowerLog(sampler, rank=0, gpu=0, log_interval=2, sinks=())
     sampler.close()
     records: list[PowerRecord] = []
     log.write_record = records.append
@@ -216,20 +216,20 @@ def test_iterations_that_end_at_the_same_instant_get_no_figures_and_raise_nothin
     assert power is not None and [swing.iteration for swing in power.iterations] == [11, 13]
 
 
-def test_the_flags_open_a_power_log_with_its_trace_in_the_job_folder_or_none(tmp_path):
+def test_the_flags_open_a_power_log_with_its_trace_in_the_job_folder_or_none(tmp_path, caplog):
     handle = open_gpus(
         "simulated", "h200", dry_run=True, num_simulated_gpus=2, state_path=tmp_path / "g.json"
     )
     context = JobContext(0, pipeline_orders(2, 4), 0, 1, global_rank=5, local_device_index=1, log_interval=3)
     job = JobFiles(tmp_path / "job")
-    lines: list[str] = []
-    assert open_power_log(EnergyConfig(power_sample_ms=0), handle, context, job, lines.append) is None
-    log = open_power_log(EnergyConfig(power_trace="csv"), handle, context, job, lines.append)
+    assert open_power_log(EnergyConfig(power_sample_ms=0), handle, context, job) is None
+    log = open_power_log(EnergyConfig(power_trace="csv"), handle, context, job)
     assert log is not None and log.trace is not None
     log.close()
     assert (log.gpu, log.log_interval, log.sampler.period_s) == (1, 3, 0.05)
     assert log.trace.path == tmp_path / "job" / "power_trace.rank5.csv"
     amd = GpuHandle(HandlelessGpus(), "dry-run", "", "zeus", handle.spec)  # type: ignore[arg-type]
-    assert open_power_log(EnergyConfig(), amd, context, job, lines.append) is None
-    (line,) = lines
+    with caplog.at_level(logging.WARNING, logger="megatron_energy"):
+        assert open_power_log(EnergyConfig(), amd, context, job) is None
+    (line,) = caplog.messages
     assert line.startswith("[energy] rank 5: no power log (GPU 1 has no NVML handle (not an NVIDIA GPU")

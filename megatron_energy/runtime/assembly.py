@@ -330,7 +330,7 @@ def build_session(
             config, parts.controller, parts.timer, replayed=context.full_iteration_graph
         ),
         power_cap=build_power_cap_watch(parts.handle, context.local_device_index, parts.grid[0], comms),
-        power_log=open_power_log(config, parts.handle, context, JobFiles(cache.folder), printer),
+        power_log=open_power_log(config, parts.handle, context, JobFiles(cache.folder)),
     )
 
 

@@ -17,6 +17,7 @@ run far ahead of the wall clock the thread sleeps on), so every interval has one
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,11 @@ from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, 
 from megatron_energy.runtime.energy_log.power_record import PowerRecord, power_scalars
 from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter
 
+logger = logging.getLogger(__name__)
+
 
 def open_power_log(
-    config: EnergyConfig, handle: GpuHandle, context: JobContext, job: JobFiles, printer: Callable[[str], Any]
+    config: EnergyConfig, handle: GpuHandle, context: JobContext, job: JobFiles
 ) -> PowerLog | None:
     """The rank's power log (sampling) as ``--energy-power-sample-ms`` and ``--energy-power-trace`` ask.
 
@@ -47,11 +50,11 @@ def open_power_log(
         sampler = PowerSampler.from_handle(handle, index, config.power_sample_ms / 1000.0)
         sampler.read_once()  # the first interval's first reading; a GPU that cannot be read says so here
     except (PowerReadingsUnavailableError, ImportError) as problem:
-        printer(f"[energy] rank {context.global_rank}: no power log ({problem})")
+        logger.warning(f"[energy] rank {context.global_rank}: no power log ({problem})")
         return None
     except Exception as problem:  # an NVML error on the first read
         why = f"GPU {index}: {type(problem).__name__}: {problem}"
-        printer(f"[energy] rank {context.global_rank}: no power log ({why})")
+        logger.warning(f"[energy] rank {context.global_rank}: no power log ({why})")
         return None
     trace = None
     if config.power_trace != "off":
@@ -63,7 +66,6 @@ def open_power_log(
         gpu=index,
         log_interval=context.log_interval,
         sinks=context.log_sinks,
-        printer=printer,
         trace=trace,
     )
 
@@ -77,7 +79,6 @@ class PowerLog:
         gpu: The GPU's local index.
         log_interval: Iterations per log interval.
         sinks: The rank's metric writers (empty on ranks without them).
-        printer: Where the rank's one line about a sampling or trace problem goes.
         trace: The raw trace's writer (``--energy-power-trace``), or ``None``.
 
     Attributes:
@@ -94,7 +95,6 @@ class PowerLog:
         gpu: int,
         log_interval: int,
         sinks: tuple[Callable[[str, float, int], Any], ...],
-        printer: Callable[[str], Any],
         trace: PowerTraceWriter | None = None,
     ) -> None:
         self.sampler = sampler
@@ -102,7 +102,6 @@ class PowerLog:
         self.gpu = gpu
         self.log_interval = log_interval
         self.sinks = sinks
-        self.printer = printer
         self.trace = trace
         self.write_record: Callable[[PowerRecord], None] | None = None
         self.job = ""
@@ -135,7 +134,7 @@ class PowerLog:
         self.sampler.close()
         self._write_trace(self._ends)
         if self.sampler.error is not None:
-            self.printer(f"[energy] rank {self.rank} GPU {self.gpu}: {self.sampler.error}")
+            logger.warning(f"[energy] rank {self.rank} GPU {self.gpu}: {self.sampler.error}")
 
     def _log(self, phase: str) -> None:
         """The interval's record, scalars and trace; the next interval starts at this one's end."""
@@ -146,7 +145,7 @@ class PowerLog:
             figures = self._figures(start_s, ends)
         except EnergyValueError as problem:  # never into the training step: the interval goes without
             covered = f"iterations {ends[0][0]}-{ends[-1][0]}"
-            self.printer(f"[energy] rank {self.rank}: {covered}: no power figures ({problem})")
+            logger.warning(f"[energy] rank {self.rank}: {covered}: no power figures ({problem})")
             figures = None
         self._write_trace(ends, end_s)
         if figures is None:
@@ -184,7 +183,7 @@ class PowerLog:
         try:
             self.trace.append(samples, ends)
         except OSError as problem:
-            self.printer(
+            logger.warning(
                 f"[energy] rank {self.rank}: cannot append to {self.trace.path} ({problem}); no trace"
             )
             self.trace = None
