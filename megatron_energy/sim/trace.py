@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from megatron_energy.pipeline.dag import Transfer
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction
-from megatron_energy.sim.overlap import CommSlice
+from megatron_energy.sim.overlap_result import CommSlice
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
