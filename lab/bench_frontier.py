@@ -62,7 +62,8 @@ from profile_family import ProfileFamily, balanced_family, family_profile
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, NodeId
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.profile_csv import profile_csv_text
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

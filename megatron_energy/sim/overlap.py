@@ -59,7 +59,8 @@ from typing import NamedTuple
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.dag import PipelineDag, TailStep, Transfer
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import TailStep, Transfer
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.sim.collective_stream import CollectiveStream
 from megatron_energy.sim.contention import CommLoad, ContentionModel, OverlapState

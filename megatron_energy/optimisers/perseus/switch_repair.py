@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from megatron_energy.optimisers.perseus.switch_quantise import quantise
 from megatron_energy.optimisers.perseus.switch_search import REL_TOL, SearchState, SwitchSearch
-from megatron_energy.pipeline.dag import SINK, NodeId
+from megatron_energy.pipeline.dag_nodes import SINK, NodeId
 from megatron_energy.sim.simulator import Slice
 
 MAX_REPAIR_ROUNDS = 200

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from megatron_energy.pipeline.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import NodeId
 from megatron_energy.pipeline.instruction import Step
 from megatron_energy.sim.simulator import ProfileLike, Simulator
 from megatron_energy.sim.switching_pass import PassCheckpoint
