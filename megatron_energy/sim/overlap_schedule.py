@@ -29,7 +29,7 @@ class CommLaunch:
         stage: Pipeline stage.
         traffic_bytes: Bytes the GPU sends.
         load: Its CTA budget and link.
-        anchor: Where it launches (module docstring).
+        anchor: Where it launches (the anchors: ``sim.overlap``'s module docstring).
         instruction: ``"compute"``: the instruction it launches in; ``"prefetch"``: the instruction that
             waits for it; ``None`` for ``"after_optimizer"``.
         fraction: ``"compute"``: the share of the instruction's work done at launch (0..1).
