@@ -7,9 +7,10 @@ plan's memory clock is set, and the adoption callback runs (the run guard starts
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
 
+from megatron_energy.log import log_single_rank
 from megatron_energy.plan import Plan
 from megatron_energy.plan_file import read_plan
 from megatron_energy.runtime.context import JobContext
@@ -21,6 +22,8 @@ from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 
+logger = logging.getLogger(__name__)
+
 
 def adopt_everywhere(
     release: PlanRelease,
@@ -31,7 +34,6 @@ def adopt_everywhere(
     state: SessionState,
     controller: Controller,
     on_adopted: Callable[[Plan], None],
-    printer: Callable[[str], Any],
 ) -> bool:
     """Every rank parses the same plan text; all run it only if every rank could (one small reduction).
 
@@ -43,7 +45,6 @@ def adopt_everywhere(
         state: The session's state: the plan, baseline and runner go there, and the phase.
         controller: This rank's clock controller (the plan's memory clock is set on it).
         on_adopted: Called with the plan once every rank has adopted it.
-        printer: Where log lines go.
 
     Returns:
         Whether every rank adopted the plan (else none did, and each rank that could not says why).
@@ -54,12 +55,11 @@ def adopt_everywhere(
         problem = None
     except Exception as error:  # agreed on below, never raised into the step
         problem = error
-        printer(f"[energy] rank {context.global_rank}: cannot run the plan: {error}")
+        logger.info(f"[energy] rank {context.global_rank}: cannot run the plan: {error}")
     (failed_anywhere,) = reduce_everywhere(comms, [0.0 if problem is None else 1.0])
     if failed_anywhere:
         return False
-    if context.global_rank == 0:
-        printer(plan_summary(plan, release.plan_text))
+    log_single_rank(logger, context.global_rank, plan_summary(plan, release.plan_text))
     hooks = runner.hook_report(inside_switched=state.phase_switcher is not None)
     if hooks is not None and context.full_iteration_graph:
         hooks += (
@@ -67,7 +67,7 @@ def adopt_everywhere(
             "by time from the replay's start, the gradient sync's at the last instruction's end)"
         )
     if hooks is not None and context.data_parallel_rank == 0:
-        printer(f"[energy] rank {context.global_rank}: {hooks}")
+        logger.info(f"[energy] rank {context.global_rank}: {hooks}")
     state.plan = plan
     state.baseline = release.baseline
     state.run(runner)
