@@ -50,5 +50,6 @@ class EnergyConfigFieldDocs(griffe.Extension):
         defaults = EnergyConfig()
         for name in ENERGY_FLAGS:
             attribute = cls.members[name]
+            assert isinstance(attribute, griffe.Attribute), f"EnergyConfig.{name} is not an attribute"
             attribute.docstring = griffe.Docstring(field_docstring(name), parent=attribute)
             attribute.value = repr(getattr(defaults, name))
