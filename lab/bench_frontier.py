@@ -38,9 +38,7 @@ Run it pinned to one core, e.g.::
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
@@ -64,8 +62,10 @@ from profile_family import ProfileFamily, balanced_family, family_profile
 
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
-from megatron_energy.pipeline.dag import CommSpec, NodeId, PipelineDag
-from megatron_energy.pipeline.profile import CSV_COLUMNS, Profile, TransformerShape
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, NodeId
+from megatron_energy.pipeline.profile import Profile, TransformerShape
+from megatron_energy.pipeline.profile_csv import profile_csv_text
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.sim.simulator import Simulator
 
@@ -201,16 +201,7 @@ def run_lowtime(case: Case) -> tuple[np.ndarray, Timing]:
 
 def profile_rows_text(profile: Profile) -> str:
     """The profile's rows as CSV text without its provenance column: what lowtime's result depends on."""
-    with_chunk = profile.num_chunks > 1
-    buffer = io.StringIO(newline="")
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()))
-    for key in profile:
-        stage, chunk, kind = key
-        for option in sorted(profile.options(key), key=lambda o: -o.clock_mhz):
-            row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
-            writer.writerow(row + ([chunk] if with_chunk else []))
-    return buffer.getvalue()
+    return profile_csv_text(profile.csv_rows(), with_chunk=profile.num_chunks > 1, with_source=False)
 
 
 def cache_key(case: Case) -> str:

@@ -64,7 +64,9 @@ from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.sim.contention import CommLoad, saturated_rate_gbps
-from megatron_energy.sim.overlap import CommLaunch, OverlapResult, OverlapSchedule, OverlapSimulator
+from megatron_energy.sim.overlap import OverlapSimulator
+from megatron_energy.sim.overlap_result import OverlapResult
+from megatron_energy.sim.overlap_schedule import CommLaunch, OverlapSchedule
 
 UNCAPPED_W = 1e6
 """Power limit of the spec the simulator prices a group with: the cap binds on the group's mean instead."""

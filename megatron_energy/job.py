@@ -55,7 +55,8 @@ from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.optimisers.interface import PlanningJob, planning_job
 from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.moe import MoeShape
 from megatron_energy.pipeline.orders import PipelineOrders

@@ -5,7 +5,7 @@ from __future__ import annotations
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.registry import resolve
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan

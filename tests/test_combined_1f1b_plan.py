@@ -8,7 +8,9 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
-from megatron_energy.pipeline.dag import PipelineDag, Transfer, _receiver
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_graph import receiving_pass
+from megatron_energy.pipeline.dag_nodes import Transfer
 from megatron_energy.pipeline.fused_profile import fused_works, with_fused_steps
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, passes
 from megatron_energy.pipeline.orders import PipelineOrders
@@ -42,7 +44,7 @@ def test_a_fused_step_waits_for_what_both_its_passes_receive(stages, chunks, mic
     schedule = dag.schedule(dict.fromkeys(steps, 1.0))
     for step in steps:
         for sent in passes(step):
-            receiver = _receiver(sent, stages, chunks)
+            receiver = receiving_pass(sent, stages, chunks)
             if receiver is not None:
                 assert schedule.end(step) <= schedule.start(step_of[receiver])
                 if receiver.stage != sent.stage:

@@ -15,7 +15,9 @@ from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
+import griffe
 import pytest
+import yaml
 
 from megatron_energy.config import ENERGY_FLAGS, EnergyConfig, add_energy_args
 
@@ -96,3 +98,22 @@ def test_the_text_is_the_help_the_config_field_declares(reference) -> None:
     for flag in ENERGY_FLAGS.values():
         text = reference[flag.options[0]]["text"].replace("`", "``")
         assert text.startswith(" ".join(flag.help.split()).removesuffix(".")), flag.options[0]
+
+
+def test_the_api_page_documents_every_config_field_with_its_flag() -> None:
+    """mkdocstrings reads the fields through griffe with the extensions ``mkdocs.yml`` names."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    handler = next(
+        plugin for plugin in config["plugins"] if isinstance(plugin, dict) and "mkdocstrings" in plugin
+    )
+    named = handler["mkdocstrings"]["handlers"]["python"]["options"].get("extensions", [])
+    extensions = griffe.load_extensions(*(str(ROOT / extension) for extension in named))
+    module = griffe.load("megatron_energy.config.energy_config", extensions=extensions, search_paths=[ROOT])
+    members = module["EnergyConfig"].members
+    defaults = EnergyConfig()
+    for name, flag in ENERGY_FLAGS.items():
+        docstring = members[name].docstring
+        assert docstring is not None, f"EnergyConfig.{name} has no docs on the API page"
+        assert f"Flag ``{flag.options[0]}``" in docstring.value
+        assert docstring.value.endswith(flag.text())
+        assert members[name].value == repr(getattr(defaults, name))

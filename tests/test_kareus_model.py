@@ -10,7 +10,9 @@ from megatron_energy.optimisers.kareus.choices import ClassChoice, KareusModel
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.sim.contention import CommLoad, ContentionModel
-from megatron_energy.sim.overlap import PHASES, CommLaunch, OverlapSchedule, OverlapSimulator
+from megatron_energy.sim.overlap import OverlapSimulator
+from megatron_energy.sim.overlap_result import PHASES
+from megatron_energy.sim.overlap_schedule import CommLaunch, OverlapSchedule
 from megatron_energy.sim.simulator import Simulator
 from tests.kareus_jobs import EXAMPLE_7B, workload_of
 

@@ -21,7 +21,7 @@ from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.pipeline.collective_levers import RuntimeLevers
 from megatron_energy.pipeline.collective_names import AFTER_OPTIMIZER
 from megatron_energy.pipeline.collectives import build_collectives
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.job_collectives import CollectiveSetup
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

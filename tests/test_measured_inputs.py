@@ -7,7 +7,7 @@ import pytest
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.optimisers.interface import ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
 

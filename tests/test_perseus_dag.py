@@ -6,15 +6,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from megatron_energy.pipeline.dag import (
-    SINK,
-    SOURCE,
-    CommSpec,
-    IterationTail,
-    PipelineDag,
-    TailStep,
-    Transfer,
-)
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import SINK, SOURCE, CommSpec, IterationTail, TailStep, Transfer
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

@@ -9,7 +9,8 @@ from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.perseus import relaxation
 from megatron_energy.optimisers.perseus.frontier import FrontierSolver
 from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, IterationTail
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

@@ -16,7 +16,8 @@ from megatron_energy.optimisers.perseus.frontier import FrontierSolver, PlanCloc
 from megatron_energy.optimisers.perseus.local_search import LocalSearch
 from megatron_energy.optimisers.perseus.relaxation import lower_convex_hull
 from megatron_energy.optimisers.perseus.target_point import Planner
-from megatron_energy.pipeline.dag import CommSpec, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec
 from megatron_energy.pipeline.instruction import KINDS, Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

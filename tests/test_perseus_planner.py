@@ -266,7 +266,7 @@ def test_plan_command_refuses_a_profile_of_another_pipeline_than_the_job_config(
 def test_a_measured_tail_moves_every_point_by_its_time_and_energy():
     """The tail is a constant of the job: as good plans, each longer by its time and dearer by its energy."""
     from megatron_energy.optimisers.perseus.frontier import FrontierSolver
-    from megatron_energy.pipeline.dag import IterationTail
+    from megatron_energy.pipeline.dag_nodes import IterationTail
 
     orders, profile = pipeline_orders(2, 4), _profile(2)
     tail = IterationTail.measured(outside_s=0.01, stage_energy_j=(9.0, 6.0))

@@ -9,7 +9,8 @@ from megatron_energy.optimisers.perseus import relaxation
 from megatron_energy.optimisers.perseus.frontier import FrontierSolver
 from megatron_energy.optimisers.perseus.relaxation import HotStartProgram
 from megatron_energy.optimisers.perseus.starting_basis import BASIC, LOWER, UPPER, tree_basis
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, IterationTail
 from megatron_energy.pipeline.profile import Profile, TransformerShape
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 

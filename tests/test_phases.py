@@ -13,7 +13,7 @@ from megatron_energy.optimisers.kernel.allocate import allocate, phase_options
 from megatron_energy.optimisers.kernel.merge import merge_short_phases
 from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, simulate, switch_requests
 from megatron_energy.optimisers.registry import resolve
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.modelled_phases import modelled_phases
 from megatron_energy.pipeline.phase_labels import PhaseLabel
 from megatron_energy.pipeline.phase_timeline import (

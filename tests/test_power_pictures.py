@@ -8,7 +8,8 @@ import pytest
 from test_sim import EXAMPLE, TIMES_2X2, _profile
 
 from megatron_energy.commands import simulate
-from megatron_energy.pipeline.dag import IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.power_swing import PowerTrace
 from megatron_energy.report.power_swing_plot import plot_power_swing

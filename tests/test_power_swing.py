@@ -5,7 +5,8 @@ import pytest
 from test_sim import TIMES_2X2, _profile
 
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.dag import IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.power_swing import PowerTrace, floor_energy_j, summed, swing_figures
 from megatron_energy.sim import Simulator

@@ -9,7 +9,8 @@ import pytest
 from megatron_energy.commands import plan_command, simulate
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.pipeline.dag import IterationTail, PipelineDag, TailStep
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import IterationTail, TailStep
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders

@@ -6,7 +6,8 @@ from megatron_energy.dvfs.simulated import SimulatedGPUs
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.optimisers.perseus.switch_latency import count_switches, make_switch_aware
 from megatron_energy.optimisers.perseus.target_point import Planner
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, IterationTail
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.pipeline.orders import PipelineOrders
 from megatron_energy.pipeline.profile import ClockOption, Profile, TransformerShape

@@ -42,7 +42,7 @@ from megatron_energy.optimisers.memory_clock import candidate_memory_clocks, cho
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_band import SavingBand

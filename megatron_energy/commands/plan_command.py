@@ -36,7 +36,7 @@ from megatron_energy.optimisers.interface import PlanningJob, planning_job
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.saving_band import with_saving_band
-from megatron_energy.pipeline.dag import CommSpec
+from megatron_energy.pipeline.dag_nodes import CommSpec
 from megatron_energy.pipeline.profile import PROFILE_SOURCES, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, fingerprint

@@ -2,7 +2,8 @@
 
 A :class:`SimulatedGPUs` object is what ``open_gpus("simulated", ...)`` returns when no real GPU is used. The
 session, the controller and the meter call the same zeus methods on it as on real GPUs (locked clocks,
-supported clocks, cumulative energy in mJ, power in mW), so they cannot tell the two apart.
+supported clocks, cumulative energy in mJ, power in mW; each GPU a
+:class:`~megatron_energy.dvfs.simulated_gpu.SimulatedGPU`), so they cannot tell the two apart.
 
 Time does not pass on its own: the owner advances each GPU's virtual clock with :meth:`SimulatedGPUs.execute`
 (run a :class:`~megatron_energy.dvfs.model.WorkProfile` at the clock in effect) and :meth:`SimulatedGPUs.wait`
@@ -40,21 +41,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError, ZeusGPUNotSupportedError
+from zeus.device.gpu.common import GPU, GPUs, ZeusGPUInvalidArgError
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.clock_events import GPU_IDLE, SW_POWER_CAP, SW_THERMAL_SLOWDOWN
 from megatron_energy.dvfs.clock_switch import is_due, lands_at_s
 from megatron_energy.dvfs.emulation import Emulation
 from megatron_energy.dvfs.model import GpuPowerModel, WorkProfile
+from megatron_energy.dvfs.simulated_gpu import SimulatedGPU
 from megatron_energy.dvfs.simulated_nvml import SimulatedNvml
 from megatron_energy.dvfs.simulated_state import STATE_SCHEMA_VERSION, read_state, reset_state_file
 from megatron_energy.dvfs.spec import GpuSpec
 
-__all__ = ["STATE_SCHEMA_VERSION", "SimulatedGPU", "SimulatedGPUs", "read_state", "reset_state_file"]
+__all__ = ["STATE_SCHEMA_VERSION", "SimulatedGPUs", "read_state", "reset_state_file"]
 
-SIMULATED_TEMPERATURE_C = 50
-"""Constant die temperature the simulated GPUs report (the power model has no thermal state)."""
 AVERAGE_POWER_WINDOW_S = 1.0
 """Window of ``get_average_power_usage``, like NVML's 1 s average on Ampere and newer."""
 _TIME_TOLERANCE_S = 1e-12
@@ -102,96 +102,6 @@ class _GpuState:
     reset_calls: int = 0
     recent: deque[tuple[float, float]] = field(default_factory=deque, repr=False)
     """(virtual time, energy) samples covering the last ``AVERAGE_POWER_WINDOW_S``; not serialised."""
-
-
-class SimulatedGPU(GPU):
-    """One simulated GPU; every query and setter goes through its owning :class:`SimulatedGPUs`."""
-
-    def __init__(self, gpu_index: int, owner: SimulatedGPUs) -> None:
-        super().__init__(gpu_index)
-        self._owner = owner
-        self._disable_sys_admin_warning = True
-
-    @property
-    def supports_nonblocking_setters(self) -> bool:
-        """Return False: setters apply at once (in virtual time they still take the switch latency)."""
-        return False
-
-    def get_name(self) -> str:
-        """Return the modelled GPU's name, marked as simulated."""
-        return f"{self._owner.spec.display_name} (simulated)"
-
-    def get_power_management_limit_constraints(self) -> tuple[int, int]:
-        """Return the modelled power limit as both bounds (the model has one fixed limit). Units: mW."""
-        limit_mw = self.get_power_management_limit()
-        return (limit_mw, limit_mw)
-
-    def get_power_management_limit(self) -> int:
-        """Return the spec's power limit. Units: mW."""
-        return round(self._owner.spec.power_limit_w * 1000)
-
-    def set_power_management_limit(self, power_limit_mw: int, block: bool = True) -> None:
-        """Refuse: the power model has a fixed power limit."""
-        raise ZeusGPUNotSupportedError("the simulated GPU models a fixed power limit")
-
-    def reset_power_management_limit(self, block: bool = True) -> None:
-        """Do nothing: the power limit is always the default."""
-
-    def set_persistence_mode(self, enabled: bool, block: bool = True) -> None:
-        """Refuse: persistence mode is not modelled."""
-        raise ZeusGPUNotSupportedError("the simulated GPU does not model persistence mode")
-
-    def get_persistence_mode(self) -> bool:
-        """Return True (a simulated GPU never unloads)."""
-        return True
-
-    def get_supported_memory_clocks(self) -> list[int]:
-        """Return the spec's memory clocks. Units: MHz."""
-        return list(self._owner.spec.memory_clocks_mhz)
-
-    def set_memory_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int, block: bool = True) -> None:
-        """Lock the memory clock at ``max_clock_mhz`` (one of the spec's) for work and waits. Units: MHz."""
-        self._owner.lock_memory_clock(self.gpu_index, min_clock_mhz, max_clock_mhz)
-
-    def reset_memory_locked_clocks(self, block: bool = True) -> None:
-        """Return to the top (stock) memory clock."""
-        self._owner.lock_memory_clock(self.gpu_index, None, None)
-
-    def get_supported_graphics_clocks(self, memory_clock_mhz: int | None = None) -> list[int]:
-        """Return the spec's SM clocks, highest first like NVML. Units: MHz."""
-        return list(self._owner.spec.sm_clocks_mhz)
-
-    def set_gpu_locked_clocks(self, min_clock_mhz: int, max_clock_mhz: int, block: bool = True) -> None:
-        """Lock the SM clock range; the GPU runs at ``max_clock_mhz`` after the switch latency. Units: MHz."""
-        self._owner.lock_clocks(self.gpu_index, min_clock_mhz, max_clock_mhz)
-
-    def reset_gpu_locked_clocks(self, block: bool = True) -> None:
-        """Return to the default SM clock after the switch latency."""
-        self._owner.reset_clocks(self.gpu_index)
-
-    def get_average_power_usage(self) -> int:
-        """Return the average power over the last second of virtual time. Units: mW."""
-        return round(self._owner.average_power_w(self.gpu_index) * 1000)
-
-    def get_instant_power_usage(self) -> int:
-        """Return the power of the latest stretch of virtual time. Units: mW."""
-        return round(self._owner.state(self.gpu_index).power_w * 1000)
-
-    def get_average_memory_power_usage(self) -> int:
-        """Refuse: the model does not split memory power out."""
-        raise ZeusGPUNotSupportedError("the simulated GPU does not model memory power separately")
-
-    def supports_get_total_energy_consumption(self) -> bool:
-        """Return True."""
-        return True
-
-    def get_total_energy_consumption(self) -> int:
-        """Return the energy counter (it advances every ``spec.energy_counter_period_s``). Units: mJ."""
-        return math.floor(self._owner.state(self.gpu_index).counter_mj)
-
-    def get_gpu_temperature(self) -> int:
-        """Return a constant temperature. Units: Celsius."""
-        return SIMULATED_TEMPERATURE_C
 
 
 class SimulatedGPUs(GPUs):

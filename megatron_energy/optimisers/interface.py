@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from megatron_energy.dvfs.kernel_classes import ClassMix
 from megatron_energy.dvfs.model import WorkProfile
-from megatron_energy.pipeline.dag import CommSpec, IterationTail, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import CommSpec, IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.modelled_phases import LAYER_PATTERN, LayerPattern, layer_pattern
 from megatron_energy.pipeline.orders import PipelineOrders

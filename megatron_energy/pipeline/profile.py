@@ -7,37 +7,43 @@ Its ``source`` says where the figures come from: ``"measured"`` (timed and meter
 only and extrapolated the rest) or ``"simulated"`` (profiled on simulated GPUs, whose figures are the model's
 with emulated noise).
 
-CSV format (interoperable with Perseus/lowtime): columns ``stage,instruction,frequency,time,energy`` (seconds,
-joules; ``instruction`` is ``forward``, ``backward`` or, for a combined 1F1B step, ``fused+b<backward
-chunk>``), plus an optional ``chunk`` column (virtual-pipeline model chunk, 0 when absent) and an optional
-``source`` column (the provenance, the same on every row; written by :meth:`Profile.to_csv_text`, so the
-provenance travels with the file). Other columns are ignored.
+A profile reads and writes the Perseus/lowtime CSV through :mod:`megatron_energy.pipeline.profile_csv` (its
+layout and the checks on each column); :meth:`Profile.to_csv_text` writes the ``source`` column, so the
+provenance travels with the file.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 from megatron_energy.atomic import write_atomically
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.pipeline.instruction import KINDS, Work, is_fused_kind
+from megatron_energy.pipeline.profile_csv import (
+    PROFILE_SOURCES,
+    SOURCE_COLUMN,
+    ProfileCsvRow,
+    ProfileSource,
+    profile_csv_text,
+    read_profile_csv,
+)
 from megatron_energy.pipeline.workload import TransformerShape, instruction_work
 
-__all__ = ["ClockOption", "Profile", "ProfileSource", "RowWarning", "TransformerShape", "Work"]
+__all__ = [
+    "PROFILE_SOURCES",
+    "ClockOption",
+    "Profile",
+    "ProfileSource",
+    "RowWarning",
+    "TransformerShape",
+    "Work",
+]
 
-ProfileSource = Literal["measured", "modelled", "simulated"]
-PROFILE_SOURCES: tuple[str, ...] = get_args(ProfileSource)
-CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
-SOURCE_COLUMN = "source"
-"""The CSV column that states the profile's provenance."""
 ROW_WARNING_RELATIVE_TOLERANCE = 1e-9
 """How much longer (relative) a higher clock's time must be for a lower clock's row to be worth a warning:
 times equal up to floating-point rounding (a model's clock-insensitive time, a CSV round trip) are not."""
@@ -241,18 +247,24 @@ class Profile:
         except KeyError:
             raise KeyError(f"profile has no instruction {key}") from None
 
-    def to_csv_text(self) -> str:
-        """The profile as a Perseus/lowtime CSV, with ``source`` (and ``chunk`` when there are several)."""
-        with_chunk = self.num_chunks > 1
-        buffer = io.StringIO(newline="")
-        writer = csv.writer(buffer)
-        writer.writerow(CSV_COLUMNS + (("chunk",) if with_chunk else ()) + (SOURCE_COLUMN,))
+    def csv_rows(self) -> Iterator[ProfileCsvRow]:
+        """The profile's CSV rows: by (stage, chunk, kind), each instruction's clocks descending."""
         for key in self.keys():
             stage, chunk, kind = key
             for option in sorted(self._options[key], key=lambda o: -o.clock_mhz):
-                row = [stage, kind, option.clock_mhz, repr(option.time_s), repr(option.energy_j)]
-                writer.writerow(row + ([chunk] if with_chunk else []) + [self.source])
-        return buffer.getvalue()
+                yield ProfileCsvRow(
+                    stage=stage,
+                    instruction=kind,
+                    frequency=option.clock_mhz,
+                    time=option.time_s,
+                    energy=option.energy_j,
+                    chunk=chunk,
+                    source=self.source,
+                )
+
+    def to_csv_text(self) -> str:
+        """The profile as a Perseus/lowtime CSV, with ``source`` (and ``chunk`` when there are several)."""
+        return profile_csv_text(self.csv_rows(), with_chunk=self.num_chunks > 1)
 
     def to_csv(self, path: str | Path) -> None:
         """Write :meth:`to_csv_text` to ``path`` atomically."""
@@ -287,7 +299,8 @@ class Profile:
             spec = load_gpu_spec(gpu_name)
             blocked_power_w = spec.blocked_power_w if blocked_power_w is None else blocked_power_w
             idle_power_w = spec.idle_power_w if idle_power_w is None else idle_power_w
-        options, stated = _read_csv_options(Path(path))
+        table = read_profile_csv(Path(path))
+        stated = table.source
         if stated is not None and source is not None and stated != source:
             raise ValueError(f"{path} says its figures are {stated}, not {source}; drop the contrary source")
         provenance = stated or source
@@ -296,6 +309,10 @@ class Profile:
                 f"{path} does not say where its figures come from (no {SOURCE_COLUMN!r} column): give the "
                 f"source, one of {PROFILE_SOURCES} (e.g. `megatron-energy plan --profile-source measured`)"
             )
+        options: dict[Work, list[ClockOption]] = {}
+        for row in table.rows:
+            option = ClockOption(row.frequency, row.time, row.energy)
+            options.setdefault(Work(row.stage, row.chunk, row.instruction), []).append(option)
         return cls(options, gpu_name, provenance, blocked_power_w, idle_power_w)
 
     @classmethod
@@ -356,92 +373,3 @@ def _checked_options(key: Work, options: Sequence[ClockOption]) -> tuple[ClockOp
     if len(set(clocks)) != len(clocks):
         raise ValueError(f"instruction {key} lists a clock more than once: {sorted(clocks)}")
     return tuple(sorted(options, key=_sort_key))
-
-
-def _read_csv_options(path: Path) -> tuple[dict[Work, list[ClockOption]], str | None]:
-    """Parse a profile CSV: its options and its stated source (None without a ``source`` column).
-
-    Every problem raises ValueError naming ``path:line``.
-    """
-    options: dict[Work, list[ClockOption]] = {}
-    first_seen: dict[tuple[Work, int], int] = {}
-    stated: str | None = None
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames
-        if not header:
-            raise ValueError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}")
-        missing = [column for column in CSV_COLUMNS if column not in header]
-        if missing:
-            raise ValueError(f"{path}:1: missing column(s) {missing}; header is {header}")
-        for row in reader:
-            line = reader.line_num
-            where = f"{path}:{line}"
-            if None in row or any(row[column] is None for column in header):
-                raise ValueError(f"{where}: expected {len(header)} fields")
-            key = Work(
-                _parse_int(row["stage"], "stage", where),
-                _parse_int(row["chunk"], "chunk", where) if "chunk" in header else 0,
-                _parse_kind(row["instruction"], where),
-            )
-            clock = _parse_int(row["frequency"], "frequency", where)
-            if (key, clock) in first_seen:
-                raise ValueError(
-                    f"{where}: duplicate {key} at {clock} MHz (first at line {first_seen[key, clock]})"
-                )
-            first_seen[key, clock] = line
-            time_s = _parse_float(row["time"], "time", where)
-            energy_j = _parse_float(row["energy"], "energy", where)
-            try:
-                option = ClockOption(clock, time_s, energy_j)
-            except ValueError as error:
-                raise ValueError(f"{where}: {error}") from error
-            options.setdefault(key, []).append(option)
-            if SOURCE_COLUMN in header:
-                stated = _parse_source(row[SOURCE_COLUMN], stated, where)
-    if not options:
-        raise ValueError(f"{path}: no data rows")
-    return options, stated
-
-
-def _parse_source(text: str, stated: str | None, where: str) -> str:
-    """One row's source: a known provenance, the same as the rows before it."""
-    source = text.strip()
-    if source not in PROFILE_SOURCES:
-        raise ValueError(f"{where}: source {text!r} is not one of {PROFILE_SOURCES}")
-    if stated is not None and source != stated:
-        raise ValueError(f"{where}: source {source!r} differs from the rows before ({stated!r})")
-    return source
-
-
-def _parse_int(text: str, column: str, where: str) -> int:
-    """Parse a non-negative integer cell."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError(f"{where}: column {column!r}: expected an integer, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"{where}: column {column!r}: must not be negative, got {value}")
-    return value
-
-
-def _parse_float(text: str, column: str, where: str) -> float:
-    """Parse a finite number cell."""
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError(f"{where}: column {column!r}: expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: column {column!r}: must be finite, got {text!r}")
-    return value
-
-
-def _parse_kind(text: str, where: str) -> str:
-    """Parse the instruction column."""
-    kind = text.strip()
-    if kind not in KINDS and not is_fused_kind(kind):
-        raise ValueError(
-            f"{where}: column 'instruction': expected 'forward', 'backward' or a fused step's "
-            f"'fused+b<chunk>', got {text!r}"
-        )
-    return kind

@@ -1,9 +1,10 @@
 """Simulate one iteration with collectives as first-class work beside computation (*modelled*).
 
 The pipeline DAG (:class:`~megatron_energy.pipeline.dag.PipelineDag`) gives the instructions, transfers and
-tail; an :class:`OverlapSchedule` adds the collectives of each stage, each a :class:`CommLaunch` on the
-stage's collective stream (one stream per stage: launches run one after another, in the order they are
-reached). A launch is anchored:
+tail; an :class:`~megatron_energy.sim.overlap_schedule.OverlapSchedule` adds the collectives of each stage,
+each a :class:`~megatron_energy.sim.overlap_schedule.CommLaunch` on the stage's collective stream
+(:class:`~megatron_energy.sim.collective_stream.CollectiveStream`, one per stage: launches run one after
+another, in the order they are reached). A launch is anchored:
 
 * ``"compute"``: at a fraction of an instruction's work (a layer boundary; 1.0 = the instruction's end);
 * ``"prefetch"``: at the iteration start, before instruction ``waits_before`` may start (parameter
@@ -37,12 +38,13 @@ with the phases of a stage partitioning ``[0, T]``:
   energy; its dynamic part is that minus ``P_idle`` x its time);
 * ``idle``: after the stage's tail until the iteration ends (idle power: no dynamic energy).
 
-**Tensor-parallel collectives** run inside every instruction (:class:`InlineComm`): the profile's time of
-an instruction includes ``profiled_s`` of them, exposed, at idle power (as the workload model prices fixed
-time); the schedule replaces that with ``comm_s`` at its budget, exposed or (``overlapped``, TE userbuffers)
-beside the instruction's compute, which then runs at the contention rate until either finishes. A stage's
-collective stream (data-parallel buckets) is modelled as if the tensor-parallel collectives were not there
-(they use another communicator; their SMs are not subtracted twice).
+**Tensor-parallel collectives** run inside every instruction
+(:class:`~megatron_energy.sim.overlap_schedule.InlineComm`): the profile's time of an instruction includes
+``profiled_s`` of them, exposed, at idle power (as the workload model prices fixed time); the schedule
+replaces that with ``comm_s`` at its budget, exposed or (``overlapped``, TE userbuffers) beside the
+instruction's compute, which then runs at the contention rate until either finishes. A stage's collective
+stream (data-parallel buckets) is modelled as if the tensor-parallel collectives were not there (they use
+another communicator; their SMs are not subtracted twice).
 
 So ``static_j + dynamic_j`` is the stage's total energy, and a stage's phase times add up to ``T``. PP
 transfers take the schedule's per-stage durations (CTA budget) but their SM share and power are neglected
@@ -53,219 +55,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
-from megatron_energy.pipeline.dag import PipelineDag, TailStep, Transfer
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import TailStep, Transfer
 from megatron_energy.pipeline.instruction import Instruction, Work
+from megatron_energy.sim.collective_stream import CollectiveStream
 from megatron_energy.sim.contention import CommLoad, ContentionModel, OverlapState
-from megatron_energy.sim.simulator import ProfileLike, SimResult, SimulatedStage, Slice
-
-PHASES: tuple[str, ...] = ("compute", "overlap", "comm", "blocked", "tail", "idle")
-"""The phases of a stage's iteration, in the order reports list them."""
-
-Anchor = Literal["compute", "prefetch", "after_optimizer"]
-
-
-@dataclass(frozen=True)
-class CommLaunch:
-    """One launch of a collective on a stage's collective stream.
-
-    Attributes:
-        name: What the launch is called in messages and traces (a collective's dotted name,
-            ``str(CollectiveName)``; a benchmark's copy); never read back.
-        stage: Pipeline stage.
-        traffic_bytes: Bytes the GPU sends.
-        load: Its CTA budget and link.
-        anchor: Where it launches (module docstring).
-        instruction: ``"compute"``: the instruction it launches in; ``"prefetch"``: the instruction that
-            waits for it; ``None`` for ``"after_optimizer"``.
-        fraction: ``"compute"``: the share of the instruction's work done at launch (0..1).
-    """
-
-    name: str
-    stage: int
-    traffic_bytes: float
-    load: CommLoad
-    anchor: Anchor
-    instruction: Instruction | None = None
-    fraction: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.anchor != "after_optimizer" and self.instruction is None:
-            raise EnergyValueError(f"launch {self.name}: anchor {self.anchor!r} needs an instruction")
-        if not 0.0 <= self.fraction <= 1.0:
-            raise EnergyValueError(f"launch {self.name}: fraction must lie in [0, 1], got {self.fraction}")
-
-    @property
-    def duration_s(self) -> float:
-        """Its time alone (at the maximum SM clock)."""
-        return self.load.duration_s(self.traffic_bytes)
-
-
-@dataclass(frozen=True)
-class InlinePart:
-    """One tensor-parallel class's collectives inside an instruction.
-
-    Attributes:
-        comm_s: Their time per instruction at the schedule's budget, alone.
-        load: Their CTA budget and link.
-        overlapped: Beside the instruction's compute (TE userbuffers) rather than exposed.
-    """
-
-    comm_s: float
-    load: CommLoad
-    overlapped: bool = False
-
-
-@dataclass(frozen=True)
-class InlineComm:
-    """Tensor-parallel collectives inside every instruction of one ``Work`` (module docstring).
-
-    Attributes:
-        parts: One per tensor-parallel class, in the order they run.
-        profiled_s: Their time already inside the profile's instruction time (exposed, at idle power).
-    """
-
-    parts: tuple[InlinePart, ...]
-    profiled_s: float
-
-
-@dataclass(frozen=True)
-class OverlapSchedule:
-    """What the collectives of an iteration do (module docstring).
-
-    Attributes:
-        launches: Every launch, in each stage's launch order for launches reached at the same moment.
-        transfer_s: Duration of a pipeline transfer sent by each stage; the DAG's own when absent.
-        inline: Tensor-parallel collectives inside the instructions of each ``Work``; as profiled when absent.
-    """
-
-    launches: tuple[CommLaunch, ...] = ()
-    transfer_s: Mapping[int, float] = field(default_factory=dict)
-    inline: Mapping[Work, InlineComm] = field(default_factory=dict)
-
-
-class PhaseEnergy(NamedTuple):
-    """Time and energy of one phase of one stage (modelled)."""
-
-    phase: str
-    """One of :data:`PHASES`."""
-    time_s: float
-    """Seconds of the iteration in this phase."""
-    static_j: float
-    """``P_idle`` x ``time_s``."""
-    dynamic_j: float
-    """Energy above ``P_idle`` over those seconds."""
-
-
-class CommSlice(NamedTuple):
-    """One collective's interval on a stage's collective stream (modelled)."""
-
-    stage: int
-    """Pipeline stage."""
-    name: str
-    """Collective name."""
-    start_s: float
-    """Start."""
-    end_s: float
-    """End."""
-    ctas: int
-    """CTA budget."""
-    overlapped_s: float
-    """Seconds of it beside compute."""
-
-
-@dataclass(frozen=True)
-class StageOverlapEnergy:
-    """One stage GPU over one iteration: its phases (modelled)."""
-
-    stage: int
-    phases: tuple[PhaseEnergy, ...]
-    """One per :data:`PHASES` entry, in that order."""
-
-    def phase(self, name: str) -> PhaseEnergy:
-        """The phase called ``name``."""
-        return self.phases[PHASES.index(name)]
-
-    @property
-    def static_j(self) -> float:
-        """Static energy of the stage GPU (``P_idle`` x iteration time)."""
-        return sum(p.static_j for p in self.phases)
-
-    @property
-    def dynamic_j(self) -> float:
-        """Dynamic energy of the stage GPU."""
-        return sum(p.dynamic_j for p in self.phases)
-
-    @property
-    def total_j(self) -> float:
-        """Static plus dynamic."""
-        return self.static_j + self.dynamic_j
-
-
-@dataclass(frozen=True)
-class OverlapResult:
-    """A simulated iteration with collectives (modelled).
-
-    Attributes:
-        iteration_time_s: The iteration time.
-        stages: Per stage GPU, its phases.
-        timeline: Compute, transfer and tail slices (compute slices carry their energy).
-        comm: Collective slices per stage stream.
-        gpu_name: GPU spec name.
-        profile_source: Where the instruction figures came from.
-    """
-
-    iteration_time_s: float
-    stages: tuple[StageOverlapEnergy, ...]
-    timeline: tuple[Slice, ...]
-    comm: tuple[CommSlice, ...]
-    gpu_name: str
-    profile_source: str
-
-    @property
-    def total_energy_j(self) -> float:
-        """Energy of one pipeline (one GPU per stage)."""
-        return sum(stage.total_j for stage in self.stages)
-
-    @property
-    def static_j(self) -> float:
-        """Static energy of one pipeline."""
-        return sum(stage.static_j for stage in self.stages)
-
-    @property
-    def dynamic_j(self) -> float:
-        """Dynamic energy of one pipeline."""
-        return sum(stage.dynamic_j for stage in self.stages)
-
-    def as_sim_result(self) -> SimResult:
-        """The same iteration in the plain simulator's terms (busy = compute + overlap, blocked + comm)."""
-        stages = []
-        for stage in self.stages:
-            part = {p.phase: p for p in stage.phases}
-
-            def energy(*names: str, part: dict[str, PhaseEnergy] = part) -> float:
-                return sum(part[n].static_j + part[n].dynamic_j for n in names)
-
-            stages.append(
-                SimulatedStage(
-                    stage=stage.stage,
-                    busy_s=part["compute"].time_s + part["overlap"].time_s,
-                    blocked_s=part["blocked"].time_s + part["comm"].time_s,
-                    idle_s=part["idle"].time_s,
-                    busy_energy_j=energy("compute", "overlap"),
-                    blocked_energy_j=energy("blocked", "comm"),
-                    idle_energy_j=energy("idle"),
-                    tail_s=part["tail"].time_s,
-                    tail_energy_j=energy("tail"),
-                )
-            )
-        return SimResult(
-            self.iteration_time_s, stages, list(self.timeline), self.gpu_name, self.profile_source
-        )
+from megatron_energy.sim.overlap_result import (
+    PHASES,
+    CommSlice,
+    OverlapResult,
+    PhaseEnergy,
+    StageOverlapEnergy,
+)
+from megatron_energy.sim.overlap_schedule import CommLaunch, InlineComm, OverlapSchedule
+from megatron_energy.sim.simulator import ProfileLike, Slice
 
 
 class _Pieces(NamedTuple):
@@ -289,95 +96,6 @@ def _emit(
             cursor += b - a
         offset += seconds
     return energy
-
-
-class _Stream:
-    """One stage's collective stream: launches run one after another, each ending once its bytes are done.
-
-    ``now_s`` is the time up to which progress is settled; the caller advances it (:meth:`advance`) over
-    intervals in which whether compute runs beside is constant.
-    """
-
-    def __init__(self) -> None:
-        self.now_s = 0.0
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-        self.launches: list[CommLaunch] = []
-        self.overlapped: list[float] = []
-        self._latency_left_s = 0.0
-        self._bytes_left = 0.0
-
-    @property
-    def head(self) -> int | None:
-        """Index of the launch running at ``now_s`` (None when the stream is empty)."""
-        return len(self.ends) if len(self.ends) < len(self.launches) else None
-
-    @property
-    def free_s(self) -> float:
-        """End of its last launch (0 without launches); settled once :meth:`drain` ran."""
-        return self.ends[-1] if self.ends else 0.0
-
-    def push(self, launch: CommLaunch, at_s: float) -> None:
-        """Launch at ``at_s`` (progress is settled alone up to it); it starts once the launches before end."""
-        self.advance(at_s, beside=False)
-        self.launches.append(launch)
-        self.overlapped.append(0.0)
-        if self.head == len(self.launches) - 1:
-            self._start(self.now_s)
-
-    def left_s(self, beside: bool) -> float:
-        """Time the running launch needs to end, beside compute or not (inf when none)."""
-        head = self.head
-        if head is None:
-            return math.inf
-        rate = self.launches[head].load.rate_gbps(beside) * 1e9
-        return self._latency_left_s + self._bytes_left / rate
-
-    def advance(self, until_s: float, beside: bool) -> None:
-        """Settle progress up to ``until_s``, beside compute or not.
-
-        A launch that ends on the way lets the next one start then, in the same state.
-        """
-        while True:
-            head = self.head
-            if head is None:
-                self.now_s = max(self.now_s, until_s)
-                return
-            left = self.left_s(beside)
-            end_s = self.now_s + left
-            if end_s <= until_s or math.isclose(end_s, until_s, rel_tol=1e-12):  # it ends; the next starts
-                self.overlapped[head] += left if beside else 0.0
-                self.now_s = end_s
-                self.ends.append(end_s)
-                if self.head is not None:
-                    self._start(self.now_s)
-                continue
-            step = until_s - self.now_s
-            if step <= 0:
-                return
-            self.overlapped[head] += step if beside else 0.0
-            latency = min(step, self._latency_left_s)
-            self._latency_left_s -= latency
-            rate = self.launches[head].load.rate_gbps(beside) * 1e9
-            self._bytes_left = max(0.0, self._bytes_left - (step - latency) * rate)
-            self.now_s = until_s
-            return
-
-    def finish(self, index: int) -> float:
-        """End of launch ``index``, settling progress alone (no compute beside) until it is done."""
-        while len(self.ends) <= index:
-            self.advance(self.now_s + self.left_s(beside=False), beside=False)
-        return self.ends[index]
-
-    def drain(self) -> float:
-        """Settle every launch alone; the end of the last (or ``now_s`` when there are none)."""
-        return self.finish(len(self.launches) - 1) if self.launches else self.now_s
-
-    def _start(self, at_s: float) -> None:
-        launch = self.launches[len(self.starts)]
-        self.starts.append(at_s)
-        self._latency_left_s = launch.load.latency_s
-        self._bytes_left = launch.traffic_bytes
 
 
 class OverlapSimulator:
@@ -413,7 +131,7 @@ class OverlapSimulator:
         """
         dag, spec = self.dag, self.spec
         clocks = clocks or {}
-        streams = [_Stream() for _ in range(dag.num_stages)]
+        streams = [CollectiveStream() for _ in range(dag.num_stages)]
         in_node: dict[Instruction, list[CommLaunch]] = {}
         waits: dict[Instruction, list[int]] = {}
         after_optimizer: list[list[CommLaunch]] = [[] for _ in range(dag.num_stages)]
@@ -569,7 +287,7 @@ class OverlapSimulator:
         clock: int,
         begin: float,
         launches: Sequence[CommLaunch],
-        streams: list[_Stream],
+        streams: list[CollectiveStream],
         segments: list[list[tuple[float, float, str, float]]],
         pieces: _Pieces,
     ) -> tuple[float, float]:
@@ -620,7 +338,7 @@ class OverlapSimulator:
         stage: int,
         iteration_s: float,
         segments: list[tuple[float, float, str, float]],
-        stream: _Stream,
+        stream: CollectiveStream,
         tail_fixed_s: float,
         tail_energy_j: float,
         end: list[float],

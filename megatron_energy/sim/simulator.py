@@ -9,8 +9,8 @@ frontier solver shares:
 * **blocked** -- time from the iteration start to the end of the stage's last compute node during which it
   computes nothing (waiting for activations or gradients, before its first instruction), at
   ``blocked_power_w``;
-* **tail** -- the DAG's iteration tail (:class:`~megatron_energy.pipeline.dag.IterationTail`), which starts
-  when the stage's last compute node ends: a *measured* tail (the session's profiling: gradient sync,
+* **tail** -- the DAG's iteration tail (:class:`~megatron_energy.pipeline.dag_nodes.IterationTail`), which
+  starts when the stage's last compute node ends: a *measured* tail (the session's profiling: gradient sync,
   optimizer step, data loading, logging, measured as one span) counts exactly the energy measured on the
   stage's GPU over it, nothing else; a *modelled* tail (gradient sync and optimizer step of a job
   description) counts its time at ``idle_power_w``;
@@ -50,7 +50,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from megatron_energy.pipeline.dag import NodeId, PipelineDag
+from megatron_energy.pipeline.dag import PipelineDag
+from megatron_energy.pipeline.dag_nodes import NodeId
 from megatron_energy.pipeline.instruction import StepKey, Work
 from megatron_energy.sim.switching_pass import (
     Option,

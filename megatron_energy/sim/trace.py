@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from megatron_energy.pipeline.dag import Transfer
+from megatron_energy.pipeline.dag_nodes import Transfer
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction
-from megatron_energy.sim.overlap import CommSlice
+from megatron_energy.sim.overlap_result import CommSlice
 from megatron_energy.sim.power_timeline import stage_power_traces
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 

@@ -1,9 +1,9 @@
 """Choices per (stage, collective class) and what they mean: the overlap simulation and the plan's actions.
 
-A :class:`ClassChoice` is what the search picks for one collective class on one pipeline rank: a CTA budget,
-a launch point and a clock offset for the instructions the class overlaps. :class:`KareusModel` turns a set of
-choices (plus the base plan's clocks) into an :class:`~megatron_energy.sim.overlap.OverlapSchedule`, simulates
-it (*modelled*), and writes the rank's :class:`~megatron_energy.plan.CollectiveAction` list.
+A :class:`ClassChoice` is what the search picks for one collective class on one pipeline rank: a CTA budget, a
+launch point and a clock offset for the instructions the class overlaps. :class:`KareusModel` turns a set of
+choices (plus the base plan's clocks) into an :class:`~megatron_energy.sim.overlap_schedule.OverlapSchedule`,
+simulates it (*modelled*), and writes the rank's :class:`~megatron_energy.plan.CollectiveAction` list.
 
 Launch choice per class (``ClassChoice.launch``):
 
@@ -36,14 +36,9 @@ from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Instruction, Work
 from megatron_energy.plan import Boundary, CollectiveAction
 from megatron_energy.sim.contention import CommLoad
-from megatron_energy.sim.overlap import (
-    CommLaunch,
-    InlineComm,
-    InlinePart,
-    OverlapResult,
-    OverlapSchedule,
-    OverlapSimulator,
-)
+from megatron_energy.sim.overlap import OverlapSimulator
+from megatron_energy.sim.overlap_result import OverlapResult
+from megatron_energy.sim.overlap_schedule import CommLaunch, InlineComm, InlinePart, OverlapSchedule
 from megatron_energy.sim.simulator import ProfileLike
 
 CLOCK_STEP_MHZ = 60

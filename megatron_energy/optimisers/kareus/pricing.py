@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from megatron_energy.optimisers.kareus.choices import ChoiceKey, ClassChoice, KareusModel
 from megatron_energy.pipeline.instruction import Instruction
-from megatron_energy.sim.overlap import StageOverlapEnergy
+from megatron_energy.sim.overlap_result import StageOverlapEnergy
 from megatron_energy.sim.simulator import Simulator
 
 

@@ -27,12 +27,9 @@ from collections.abc import Callable
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.log import log_single_rank
-from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
 from megatron_energy.plan import Plan
-from megatron_energy.plan_file import read_plan
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
@@ -41,27 +38,19 @@ from megatron_energy.runtime.control_plane.group_chain import (
     broadcast_from_root,
     gather_replica,
     in_planning_replica,
-    reduce_everywhere,
 )
 from megatron_energy.runtime.control_plane.staged_exchange import StagedExchange, any_rank_stages
 from megatron_energy.runtime.parts import Controller
+from megatron_energy.runtime.planning_round.adoption import adopt_everywhere
 from megatron_energy.runtime.planning_round.cache import JobCache
-from megatron_energy.runtime.planning_round.planner_process import PlannerInput
+from megatron_energy.runtime.planning_round.planner_input import planner_input
 from megatron_energy.runtime.planning_round.planning import (
     Fallback,
     PlanRelease,
-    baseline_from_profiling,
     load_release,
-    plan_summary,
-    profile_from_rows,
     store_release,
-    tail_from_profiling,
-    tail_phases_from_profiling,
 )
-from megatron_energy.runtime.planning_round.replanning import planning_job
-from megatron_energy.runtime.profiling.collector import ProfileCollector, ProfileRow, StepRecord, merge_rows
-from megatron_energy.runtime.profiling.extrapolation import extrapolate_rows
-from megatron_energy.runtime.profiling.job_stock import JobStock
+from megatron_energy.runtime.profiling.collector import ProfileCollector, ProfileRow, StepRecord
 from megatron_energy.runtime.profiling.kernel_timeline import (
     KernelTimeline,
     PendingTimelines,
@@ -71,9 +60,7 @@ from megatron_energy.runtime.profiling.kernel_timeline import (
     merge_timelines,
     timelines_line,
 )
-from megatron_energy.runtime.profiling.measured_inputs import MeasuredInputs
 from megatron_energy.runtime.profiling.replica_profile import ReplicaProfile, StageProfile, replica_profile
-from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.sim.power_floor import modelled_floor_problem
@@ -385,7 +372,22 @@ class PlanningRound:
             clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
             logger.info(f"[energy] {timelines_line(timelines, self.timer_source, clocks)}")
         try:
-            return ChildProcess(self._planner_input(profiles, replica.stock, timelines))
+            job_input = planner_input(
+                self.config,
+                self.context,
+                self.spec,
+                self.cache.fingerprint,
+                self.optimiser.request,
+                profiles,
+                replica.stock,
+                timelines,
+                self._buckets,
+                can_set_clocks=self.can_set_clocks,
+                grid_mhz=self.grid_mhz,
+                profile_source=self.profile_source,
+                timer_source=self.timer_source,
+            )
+            return ChildProcess(job_input)
         except Exception as problem:  # planning must never break the training step
             return Fallback(f"planning failed: {type(problem).__name__}: {problem}")
 
@@ -413,35 +415,6 @@ class PlanningRound:
                     "profile, and a slower replica is followed as a straggler"
                 )
 
-    def _planner_input(
-        self, profiles: list[StageProfile], stock: JobStock, timelines: Timelines
-    ) -> PlannerInput:
-        """What the planner process plans from; its optimiser is built from ``--energy-mode`` again."""
-        gathered = [(profile.rows, profile.steps) for profile in profiles]
-        rows = [rank_rows for rank_rows, _ in gathered]
-        if not self.can_set_clocks:
-            mixes = self.context.compute_mixes(self.spec)
-            rows = [extrapolate_rows(rank_rows, self.spec, self.grid_mhz, mixes) for rank_rows in rows]
-        profile = profile_from_rows(
-            merge_rows(rows),
-            gpu_name=self.spec.name,
-            source=self.profile_source,
-            blocked_power_w=self.spec.blocked_power_w,
-            idle_power_w=self.spec.idle_power_w,
-        )
-        request = self.optimiser.request
-        measured = MeasuredInputs(
-            request,
-            tail_from_profiling(gathered),
-            tail_phases_from_profiling(gathered),
-            timelines or None,
-            self._buckets,
-        )
-        job = planning_job(self.config, self.context, self.spec, self.cache.fingerprint, request, measured)
-        ranks = [profile.global_rank for profile in profiles]
-        baseline = baseline_from_profiling(gathered, ranks, stock, source=self.timer_source)
-        return PlannerInput(self.config.mode, registry.registered(), profile, job, baseline)
-
     def _gather_buckets(self) -> tuple[MeasuredBucket, ...] | None:
         """Every pipeline rank's measured DDP bucket layout (one all-gather over the pipeline), or ``None``.
 
@@ -459,37 +432,16 @@ class PlanningRound:
     # -------------------------------------------------------------------------------------- decisions
 
     def _adopt_everywhere(self, release: PlanRelease) -> bool:
-        """Every rank parses the same plan text; all run it only if every rank could (one small reduction)."""
-        try:
-            plan = read_plan(
-                release.plan_text, source="the broadcast plan", expected_fingerprint=self.cache.fingerprint
-            )
-            runner = PlanRunner(
-                plan, self.context.pipeline_rank, self.context.orders.steps(self.context.pipeline_rank)
-            )
-            problem = None
-        except Exception as error:  # agreed on below, never raised into the step
-            problem = error
-            logger.info(f"[energy] rank {self.context.global_rank}: cannot run the plan: {error}")
-        (failed_anywhere,) = reduce_everywhere(self.comms, [0.0 if problem is None else 1.0])
-        if failed_anywhere:
-            return False
-        log_single_rank(logger, self.context.global_rank, plan_summary(plan, release.plan_text))
-        hooks = runner.hook_report(inside_switched=self.state.phase_switcher is not None)
-        if hooks is not None and self.context.full_iteration_graph:
-            hooks += (
-                " (a replayed graph runs no hook inside it: these clocks, but the optimizer step's, go out "
-                "by time from the replay's start, the gradient sync's at the last instruction's end)"
-            )
-        if hooks is not None and self.context.data_parallel_rank == 0:
-            logger.info(f"[energy] rank {self.context.global_rank}: {hooks}")
-        self.state.plan = plan
-        self.state.baseline = release.baseline
-        self.state.run(runner)
-        self.controller.set_memory_clock(plan.memory_clock_for(self.context.pipeline_rank))
-        self.state.phase = SessionPhase.PLANNED
-        self.on_adopted(plan)
-        return True
+        """Every rank adopts ``release``, or none does (``planning_round.adoption``)."""
+        return adopt_everywhere(
+            release,
+            fingerprint=self.cache.fingerprint,
+            context=self.context,
+            comms=self.comms,
+            state=self.state,
+            controller=self.controller,
+            on_adopted=self.on_adopted,
+        )
 
     def fall_back(self, decision: Fallback | str, once: bool = False) -> None:
         """Run the rest of the job at stock clocks; every rank comes here together.

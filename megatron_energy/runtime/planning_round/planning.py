@@ -27,7 +27,7 @@ from megatron_energy.events import OUTSIDE_PHASES
 from megatron_energy.optimisers.interface import Optimiser, PlanningJob, ProfileRequest
 from megatron_energy.optimisers.memory_clock import MemoryClockLever
 from megatron_energy.optimisers.saving_band import with_saving_band
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan

@@ -22,7 +22,7 @@ from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.energy_dir import MEASURED
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.pipeline.collectives import MeasuredBucket
-from megatron_energy.pipeline.dag import IterationTail
+from megatron_energy.pipeline.dag_nodes import IterationTail
 from megatron_energy.pipeline.instruction import Work
 
 
