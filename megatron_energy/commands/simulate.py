@@ -31,6 +31,7 @@ from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import banded_text, change_text, energy_change, run_band
+from megatron_energy.plan_smoothing import smoothing_cost_text
 from megatron_energy.report.console import output_console
 from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
 from megatron_energy.sim.simulator import SimResult, Simulator
@@ -149,13 +150,21 @@ def run(args: argparse.Namespace) -> int:
             f"{1e3 * plan.switch_latency_s:g} ms clock switches)"
         )
         time_change = planned.iteration_time_s / baseline.iteration_time_s - 1
-        saving = energy_change(baseline.total_energy_j, planned.total_energy_j)
+        filler_j = 0.0 if plan.smoothing is None else plan.smoothing.filler_j
+        saving = energy_change(baseline.total_energy_j, planned.total_energy_j + filler_j)
         console.print(
             f"versus every instruction at its fastest clock ({baseline.iteration_time_s:.4f} s, "
             f"{baseline.total_energy_j:,.1f} J): time {change_text(time_change)}, energy "
             f"{banded_text(saving, run_band(plan, saving))} ({label}; a band is the plan file's, around "
             "this figure)"
         )
+        if plan.smoothing is not None:
+            console.print(
+                f"with the plan's filler ({filler_j:,.1f} J, in the energy change above): "
+                + smoothing_cost_text(
+                    plan.smoothing, planned.total_energy_j + filler_j, baseline.total_energy_j
+                )
+            )
     if args.trace:
         path = write_trace(result, simulator.powers, args.trace)
         console.print(f"trace written to {path} (open in https://ui.perfetto.dev; {label})")

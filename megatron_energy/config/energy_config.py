@@ -19,6 +19,7 @@ from megatron_energy.config.checks import (
     fraction_problem,
     power_floor_problem,
     power_target_problem,
+    smooth_target_problem,
     whole_number_problem,
 )
 from megatron_energy.config.flag import FLAG, EnergyFlag, flag_dest
@@ -376,6 +377,7 @@ def _planning_problems(mode: str, target: EnergyTarget, spec_name: str | None) -
     found = (
         mode_problem(mode),
         power_target_problem(mode, str(target)),
+        smooth_target_problem(mode, target.kind, str(target)),
         _power_floor_problem(target, spec_name),
     )
     return [problem for problem in found if problem is not None]
