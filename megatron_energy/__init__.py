@@ -29,9 +29,10 @@ command layer imports a concrete optimiser):
    Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator, each GPU's
-   modelled power over an iteration and the power floor), ``plan`` (Plan v3, the one executable contract),
-   ``target`` (``--energy-target`` and its one deadline rule), ``dvfs.model`` and the calibration's pure side
-   (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it makes, ``dvfs.calibrated_spec``).
+   modelled power over an iteration, the whole job's power at scale and the power floor), ``plan`` (Plan v3,
+   the one executable contract), ``target`` (``--energy-target`` and its one deadline rule), ``dvfs.model``
+   and the calibration's pure side (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it
+   makes, ``dvfs.calibrated_spec``).
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
    ``stats``, ``power_swing`` (power over time; the swing, ramps and band energy grid operators bound),
    ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec``,

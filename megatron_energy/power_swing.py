@@ -78,17 +78,26 @@ class PowerTrace:
         cumulative = np.concatenate(([0.0], np.cumsum(np.diff(self.edges_s) * self.power_w)))
         return np.interp(times_s, self.edges_s, cumulative)
 
-    def binned(self, resolution_s: float) -> PowerTrace:
-        """The mean power over consecutive bins of ``resolution_s`` (a last partial bin is dropped)."""
+    def binned(self, resolution_s: float, keep_partial: bool = False) -> PowerTrace:
+        """The mean power over consecutive bins of ``resolution_s``.
+
+        Args:
+            resolution_s: Bin width.
+            keep_partial: Keep a last, shorter bin where the trace ends inside one, so the bins cover the
+                whole trace (and keep its energy); by default it is dropped.
+        """
         if not resolution_s > 0:
             raise EnergyValueError(f"resolution must be positive, got {resolution_s!r} s")
-        count = int(self.duration_s / resolution_s + 1e-9)
+        whole = int(self.duration_s / resolution_s + 1e-9)
+        count = int(np.ceil(self.duration_s / resolution_s - 1e-6)) if keep_partial else whole
         if count < 1:
             raise EnergyValueError(
                 f"a trace of {self.duration_s:g} s is shorter than one {resolution_s:g} s bin"
             )
         edges = self.edges_s[0] + resolution_s * np.arange(count + 1)
-        return PowerTrace(edges, np.diff(self.energy_until(edges)) / resolution_s, self.source)
+        if keep_partial:
+            edges[-1] = self.edges_s[-1]
+        return PowerTrace(edges, np.diff(self.energy_until(edges)) / np.diff(edges), self.source)
 
     def tiled(self, count: int) -> PowerTrace:
         """The trace repeated ``count`` times back to back (one iteration made into several)."""
@@ -96,16 +105,22 @@ class PowerTrace:
         edges = self.edges_s[0] + np.concatenate(([0.0], np.cumsum(np.tile(steps, count))))
         return PowerTrace(edges, np.tile(self.power_w, count), self.source)
 
+    def scaled(self, factor: float) -> PowerTrace:
+        """The trace with every power multiplied by ``factor`` (``factor`` GPUs drawing alike)."""
+        return PowerTrace(self.edges_s, self.power_w * factor, self.source)
+
     def shifted(self, offset_s: float) -> PowerTrace:
         """The trace as a periodic one started ``offset_s`` later: its end wraps round to its start."""
         start, period = float(self.edges_s[0]), self.duration_s
         offset = offset_s % period
-        cut = float(self.edges_s[-1]) - offset
-        points = np.concatenate((self.edges_s, [cut]))
-        points = np.sort(points)
-        points = points[np.concatenate(([True], np.diff(points) > 1e-12 * max(1.0, period)))]
-        if len(points) < 2 or offset < 1e-12 * max(1.0, period):
+        tolerance = 1e-12 * max(1.0, period)
+        if offset < tolerance or period - offset < tolerance:
             return self
+        cut = float(self.edges_s[-1]) - offset
+        # an edge a rounding away from the cut is the cut, or it would wrap to the wrong end
+        snapped = np.where(np.abs(self.edges_s - cut) <= tolerance, cut, self.edges_s)
+        points = np.sort(np.concatenate((snapped, [cut])))
+        points = points[np.concatenate(([True], np.diff(points) > tolerance))]
         starts = points[:-1]
         middles = 0.5 * (starts + points[1:])
         powers = self.power_w[np.searchsorted(self.edges_s, middles, side="right") - 1]
@@ -184,10 +199,19 @@ def swing_figures(
     )
 
 
+def floored(trace: PowerTrace, floor_w: float, resolution_s: float = DEFAULT_RESOLUTION_S) -> PowerTrace:
+    """``trace`` read in bins of ``resolution_s`` (all of it), filler holding each at ``floor_w`` or above."""
+    bins = trace.binned(resolution_s, keep_partial=True)
+    return PowerTrace(bins.edges_s, np.maximum(bins.power_w, floor_w), trace.source)
+
+
 def floor_energy_j(trace: PowerTrace, floor_w: float, resolution_s: float = DEFAULT_RESOLUTION_S) -> float:
-    """What a filler spends to hold ``trace`` at ``floor_w`` or above: ∫ max(0, floor − P) dt, binned."""
-    bins = trace.binned(resolution_s).power_w
-    return float(np.clip(floor_w - bins, 0.0, None).sum() * resolution_s)
+    """What a filler spends to hold ``trace`` at ``floor_w`` or above: ∫ max(0, floor − P) dt, binned.
+
+    The bins cover the whole trace (:func:`floored`'s, a last one shorter where the trace ends inside it).
+    """
+    bins = trace.binned(resolution_s, keep_partial=True)
+    return float(np.dot(np.diff(bins.edges_s), np.clip(floor_w - bins.power_w, 0.0, None)))
 
 
 def summed(traces: list[PowerTrace]) -> PowerTrace:

@@ -54,6 +54,9 @@ def test_shifting_rotates_a_periodic_trace_and_summing_adds_power():
     assert shifted.edges_s.tolist() == pytest.approx([0.0, 0.2, 0.5, 1.0])
     assert shifted.power_w.tolist() == [600.0, 300.0, 600.0]
     assert shifted.energy_j == pytest.approx(SQUARE.energy_j) and SQUARE.shifted(1.0) is SQUARE
+    onto_an_edge = SQUARE.shifted(0.7)  # 1.0 - 0.7 rounds a hair above the edge at 0.3
+    assert onto_an_edge.edges_s.tolist() == pytest.approx([0.0, 0.7, 1.0])
+    assert onto_an_edge.power_w.tolist() == [600.0, 300.0]
     job = summed([SQUARE, SQUARE.shifted(0.5)])
     assert job.power_w.tolist() == pytest.approx([900.0, 1200.0, 900.0, 1200.0])
     assert job.energy_j == pytest.approx(2 * SQUARE.energy_j)
