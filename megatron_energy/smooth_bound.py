@@ -3,8 +3,9 @@
 ``--energy-target smooth:floor=0.8,ramp=3000,job-ramp=5e6@16384,slowdown=0.05`` reads, every key optional
 but at least one bound:
 
-- ``floor=F`` (0 < F <= 1): no GPU's binned power below ``F`` times that GPU's peak bin over the iteration
-  (the form of GB200's firmware power floor, a share of the peak);
+- ``floor=F`` (0 < F <= 1): no GPU's binned power below ``F`` times the iteration's peak, the highest bin of
+  the busiest GPU (a share of the peak, as GB200's firmware power floor and ``sim.swing_cases``' filler floor
+  hold it);
 - ``ramp=R``: no GPU's power rises or falls faster than ``R`` W/s between adjacent bins;
 - ``job-ramp=J@N``: the job's power, ``N`` GPUs with their data-parallel replicas in phase (the worst case),
   rises or falls no faster than ``J`` W/s (``5e6@16384``: 5 MW/s at 16k GPUs);
@@ -37,7 +38,7 @@ class SmoothBound:
     """A bound on a job's power swing (see the module docstring); at least one of the three is set."""
 
     floor_share: float | None = None
-    """Each GPU's binned power stays at least this share of its peak bin (0 < F <= 1); ``None``: no floor."""
+    """Each GPU's binned power stays at least this share of the busiest one's peak bin; ``None``: no floor."""
 
     ramp_w_per_s: float | None = None
     """The largest rise or fall of one GPU's power between adjacent bins, in W/s; ``None``: no limit."""

@@ -5,7 +5,7 @@ iteration's start: the iteration split into the whole number of bins nearest the
 so the iterations that follow repeat it bin for bin and the figures are periodic. Filler only adds power, so
 the least filler is the lowest power above the planned one that meets the bound:
 
-- a floor: each stage at least ``F`` times its peak bin;
+- a floor: each stage at least ``F`` times the highest bin of any stage (the iteration's peak);
 - a ramp limit: the smallest curve above the power whose adjacent bins differ by at most ``R`` times the bin
   width, wrapping round from the iteration's end to its start (it rises before work resumes and decays after
   it stops: the plan knows when);
@@ -28,7 +28,10 @@ from megatron_energy.power_swing import PowerTrace, summed, swing_figures
 from megatron_energy.smooth_bound import SmoothBound
 
 ROUNDS = 200
-"""Rounds of the three rules before the stages are held flat at their peak (which meets any bound)."""
+"""Rounds of the three rules before every stage is held flat at the highest bin (which meets any bound)."""
+
+SNAP_S = 1e-9
+"""A filler edge this close to an edge of the planned power is that edge (float rounding of the bins)."""
 
 TOLERANCE_W = 1e-6
 """Watts a bin may miss the bound by (float rounding)."""
@@ -88,7 +91,7 @@ def pipeline_filler(traces: Sequence[PowerTrace], bound: SmoothBound) -> Pipelin
     for _ in range(ROUNDS):
         before = power.copy()
         if bound.floor_share is not None:
-            power = np.maximum(power, bound.floor_share * power.max(axis=1, keepdims=True))
+            power = np.maximum(power, bound.floor_share * power.max())
         if bound.ramp_w_per_s is not None:
             power = np.array([_ramp_cover(row, bound.ramp_w_per_s * bin_s) for row in power])
         if bound.job_ramp_w_per_s is not None and bound.job_gpus is not None:
@@ -98,18 +101,40 @@ def pipeline_filler(traces: Sequence[PowerTrace], bound: SmoothBound) -> Pipelin
         if np.all(power - before <= TOLERANCE_W):
             break
     else:
-        power = np.broadcast_to(power.max(axis=1, keepdims=True), power.shape).copy()
+        power = np.full_like(power, power.max())
     return PipelineFiller(bin_s, np.clip(power - planned, 0.0, None))
 
 
-def filled_traces(traces: Sequence[PowerTrace], filler: PipelineFiller) -> list[PowerTrace]:
-    """Each stage's power with its filler added (modelled)."""
+def filled_traces(
+    traces: Sequence[PowerTrace], filler: Sequence[Sequence[FillerWindow]]
+) -> list[PowerTrace]:
+    """Each stage's power with its filler windows (a plan's, or :meth:`PipelineFiller.windows`) added."""
     filled = []
-    for trace, watts in zip(traces, filler.power_w, strict=True):
-        edges = filler.bin_s * np.arange(len(watts) + 1)
-        edges[-1] = float(trace.edges_s[-1])
-        filled.append(summed([trace, PowerTrace(edges, watts, "modelled")]))
+    for trace, windows in zip(traces, filler, strict=True):
+        end_s = float(trace.edges_s[-1])
+        edges, watts = [0.0], []
+        for window in windows:
+            if window.start_s > edges[-1]:
+                edges.append(window.start_s)
+                watts.append(0.0)
+            edges.append(min(window.end_s, end_s))
+            watts.append(window.power_w)
+        if end_s > edges[-1] * (1 + 1e-12):
+            edges.append(end_s)
+            watts.append(0.0)
+        edges[-1] = end_s
+        extra = PowerTrace(_snapped(np.array(edges), trace.edges_s), np.array(watts), "modelled")
+        filled.append(summed([trace, extra]))
     return filled
+
+
+def _snapped(edges: np.ndarray, onto: np.ndarray) -> np.ndarray:
+    """``edges`` moved onto the nearest of ``onto`` where they are a rounding apart (no sliver between them)."""
+    index = np.searchsorted(onto, edges)
+    below = onto[np.clip(index - 1, 0, len(onto) - 1)]
+    above = onto[np.clip(index, 0, len(onto) - 1)]
+    closest = np.where(np.abs(edges - below) <= np.abs(above - edges), below, above)
+    return np.where(np.abs(closest - edges) <= SNAP_S, closest, edges)
 
 
 def bound_problems(traces: Sequence[PowerTrace], bound: SmoothBound, bin_s: float) -> list[str]:
@@ -118,12 +143,13 @@ def bound_problems(traces: Sequence[PowerTrace], bound: SmoothBound, bin_s: floa
     Two iterations are read, so the step from one iteration's end to the next one's start counts.
     """
     problems = []
-    for stage, trace in enumerate(traces):
-        figures = swing_figures(trace.tiled(2), bin_s)
-        if bound.floor_share is not None and figures.trough_w < bound.floor_share * figures.peak_w - 1e-3:
+    stages = [swing_figures(trace.tiled(2), bin_s) for trace in traces]
+    peak_w = max(figures.peak_w for figures in stages)
+    for stage, figures in enumerate(stages):
+        if bound.floor_share is not None and figures.trough_w < bound.floor_share * peak_w - 1e-3:
             problems.append(
-                f"stage {stage}: trough {figures.trough_w:.1f} W under {bound.floor_share:g} x peak "
-                f"{figures.peak_w:.1f} W"
+                f"stage {stage}: trough {figures.trough_w:.1f} W under {bound.floor_share:g} x the peak "
+                f"{peak_w:.1f} W"
             )
         ramp = max(figures.ramp_up_w_per_s, figures.ramp_down_w_per_s)
         if bound.ramp_w_per_s is not None and ramp > bound.ramp_w_per_s * (1 + 1e-6) + 1e-3:
