@@ -140,14 +140,20 @@ def _job(target: str) -> PlanningJob:
     return PlanningJob(pipeline_orders(2, 4), "f" * 64, parse_target(target), frontier_points=8)
 
 
-def _simulated_filled(plan: Plan, job: PlanningJob, profile: Profile) -> tuple[list[PowerTrace], float]:
-    """The plan's target point simulated again, its filler windows added; its energy with the filler."""
-    simulator = Simulator(PipelineDag.build(job.orders), profile)
-    clocks = {step: clock for stage in range(2) for step, clock in plan.target_point.step_clocks(stage).items()}
+def _simulated(plan: Plan, dag: PipelineDag, profile: Profile) -> tuple[list[PowerTrace], float]:
+    """The plan's target point simulated again: each stage's power, and the energy (without filler)."""
+    simulator = Simulator(dag, profile)
+    point = plan.target_point
+    clocks = {step: mhz for stage in range(plan.num_stages) for step, mhz in point.step_clocks(stage).items()}
     result = simulator.run(clocks, plan.switch_latency_s)
+    return stage_power_traces(result, simulator.powers), result.total_energy_j
+
+
+def _simulated_filled(plan: Plan, dag: PipelineDag, profile: Profile) -> tuple[list[PowerTrace], float]:
+    """The plan's target point simulated again, its filler windows added; its energy with the filler."""
+    traces, energy_j = _simulated(plan, dag, profile)
     assert plan.smoothing is not None
-    traces = filled_traces(stage_power_traces(result, simulator.powers), plan.smoothing.filler)
-    return traces, result.total_energy_j + plan.smoothing.filler_j
+    return filled_traces(traces, plan.smoothing.filler), energy_j + plan.smoothing.filler_j
 
 
 @pytest.mark.parametrize("bound", ["floor=0.8", "ramp=20", "floor=0.6,ramp=30,job-ramp=4000@100"])
@@ -156,22 +162,15 @@ def test_a_smooth_plan_meets_its_bound_for_less_energy_than_a_filler_floor(bound
     plan = PerseusOptimiser().plan(profile, job)
     smoothing = plan.smoothing
     assert smoothing is not None and smoothing.bound == job.target.smooth
-    filled, energy_j = _simulated_filled(plan, job, profile)
+    filled, energy_j = _simulated_filled(plan, job.dag(), profile)
     assert bound_problems(filled, smoothing.bound, smoothing.bin_s) == []
     assert energy_j == pytest.approx(plan.target_point.energy_j)  # the plan's energy includes its filler
     assert plan.target_point.iteration_time_s <= plan.baseline.iteration_time_s * (1 + 1e-9)  # iso-time
     assert energy_j < plan.baseline.energy_j + smoothing.filler_floor_j
     iso_time = PerseusOptimiser().plan(profile, _job("iso-time"))
     assert iso_time.smoothing is None and read_plan(plan_text(iso_time)) == iso_time
-    iso_traces = stage_power_traces(*_stock_or(iso_time, job, profile))
-    iso_filler = pipeline_filler(iso_traces, smoothing.bound)
+    iso_filler = pipeline_filler(_simulated(iso_time, job.dag(), profile)[0], smoothing.bound)
     assert energy_j <= iso_time.target_point.energy_j + iso_filler.energy_j + 1e-9  # joint, not after
-
-
-def _stock_or(plan: Plan, job: PlanningJob, profile: Profile):
-    simulator = Simulator(PipelineDag.build(job.orders), profile)
-    clocks = {step: clock for stage in range(2) for step, clock in plan.target_point.step_clocks(stage).items()}
-    return simulator.run(clocks), simulator.powers
 
 
 def test_a_smooth_plan_file_round_trips_and_a_filler_past_the_iteration_is_refused():
@@ -204,7 +203,8 @@ def test_all_keeps_the_clock_plan_of_a_smooth_target_and_says_why():
 
 @pytest.mark.parametrize("mode", ["kareus", "kernel"])
 def test_modes_without_a_power_timeline_refuse_a_smooth_target(mode):
-    with pytest.raises(EnergyValueError, match=f"--energy-mode {mode} does not price; use --energy-mode perseus"):
+    refusal = f"--energy-mode {mode} does not price; use --energy-mode perseus or all"
+    with pytest.raises(EnergyValueError, match=refusal):
         EnergyConfig(mode=mode, target=parse_target("smooth:floor=0.8"))
 
 
@@ -215,15 +215,7 @@ def test_the_gpt3_example_meets_a_floor_for_less_than_the_filler_floor():
     profile = config.synthetic_profile(spec)
     job = config.planning_job(parse_target("smooth:floor=0.8"), 16, None, spec=spec)
     plan = PerseusOptimiser().plan(profile, job)
+    filled, energy_j = _simulated_filled(plan, config.build_dag(spec=spec), profile)
     assert plan.smoothing is not None
-    simulator = Simulator(config.build_dag(spec=spec), profile)
-    clocks = {
-        step: clock
-        for stage in range(plan.num_stages)
-        for step, clock in plan.target_point.step_clocks(stage).items()
-    }
-    result = simulator.run(clocks, plan.switch_latency_s)
-    filled = filled_traces(stage_power_traces(result, simulator.powers), plan.smoothing.filler)
     assert bound_problems(filled, plan.smoothing.bound, plan.smoothing.bin_s) == []
-    total_j = result.total_energy_j + plan.smoothing.filler_j
-    assert total_j < plan.baseline.energy_j + plan.smoothing.filler_floor_j
+    assert energy_j < plan.baseline.energy_j + plan.smoothing.filler_floor_j

@@ -105,9 +105,7 @@ def pipeline_filler(traces: Sequence[PowerTrace], bound: SmoothBound) -> Pipelin
     return PipelineFiller(bin_s, np.clip(power - planned, 0.0, None))
 
 
-def filled_traces(
-    traces: Sequence[PowerTrace], filler: Sequence[Sequence[FillerWindow]]
-) -> list[PowerTrace]:
+def filled_traces(traces: Sequence[PowerTrace], filler: Sequence[Sequence[FillerWindow]]) -> list[PowerTrace]:
     """Each stage's power with its filler windows (a plan's, or :meth:`PipelineFiller.windows`) added."""
     filled = []
     for trace, windows in zip(traces, filler, strict=True):
@@ -129,7 +127,7 @@ def filled_traces(
 
 
 def _snapped(edges: np.ndarray, onto: np.ndarray) -> np.ndarray:
-    """``edges`` moved onto the nearest of ``onto`` where they are a rounding apart (no sliver between them)."""
+    """``edges`` moved onto the nearest of ``onto`` where they are a rounding apart (no sliver between)."""
     index = np.searchsorted(onto, edges)
     below = onto[np.clip(index - 1, 0, len(onto) - 1)]
     above = onto[np.clip(index, 0, len(onto) - 1)]
