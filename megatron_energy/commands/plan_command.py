@@ -77,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=parse_target,
         default=EnergyTarget("iso-time"),
         help="iso-time (default: no slower than all-maximum clocks), min-energy, slowdown:X with 0<X<1, "
-        "or power:W[,peak:P] (fastest plan within W watts per GPU on average, P at peak)",
+        "power:W[,peak:P] (fastest plan within W watts per GPU on average, P at peak), or "
+        "smooth:floor=F,ramp=R,job-ramp=J@N[,slowdown=X] (a bound on the power swing, filler included)",
     )
     parser.add_argument(
         "--gpu-spec",
