@@ -14,7 +14,7 @@ with its start (a meter at another phase sees a bin's inside, which the bound do
 the slow part (the 70B job's DAG has ~3,900 instructions): ``--points`` deadlines (default 6) keep the
 bench under two minutes on two cores; the iso-time point is solved at its own deadline whatever the count.
 
-    PYTHONPATH=. python lab/bench_power_swing.py [--floor 0.8] [--gpus 16384] [--points 6] [--jobs gpt3 ...]
+    PYTHONPATH=. python lab/bench_power_swing.py [--bound floor=0.8] [--gpus 16384] [--points 6] [--jobs gpt3]
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from megatron_energy.optimisers.perseus.smooth_point import smooth_point
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.fused_profile import with_fused_steps
 from megatron_energy.plan_smoothing import smoothing_cost_text
-from megatron_energy.power_swing import PowerTrace
-from megatron_energy.sim.filler import bound_problems, filled_traces, pipeline_filler
+from megatron_energy.power_swing import DEFAULT_RESOLUTION_S, PowerTrace
+from megatron_energy.sim.filler import bound_problems, filled_traces, iteration_bin_s, pipeline_filler
 from megatron_energy.sim.job_power import JobScale, replica_power
 from megatron_energy.sim.power_timeline import stage_power_traces
 from megatron_energy.sim.simulator import Simulator
@@ -44,7 +44,7 @@ HEADER = (
 )
 
 
-def bench_job(path: Path, floor: float, gpus: int, points: int) -> tuple[list[str], list[str]]:
+def bench_job(path: Path, target: EnergyTarget, gpus: int, points: int) -> tuple[list[str], list[str]]:
     """The table rows of one job, and the comparison line of its smooth plan."""
     config = JobConfig.load(path)
     spec = config.spec()
@@ -52,7 +52,6 @@ def bench_job(path: Path, floor: float, gpus: int, points: int) -> tuple[list[st
     profile = with_fused_steps(profile, config.orders())
     planner = Planner(dag, profile, num_points=points, switch_latency_s=spec.switch_latency_s)
     simulator = Simulator(dag, profile)
-    target = parse_target(f"smooth:floor={floor:g}")
     stock_result = simulator.run()
     stock = stage_power_traces(stock_result, simulator.powers)
     iso = planner.point(EnergyTarget("iso-time"))
@@ -62,11 +61,14 @@ def bench_job(path: Path, floor: float, gpus: int, points: int) -> tuple[list[st
     smooth_traces = filled_traces(
         stage_power_traces(smooth_result, simulator.powers), choice.smoothing.filler
     )
-    bound, bin_s = choice.smoothing.bound, choice.smoothing.bin_s
+    bound = choice.smoothing.bound
     stock_filler = pipeline_filler(stock, bound)
     floor_traces = filled_traces(stock, [stock_filler.windows(stage) for stage in range(len(stock))])
-    for name, traces in (("smooth plan", smooth_traces), ("filler floor", floor_traces)):
-        problems = bound_problems(traces, bound, bin_s)
+    for name, traces, filler in (
+        ("smooth plan", smooth_traces, choice.filler),
+        ("filler floor", floor_traces, stock_filler),
+    ):
+        problems = bound_problems(traces, bound, filler.bin_s)
         if problems:
             raise AssertionError(f"{config.name}: the {name} breaks {target}: {problems}")
     cases = [
@@ -75,15 +77,16 @@ def bench_job(path: Path, floor: float, gpus: int, points: int) -> tuple[list[st
         (str(target), smooth_traces, choice.filler.energy_j),
         ("filler floor", floor_traces, stock_filler.energy_j),
     ]
-    rows = [_row(config.name, name, traces, config.tensor_parallel, gpus, bin_s) for name, traces, _ in cases]
+    rows = [_row(config.name, name, traces, config.tensor_parallel, gpus) for name, traces, _ in cases]
     planned_j = smooth_result.total_energy_j + choice.filler.energy_j
     cost = smoothing_cost_text(choice.smoothing, planned_j, stock_result.total_energy_j)
     return rows, [f"{config.name}: {cost}"]
 
 
-def _row(job: str, name: str, traces: list[PowerTrace], tp: int, gpus: int, bin_s: float) -> str:
-    """One table row (every figure modelled), read on ``bin_s`` bins."""
+def _row(job: str, name: str, traces: list[PowerTrace], tp: int, gpus: int) -> str:
+    """One table row (every figure modelled), read on the case's iteration bins (``iteration_bin_s``)."""
     case = SwingCase(name, replica_power(traces, tp), len(traces) * tp)
+    bin_s = iteration_bin_s(case.iteration_s, DEFAULT_RESOLUTION_S)
     one = case.per_gpu(iterations=4, resolution_s=bin_s)
     job_power = case.at(JobScale(gpus), resolution_s=bin_s).figures
     ramp = max(one.ramp_up_w_per_s, one.ramp_down_w_per_s)
@@ -100,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--floor", type=float, default=0.8, help="floor share of the smooth bound (0.8)")
+    parser.add_argument(
+        "--bound", default="floor=0.8", help="the smooth: target's bound (floor=0.8; e.g. ramp=3000)"
+    )
     parser.add_argument("--gpus", type=int, default=16384, help="the job's GPUs, replicas in phase (16384)")
     parser.add_argument("--points", type=int, default=6, help="deadlines of the frontier sweep (6)")
     parser.add_argument("--jobs", nargs="*", default=(), help="job names to run (prefixes; default all)")
@@ -112,7 +117,7 @@ def main() -> None:
     start = time.perf_counter()
     for path in paths:
         began = time.perf_counter()
-        job_rows, job_lines = bench_job(path, args.floor, args.gpus, args.points)
+        job_rows, job_lines = bench_job(path, parse_target(f"smooth:{args.bound}"), args.gpus, args.points)
         rows += job_rows
         lines += [f"{line} [{time.perf_counter() - began:.1f} s]" for line in job_lines]
     print(HEADER.format(gpus=args.gpus))

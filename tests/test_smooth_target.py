@@ -219,3 +219,22 @@ def test_the_gpt3_example_meets_a_floor_for_less_than_the_filler_floor():
     assert plan.smoothing is not None
     assert bound_problems(filled, plan.smoothing.bound, plan.smoothing.bin_s) == []
     assert energy_j < plan.baseline.energy_j + plan.smoothing.filler_floor_j
+
+
+def test_a_slowdown_lets_the_clocks_lower_the_peak_a_floor_is_measured_from():
+    profile = _profile()
+    iso_time = PerseusOptimiser().plan(profile, _job("smooth:floor=0.8"))
+    slower = PerseusOptimiser().plan(profile, _job("smooth:floor=0.8,slowdown=0.2"))
+    peaks = [
+        max(
+            float(trace.binned(0.02).power_w.max())
+            for trace in _simulated(plan, _job("iso-time").dag(), profile)[0]
+        )
+        for plan in (iso_time, slower)
+    ]
+    assert peaks[1] < peaks[0]
+    assert slower.target_point.iteration_time_s <= 1.2 * slower.baseline.iteration_time_s * (1 + 1e-9)
+    assert slower.target_point.energy_j < iso_time.target_point.energy_j  # filler included in both
+    filled, _ = _simulated_filled(slower, _job("iso-time").dag(), profile)
+    assert slower.smoothing is not None
+    assert bound_problems(filled, slower.smoothing.bound, slower.smoothing.bin_s) == []

@@ -7,8 +7,9 @@ modelled energy *plus the filler it still needs* (``sim.filler``) is least:
   critical path, which lowers its power (and so the peak a floor is measured from) and stretches it into the
   bubble after it (work moved into a trough); other frontier points within the deadline are candidates too;
 - from each, the clocks raised to at least a grid clock (a slowed instruction under a floor costs filler, a
-  faster one may cost less) and capped at one (a lower peak lowers a floor; only where the deadline still
-  holds), over a few clocks spread over the profiled grid;
+  faster one may cost less), over a few clocks spread over the profiled grid; and capped at the lowest grid
+  clock that still meets the deadline (found by bisection) and the next few above it: a lower peak lowers a
+  floor and the ramps up to it;
 - the schedule's order is megatron-core's and the iteration tail (gradient sync, optimizer step) follows the
   last backward in the DAG, so no other lever moves work into a trough: none is used;
 - then filler, only where the chosen clocks still break the bound.
@@ -21,7 +22,7 @@ bound met by filler alone on stock clocks (the filler floor) is priced for the c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron_energy.optimisers.perseus.frontier import FrontierPoint
@@ -37,6 +38,9 @@ from megatron_energy.target import EnergyTarget
 
 SPREAD_CLOCKS = 6
 """Grid clocks the raised and capped candidates are tried at, spread over the profiled grid."""
+
+CAPS_TRIED = 3
+"""Caps tried per starting point: the lowest that meets the deadline and the grid clocks just above it."""
 
 BASE_POINTS = 4
 """Frontier points within the deadline the candidates start from, at most (the least-energy one first)."""
@@ -71,31 +75,23 @@ def smooth_point(planner: Planner, target: EnergyTarget) -> SmoothChoice:
     """
     if target.smooth is None:
         raise ValueError(f"smooth_point needs a smooth target, got {target}")
-    bound = target.smooth
-    deadline_s = target.deadline_s(planner.solver.baseline.iteration_time_s)
-    simulator = Simulator(planner.dag, planner.profile)
-    best = planner.point_for_time(deadline_s)
-    bases = [best, *_faster_points(planner, deadline_s, best)]
-    grid = sorted({option.clock_mhz for key in planner.profile for option in planner.profile.options(key)})
-    spread = [grid[round(i * (len(grid) - 1) / max(SPREAD_CLOCKS - 1, 1))] for i in range(SPREAD_CLOCKS)]
-    choice: tuple[float, FrontierPoint, PipelineFiller] | None = None
-    for base in bases:
-        for clocks in _variants(planner, base.clocks, spread):
-            result = simulator.run(clocks, planner.switch_latency_s)
-            if result.iteration_time_s > deadline_s * (1 + 1e-9):
-                continue
-            filler = _filler(result, simulator, bound)
-            total_j = result.total_energy_j + filler.energy_j
-            if choice is None or total_j < choice[0] * (1 - 1e-12):
-                choice = (total_j, _as_point(base, clocks, result), filler)
-    assert choice is not None  # the least-energy point itself meets its deadline
-    stock = simulator.run(all_max_clocks(planner.dag, planner.profile))
-    _, point, filler = choice
+    search = _Search(planner, target.smooth, target.deadline_s(planner.solver.baseline.iteration_time_s))
+    best = planner.point_for_time(search.deadline_s)
+    for base in (best, *_faster_points(planner, search.deadline_s, best)):
+        search.price(base, base.clocks)
+        for clock in search.spread:
+            search.price(base, search.clamped(base.clocks, at_least=clock))
+        lowest = search.lowest_cap(base.clocks)
+        for cap in search.grid[lowest : lowest + CAPS_TRIED]:
+            search.price(base, search.clamped(base.clocks, at_most=cap))
+    assert search.best is not None  # the least-energy point itself meets its deadline
+    _, point, filler = search.best
+    stock = search.simulator.run(all_max_clocks(planner.dag, planner.profile))
     smoothing = PlanSmoothing(
-        bound=bound,
+        bound=search.bound,
         bin_s=filler.bin_s,
         filler=tuple(filler.windows(stage) for stage in range(planner.dag.num_stages)),
-        filler_floor_j=_filler(stock, simulator, bound).energy_j,
+        filler_floor_j=_filler(stock, search.simulator, search.bound).energy_j,
     )
     return SmoothChoice(point, filler, smoothing)
 
@@ -107,17 +103,58 @@ def _faster_points(planner: Planner, deadline_s: float, best: FrontierPoint) -> 
     return [planner.executable(point) for point in within[::step][: BASE_POINTS - 1]]
 
 
-def _variants(planner: Planner, clocks: Mapping[Step, int], spread: Sequence[int]) -> list[dict[Step, int]]:
-    """The point's clocks, then raised to at least and capped at each of ``spread`` (on each step's grid)."""
-    options = {step: sorted(o.clock_mhz for o in planner.profile.options(step.work)) for step in clocks}
-    variants = [dict(clocks)]
-    for clock in spread:
-        at_least = {step: next((g for g in grid if g >= clock), grid[-1]) for step, grid in options.items()}
-        at_most = {s: next((g for g in grid[::-1] if g <= clock), grid[0]) for s, grid in options.items()}
-        raised = {step: max(mhz, at_least[step]) for step, mhz in clocks.items()}
-        capped = {step: min(mhz, at_most[step]) for step, mhz in clocks.items()}
-        variants += [variant for variant in (raised, capped) if variant not in variants]
-    return variants
+class _Search:
+    """Candidate clocks priced by simulation, their filler included; the least total kept."""
+
+    def __init__(self, planner: Planner, bound: SmoothBound, deadline_s: float):
+        self.planner, self.bound, self.deadline_s = planner, bound, deadline_s
+        self.simulator = Simulator(planner.dag, planner.profile)
+        profile = planner.profile
+        self.options = {key: sorted(option.clock_mhz for option in profile.options(key)) for key in profile}
+        self.grid = sorted({clock for clocks in self.options.values() for clock in clocks})
+        last = len(self.grid) - 1
+        self.spread = sorted(
+            {self.grid[round(i * last / max(SPREAD_CLOCKS - 1, 1))] for i in range(SPREAD_CLOCKS)}
+        )
+        self.best: tuple[float, FrontierPoint, PipelineFiller] | None = None
+
+    def clamped(
+        self, clocks: Mapping[Step, int], at_least: int | None = None, at_most: int | None = None
+    ) -> dict[Step, int]:
+        """``clocks`` raised to at least ``at_least`` or capped at ``at_most`` (the nearest on each grid)."""
+        clamped = {}
+        for step, clock in clocks.items():
+            grid = self.options[step.work]
+            if at_least is not None:
+                clock = max(clock, next((mhz for mhz in grid if mhz >= at_least), grid[-1]))
+            if at_most is not None:
+                clock = min(clock, next((mhz for mhz in reversed(grid) if mhz <= at_most), grid[0]))
+            clamped[step] = clock
+        return clamped
+
+    def lowest_cap(self, clocks: Mapping[Step, int]) -> int:
+        """The index in :attr:`grid` of the lowest cap whose clocks still meet the deadline (bisection)."""
+        low, high = 0, len(self.grid) - 1  # the top of the grid caps nothing: the point meets its deadline
+        while low < high:
+            middle = (low + high) // 2
+            result = self._run(self.clamped(clocks, at_most=self.grid[middle]))
+            low, high = (low, middle) if result is not None else (middle + 1, high)
+        return low
+
+    def price(self, base: FrontierPoint, clocks: Mapping[Step, int]) -> None:
+        """Simulate ``clocks``; keep them if they meet the deadline for less energy, filler included."""
+        result = self._run(clocks)
+        if result is None:
+            return
+        filler = _filler(result, self.simulator, self.bound)
+        total_j = result.total_energy_j + filler.energy_j
+        if self.best is None or total_j < self.best[0] * (1 - 1e-12):
+            self.best = (total_j, _as_point(base, clocks, result), filler)
+
+    def _run(self, clocks: Mapping[Step, int]) -> SimResult | None:
+        """The simulated iteration of ``clocks`` under the switch latency; ``None`` past the deadline."""
+        result = self.simulator.run(clocks, self.planner.switch_latency_s)
+        return result if result.iteration_time_s <= self.deadline_s * (1 + 1e-9) else None
 
 
 def _filler(result: SimResult, simulator: Simulator, bound: SmoothBound) -> PipelineFiller:
