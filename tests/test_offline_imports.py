@@ -75,7 +75,7 @@ def test_plan_and_simulate_of_a_job_config_import_neither_torch_nor_megatron(tmp
     plan = tmp_path / "plan.json"
     job = ("--config", str(EXAMPLE_JOB))
     assert _heavy_imports(CLI_PROBE, "plan", *job, *QUICK, "--out", str(plan)) == []
-    assert _heavy_imports(CLI_PROBE, "simulate", *job, "--plan", str(plan)) == []
+    assert _heavy_imports(CLI_PROBE, "simulate", *job, "--plan", str(plan), "--power-swing") == []
 
 
 def test_the_planner_process_imports_neither_torch_nor_megatron(tmp_path: Path) -> None:

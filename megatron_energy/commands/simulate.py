@@ -10,6 +10,10 @@ With ``--compare`` it plans Perseus only, Kareus only and ``--energy-mode all`` 
 latency-aware prediction against the stock iteration (static and dynamic energy apart), the figures each
 mode's plan file carries: see ``commands/optimiser_comparison.py``.
 
+With ``--power-swing`` it prints the job's power swing per GPU and at 1k-16k GPUs (``--gpus``): stock clocks
+against the plan against a filler floor (``--floor``), replicas in phase and spread (``--spread``); with
+``--plot`` it draws it (``commands/power_swing_output.py``; every figure modelled).
+
 With ``--switch-latency-sweep 10ms,1ms,100us,10us`` it prints the iso-time saving of instruction-level
 (Perseus) and phase-level (Perseus refined by the phase optimiser) plans at each switch latency, for the
 ``--config`` job or, without one, every example job (``commands/latency_sweep.py``; every figure modelled).
@@ -24,6 +28,13 @@ from megatron_energy.commands.arguments import fail, output_file, plain_text, re
 from megatron_energy.commands.comparison_output import comparison_label, print_comparison
 from megatron_energy.commands.latency_sweep import HEADER, example_jobs, latencies_argument, sweep_job
 from megatron_energy.commands.optimiser_comparison import compare_optimisers
+from megatron_energy.commands.power_swing_output import (
+    SwingOptions,
+    floor_share,
+    gpu_counts,
+    print_power_swing,
+    share,
+)
 from megatron_energy.config import positive_int
 from megatron_energy.job import JobConfig, JobConfigError
 from megatron_energy.optimisers.kareus.search import SearchBudget
@@ -33,8 +44,11 @@ from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import banded_text, change_text, energy_change, run_band
 from megatron_energy.plan_smoothing import smoothing_cost_text
 from megatron_energy.report.console import output_console
+from megatron_energy.sim.job_power import JobScale
 from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
+from megatron_energy.sim.power_timeline import stage_power_traces
 from megatron_energy.sim.simulator import SimResult, Simulator
+from megatron_energy.sim.swing_cases import swing_cases
 from megatron_energy.sim.trace import write_trace
 
 
@@ -91,6 +105,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "saving of instruction-level vs phase-level plans at each (modelled; the --config job, else every "
         "example job)",
     )
+    parser.add_argument(
+        "--power-swing",
+        action="store_true",
+        help="print the job's power swing per GPU and at scale: stock vs the plan vs a filler floor "
+        "(modelled)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=gpu_counts,
+        default=(1024, 16384),
+        help="with --power-swing: job sizes, comma-separated (default 1024,16384)",
+    )
+    parser.add_argument(
+        "--spread",
+        type=share,
+        default=0.1,
+        help="with --power-swing: replica start offsets uniform over this share of the iteration, beside "
+        "in phase (default 0.1; 0: in phase only)",
+    )
+    parser.add_argument(
+        "--floor",
+        type=floor_share,
+        default=0.8,
+        help="with --power-swing: the filler floor as a share of the busiest GPU's stock peak (default 0.8)",
+    )
+    parser.add_argument(
+        "--plot", type=output_file, help="with --power-swing: draw a few iterations' job power to this PNG"
+    )
     parser.set_defaults(func=run)
 
 
@@ -104,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         0 on success, 2 on an invalid config or plan.
     """
     console = output_console()
+    if args.power_swing and (args.compare or args.switch_latency_sweep is not None):
+        return fail("simulate", "--power-swing simulates the job at stock clocks and --plan; drop --compare")
+    if args.plot and not args.power_swing:
+        return fail("simulate", "--plot draws the power swing; add --power-swing")
     if args.switch_latency_sweep is not None:
         return _run_latency_sweep(args)
     if args.config is None:
@@ -126,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
                 if plan.memory_clocks_mhz
                 else simulator.run(clocks)
             )
+        swing = _swing_options(args, job, plan) if args.power_swing else None
     except (JobConfigError, PlanError, ValueError, OSError) as error:
         return fail("simulate", error)
     result = planned or baseline
@@ -168,7 +215,26 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         path = write_trace(result, simulator.powers, args.trace)
         console.print(f"trace written to {path} (open in https://ui.perfetto.dev; {label})")
+    if swing is not None:
+        cases = swing_cases(
+            stage_power_traces(baseline, simulator.powers),
+            stage_power_traces(planned, simulator.powers) if planned is not None else None,
+            job.tensor_parallel,
+            swing.floor_share,
+        )
+        print_power_swing(console, job.name, cases, swing, label)
     return 0
+
+
+def _swing_options(args: argparse.Namespace, job: JobConfig, plan: Plan | None) -> SwingOptions:
+    """``--power-swing``'s options, checked against the job before anything is printed."""
+    if plan is not None and plan.memory_clocks_mhz:
+        raise PlanError(
+            "--power-swing does not model a plan's memory clocks yet; simulate that plan without it"
+        )
+    for gpus in args.gpus:
+        JobScale(gpus).replicas(job.pipeline_stages * job.tensor_parallel)
+    return SwingOptions(args.gpus, args.spread, args.floor, args.plot)
 
 
 def _run_comparison(args: argparse.Namespace, console: Console) -> int:

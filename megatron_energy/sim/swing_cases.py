@@ -89,3 +89,28 @@ def swing_cases(
     filler_j = tensor_parallel * sum(floor_energy_j(trace, floor_w, resolution_s) for trace in stock)
     cases.append(SwingCase("filler floor", replica_power(held, tensor_parallel), gpus, floor_w, filler_j))
     return cases
+
+
+@dataclass(frozen=True)
+class ScaledCase:
+    """One case's power at one job scale (*modelled*).
+
+    Attributes:
+        case: The case (stock, plan, filler floor).
+        job: Its whole job's power at the scale (``job.scale``).
+    """
+
+    case: SwingCase
+    job: JobPower
+
+    @property
+    def filler_j(self) -> float:
+        """The filler's energy per iteration over the whole job (0 but for a filler floor)."""
+        return self.case.filler_j * self.job.replicas
+
+
+def at_scales(
+    cases: Sequence[SwingCase], scales: Sequence[JobScale], resolution_s: float = DEFAULT_RESOLUTION_S
+) -> list[list[ScaledCase]]:
+    """Every case at every scale: one list per scale, the cases in their order."""
+    return [[ScaledCase(case, case.at(scale, resolution_s)) for case in cases] for scale in scales]

@@ -1,10 +1,11 @@
 """Chrome / Perfetto trace (JSON) of a simulated iteration.
 
 Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each pipeline stage is a process with one
-``compute`` thread holding a slice per forward, backward and tail node and a ``power`` counter of the
-modelled power draw. A compute slice is named after the instruction and the clock **in effect** while it ran
-(``F3c1 @1980 MHz``); its ``args`` give ``clock_in_effect_mhz``, ``clock_requested_mhz`` (the plan's clock
-for the instruction), its energy and provenance. Under switch latency a requested clock takes effect only
+``compute`` thread holding a slice per forward, backward and tail node and a ``power_w (modelled)``
+counter: the stage's power timeline (``sim.power_timeline``), which integrates to its simulated energy. A
+compute slice is named after the instruction and the clock **in effect** while it ran (``F3c1 @1980 MHz``);
+its ``args`` give ``clock_in_effect_mhz``, ``clock_requested_mhz`` (the plan's clock for the instruction),
+its energy and provenance. Under switch latency a requested clock takes effect only
 later (``sim.simulator``): an instruction that ran wholly at the previous clock is one slice at that clock,
 and one during which the switch took effect is two slices, the first at the previous clock and the second at
 the requested one, each with the duration and energy it ran at its own clock. Point-to-point transfers sit on
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 from megatron_energy.pipeline.dag import Transfer
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction
 from megatron_energy.sim.overlap import CommSlice
+from megatron_energy.sim.power_timeline import stage_power_traces
 from megatron_energy.sim.simulator import SimResult, Slice, StagePowers
 
 _MICROSECONDS_PER_S = 1e6
@@ -81,37 +83,22 @@ def _thread_metadata(pid: int, tid: int, name: str) -> dict[str, Any]:
     return {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
 
 
-def _power_counter(
-    result: SimResult, stage: int, powers: StagePowers, slices: list[_Part]
-) -> Iterator[dict[str, Any]]:
-    """Modelled power of one stage: busy in each compute part, blocked between, the tail's mean, idle after.
+def _power_counters(result: SimResult, powers: StagePowers) -> Iterator[dict[str, Any]]:
+    """Each stage's modelled power as a counter: one sample per step of its power timeline.
 
-    The tail's mean power is its energy over its time (measured or modelled). One sample per change; a part
-    that starts where the previous one ended gets no blocked sample between.
+    The timeline is :func:`~megatron_energy.sim.power_timeline.stage_power_traces` (busy in each compute
+    part, blocked between, the tail's mean over its slices, idle after), so the counter integrates to the
+    stage's simulated energy; its last value holds until the iteration's end.
     """
-    samples: list[tuple[float, float]] = [(0.0, powers.blocked_power_w)]
-    for piece in slices:
-        if piece.end_s <= piece.start_s:
-            continue
-        if samples[-1][0] == piece.start_s:
-            samples.pop()
-        samples.append((piece.start_s, piece.energy_j / (piece.end_s - piece.start_s)))
-        samples.append((piece.end_s, powers.blocked_power_w))
-    energy = result.stages[stage]
-    if energy.tail_s > 0:
-        samples[-1] = (samples[-1][0], energy.tail_energy_j / energy.tail_s)
-        samples.append((samples[-1][0] + energy.tail_s, powers.idle_power_w))
-    else:
-        samples[-1] = (samples[-1][0], powers.idle_power_w)
-    samples.append((result.iteration_time_s, powers.idle_power_w))
-    for time_s, power_w in samples:
-        yield {
-            "ph": "C",
-            "name": "power_w (modelled)",
-            "pid": stage,
-            "ts": time_s * _MICROSECONDS_PER_S,
-            "args": {"power_w": round(power_w, 3)},
-        }
+    for stage, trace in enumerate(stage_power_traces(result, powers)):
+        for time_s, power_w in zip(trace.edges_s, [*trace.power_w, trace.power_w[-1]], strict=True):
+            yield {
+                "ph": "C",
+                "name": "power_w (modelled)",
+                "pid": stage,
+                "ts": float(time_s) * _MICROSECONDS_PER_S,
+                "args": {"power_w": round(float(power_w), 3)},
+            }
 
 
 def _collective_events(comm: Sequence[CommSlice]) -> Iterator[dict[str, Any]]:
@@ -152,13 +139,10 @@ def trace_events(
         events.append(_thread_metadata(stage, _COMPUTE_THREAD, "compute"))
     events += _process_metadata(comm_pid, "p2p transfers (modelled)", num_stages)
     comm_threads: dict[tuple[int, str], int] = {}
-    compute_by_stage: list[list[_Part]] = [[] for _ in range(num_stages)]
     for piece in result.timeline:
         args: dict[str, Any] = {"source": "modelled", "stage": piece.stage, "start_s": piece.start_s}
         if piece.clock_mhz is not None and not isinstance(piece.node, Transfer):
-            parts = _compute_parts(piece)
-            compute_by_stage[piece.stage] += parts
-            events += [_compute_event(piece, part, args) for part in parts]
+            events += [_compute_event(piece, part, args) for part in _compute_parts(piece)]
             continue
         if isinstance(piece.node, Transfer):
             direction = piece.node.sender.kind
@@ -171,9 +155,7 @@ def trace_events(
         else:
             pid, tid = piece.stage, _COMPUTE_THREAD
         events.append(_event(_slice_name(piece), piece.kind, pid, tid, piece.start_s, piece.end_s, args))
-    for stage, slices in enumerate(compute_by_stage):
-        slices.sort(key=lambda piece: piece.start_s)
-        events.extend(_power_counter(result, stage, powers, slices))
+    events.extend(_power_counters(result, powers))
     events.extend(_collective_events(comm))
     return events
 
