@@ -8,8 +8,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_sim import TIMES_2X2
+from test_sim import EXAMPLE, TIMES_2X2
 
+from megatron_energy.commands import plan_command, simulate
 from megatron_energy.config import EnergyConfig
 from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
@@ -22,7 +23,7 @@ from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, PlanError
-from megatron_energy.plan_file import plan_text, read_plan
+from megatron_energy.plan_file import load_plan, plan_text, read_plan
 from megatron_energy.plan_smoothing import FillerWindow
 from megatron_energy.power_swing import PowerTrace, floor_energy_j
 from megatron_energy.runtime.planning_round.planning import plan_summary
@@ -208,17 +209,40 @@ def test_modes_without_a_power_timeline_refuse_a_smooth_target(mode):
         EnergyConfig(mode=mode, target=parse_target("smooth:floor=0.8"))
 
 
-@pytest.mark.slow  # plans the GPT-3 XL example (about 5 s)
-def test_the_gpt3_example_meets_a_floor_for_less_than_the_filler_floor():
-    config = JobConfig.load("configs/examples/gpt3-xl-pp4-h100.yaml")
+@pytest.mark.slow  # plans the GPT-3 XL example (about 5 s), then simulates it twice
+def test_the_gpt3_example_meets_a_floor_for_less_than_the_filler_floor_and_the_commands_say_so(
+    tmp_path, capsys
+):
+    out = tmp_path / "plan.json"
+    assert (
+        _command(
+            plan_command,
+            ["--config", EXAMPLE, "--target", "smooth:floor=0.8", "--points", "8", "--out", str(out)],
+        )
+        == 0
+    )
+    assert "the same smoothness (floor=0.8) at " in capsys.readouterr().out
+    plan = load_plan(out)
+    config = JobConfig.load(EXAMPLE)
     spec = config.spec()
-    profile = config.synthetic_profile(spec)
-    job = config.planning_job(parse_target("smooth:floor=0.8"), 16, None, spec=spec)
-    plan = PerseusOptimiser().plan(profile, job)
-    filled, energy_j = _simulated_filled(plan, config.build_dag(spec=spec), profile)
+    filled, energy_j = _simulated_filled(plan, config.build_dag(spec=spec), config.synthetic_profile(spec))
     assert plan.smoothing is not None
     assert bound_problems(filled, plan.smoothing.bound, plan.smoothing.bin_s) == []
     assert energy_j < plan.baseline.energy_j + plan.smoothing.filler_floor_j
+    assert (
+        _command(simulate, ["--config", EXAMPLE, "--plan", str(out), "--power-swing", "--gpus", "16384"]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert f"with the plan's filler ({plan.smoothing.filler_j:,.1f} J, in the energy change above)" in printed
+    (plan_row,) = [line for line in printed.splitlines() if line.startswith("│ plan ")]
+    assert f" {plan.smoothing.filler_j / 4:,.1f} " in plan_row  # the per-GPU filler of the 4-GPU replica
+
+
+def _command(module, argv):
+    parser = argparse.ArgumentParser()
+    module.register(parser.add_subparsers())
+    args = parser.parse_args([module.__name__.rsplit(".", 1)[-1].removesuffix("_command"), *argv])
+    return args.func(args)
 
 
 def test_a_slowdown_lets_the_clocks_lower_the_peak_a_floor_is_measured_from():
