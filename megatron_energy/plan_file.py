@@ -296,7 +296,10 @@ class PlanFile(_FileModel):
         if self.memory_clocks_mhz and len(self.memory_clocks_mhz) != ranks:
             given = len(self.memory_clocks_mhz)
             raise ValueError(f"memory_clocks_mhz gives {given} memory clocks for {ranks} pipeline ranks")
-        self._smoothing_fits(ranks)
+        iteration_s = self.points[self.target_index].iteration_time_s
+        problem = None if self.smoothing is None else self.smoothing.fit_problem(ranks, iteration_s)
+        if problem is not None:
+            raise ValueError(problem)
         target_j = sum(rank.energy_j for rank in self.points[self.target_index].ranks)
         nominal = energy_change(self.baseline.energy_j, target_j)
         if self.saving_band is not None and not self.saving_band.holds(nominal):
@@ -305,22 +308,6 @@ class PlanFile(_FileModel):
                 f"saving_band [{band.low:g}, {band.high:g}] does not hold the plan's own saving {nominal:g}"
             )
         return self
-
-    def _smoothing_fits(self, ranks: int) -> None:
-        """The filler covers every rank, inside the target point's iteration."""
-        if self.smoothing is None:
-            return
-        if len(self.smoothing.filler) != ranks:
-            raise ValueError(
-                f"smoothing.filler gives {len(self.smoothing.filler)} ranks' windows for {ranks} ranks"
-            )
-        iteration_s = self.points[self.target_index].iteration_time_s
-        ends = [window.end_s for windows in self.smoothing.filler for window in windows]
-        if ends and max(ends) > iteration_s * (1 + 1e-9):
-            raise ValueError(
-                f"smoothing.filler ends at {max(ends):g} s, after the target point's {iteration_s:g} s "
-                "iteration"
-            )
 
     @classmethod
     def of(cls, plan: Plan) -> PlanFile:

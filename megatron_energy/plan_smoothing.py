@@ -68,6 +68,18 @@ class PlanSmoothing:
             if any(later.start_s < earlier.end_s - 1e-12 for earlier, later in itertools.pairwise(windows)):
                 raise ValueError("a rank's filler windows must be in time order and not overlap")
 
+    def fit_problem(self, ranks: int, iteration_s: float) -> str | None:
+        """Why the filler does not fit a plan of ``ranks`` ranks whose target iteration takes ``iteration_s``.
+
+        It must give every rank its windows and end within the iteration; ``None`` when it fits.
+        """
+        if len(self.filler) != ranks:
+            return f"smoothing.filler gives {len(self.filler)} ranks' windows for {ranks} ranks"
+        end_s = max((window.end_s for windows in self.filler for window in windows), default=0.0)
+        if end_s > iteration_s * (1 + 1e-9):
+            return f"smoothing.filler ends at {end_s:g} s, after the target point's {iteration_s:g} s"
+        return None
+
     def stage_filler_j(self, stage: int) -> float:
         """The filler energy of one rank per iteration."""
         return sum(window.energy_j for window in self.filler[stage])
