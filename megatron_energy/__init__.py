@@ -11,7 +11,8 @@ command layer imports a concrete optimiser):
 6. ``demo_model/``'s modules: the demo's training job, a Megatron training script the launcher runs;
    nothing in the package imports them.
 
-5. what a user calls: ``commands/``, ``report/``, ``launch``, ``cli``.
+5. what a user calls: ``commands/``, ``report/``, ``launch`` (with ``launch_errors``, its one-line refusals,
+   and ``launch_output``, its ranks' whole-line output with Megatron's argument list set aside), ``cli``.
 4. ``megatron/``: the only room that imports ``megatron.*``: hooks, executed pipeline orders, refused modes,
    patches.
 3. ``runtime/``: the session, a thin dispatcher of Megatron's schedule events over one explicit phase,
@@ -35,7 +36,9 @@ command layer imports a concrete optimiser):
    ``dvfs.model``
    and the calibration's pure side (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it
    makes, ``dvfs.calibrated_spec``).
-0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``atomic``, ``events``,
+0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``log`` (the
+   ``megatron_energy`` logger every module's logger sits under, its console handler and rank filter),
+   ``atomic``, ``events``,
    ``stats``, ``power_swing`` (power over time; the swing, ramps and band energy grid operators bound),
    ``plugin_threads`` (the plugin's background threads and their CPU time), ``dvfs.spec``,
    ``dvfs.kernel_classes`` (the kernel classes and the class mix of a piece of work) and ``dvfs.clock_switch``

@@ -1,4 +1,4 @@
-"""The ``megatron-energy`` command: ``demo``, ``plan``, ``simulate``, ``report``, ``patch`` and ``calibrate``.
+"""The ``megatron-energy`` command and its subcommands (``demo``, ``plan``, ``report``, ``clocks``, ...).
 
 Each subcommand lives in its own module under ``megatron_energy/commands/`` and exposes
 ``register(subparsers)``; this module only assembles them. A command line that names its subcommand imports
@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from megatron_energy import __version__
 from megatron_energy.commands.arguments import INTERRUPTED_STATUS
 from megatron_energy.config import EnergyArgumentParser
 
@@ -22,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "report": "report",
     "patch": "patch",
     "calibrate": "calibrate",
+    "clocks": "clocks",
 }
 """Each subcommand and its module under ``megatron_energy/commands/``."""
 
@@ -41,9 +43,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-energy",
         description=(
-            "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate."
+            "Energy optimisation for Megatron-LM training: plan, simulate, report, patch, demo, calibrate, "
+            "clocks."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=EnergyArgumentParser
     )

@@ -6,6 +6,7 @@ Layout::
         last_job.json                  the record of the job that ran most recently (:class:`JobRecord`)
         simulated/rank<r>.json         each rank's simulated GPU state (``dvfs.simulated``)
         overhead-check-rank<r>.json    each rank's overhead-check pairs (``energy_log.overhead_check``)
+        megatron-output/rank<r>.log    Megatron's argument list and known warnings (``launch_output``)
         demo/                          the demo's rank output, energy log, TensorBoard (``commands.demo_job``)
         <fingerprint>/                 one job (:class:`JobFiles`), cached by ``planning_round.cache``:
             job.json                   its record: the facts its fingerprint was made of (:class:`JobFacts`)
@@ -53,6 +54,9 @@ FRONTIER_PLOT = "frontier.png"
 TIMELINE = "timeline.json"
 SIMULATED = "simulated"
 """The folder of the simulated GPUs' state files."""
+MEGATRON_OUTPUT = "megatron-output"
+"""The folder of Megatron's argument list and known warnings, per rank, that the launcher keeps off the
+console."""
 
 REQUIRED_ARTEFACTS: tuple[str, ...] = (PLAN, BASELINE, PROFILE)
 """What a cached job must hold to skip profiling and planning: the plan that runs, the stock baseline it is
@@ -60,11 +64,19 @@ measured against, and the profile it was planned from (for reports)."""
 PROFILE_ARTEFACTS: tuple[str, ...] = (BASELINE, PROFILE)
 """What a cached run must hold to be planned again without profiling (with its measured inputs, which the
 re-planner checks): a run whose target could not be met holds these and no plan."""
+PLANNED_ARTEFACTS: tuple[str, ...] = (PLAN, FRONTIER)
+"""What planning made from the profile: one that fails verification is set aside alone and planned again
+from the verified profile, which is kept (``runtime.planning_round.cache``)."""
 
 
 def simulated_state_path(root: Path, rank: int) -> Path:
     """The state file of global rank ``rank``'s simulated GPU under the energy directory ``root``."""
     return Path(root) / SIMULATED / f"rank{rank}.json"
+
+
+def megatron_output_path(root: Path, rank: int) -> Path:
+    """What the launcher keeps off global rank ``rank``'s console (``launch_output``) under ``root``."""
+    return Path(root) / MEGATRON_OUTPUT / f"rank{rank}.log"
 
 
 def overhead_pairs_path(root: Path, rank: int) -> Path:

@@ -16,6 +16,13 @@ the script and Megatron's arguments, the script's folder first on ``sys.path`` (
 and before megatron is imported, so a Megatron-LM checkout next to the script is the megatron that runs).
 Without ``--energy-optimise`` and ``--energy-trace`` it only runs the script.
 
+A command line it cannot run is refused before Megatron starts, in one line printed once
+(``launch_errors``: a bad or misspelt ``--energy-*`` flag with the nearest one named, a missing script, a
+refused mode, tensor or context parallelism without a GPU). With its flags, the launcher sets up the
+package's logging (``megatron_energy.log``: ``--energy-log-level``, ``--energy-log-ranks``) and runs the
+script with whole-line output and Megatron's argument list and known warnings in a file
+(``launch_output``, unless ``--energy-show-megatron-log``).
+
 A tree patched with ``patches/megatron-core-X.Y`` instead calls ``attach_to_training`` from Megatron's
 ``train()`` when the (then ordinary) ``--energy-*`` flags ask for it, with the exact ids from the patch.
 """
@@ -29,22 +36,43 @@ import runpy
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from megatron_energy.config import EnergyArgumentParser, EnergyConfig, add_energy_args
+from megatron_energy.config import ENERGY_FLAGS, EnergyArgumentParser, EnergyConfig, add_energy_args
+from megatron_energy.energy_dir import megatron_output_path
 from megatron_energy.events import ListenerFanout, ScheduleListener, TraceWriter
+from megatron_energy.launch_errors import (
+    PROG,
+    LaunchError,
+    missing_script,
+    parallelism_without_gpu,
+    refuse,
+    unknown_energy_flag,
+)
+from megatron_energy.launch_output import rank_output
+from megatron_energy.log import configure_logging
+from megatron_energy.megatron.modes import UnsupportedModeError
 
 
-def energy_parser() -> EnergyArgumentParser:
+class LauncherParser(EnergyArgumentParser):
+    """The launcher's parser: a bad ``--energy-*`` flag raises :class:`LaunchError` (reported once)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise the problem, for ``launch_errors.refuse`` to report, in place of usage and exit."""
+        raise LaunchError(message)
+
+
+def energy_parser() -> LauncherParser:
     """The launcher's parser: only the ``--energy-*`` flags (``--help`` after the script is Megatron's)."""
-    parser = EnergyArgumentParser(
-        prog="python -m megatron_energy.launch",
+    parser = LauncherParser(
+        prog=f"python -m {PROG}",
         usage="%(prog)s SCRIPT [Megatron args] [--energy-* flags]",
         description="Run a Megatron pretrain script with megatron_energy's hooks (no patch needed).",
         allow_abbrev=False,
         add_help=False,
     )
-    return add_energy_args(parser)
+    add_energy_args(parser)
+    return parser
 
 
 def process_rank() -> tuple[int, int]:
@@ -107,11 +135,15 @@ def attach_to_training(args: argparse.Namespace, model_config: Any) -> None:
         UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
     """
     from megatron_energy.megatron.collective_runner import chunks_from_config
+    from megatron_energy.megatron.console_log import leave_energy_records_to_their_handler
     from megatron_energy.megatron.hooks import attach_hooks
     from megatron_energy.megatron.modes import refused_in_args, require_supported
 
     require_supported(refused_in_args(args))
-    listeners = build_listeners(EnergyConfig.from_args(args), lambda: chunks_from_config(model_config))
+    config = EnergyConfig.from_args(args)
+    configure_logging(config.log_level, config.log_ranks)
+    leave_energy_records_to_their_handler()
+    listeners = build_listeners(config, lambda: chunks_from_config(model_config))
     if listeners:
         attach_hooks(model_config, ListenerFanout(listeners))
         atexit.register(close_listeners, listeners)
@@ -125,14 +157,20 @@ def split_command(argv: Sequence[str]) -> tuple[EnergyConfig, str, list[str]]:
 
     Returns:
         ``(config, script, megatron_args)``.
+
+    Raises:
+        LaunchError: A bad or unknown ``--energy-*`` flag (naming the nearest known one), or no script.
     """
     parser = energy_parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         parser.exit(0 if argv else 2)
     namespace, rest = parser.parse_known_args(list(argv))
+    unknown = unknown_energy_flag(rest, [option for flag in ENERGY_FLAGS.values() for option in flag.options])
+    if unknown is not None:
+        raise unknown
     if not rest or rest[0].startswith("-"):
-        parser.error("give the pretrain script first, e.g. pretrain_gpt.py, then its arguments")
+        raise LaunchError("give the pretrain script first, e.g. pretrain_gpt.py, then its arguments")
     return EnergyConfig.from_args(namespace), rest[0], rest[1:]
 
 
@@ -159,26 +197,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: The launcher's arguments; ``sys.argv[1:]`` when ``None``.
 
     Returns:
-        The exit status (the script's own ``sys.exit`` propagates unchanged).
+        The exit status (the script's own ``sys.exit`` propagates unchanged); 2 for a command line it
+        refuses (``launch_errors``).
     """
-    config, script, megatron_args = split_command(sys.argv[1:] if argv is None else argv)
-    if not (config.optimise or config.trace is not None):
-        put_script_folder_first(script)
-        run_script(script, megatron_args)
-        return 0
-    from megatron_energy.megatron.modes import (
-        UnsupportedModeError,
-        read_megatron_settings,
-        refused_in_argv,
-        require_supported,
-        uses_full_iteration_graph,
-    )
-
+    rank, _ = process_rank()
     try:
-        require_supported(refused_in_argv(megatron_args, config.mode if config.optimise else None))
-    except UnsupportedModeError as refused:
-        print(f"megatron_energy.launch: {refused}", file=sys.stderr)
-        return 2
+        config, script, megatron_args = split_command(sys.argv[1:] if argv is None else argv)
+        if not (config.optimise or config.trace is not None):
+            _require_script(script)
+            put_script_folder_first(script)
+            run_script(script, megatron_args)
+            return 0
+        settings = _runnable_settings(config, script, megatron_args)
+    except (LaunchError, UnsupportedModeError) as problem:
+        return refuse(problem, rank)
+    configure_logging(config.log_level, config.log_ranks)
+    aside = None if config.show_megatron_log else megatron_output_path(config.dir, rank)
+    with rank_output(aside):
+        _run_with_hooks(config, script, megatron_args, settings)
+    return 0
+
+
+def _require_script(script: str) -> None:
+    """Raise the launcher's refusal of a training script that is not there."""
+    problem = missing_script(script)
+    if problem is not None:
+        raise problem
+
+
+def _runnable_settings(config: EnergyConfig, script: str, megatron_args: list[str]) -> argparse.Namespace:
+    """Megatron's settings the launcher reads, once the command line is one it can run (else raise).
+
+    Raises:
+        UnsupportedModeError: Megatron runs in a mode whose instructions cannot be observed.
+        LaunchError: No script there, or tensor or context parallelism without a GPU.
+    """
+    from megatron_energy.megatron.modes import read_megatron_settings, refused_in_argv, require_supported
+
+    require_supported(refused_in_argv(megatron_args, config.mode if config.optimise else None))
+    _require_script(script)
+    settings = read_megatron_settings(megatron_args)
+    if settings.tensor_model_parallel_size > 1 or settings.context_parallel_size > 1:
+        import torch
+
+        problem = parallelism_without_gpu(
+            settings.tensor_model_parallel_size, settings.context_parallel_size, torch.cuda.is_available()
+        )
+        if problem is not None:
+            raise problem
+    return settings
+
+
+def _run_with_hooks(
+    config: EnergyConfig, script: str, megatron_args: list[str], settings: argparse.Namespace
+) -> None:
+    """Install the hooks and listeners the flags ask for, run the script, and take them out again."""
+    from megatron_energy.megatron.console_log import leave_energy_records_to_their_handler
+    from megatron_energy.megatron.modes import uses_full_iteration_graph
+
     put_script_folder_first(script)
     from megatron_energy.megatron.collective_runner import CapturedModel, capture_model
     from megatron_energy.megatron.hooks import install_hooks
@@ -188,7 +264,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.optimise:  # the collective runner applies the plan to the model megatron-training builds
         model, restore_model_setup = capture_model()
     listeners = build_listeners(config, model)
-    settings = read_megatron_settings(megatron_args)
     installation = install_hooks(
         ListenerFanout(listeners),
         microbatch_group_size=settings.microbatch_group_size_per_virtual_pipeline_stage,
@@ -198,13 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from megatron_energy.megatron.full_iteration import follow_full_iteration_graphs
 
         installation.on_uninstall(follow_full_iteration_graphs(installation.hooks))
+    leave_energy_records_to_their_handler()  # megatron-training's root handler is set up by now
     try:
         run_script(script, megatron_args)
     finally:
         installation.uninstall()
         restore_model_setup()
         close_listeners(listeners)
-    return 0
 
 
 if __name__ == "__main__":

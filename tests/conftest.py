@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from log_lines import release_lines
 
 from megatron_energy.dvfs.lease import RUN_DIR_ENV
 from megatron_energy.dvfs.spec import SPEC_DIRS_ENV
@@ -49,6 +50,13 @@ def spec_folders_of_this_test_only() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(SPEC_DIRS_ENV, raising=False)
         yield
+
+
+@pytest.fixture(autouse=True)
+def log_lines_of_this_test_only() -> Iterator[None]:
+    """Lines captured from ``megatron_energy``'s log (``log_lines.capture_lines``) stop at the test's end."""
+    yield
+    release_lines()
 
 
 @pytest.fixture(scope="session")

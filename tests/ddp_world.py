@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 import torch
+from log_lines import capture_lines
 from megatron_harness import PipelineWorld, TinyGpt
 
 from megatron_energy.pipeline.collective_names import END, GEMM_OVERLAP, CollectiveName
@@ -406,8 +407,8 @@ def _follow_a_session(
     orders = pipeline_orders(2, NUM_MICROBATCHES, 2)
     early, late = _plan(order, layout, True), _plan(order, layout, False)
     plan = _plan_of([early, late], stage, 2)
-    lines: list[str] = []
-    runner = CollectiveRunner(lambda: world.ddp, printer=lines.append)
+    lines = capture_lines()
+    runner = CollectiveRunner(lambda: world.ddp)
     state = SessionState()
     state.follow(runner)  # the session's port: the runner is told, it searches and polls nothing
     state.run(PlanRunner(plan, stage, orders.steps(stage)))

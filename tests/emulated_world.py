@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from log_lines import capture_lines
+
 from megatron_energy.config import EnergyConfig
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.pipeline.workload import TransformerShape
@@ -261,7 +263,8 @@ def run_emulated(
             log_interval=log_interval,
         )
         try:
-            session = build_session(config, context, comms[stage], printer=lines[stage].append)
+            capture_lines(lines[stage], this_thread_only=True)
+            session = build_session(config, context, comms[stage])
             for step in range(steps):
                 comms[stage].step, comms[stage].phase = step, session.phase
                 if stage == 0:

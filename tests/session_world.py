@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+from log_lines import capture_lines
 from megatron_harness import PipelineWorld, spawn_world
 
 from megatron_energy.config import EnergyConfig, PhaseSwitchingChoice, Planning
@@ -220,10 +221,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         log_sinks=(lambda name, value, iteration: scalars.append((name, value, iteration)),),
         collectives=collective_setup(args, settings.data_parallel_size, ranks_per_node=world_size),
     )
-    lines: list[str] = []
-
-    def printer(line: str) -> None:
-        lines.append(line)
+    lines = capture_lines()
 
     config = settings.energy_config()
     handle = None
@@ -243,7 +241,7 @@ def session_worker(rank: int, world_size: int, settings: SessionSettings) -> Ran
         )
         if rank in settings.nvml_refusing_ranks:
             handle.gpus.nvml = DriverWithoutReasons(handle.gpus)  # type: ignore[attr-defined]
-    session = build_session(config, context, comms, printer=printer, handle=handle)
+    session = build_session(config, context, comms, handle=handle)
     probe = OutsideClockProbe(session, context.local_device_index)
     installation = install_hooks(
         ListenerFanout([session, probe]),

@@ -139,6 +139,47 @@ def test_a_folder_failing_verification_is_moved_aside_whole_and_the_job_reprofil
     assert loaded.quarantined.is_dir(), "the quarantine stays"
 
 
+def test_a_corrupt_plan_alone_is_moved_aside_and_rebuilt_from_the_verified_profile(tmp_path: Path) -> None:
+    """Issue 44: a corrupt plan.json took the verified profile into quarantine; the job re-profiled."""
+    cache = JobCache(tmp_path, _planned("iso-time"))
+    cache.store(_artefacts("first"))
+    _same_size_edit(cache.folder)
+    damaged = (cache.folder / "plan.json").read_bytes()
+    seen: list[str] = []
+
+    def replan(artefacts: Mapping[str, bytes], fingerprint: str) -> dict[str, str]:
+        seen.append(artefacts["profile.csv"].decode())
+        return _artefacts("first") | {"plan.json": json.dumps({"target": "iso-time", "tag": "rebuilt"})}
+
+    loaded = JobCache(tmp_path, _planned("iso-time"), replan=replan).load()
+
+    assert loaded.hit and seen == [PROFILE + "first"], "planned from the folder's own verified profile"
+    assert json.loads(loaded.artefacts["plan.json"])["tag"] == "rebuilt"
+    assert loaded.quarantined is not None and loaded.quarantined.parent == cache.folder
+    assert [path.name for path in loaded.quarantined.iterdir()] == ["plan.json"]
+    assert (loaded.quarantined / "plan.json").read_bytes() == damaged, "the corrupt plan is kept"
+    assert "\n" not in loaded.message and "; profiling again" not in loaded.message
+    assert (
+        "plan.json does not match its checksum" in loaded.message
+        and str(loaded.quarantined) in loaded.message
+    )
+    assert loaded.message.endswith("rebuilt the plan from the verified profile, without profiling again")
+    assert JobCache(tmp_path, _planned("iso-time")).load().hit, "the rebuilt set verifies next time"
+
+
+def test_a_corrupt_profile_still_moves_the_folder_aside_whole_with_a_replan(tmp_path: Path) -> None:
+    cache = JobCache(tmp_path, _planned("iso-time"))
+    cache.store(_artefacts())
+    _truncate_profile(cache.folder)
+
+    def replan(artefacts: Mapping[str, bytes], fingerprint: str) -> dict[str, str]:
+        raise AssertionError("a corrupt profile is not planned from")
+
+    loaded = JobCache(tmp_path, _planned("iso-time"), replan=replan).load()
+    assert not loaded.hit and loaded.quarantined is not None and "profiling again" in loaded.message
+    assert {path.name for path in loaded.quarantined.iterdir()} >= {"profile.csv", "plan.json", MANIFEST}
+
+
 def test_set_aside_moves_a_verified_but_unusable_folder_whole_and_keeps_it(tmp_path: Path) -> None:
     cache = JobCache(tmp_path, _job())
     assert cache.set_aside() is None, "nothing cached: nothing to move"

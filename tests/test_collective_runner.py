@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
+from log_lines import capture_lines
 
 from megatron_energy import launch
 from megatron_energy.config import EnergyConfig
@@ -130,7 +131,8 @@ def test_the_runner_builds_swaps_and_removes_its_launcher_at_the_step_after_it_i
     launchers: list[RecordingLauncher],
 ) -> None:
     plan = _plan([EARLY, LATE])
-    runner = CollectiveRunner(lambda: ["chunk"], printer=pytest.fail)
+    lines = capture_lines()
+    runner = CollectiveRunner(lambda: ["chunk"])
     state = SessionState()
     state.follow(runner)
     runner.on_step_begin(0)
@@ -146,6 +148,7 @@ def test_the_runner_builds_swaps_and_removes_its_launcher_at_the_step_after_it_i
     state.stop()
     runner.on_step_begin(4)
     assert not launchers[1].installed and runner.launcher is None and len(launchers) == 2
+    assert lines == []  # nothing refused
     state.run(PlanRunner(plan, 0, ORDER))
     runner.on_step_begin(5)
     assert launchers[2].actions == EARLY and launchers[2].installed
@@ -158,8 +161,8 @@ def test_the_runner_builds_swaps_and_removes_its_launcher_at_the_step_after_it_i
 def test_a_plan_the_job_cannot_honour_is_reported_once_through_its_point_switches(
     launchers: list[RecordingLauncher],
 ) -> None:
-    lines: list[str] = []
-    runner = CollectiveRunner(lambda: None, printer=lines.append)  # the model chunks were not captured
+    lines = capture_lines()
+    runner = CollectiveRunner(lambda: None)  # the model chunks were not captured
     state = SessionState()
     state.follow(runner)
     plan = _plan([EARLY, LATE])

@@ -170,6 +170,22 @@ def test_the_energy_log_is_strict_json_naming_its_job_and_report_refuses_another
     assert status == 0
 
 
+def test_report_hints_only_flags_that_were_not_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, err = _status_and_err(["report", "--energy-dir", str(tmp_path)], capsys)
+    line = _one_error_line(err, "report")
+    assert status == 2 and str(tmp_path) in line and "--energy-dir" not in line
+    monkeypatch.chdir(tmp_path)  # no ./energy here
+    status, err = _status_and_err(["report"], capsys)
+    line = _one_error_line(err, "report")
+    assert (
+        status == 2
+        and "no job recorded under energy " in line
+        and line.endswith("pass the job's --energy-dir")
+    )
+
+
 def test_ctrl_c_in_a_command_ends_with_one_line_and_status_130(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -104,9 +104,7 @@ def test_the_launcher_reports_bad_input_once_before_running_the_script(
     script = tmp_path / "pretrain_gpt.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
     for bad in (["--energy-dir", str(a_file / "x")], ["--energy-gpu-spec", "h900"]):
-        with pytest.raises(SystemExit) as exit_info:
-            launch.main([str(script), "--num-layers", "2", "--energy-optimise", *bad])
-        assert exit_info.value.code == 2
+        assert launch.main([str(script), "--num-layers", "2", "--energy-optimise", *bad]) == 2
         err = capsys.readouterr().err
         assert err.count("error:") == 1 and "Traceback" not in err
     assert not marker.exists()

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from log_lines import capture_lines
 from megatron_harness import spawn_world
 
 pytestmark = pytest.mark.world  # spawns gloo worlds of megatron-core ranks
@@ -58,8 +59,8 @@ def _control_plane_worker(rank: int, world_size: int, fault: str | None) -> dict
     if fault == "no gloo":
         dist.is_gloo_available = lambda: False  # type: ignore[assignment]
     dist.get_backend = lambda group=None: "nccl"  # type: ignore[assignment]  # the job as the session sees it
-    lines: list[str] = []
-    comms = control_plane_comms(job, "cpu", lines.append)
+    lines = capture_lines()
+    comms = control_plane_comms(job, "cpu")
     report: dict[str, Any] = {
         "lines": lines,
         "created": created,

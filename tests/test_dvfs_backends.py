@@ -2,6 +2,7 @@
 
 import logging
 import os
+import sys
 
 import pytest
 import zeus.device.common
@@ -9,9 +10,10 @@ import zeus.device.gpu
 import zeus.device.gpu.nvidia
 from zeus.device.gpu.nvidia import pynvml
 
-from megatron_energy.dvfs.backends import open_gpus
+from megatron_energy.dvfs.backends import CudaWithoutNvmlError, open_gpus
 from megatron_energy.dvfs.controller import FrequencyController
 from megatron_energy.dvfs.simulated import SimulatedGPUs
+from megatron_energy.runtime.assembly import handle_lines
 
 H200_CLOCKS = list(range(1980, 344, -15))
 REMEDY_WORDS = (
@@ -129,12 +131,40 @@ def assert_names_remedies(text):
         assert word in text
 
 
-def test_auto_without_gpu_falls_back_to_simulated(no_gpu_library, tmp_path):
+def test_auto_without_gpu_falls_back_to_simulated_and_says_so_loudly(no_gpu_library, tmp_path):
     handle = open_gpus("auto", None, dry_run=False, state_path=tmp_path / "s.json")
     assert isinstance(handle.gpus, SimulatedGPUs)
     assert (handle.backend, handle.mode, handle.energy_source) == ("simulated", "control", "modelled")
     assert "no GPU found" in handle.reason
     assert handle.spec.name == "h200"
+    warning = handle.warning
+    assert (
+        warning is not None and "simulated NVIDIA H200" in warning and "GPU spec h200, the default" in warning
+    )
+    assert "every energy and time figure it logs is modelled, not measured" in warning
+    assert "--energy-backend simulated" in warning and "--energy-backend zeus" in warning
+    lines = handle_lines(handle, 0)
+    assert lines[1] == f"[energy] WARNING: {warning}" and handle_lines(handle, 1) == []
+    pinned = open_gpus("auto", "h100-sxm", dry_run=False, state_path=tmp_path / "t.json").warning
+    assert pinned is not None and "(GPU spec h100-sxm)" in pinned
+    assert open_gpus("simulated", None, dry_run=False, state_path=tmp_path / "u.json").warning is None
+
+
+def test_auto_refuses_to_simulate_where_cuda_sees_gpus_nvml_cannot_open(no_gpu_library, monkeypatch):
+    class Cuda:
+        @staticmethod
+        def device_count() -> int:
+            return 8
+
+    class Torch:
+        cuda = Cuda
+
+    monkeypatch.setitem(sys.modules, "torch", Torch)
+    with pytest.raises(CudaWithoutNvmlError) as refusal:
+        open_gpus("auto", None, dry_run=False)
+    message = str(refusal.value)
+    assert "CUDA sees 8 GPU(s) but zeus cannot open them" in message and "\n" not in message
+    assert "libnvidia-ml.so.1" in message and "--energy-backend simulated --energy-gpu-spec NAME" in message
 
 
 def test_simulated_backend_honours_spec_and_dry_run(tmp_path):

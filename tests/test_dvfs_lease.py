@@ -50,7 +50,7 @@ def _wait_dead(pid: int) -> None:
 
 @pytest.mark.slow
 def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_resets_the_clock(
-    tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, lease_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer, state_path, first_line = start_trainer(tmp_path, "sigkill")
     watchdog_pid = int(first_line.split()[1])
@@ -68,7 +68,9 @@ def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_res
 
     handle = open_gpus("simulated", "h200", False, local_index=0, num_simulated_gpus=1, state_path=state_path)
 
-    err = capsys.readouterr().err
+    (err,) = [
+        record.getMessage() for record in caplog.records if record.name == "megatron_energy.dvfs.backends"
+    ]
     assert f"pids trainer {trainer.pid}, watchdog {watchdog_pid}" in err
     assert f"left its SM clock locked at {LOCKED_MHZ} MHz; reset it" in err
     assert handle.mode == "control"
@@ -78,7 +80,7 @@ def test_a_trainer_and_watchdog_both_killed_leave_a_lease_and_the_next_start_res
 
 @pytest.mark.slow
 def test_a_live_owner_keeps_its_gpu_and_this_job_goes_monitor_only(
-    tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, lease_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer, state_path, _ = start_trainer(tmp_path, "sigterm")
     try:
@@ -88,7 +90,7 @@ def test_a_live_owner_keeps_its_gpu_and_this_job_goes_monitor_only(
         assert handle.mode == "monitor-only"
         assert f"GPU 0 is held by another job (pids trainer {trainer.pid}" in handle.reason
         assert len(_leases(lease_dir)) == 1, "the live job's lease stays"
-        assert "reset it" not in capsys.readouterr().err
+        assert "reset it" not in caplog.text
     finally:
         trainer.terminate()
         trainer.wait(10)
@@ -128,7 +130,7 @@ def test_a_reused_pid_is_not_taken_for_the_owner(lease_dir: Path, tmp_path: Path
 
 @pytest.mark.slow
 def test_dry_runs_neither_write_nor_act_on_leases(
-    tmp_path: Path, lease_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, lease_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer, state_path, first_line = start_trainer(tmp_path, "sigkill")
     os.kill(int(first_line.split()[1]), signal.SIGKILL)
@@ -146,7 +148,7 @@ def test_dry_runs_neither_write_nor_act_on_leases(
     controller.close()
     guard.close()
     assert _leases(lease_dir) == stale, "no lease written, none removed"
-    assert "reset it" not in capsys.readouterr().err
+    assert "reset it" not in caplog.text
 
 
 def test_the_run_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

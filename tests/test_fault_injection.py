@@ -58,6 +58,8 @@ from zygote import start_zygote
 from megatron_energy.dvfs.lease import OwnerProcess, lease_path
 from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, JobFacts, JobRecord
 from megatron_energy.events import read_trace
+from megatron_energy.log import configure_logging
+from megatron_energy.megatron.console_log import leave_energy_records_to_their_handler
 from megatron_energy.plan_file import load_plan, plan_text
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.cache_manifest import manifest_for
@@ -411,6 +413,8 @@ def _run_job(rank: int, job: Job, root: Path, world: PipelineWorld, meet: Any, r
         contextlib.redirect_stderr(output),
         inject(job.fault if rank == job.fault_rank else None, energy_dir),
     ):
+        configure_logging(config.log_level, config.log_ranks)  # as the launcher does
+        leave_energy_records_to_their_handler()
         listeners = launch.build_listeners(config)
         installation = install_hooks(ListenerFanout(listeners))
         world.config.timers = get_timers()
@@ -714,18 +718,26 @@ EXPECTED_FAILURE = {
 
 @pytest.mark.parametrize("damage_kind", DAMAGES)
 @pytest.mark.parametrize("name", DAMAGED_FILES)
-def test_a_damaged_cached_file_is_moved_aside_and_every_rank_profiles_again(
+def test_a_damaged_cached_file_is_moved_aside_and_every_rank_profiles_again_or_plans_again(
     fault_run: FaultRun, name: str, damage_kind: str
 ) -> None:
+    """A damaged profile or baseline: the folder moves aside whole and the job profiles again. A damaged plan
+    (issue 44): it moves aside alone, and the plan is rebuilt from the verified profile without profiling."""
     results = fault_run.job(f"{damage_kind}-{name}")
     assert_healthy_end(results)
-    assert results[0].phases == PLANNED_AFTER_PROFILING
+    plan_only = name == "plan.json"
+    assert results[0].phases == (("planned",) * JOB_STEPS if plan_only else PLANNED_AFTER_PROFILING)
     (message,) = lines_with(results[0], "failed verification")
-    assert name in message and "profiling again" in message
+    assert name in message
+    if plan_only:
+        assert message.endswith("rebuilt the plan from the verified profile, without profiling again")
+    else:
+        assert message.endswith("profiling again") and "without" not in message
     assert any(reason in message for reason in EXPECTED_FAILURE[damage_kind]), message
     folder = job_folder(fault_run.root / f"{damage_kind}-{name}")
     (aside,) = quarantines(folder)
     assert str(aside) in message
+    assert plan_only == ([path.name for path in aside.iterdir()] == [name]), "only the plan is set aside"
     clean = (job_folder(fault_run.root / "clean") / name).read_bytes()
     assert (aside / name).read_bytes() == damage(damage_kind, name, clean), "the damaged file must be kept"
     assert JobCache(folder.parent, _parts(folder)).load().hit, "the re-planned job must be cached again"
@@ -890,7 +902,7 @@ LEASE_RELEASE_LIMIT_S = 10.0
 
 
 def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_lock(
-    fault_run: FaultRun, capsys: pytest.CaptureFixture[str]
+    fault_run: FaultRun, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert fault_run.kill_targets, "the killed job never ran its cached plan on both ranks"
     for rank, seconds in fault_run.died_within_s.items():
@@ -912,7 +924,7 @@ def test_sigkill_of_the_parent_kills_the_ranks_and_the_next_start_reclaims_the_l
 
     handle = open_gpus("simulated", GPU_SPEC, False, local_index=0, state_path=one.state_path)
     assert handle.mode == "control"
-    message = capsys.readouterr().err
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "megatron_energy.dvfs.backends"]
     assert "a job that died" in message and "reset it to the default" in message
     assert not Path(one.lease_path).exists()
     assert json.loads(Path(one.state_path).read_text())["gpus"][0]["locked_sm_clock_mhz"] is None

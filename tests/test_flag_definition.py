@@ -44,6 +44,9 @@ SAMPLE_VALUES: dict[str, list[str]] = {
     "phase_switching": ["auto"],
     "memory_clock": ["auto"],
     "planning": ["auto"],
+    "log_level": ["info"],
+    "log_ranks": ["all"],
+    "show_megatron_log": [],
 }
 """A valid value for each flag (none for a switch): given alone, only the optimise rule can refuse it."""
 
@@ -145,6 +148,8 @@ def test_a_value_rule_is_the_fields_and_the_config_holds_every_field_to_it() -> 
         "phase_switching",
         "memory_clock",
         "planning",
+        "log_level",
+        "log_ranks",
     }
     for name in checked:
         flag = ENERGY_FLAGS[name]

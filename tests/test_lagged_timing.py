@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from log_lines import capture_lines
 
 from megatron_energy.config import EnergyConfig, Planning
 from megatron_energy.dvfs.meter import EnergyWindow
@@ -149,7 +150,7 @@ def _session(
         data_parallel_size=1,
         log_interval=log_interval,
     )
-    lines: list[str] = []
+    lines = capture_lines()
     session = EnergySession(
         # by default the plan is adopted as profiling ends (as on simulated GPUs): most tests time steps
         EnergyConfig(optimise=True, dir=tmp_path, profile_iters=1, planning=planning),
@@ -163,7 +164,6 @@ def _session(
         can_set_clocks=False,
         cache=JobCache(tmp_path, context.job_facts(spec.name)),
         spec=spec,
-        printer=lines.append,
     )
     # the fake counter names the host step it is read in: read it where the lap is asked for, exactly, so the
     # attribution below is deterministic (a real run reads it on a worker thread, a few µs later)
@@ -220,7 +220,7 @@ def test_close_flushes_the_last_step_with_its_own_energy(tmp_path, device):
     assert figures.energy_j == 1000.0 * last + 7.0
     assert figures.timing.samples[0].duration_s == pytest.approx(_forward_ms(last) / 1e3)
     assert session.energy_logger.window.window[-1] == (last, figures)
-    summaries = ("model vs measured at stock clocks", "plugin host time")  # the run's closing summaries
+    summaries = ("model vs measured at stock clocks", "plugin host time", "run totals")  # closing summaries
     closing = [line for line in lines if not any(summary in line for summary in summaries)]
     assert closing == [
         f"[energy] rank 0 iteration {last + 1} (last, this rank only): {figures.energy_j:.1f} J, "

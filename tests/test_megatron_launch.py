@@ -168,10 +168,26 @@ def test_the_launcher_traces_and_plans_megatrons_interleaved_order_per_rank(tmp_
             rank,
             [(i.kind, i.microbatch, i.chunk) for i in expected.stage(rank)],
         )
-    assert "not optimising" not in run.output
+    assert "not optimising" not in run.output and "too short to profile" not in run.output  # 9 is enough
     (plan_file,) = (tmp_path / "energy").glob("*/plan.json")
     plan = load_plan(plan_file)
     for rank in (0, 1):
         for point in plan.points:
             planned = [action.at.instruction for action in point.ranks[rank].actions]
             assert planned == list(expected.stage(rank))
+
+
+@pytest.mark.world
+def test_a_job_shorter_than_profiling_says_so_at_start(tmp_path: Path) -> None:
+    """Issue 44: ``--train-iters 5`` exited 0 with no plan, no profile kept and no word."""
+    argv = traced_plan_argv(MEGATRON_ARGS, tmp_path)
+    argv[argv.index("--train-iters") + 1] = "5"
+    run = run_launcher(argv, 2, tmp_path)
+    assert run.statuses == (0, 0), run.output[-4000:]
+    (line,) = [line for line in run.log(0).read_text().splitlines() if "too short to profile" in line]
+    assert "take at least 9 iterations" in line and "the job has 5 left (--train-iters 5)" in line
+    assert "keep no profile" in line and "give --train-iters 9 or more" in line
+    said = [text for text in run.log(0).read_text().splitlines() if text.startswith("[energy]")]
+    assert said.index(line) < 3, said  # at start: after the GPU's line, before anything of the first step
+    assert "too short to profile" not in run.log(1).read_text(), "rank 0 says it, once"
+    assert not list((tmp_path / "energy").glob("*/plan.json"))

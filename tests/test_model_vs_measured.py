@@ -83,7 +83,13 @@ def test_an_old_baseline_without_stages_compares_the_total_or_nothing():
 
 
 def record(
-    iteration: int, phase: str, change: float, low: float, high: float, resolved: bool
+    iteration: int,
+    phase: str,
+    change: float,
+    low: float,
+    high: float,
+    resolved: bool,
+    source: str = "measured",
 ) -> EnergyRecord:
     scalars = {"energy/j_per_iter_total": 1000.0, "energy/iteration_s": 1.7, "energy/window_iterations": 12.0}
     for prefix in ("energy/change_vs_stock", "energy/iteration_change_vs_stock"):
@@ -93,7 +99,7 @@ def record(
             f"{prefix}_high": high,
             f"{prefix}_resolved": float(resolved),
         }
-    return EnergyRecord(iteration, phase, "measured", scalars)
+    return EnergyRecord(iteration, phase, source, scalars)
 
 
 def test_the_report_section_states_the_stock_check_and_the_logged_savings(tmp_path):
@@ -124,6 +130,17 @@ def test_the_report_section_states_the_stock_check_and_the_logged_savings(tmp_pa
     assert f"  iteration time: {outside}" in lines and not any("slower" in line for line in lines)
     # without the log the report says how to get the savings
     assert "pass --log-file FILE" in model_vs_measured_lines(tmp_path, two_stage_plan(), None)[-1]
+
+
+def test_savings_on_simulated_gpus_are_headed_modelled(tmp_path):
+    (tmp_path / "baseline.json").write_text(baseline(source="modelled").to_json())
+    log = tmp_path / "log.jsonl"
+    append_record(log, record(30, "planned", -0.12, -0.14, -0.10, True, source="modelled"))
+    lines = model_vs_measured_lines(tmp_path, two_stage_plan(), log)
+    assert not any("measured savings" in line for line in lines)
+    assert any(line.startswith("modelled savings against stock clocks (iteration 30") for line in lines)
+    no_log = model_vs_measured_lines(tmp_path, two_stage_plan(), None)[-1]
+    assert no_log.startswith("savings against stock clocks: not shown")
 
 
 def test_baseline_json_round_trips_stages_and_source():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from log_lines import capture_lines
 
 from megatron_energy.config import EnergyConfig, add_energy_args
 from megatron_energy.dvfs.meter import EnergyWindow
@@ -152,8 +153,8 @@ class RecordingSession:
     class context:  # noqa: N801 - what the listener reads of a JobContext
         global_rank = 0
 
-    def printer(self, line: str) -> None:
-        self.lines.append(line)
+    def __post_init__(self) -> None:
+        capture_lines(self.lines)
 
     def on_step_begin(self, step: int) -> None:
         self.begun.append(step)

@@ -123,6 +123,22 @@ def test_row_warnings_name_rows_faster_at_a_lower_clock():
     assert "but uses more energy" in str(warnings[0])
 
 
+def test_rounding_noise_is_no_row_warning():
+    """Times equal but for the 16th digit (a clock-insensitive time after arithmetic) warn of nothing."""
+    time_s = 0.1 + 0.2  # 0.30000000000000004
+    profile = _profile(
+        {(0, "forward"): [(1410, time_s, 10.0), (1200, 0.3, 9.0)], (0, "backward"): [(1410, 2.0, 20.0)]}
+    )
+    assert profile.row_warnings() == []
+    real = _profile(
+        {
+            (0, "forward"): [(1410, 0.3 * (1 + 1e-6), 10.0), (1200, 0.3, 9.0)],
+            (0, "backward"): [(1410, 2.0, 20.0)],
+        }
+    )
+    assert [w.clock_mhz for w in real.row_warnings()] == [1200]
+
+
 def test_noisy_family_profiles_get_row_warnings():
     noisy = family_profile(ProfileFamily(4, noise=0.01), 1)
     assert len(noisy.row_warnings()) > 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import random
 import re
 import statistics
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from job_facts import job_facts, read_back
+from log_lines import capture_lines
 from reductions import PeerComms, over_ranks
 
 from megatron_energy.config import EnergyConfig
@@ -206,17 +208,15 @@ def test_a_phase_window_leaves_out_its_settling_step_and_restarts_with_each_phas
     assert window.rank_window().first_step == -1
 
 
-def test_publish_prints_the_line_and_writes_every_scalar_to_every_sink():
-    printed: list[str] = []
+def test_publish_logs_the_line_and_writes_every_scalar_to_every_sink(caplog):
     first: list[tuple[str, float, int]] = []
     second: list[tuple[str, float, int]] = []
     scalars = {"energy/a": 1.5, "energy/b": -2.0, "energy/c": 0.0}
 
-    publish(
-        "the line", scalars, 42, [lambda *a: first.append(a), lambda *a: second.append(a)], printed.append
-    )
+    with caplog.at_level(logging.INFO, logger="megatron_energy"):
+        publish("the line", scalars, 42, [lambda *a: first.append(a), lambda *a: second.append(a)])
 
-    assert printed == ["the line"]
+    assert caplog.messages == ["the line"]
     expected = sorted((name, value, 42) for name, value in scalars.items())
     assert sorted(first) == expected
     assert sorted(second) == expected
@@ -732,7 +732,7 @@ SAFETY_STEPS = 3
 
 
 def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True, log_interval: int = 1000):
-    controller, comms, lines = _Controller(), _PeerComms(data_parallel_size), []
+    controller, comms, lines = _Controller(), _PeerComms(data_parallel_size), capture_lines()
     timer = _Timer(controller)
     spec = load_gpu_spec("h100-sxm")
     context = JobContext(
@@ -757,7 +757,6 @@ def _session(tmp_path, data_parallel_size: int = 2, can_set_clocks: bool = True,
         can_set_clocks=can_set_clocks,
         cache=JobCache(tmp_path, context.job_facts(spec.name)),
         spec=spec,
-        printer=lines.append,
     )
     return session, timer, comms, controller, lines
 

@@ -72,8 +72,9 @@ def output_folder(text: str) -> Path:
 
 
 def plain_text(docstring: str) -> str:
-    """A docstring as ``--help`` shows it: reST markup (double backquotes, roles, emphasis) taken out."""
+    """A docstring as ``--help`` shows it: reST markup (double backquotes, roles, emphasis, ``::``) out."""
     text = re.sub(r":\w+:`~?([^`]+)`", r"\1", docstring)  # :func:`name` -> name
+    text = re.sub(r"::$", ":", text, flags=re.MULTILINE)  # a literal block's "::" -> ":"
     text = re.sub(r"``([^`]+)``", r"\1", text)
     text = re.sub(r"`([^`]+)`", r"\1", text)
     return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", text)

@@ -28,6 +28,7 @@ import json
 import time
 from pathlib import Path
 
+from megatron_energy.commands.arguments import plain_text
 from megatron_energy.dvfs.calibrated_spec import calibrate_spec
 from megatron_energy.dvfs.calibration import (
     CalibrationRun,
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "calibrate",
         help="fit a GPU spec to what this GPU does at stock clocks (read-only: nothing on it is changed)",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--gpu", type=int, default=0, help="the CUDA/NVML index of the GPU to measure")

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         return fail("demo", problem)
     gpu = load_gpu_spec(job.energy.gpu_spec or "").name
-    job.log_file.unlink(missing_ok=True)  # the summary reads this run's records only
+    log_start_byte = job.log_file.stat().st_size if job.log_file.is_file() else 0  # the log is appended
     print(
         f"megatron-energy demo: {job.pipeline_size} processes run megatron-core's pipeline schedule on CPU "
         f"(a tiny GPT over gloo); simulated {gpu} GPUs time every instruction as a {job.model} stage "
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                 f"the job's profile is kept in {folder}, so a run with a reachable --energy-target re-plans "
                 "from it without profiling",
             )
-        summary = load_summary(folder, job.log_file)
+        summary = load_summary(folder, job.log_file, log_start_byte)  # this run's records only
         report = write_job_report(folder)
     except (ReportError, SummaryError) as problem:  # say what to do themselves
         return fail("demo", problem)

@@ -145,8 +145,13 @@ class DemoJob:
         return args
 
     def launcher_energy_config(self) -> EnergyConfig:
-        """The configuration the ranks get: the demo's, on simulated GPUs, logging to :attr:`log_file`."""
-        return replace(self.energy, optimise=True, backend="simulated", log_file=self.log_file)
+        """The configuration the ranks get: the demo's, on simulated GPUs, logging to :attr:`log_file`.
+
+        Megatron's argument list stays in the ranks' output, which the demo keeps in :attr:`ranks_log`.
+        """
+        return replace(
+            self.energy, optimise=True, backend="simulated", log_file=self.log_file, show_megatron_log=True
+        )
 
     def command(self, master_port: int) -> list[str]:
         """The ``torch.distributed.run`` command line that runs the job through the energy launcher.

@@ -8,6 +8,7 @@ rules a command line is.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 MIN_GRID_MHZ = 100
@@ -38,6 +39,20 @@ def block_problem(value: object) -> str | None:
     """Why ``value`` is neither 0 (off) nor a block of at least 2 iterations, or ``None``."""
     if isinstance(value, bool) or not isinstance(value, int) or (value != 0 and value < 2):
         return "must be 0 (off) or a block of at least 2 iterations (the first of a block is left out)"
+    return None
+
+
+def grid_intensity_problem(value: object) -> str | None:
+    """Why ``value`` is neither ``None`` (no CO₂ figure) nor a positive finite grid intensity, or ``None``."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        return "must be a positive finite number of grams of CO2 per kWh, e.g. 400"
     return None
 
 

@@ -17,6 +17,7 @@ from megatron_energy.config.checks import (
     block_problem,
     clock_grid_problem,
     fraction_problem,
+    grid_intensity_problem,
     power_floor_problem,
     power_target_problem,
     smooth_target_problem,
@@ -26,6 +27,7 @@ from megatron_energy.config.flag import FLAG, EnergyFlag, flag_dest
 from megatron_energy.config.values import known_gpu_spec, parse_freq_grid
 from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.log import LOG_LEVELS, LOG_RANKS, LogLevel, LogRanks
 from megatron_energy.optimisers.registry import mode_problem
 from megatron_energy.target import EnergyTarget, parse_target
 
@@ -133,7 +135,8 @@ class EnergyConfig:
                 choices=BACKENDS,
                 help="""GPU backend: ``zeus`` (real GPUs through NVML, amdsmi or zeusd), ``simulated`` (GPUs
                 driven by the time/power model of ``--energy-gpu-spec``), or ``auto`` (real GPUs when there
-                are any).""",
+                are any, else simulated ones, with a warning at start that every figure is modelled; refused
+                where CUDA sees GPUs that NVML cannot open).""",
             )
         },
     )
@@ -237,6 +240,21 @@ class EnergyConfig:
         },
     )
 
+    grid_gco2_per_kwh: float | None = field(
+        default=None,
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-grid-gco2-per-kwh",),
+                parse=float,
+                check=grid_intensity_problem,
+                metavar="G",
+                help="""The electricity grid's carbon intensity in grams of CO2 per kWh: the run's totals at
+                its end (``runtime.energy_log.run_totals``) then also state its CO2 in kg, and the saving's
+                (GPU energy only; the grid's figure is the user's). Unset: no CO2 figure.""",
+            )
+        },
+    )
+
     safety_tolerance: float = field(
         default=0.05,
         metadata={
@@ -323,6 +341,44 @@ class EnergyConfig:
                 (``runtime.planning_round.planner_process``); ``wait`` has training wait for that process at
                 the step profiling ends; ``auto``: background on real GPUs, wait on simulated ones (their
                 virtual clock stands still while the host plans, so waiting keeps runs deterministic).""",
+            )
+        },
+    )
+
+    log_level: LogLevel = field(
+        default="info",
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-log-level",),
+                choices=LOG_LEVELS,
+                help="""The least severe messages the plugin logs (its ``megatron_energy`` loggers, one per
+                module; ``megatron_energy.log``): ``warning`` keeps only what went wrong, ``debug`` adds
+                detail.""",
+            )
+        },
+    )
+
+    log_ranks: LogRanks = field(
+        default="0",
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-log-ranks",),
+                choices=LOG_RANKS,
+                help="""Which ranks print the messages every rank would print alike: ``0`` (rank 0 only) or
+                ``all``. Messages about one rank are printed by that rank, naming it (``rank N``).""",
+            )
+        },
+    )
+
+    show_megatron_log: bool = field(
+        default=False,
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-show-megatron-log",),
+                switch=True,
+                help="""Launcher: keep Megatron's argument list and megatron-core's known warnings about
+                missing Transformer Engine, Apex or absl on the console; without it they go to
+                ``megatron-output/rank<N>.log`` in ``--energy-dir`` (``megatron_energy.launch_output``).""",
             )
         },
     )

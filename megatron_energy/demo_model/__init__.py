@@ -15,23 +15,19 @@ Modules:
 
 from pathlib import Path
 
+from megatron_energy.launch_output import KNOWN_WARNINGS
+
 TRAINING_SCRIPT = Path(__file__).resolve().with_name("pretrain_tiny_gpt.py")
 """The demo's training script, run as ``__main__`` by ``python -m megatron_energy.launch``."""
 
-CPU_RUN_WARNINGS: tuple[str, ...] = (
-    "Transformer Engine and Apex are not installed",
-    "Apex is not installed",
-    "Only transformer-engine>=",
-    "absl.logging is not installed",
-)
-"""Beginnings of the warnings megatron-core gives where Transformer Engine, Apex or absl are missing: a CPU
-run never has them, so the warnings say nothing there."""
-
 
 def python_warnings_filter() -> str:
-    """A ``PYTHONWARNINGS`` value that hides :data:`CPU_RUN_WARNINGS` from interpreter start on.
+    """A ``PYTHONWARNINGS`` value that hides ``launch_output.KNOWN_WARNINGS`` from interpreter start on.
+
+    Those are megatron-core's warnings about a missing Transformer Engine, Apex or absl: a CPU run never
+    has them.
 
     Set in the environment of the demo's ranks, it applies before anything imports megatron (the launcher
     imports it before the training script runs).
     """
-    return ",".join(f"ignore:{start}:UserWarning" for start in CPU_RUN_WARNINGS)
+    return ",".join(f"ignore:{start}:UserWarning" for start in KNOWN_WARNINGS)

@@ -27,12 +27,13 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from megatron_energy.config import Backend
 from megatron_energy.dvfs.lease import repair_stale_lease
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 
 if TYPE_CHECKING:
     from zeus.device.gpu.common import GPUs
@@ -46,11 +47,19 @@ Mode = Literal["control", "dry-run", "monitor-only"]
 DEFAULT_SIMULATED_SPEC = "h200"
 _ZEUSD_ENV = ("ZEUSD_SOCK_PATH", "ZEUSD_HOST_PORT")
 
-REMEDIES = (
+PERMISSION_REMEDY = (
     "To let megatron_energy set clocks: run as root, or grant the process CAP_SYS_ADMIN, or run the zeus "
-    "daemon (zeusd) with GPU control enabled and set ZEUSD_SOCK_PATH. To rehearse without changing clocks "
-    "use --energy-dry-run; to run without a GPU use --energy-backend simulated."
+    "daemon (zeusd) with GPU control enabled and set ZEUSD_SOCK_PATH."
 )
+"""What gives a process permission to set clocks."""
+REMEDIES = (
+    f"{PERMISSION_REMEDY} To rehearse without changing clocks use --energy-dry-run; to run without a GPU use "
+    "--energy-backend simulated."
+)
+
+
+class CudaWithoutNvmlError(EnergyValueError):
+    """``--energy-backend auto`` where CUDA sees GPUs that zeus cannot open (a container without NVML)."""
 
 
 def monitor_only_message(why: str) -> str:
@@ -72,6 +81,8 @@ class GpuHandle:
         reason: Why this backend and mode (one sentence or the monitor-only message).
         backend: ``"zeus"`` or ``"simulated"``.
         spec: The GPU spec (always for simulated GPUs; for real GPUs when one matches the GPU's name).
+        warning: What rank 0 must say loudly at start, or None: ``auto`` found no GPU and chose simulated
+            ones, so every figure is modelled (which spec, and how to pin the backend).
     """
 
     gpus: GPUs
@@ -79,6 +90,7 @@ class GpuHandle:
     reason: str
     backend: Literal["zeus", "simulated"]
     spec: GpuSpec | None
+    warning: str | None = None
 
     @property
     def energy_source(self) -> Literal["measured", "modelled"]:
@@ -113,8 +125,13 @@ def open_gpus(
         emulation: How simulated GPUs depart from exact (counter noise, hidden energies, work between two
             schedules); exact when ``None``.
 
+    ``auto`` without a GPU zeus can open runs on simulated GPUs and says so loudly (``GpuHandle.warning``),
+    unless CUDA sees GPUs in this process: a GPU node whose container lacks NVML would otherwise log a
+    model's figures as its own, so that is refused.
+
     Raises:
         ValueError: For an unknown backend or spec name.
+        CudaWithoutNvmlError: ``auto`` where CUDA sees GPUs that zeus cannot open.
     """
     if backend not in ("auto", "zeus", "simulated"):
         raise ValueError(f"unknown GPU backend {backend!r}; use auto, zeus or simulated")
@@ -128,13 +145,18 @@ def open_gpus(
             "--energy-backend simulated",
             emulation,
         )
-    gpus, failure = _open_zeus_gpus()
+    gpus, failure = open_zeus_gpus()
     if gpus is None or len(gpus) == 0:
         why = f"no GPU found ({failure or 'zeus sees no GPU'})"
         if backend == "auto":
-            return _open_simulated(
+            _refuse_cuda_without_nvml(why)
+            handle = _open_simulated(
                 spec_name, dry_run, num_simulated_gpus, state_path, local_index, f"auto: {why}", emulation
             )
+            warning = auto_simulated_warning(
+                why, load_gpu_spec(spec_name or DEFAULT_SIMULATED_SPEC), not spec_name
+            )
+            return replace(handle, warning=warning)
         return _monitor_only(_empty_gpus(), why, None)
     if local_index is None:
         local_index = _default_local_index(len(gpus))
@@ -188,6 +210,39 @@ def _open_simulated(
     return GpuHandle(gpus, "control", reason, "simulated", spec)
 
 
+def auto_simulated_warning(why: str, spec: GpuSpec, default_spec: bool) -> str:
+    """What ``auto`` says on finding no GPU: simulated GPUs of which spec, every figure modelled."""
+    chosen = ", the default; --energy-gpu-spec NAME picks another" if default_spec else ""
+    return (
+        f"--energy-backend auto found no GPU ({why}): this run is on a simulated {spec.display_name} (GPU "
+        f"spec {spec.name}{chosen}), and every "
+        "energy and time figure it logs is modelled, not measured. Pin the backend: --energy-backend "
+        "simulated to rehearse on the model, --energy-backend zeus to require real GPUs."
+    )
+
+
+def _refuse_cuda_without_nvml(why: str) -> None:
+    """Raise where CUDA sees GPUs in this process although zeus opened none (``auto`` must not simulate).
+
+    Only a process that imported torch is asked (a training rank); offline commands never are.
+
+    Raises:
+        CudaWithoutNvmlError: CUDA sees at least one GPU.
+    """
+    torch = sys.modules.get("torch")
+    try:
+        visible = 0 if torch is None else int(torch.cuda.device_count())
+    except Exception:  # a broken CUDA install: no GPU to speak of
+        visible = 0
+    if visible:
+        raise CudaWithoutNvmlError(
+            f"--energy-backend auto: CUDA sees {visible} GPU(s) but zeus cannot open them ({why}); a "
+            "simulated GPU would log a model's figures as this GPU's, so none stands in: make NVML reachable "
+            "(the driver's libnvidia-ml.so.1 in the container, the nvidia-ml-py package), or pin "
+            "--energy-backend simulated --energy-gpu-spec NAME to rehearse on the model"
+        )
+
+
 def _default_local_index(num_gpus: int) -> int:
     """``$LOCAL_RANK``, or 0 when unset or when fewer GPUs are visible (one visible GPU per process)."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -195,18 +250,18 @@ def _default_local_index(num_gpus: int) -> int:
 
 
 def _claim(gpus: GPUs, index: int) -> str | None:
-    """Reset GPU ``index``'s clocks if a dead job's lease says it left them locked (and say so on stderr).
+    """Reset GPU ``index``'s clocks if a dead job's lease says it left them locked (and log it).
 
     Returns:
         Why this job must not control the GPU (another job that still runs holds it), or None.
     """
     usable, note = repair_stale_lease(gpus, index)
     if usable and note is not None:
-        print(f"[megatron_energy] {note}", file=sys.stderr, flush=True)
+        logger.warning(note)
     return None if usable else note
 
 
-def _open_zeus_gpus() -> tuple[GPUs | None, str | None]:
+def open_zeus_gpus() -> tuple[GPUs | None, str | None]:
     """Return (zeus GPUs or None, a description of what failed or None).
 
     If zeusd is configured but unusable (unreachable, no GPU-control scope), the GPUs are opened again
@@ -232,12 +287,12 @@ def _open_zeus_gpus() -> tuple[GPUs | None, str | None]:
 
 def _why_no_control(gpus: GPUs, index: int) -> str | None:
     """Return why clocks cannot be set on GPU ``index``, or None if they can; probes once if it must."""
-    from zeus.device.common import has_sys_admin
     from zeus.device.gpu.common import ZeusGPUNoPermissionError, ZeusGPUNotSupportedError
     from zeus.exception import ZeusBaseError
 
-    if not _uses_zeusd(gpus) and not has_sys_admin():
-        return "this process has no SYS_ADMIN capability and zeusd is not configured (ZEUSD_SOCK_PATH unset)"
+    refusal = permission_problem(gpus)
+    if refusal is not None:
+        return refusal
     try:
         gpus.reset_gpu_locked_clocks(index)
     except ZeusGPUNoPermissionError as error:
@@ -246,6 +301,18 @@ def _why_no_control(gpus: GPUs, index: int) -> str | None:
         return f"GPU {index} ({gpus.get_name(index)}) does not support locked clocks ({error})"
     except ZeusBaseError as error:
         return f"the clock reset probe on GPU {index} failed: {type(error).__name__}: {error}"
+    return None
+
+
+def permission_problem(gpus: GPUs) -> str | None:
+    """Why this process may not set the clocks of ``gpus``, judged without touching them; None if it may try.
+
+    zeusd grants clock control to whoever reaches it; without zeusd the process needs ``SYS_ADMIN``.
+    """
+    from zeus.device.common import has_sys_admin
+
+    if not _uses_zeusd(gpus) and not has_sys_admin():
+        return "this process has no SYS_ADMIN capability and zeusd is not configured (ZEUSD_SOCK_PATH unset)"
     return None
 
 

@@ -167,7 +167,7 @@ def write_lease(
 
 def remove_lease(path: Path, trainer_pid: int) -> None:
     """Remove the lease at ``path`` if the trainer ``trainer_pid`` owns it (a newer job's lease stays)."""
-    lease = _read(path)
+    lease = read_lease(path)
     if lease is not None and lease["owners"].get("trainer", {}).get("pid") == trainer_pid:
         path.unlink(missing_ok=True)
 
@@ -185,7 +185,7 @@ def repair_stale_lease(gpus: GPUs, index: int, folder: Path | None = None) -> tu
         one line to show (None when there was no lease, or the lease is this process's own).
     """
     path = lease_path(gpus, index, folder)
-    lease = _read(path)
+    lease = read_lease(path)
     if lease is None:
         return True, None
     owners = {role: OwnerProcess(o["pid"], o.get("start_ticks")) for role, o in lease["owners"].items()}
@@ -214,7 +214,7 @@ def repair_stale_lease(gpus: GPUs, index: int, folder: Path | None = None) -> tu
     )
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_lease(path: Path) -> dict[str, Any] | None:
     """The lease at ``path``, or None if there is none; an unreadable one is logged and treated as none."""
     try:
         lease = json.loads(path.read_text(encoding="utf-8"))

@@ -16,7 +16,7 @@ On the launcher path the model chunks come from :func:`capture_model`, which wra
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,8 @@ from megatron_energy.megatron.collective_launch import CollectiveLauncher
 from megatron_energy.megatron.communicators import BudgetCommunicators
 from megatron_energy.plan import Action, CollectiveAction, Plan
 from megatron_energy.runtime.parts import RunningPoint
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from megatron_energy.megatron.session_factory import DeferredSession
@@ -41,20 +43,17 @@ class CollectiveRunner:
         model_chunks: Returns this rank's ``DistributedDataParallel`` chunks (``None`` until built).
         communicator_config: The job's ``--nccl-communicator-config-path`` mapping, or ``None``; or a callable
             returning it, called when the first plan starts (Megatron's arguments exist by then).
-        printer: Where a refused plan is reported.
     """
 
     def __init__(
         self,
         model_chunks: ModelChunks,
         communicator_config: CommunicatorConfig | Callable[[], CommunicatorConfig] = None,
-        printer: Callable[[str], Any] | None = None,
     ) -> None:
         self._model_chunks = model_chunks
         self._config_source = communicator_config
         self._communicators: BudgetCommunicators | None = None
         self._config: CommunicatorConfig = None
-        self._printer = printer or (lambda line: print(line, file=sys.stderr))
         self._told: RunningPoint | None = None
         self._running: RunningPoint | None = None
         self._refused: list[Plan] = []
@@ -106,7 +105,7 @@ class CollectiveRunner:
 
     def _refuse(self, running: RunningPoint, reason: str) -> None:
         self._refused.append(running.plan)
-        self._printer(
+        logger.info(
             f"[energy] pipeline rank {running.stage}: the plan's collective actions are not applied (its "
             f"clocks are): {reason}"
         )

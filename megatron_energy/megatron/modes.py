@@ -178,6 +178,8 @@ def megatron_settings_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hybrid-context-parallel", action="store_true")
     parser.add_argument("--microbatch-group-size-per-virtual-pipeline-stage", type=int, default=None)
     parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    parser.add_argument("--context-parallel-size", type=int, default=1)
     parser.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
     parser.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
     return parser

@@ -9,10 +9,9 @@ do, and training goes on at stock clocks.
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
 import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +33,11 @@ from megatron_energy.runtime.control_plane.comms import Group, TorchComms
 from megatron_energy.runtime.control_plane.gloo_groups import control_plane_comms
 from megatron_energy.runtime.energy_log.overhead_check import OverheadCheck, OverheadResult
 from megatron_energy.runtime.parts import PlanFollower
+from megatron_energy.runtime.profiling.job_length import too_short_line
 from megatron_energy.runtime.running.collective_points import CollectivePlanError
+from megatron_energy.runtime.session_phase import SessionPhase
+
+logger = logging.getLogger(__name__)
 
 
 def transformer_shape(args: Any) -> TransformerShape:
@@ -105,6 +108,7 @@ def parallel_job_context(
     log_sinks: tuple[Any, ...] = (),
     collectives: CollectiveSetup | None = None,
     full_iteration_graph: bool = False,
+    megatron_log_energy: bool = False,
 ) -> tuple[JobContext, TorchComms]:
     """This rank's ``JobContext`` and collectives from megatron-core's initialised parallel state.
 
@@ -121,6 +125,7 @@ def parallel_job_context(
         log_sinks: Scalar writers ``(name, value, step)``.
         collectives: The job's collectives as Megatron configured them (``megatron.collective_setup``).
         full_iteration_graph: Megatron captures the training step as one CUDA graph.
+        megatron_log_energy: Megatron's own ``--log-energy`` is on.
 
     Returns:
         The context and the collectives: over this rank's pipeline, tensor(-and-context) and data-parallel
@@ -156,14 +161,14 @@ def parallel_job_context(
         local_device_index=torch.cuda.current_device() if device == "cuda" else 0,
         log_interval=log_interval,
         log_sinks=log_sinks,
+        megatron_log_energy=megatron_log_energy,
     )
-    warn = functools.partial(print, file=sys.stderr)
     groups: dict[Group, Any] = {
         "pipeline": ps.get_pipeline_model_parallel_group(),
         "tensor": ps.get_tensor_and_context_parallel_group(),
         "data": ps.get_data_parallel_group(),
     }
-    return context, control_plane_comms(groups, device, warn)
+    return context, control_plane_comms(groups, device)
 
 
 def megatron_job_context(
@@ -204,6 +209,7 @@ def megatron_job_context(
         if full_iteration
         else collective_setup(args, data_parallel, ranks_per_node, buckets=buckets),
         full_iteration_graph=full_iteration,
+        megatron_log_energy=bool(getattr(args, "log_energy", False)),
     )
 
 
@@ -218,6 +224,24 @@ def graph_settling_steps() -> int:
     if getattr(args, "cuda_graph_impl", "none") in (None, "none"):
         return 0
     return int(getattr(args, "cuda_graph_warmup_steps", 0) or 0) + 1
+
+
+def training_length(step: int) -> tuple[int, int] | None:
+    """Megatron's ``--train-iters`` and the iterations left from step ``step`` of this process on.
+
+    The iterations done before it are Megatron's ``curr_iteration`` (a resumed job's included), else the
+    checkpoint's ``iteration`` plus ``step``. ``None`` for a job sized by ``--train-samples``.
+    """
+    from megatron.training.global_vars import get_args
+
+    args = get_args()
+    train_iters = getattr(args, "train_iters", None)
+    if not train_iters:
+        return None
+    done = getattr(args, "curr_iteration", None)
+    if done is None:
+        done = (getattr(args, "iteration", 0) or 0) + step
+    return int(train_iters), int(train_iters) - int(done)
 
 
 class DeferredSession:
@@ -240,12 +264,13 @@ class DeferredSession:
         """Follow the session's state from its start: told which plan point runs, and each change
         (``collective_runner.follow_session``)."""
 
-    def _start(self) -> None:
+    def _start(self, step: int) -> None:
         from megatron_energy.runtime.assembly import build_session
 
         try:
             context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
+            self._say_if_too_short(step)
             for follower in self.plan_followers:
                 self.session.state.follow(follower)
             if self.config.overhead_check:
@@ -253,10 +278,7 @@ class DeferredSession:
                 self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
-            print(
-                f"[energy] not optimising, training continues at stock clocks: {problem}",
-                file=sys.stderr,
-            )
+            logger.info(f"[energy] not optimising, training continues at stock clocks: {problem}")
 
     def on_step_begin(self, step: int) -> None:
         """Build the session on the first step after any CUDA graph warm-up and capture, then forward.
@@ -269,13 +291,23 @@ class DeferredSession:
         if self.session is None and not self.failed:
             if step < graph_settling_steps():
                 return
-            self._start()
+            self._start(step)
         if self.session is None:
             return
         if self.overhead_check is not None:
             self._active = self.overhead_check.before_step(step, self.session)
         if self._active:
             self.session.on_step_begin(step)
+
+    def _say_if_too_short(self, step: int) -> None:
+        """Rank 0, as profiling starts: one line if the job ends first (``runtime.profiling.job_length``)."""
+        session = self.session
+        if session.context.global_rank != 0 or session.phase != SessionPhase.PROFILING:
+            return
+        length = training_length(step)
+        line = None if length is None else too_short_line(session.collector, length[1], length[0])
+        if line is not None:
+            logger.info(line)
 
     def _taking_part(self) -> bool:
         return self.session is not None and self._active
@@ -330,7 +362,7 @@ class DeferredSession:
         if check is not None:
             result = check.result()
             rank = self.session.context.global_rank
-            self.session.printer(
+            logger.info(
                 f"[energy] rank {rank}: "
                 + (
                     "overhead check: fewer than two complete pairs of blocks ran; train longer or give a "

@@ -38,6 +38,9 @@ PROFILE_SOURCES: tuple[str, ...] = get_args(ProfileSource)
 CSV_COLUMNS = ("stage", "instruction", "frequency", "time", "energy")
 SOURCE_COLUMN = "source"
 """The CSV column that states the profile's provenance."""
+ROW_WARNING_RELATIVE_TOLERANCE = 1e-9
+"""How much longer (relative) a higher clock's time must be for a lower clock's row to be worth a warning:
+times equal up to floating-point rounding (a model's clock-insensitive time, a CSV round trip) are not."""
 
 
 @dataclass(frozen=True)
@@ -203,13 +206,21 @@ class Profile:
     def row_warnings(self) -> list[RowWarning]:
         """Rows faster at a lower clock than at some higher clock, by instruction and clock.
 
-        Each lower-clock row is reported once, against the highest clock that takes longer than it.
+        Each lower-clock row is reported once, against the highest clock that takes longer than it by more
+        than ``ROW_WARNING_RELATIVE_TOLERANCE`` (relative), so rounding noise is not reported.
         """
         warnings = []
         for key in self.keys():
             by_clock = sorted(self._options[key], key=lambda option: -option.clock_mhz)
             for position, option in enumerate(by_clock):
-                slower = next((high for high in by_clock[:position] if high.time_s > option.time_s), None)
+                slower = next(
+                    (
+                        high
+                        for high in by_clock[:position]
+                        if high.time_s > option.time_s * (1 + ROW_WARNING_RELATIVE_TOLERANCE)
+                    ),
+                    None,
+                )
                 if slower is not None:
                     warnings.append(
                         RowWarning(

@@ -65,12 +65,14 @@ class DemoSummary:
     """``measured`` or ``modelled``: where the run's figures come from."""
 
 
-def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
+def load_summary(job_folder: Path, log_file: Path, log_start_byte: int = 0) -> DemoSummary:
     """Read the job's baseline and plan and the run's energy log.
 
     Args:
         job_folder: ``<energy dir>/<fingerprint>`` of the job that ran.
         log_file: The ``--energy-log-file`` the ranks wrote (one record per iteration).
+        log_start_byte: The log's size before the run: earlier runs' records (the log is appended) are
+            left out.
 
     Raises:
         SummaryError: Fewer than two iterations ran the plan, or no stock baseline was measured.
@@ -81,7 +83,9 @@ def load_summary(job_folder: Path, log_file: Path) -> DemoSummary:
     baseline = StockBaseline.from_json(files.baseline.read_text(encoding="utf-8"))
     plan = load_plan(files.plan, expected_fingerprint=files.fingerprint)
     records = [
-        record for record in read_job_records(log_file, files.fingerprint) if record.phase == "planned"
+        record
+        for record in read_job_records(log_file, files.fingerprint, log_start_byte)
+        if record.phase == "planned"
     ]
     if len(records) < 2:
         raise SummaryError(

@@ -5,7 +5,8 @@ The job folder (``<energy dir>/<fingerprint>``) holds ``job.json`` (the job fact
 nothing is solved again); the plan's target point is simulated for the timeline. Those figures are modelled
 from the profile, whose own source (measured, modelled or simulated) is named. The "model vs measured at
 stock clocks" section (``report.model_vs_measured``) sets the stock plan's prediction against the measured
-stock steps, and states the run's measured savings with their intervals when the energy log is given.
+stock steps, and states the run's savings (measured, or modelled on simulated GPUs) with their intervals
+when the energy log is given.
 """
 
 from __future__ import annotations
@@ -57,8 +58,13 @@ class JobReport:
         )
 
 
-def latest_job_folder(energy_dir: Path) -> Path:
+def latest_job_folder(energy_dir: Path, dir_was_given: bool = True) -> Path:
     """The folder of the most recent job under ``energy_dir`` (from ``last_job.json``).
+
+    Args:
+        energy_dir: The energy directory.
+        dir_was_given: Whether the user named ``energy_dir`` (``--energy-dir``); only when they did not does
+            the error suggest passing it.
 
     Raises:
         ReportError: No job was recorded there.
@@ -67,9 +73,10 @@ def latest_job_folder(energy_dir: Path) -> Path:
     try:
         fingerprint = latest_fingerprint(energy_dir)
     except (OSError, ValueError):
+        other_dir = "" if dir_was_given else ", or pass the job's --energy-dir"
         raise ReportError(
             f"no job recorded under {energy_dir} ({record} missing or unreadable); run a training job with "
-            "--energy-optimise or `megatron-energy demo` first, or pass --energy-dir"
+            f"--energy-optimise or `megatron-energy demo` first{other_dir}"
         ) from None
     return energy_dir / fingerprint
 
@@ -83,7 +90,7 @@ def write_job_report(folder: Path, out_dir: Path | None = None, log_file: Path |
     Args:
         folder: ``<energy dir>/<fingerprint>``.
         out_dir: Where the plot and timeline go (default: ``folder``).
-        log_file: The run's ``--energy-log-file`` (for its measured savings), or None.
+        log_file: The run's ``--energy-log-file`` (for its savings against stock clocks), or None.
 
     Returns:
         The summary table and the files written.

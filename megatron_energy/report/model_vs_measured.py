@@ -1,13 +1,14 @@
-"""The job report's "model vs measured at stock clocks" section, and the run's measured savings.
+"""The job report's "model vs measured at stock clocks" section, and the run's savings against stock clocks.
 
 Two parts, every figure labelled measured or modelled:
 
 1. the stock plan's prediction (modelled: the simulator on the instruction times and energies measured while
    profiling) against the whole stock iterations profiling measured (``baseline.json``), per stage and in
    total, with the relative error (``runtime.energy_log.stock_check``);
-2. the measured savings of the run against stock clocks, as the energy log computed them
-   (``stats.relative_change`` over the last window of planned iterations, 95 % interval, "within noise" when
-   it covers zero), read from the run's ``--energy-log-file``; without one the section says how to get them.
+2. the savings of the run against stock clocks, as the energy log computed them (``stats.relative_change``
+   over the last window of planned iterations, 95 % interval, "within noise" when it covers zero), read from
+   the run's ``--energy-log-file``; without one the section says how to get them. Their heading says what the
+   log says they are: ``measured`` (energy counters) or ``modelled`` (simulated GPUs).
 """
 
 from __future__ import annotations
@@ -59,14 +60,16 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
 
 
 def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
-    """The run's measured changes against stock clocks, from the last planned record of its energy log.
+    """The run's changes against stock clocks, from the last planned record of its energy log.
+
+    The heading names the record's source: ``measured`` savings, or ``modelled`` ones on simulated GPUs.
 
     The log must be job ``fingerprint``'s (``runtime.energy_log.energy_line.read_job_records``).
     """
     if log_file is None:
         return [
-            "measured savings: not shown; run the job with --energy-log-file FILE and pass --log-file FILE "
-            "to the report"
+            "savings against stock clocks: not shown; run the job with --energy-log-file FILE and pass "
+            "--log-file FILE to the report"
         ]
     records = [
         record
@@ -75,10 +78,13 @@ def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
     ]
     windowed = [record for record in records if "energy/change_vs_stock" in record.scalars]
     if not windowed:
-        return [f"measured savings: {log_file} holds no planned iteration compared with stock clocks yet"]
+        return [
+            f"savings against stock clocks: {log_file} holds no planned iteration compared with stock "
+            "clocks yet"
+        ]
     last = windowed[-1]
     return [
-        f"measured savings against stock clocks (iteration {last.iteration}, last window of "
+        f"{last.source} savings against stock clocks (iteration {last.iteration}, last window of "
         f"{int(last.scalars.get('energy/window_iterations', 0))} planned iterations, 95 % CI, "
         f"as the energy log computed them; phase '{last.phase}'):",
         f"  energy per iteration: {_recorded_change(last, 'energy/change_vs_stock', saving=True)}",

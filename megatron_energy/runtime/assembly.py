@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.backends import GpuHandle, open_gpus, supported_sm_clocks_mhz
@@ -15,6 +15,7 @@ from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.energy_dir import JobFacts, simulated_state_path
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
+from megatron_energy.log import log_single_rank
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.optimisers.registry import resolve
 from megatron_energy.pipeline.chunk_layers import ChunkLayers
@@ -35,6 +36,8 @@ from megatron_energy.runtime.running.phase_switcher import PhaseSwitcher
 from megatron_energy.runtime.running.simulated_phases import SimulatedPhaseSwitcher
 from megatron_energy.runtime.session import EnergySession
 from megatron_energy.runtime.timing import InstructionTimer, SimulatedTimer
+
+logger = logging.getLogger(__name__)
 
 AUTO_GRID_POINTS = 6
 """Clocks in an automatic profiling grid."""
@@ -189,11 +192,24 @@ class _RankParts:
             self.guard.close()
 
 
+def handle_lines(handle: GpuHandle, rank: int) -> list[str]:
+    """What ``rank`` says of its GPUs at start.
+
+    Its mode and why (every rank not in control, and rank 0), then, on rank 0, the handle's warning
+    (``auto`` chose simulated GPUs: every figure modelled).
+    """
+    lines = []
+    if handle.mode != "control" or rank == 0:
+        lines.append(f"[energy] rank {rank}: {handle.mode} ({handle.reason})")
+    if handle.warning is not None and rank == 0:
+        lines.append(f"[energy] WARNING: {handle.warning}")
+    return lines
+
+
 def _open_parts(
     config: EnergyConfig,
     context: JobContext,
     comms: RankComms,
-    printer: Callable[[str], Any],
     handle: GpuHandle | None,
 ) -> _RankParts:
     """Open this rank's GPU, guard, controller, grid and timer; no collective."""
@@ -207,8 +223,8 @@ def _open_parts(
         raise ValueError(
             f"no GPU spec for {handle.gpus.get_name(index)}; pass --energy-gpu-spec with one of configs/gpus"
         )
-    if handle.mode != "control" or context.global_rank == 0:
-        printer(f"[energy] rank {context.global_rank}: {handle.mode} ({handle.reason})")
+    for line in handle_lines(handle, context.global_rank):
+        logger.info(line)
     guard = None
     if handle.mode == "control":
         from megatron_energy.dvfs.guard import ClockGuard
@@ -239,7 +255,6 @@ def build_session(
     context: JobContext,
     comms: RankComms,
     *,
-    printer: Callable[[str], Any] = print,
     handle: GpuHandle | None = None,
 ) -> EnergySession:
     """Open this rank's GPU and put its session together, or agree with every rank not to.
@@ -257,7 +272,6 @@ def build_session(
         config: The ``--energy-*`` configuration.
         context: This rank's job context.
         comms: Collectives over the job's process groups.
-        printer: Where log lines go.
         handle: Already opened GPUs (tests, the demo); opened from the config when ``None``.
 
     Returns:
@@ -271,7 +285,7 @@ def build_session(
     parts: _RankParts | None = None
     problem: Exception | None = None
     try:
-        parts = _open_parts(config, context, comms, printer, handle)
+        parts = _open_parts(config, context, comms, handle)
     except Exception as error:  # agreed on below, then raised
         problem = error
     controlled = parts is not None and parts.can_set_clocks
@@ -285,10 +299,10 @@ def build_session(
         parts.close()
         raise SessionStartError("another rank could not start its energy session (its log says why)")
     can_set_clocks = controlled and not uncontrolled_anywhere
-    if context.full_iteration_graph and context.global_rank == 0:
-        printer(FULL_ITERATION_LINE)
+    if context.full_iteration_graph:
+        log_single_rank(logger, context.global_rank, FULL_ITERATION_LINE)
     if controlled and not can_set_clocks:
-        printer(
+        logger.info(
             f"[energy] rank {context.global_rank}: another rank cannot set its GPU clocks (its log says "
             "why); profiling at stock clocks only like it, the other clocks are modelled"
         )
@@ -309,7 +323,6 @@ def build_session(
         ),
         spec=parts.spec,
         guard=parts.guard,
-        printer=printer,
         kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser, context),
         phase_switcher=build_phase_switcher(
             config, parts.controller, parts.timer, replayed=context.full_iteration_graph

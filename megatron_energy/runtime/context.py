@@ -74,6 +74,9 @@ class JobContext:
     log_sinks: tuple[Callable[[str, float, int], Any], ...] = field(default_factory=tuple)
     """Scalar writers ``(name, value, step)``: TensorBoard / W&B when Megatron has them enabled."""
 
+    megatron_log_energy: bool = False
+    """Megatron's own ``--log-energy`` is on: the run's totals are printed beside its total."""
+
     @property
     def pipeline_size(self) -> int:
         """Number of pipeline stages."""

@@ -43,7 +43,7 @@ any rank is agreed on through collectives every rank joins anyway; no exception 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import logging
 from concurrent.futures import Future
 from typing import Any
 
@@ -82,6 +82,8 @@ from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.runtime.step_figures import SealedStep, StepFigures
 from megatron_energy.runtime.timing import InstructionTimer, StepTiming
 
+logger = logging.getLogger(__name__)
+
 
 class EnergySession:
     """The per-rank energy optimiser; implements the ``ScheduleListener`` events.
@@ -100,7 +102,6 @@ class EnergySession:
         cache: The job's ``JobCache``.
         spec: The GPU's spec (name, blocked and idle power for energy attribution).
         guard: The ``ClockGuard`` that resets locked clocks however the process ends (control mode only).
-        printer: Where log lines go.
         kernel_timeline: Records kernel timelines of one instance per instruction class
             (``runtime.profiling.torch_recorder``: CUDA only) in a recorded step that ends each profiled
             clock's block (their clock response is then measured; a dry run profiles the stock clock alone),
@@ -130,7 +131,6 @@ class EnergySession:
         cache: JobCache,
         spec: GpuSpec,
         guard: Guard | None = None,
-        printer: Callable[[str], Any] = print,
         kernel_timeline: KernelTimeline | None = None,
         phase_switcher: PhaseSwitching | None = None,
         power_cap: PowerCapWatch | None = None,
@@ -152,7 +152,6 @@ class EnergySession:
         self.cache = cache
         self.spec = spec
         self.guard = guard
-        self.printer = printer
         self.kernel_timeline = kernel_timeline if optimiser.request.phases else None
         self.can_set_clocks = can_set_clocks
         sweep = can_set_clocks and optimiser.request.clock_grid
@@ -174,7 +173,6 @@ class EnergySession:
             controller=controller,
             comms=comms,
             can_set_clocks=can_set_clocks,
-            printer=printer,
         )
         self.planning = PlanningRound(
             config,
@@ -191,7 +189,6 @@ class EnergySession:
             grid_mhz=clocks_mhz,
             kernel_timeline=self.kernel_timeline,
             on_adopted=self._adopted,
-            printer=printer,
         )
         self._stock_decided = False
         self._step_lagged = False  # whether the step running now is timed without a device sync
@@ -202,9 +199,10 @@ class EnergySession:
         self._sealed: list[SealedStep] = []  # steps ended whose timing the timer has not returned yet
         self._step_boundary: Any = None  # the marker of the running step's start
         self.graph = GraphReplay(timer, inside=config.phase_switching != "off")
-        self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s, printer)
+        self.energy_logger = EnergyLogger(context, comms, timer.source, spec.energy_counter_period_s)
         self.energy_logger.log_file = config.log_file
         self.energy_logger.job = cache.fingerprint
+        self.energy_logger.grid_gco2_per_kwh = config.grid_gco2_per_kwh
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
         self.planning.start_from_cache()
         self.laps.lap()
@@ -361,7 +359,7 @@ class EnergySession:
         if self.graph.replaying:  # every clock of a replayed step went through the switcher
             self.controller.request(RESET)
         clocks = "stock clocks" if self.graph.replaying else "the instruction clocks"
-        self.printer(
+        logger.info(
             f"[energy] rank {self.context.global_rank}: phase switching turned off "
             f"({type(problem).__name__}: {problem}); training continues at {clocks}"
         )
@@ -407,7 +405,7 @@ class EnergySession:
         assert self.kernel_timeline is not None
         cost = self.kernel_timeline.finished()
         if cost is not None and self.context.global_rank == 0:
-            self.printer(cost.line(self.context.global_rank))
+            logger.info(cost.line(self.context.global_rank))
 
     def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
         """One step's figures: the profile or the run-phase policies, then the energy log.
@@ -452,10 +450,10 @@ class EnergySession:
             return
         unavailable = unavailable_line(gathered)
         if unavailable is not None:
-            self.printer(unavailable)
+            logger.info(unavailable)
         check = power_cap_check(gathered, self.spec.name, self.power_cap.stock_clock_mhz, self.timer.source)
         if check is not None:
-            self.printer(check_line(check))
+            logger.info(check_line(check))
             self.energy_logger.write_record(PowerCapRecord(step + 1, check, self.cache.fingerprint))
 
     def _flush(self, why: str = "last") -> None:
@@ -469,9 +467,9 @@ class EnergySession:
             sealed = self._sealed.pop(0)
             figures = sealed.figures(timing)
             self.history.append(figures)
-            self.energy_logger.window.add(sealed.step, self._label(sealed.phase), figures)
+            self.energy_logger.add_unlogged(sealed.step, self._label(sealed.phase), figures)
             if (sealed.step + 1) % self.context.log_interval == 0:
-                self.printer(
+                logger.info(
                     f"[energy] rank {self.context.global_rank} iteration {sealed.step + 1} ({why}, this rank "
                     f"only): {figures.energy_j:.1f} J, {1e3 * figures.iteration_s:.1f} ms ({timing.source})"
                 )
@@ -498,28 +496,28 @@ class EnergySession:
             self.state.phase_switcher.close()
             counts = self.state.phase_switcher.counts
             if counts.scheduled:
-                self.printer(f"[energy] rank {self.context.global_rank}: {counts.summary()}")
+                logger.info(f"[energy] rank {self.context.global_rank}: {counts.summary()}")
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
         try:
             self._flush()
         except Exception as problem:  # a failing flush must not mask how the run ended
-            self.printer(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
+            logger.info(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
         self.energy_logger.close()
         self.laps.close()
         measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
         host_line = self.host_cost.summary(self.context.global_rank, measured_s)
         if host_line is not None:
-            self.printer(host_line)
+            logger.info(host_line)
         if self.context.global_rank == 0 and self.plan is not None:
             try:
                 comparison = compare_stock(self.plan, self.baseline)
             except (ValueError, ZeroDivisionError) as problem:  # a closing line never fails the job
-                self.printer(f"[energy] {TITLE}: not computed ({problem})")
+                logger.info(f"[energy] {TITLE}: not computed ({problem})")
                 return
             if comparison is not None:
-                self.printer(comparison_line(comparison))
+                logger.info(comparison_line(comparison))
 
     def suspend(self) -> None:
         """Stand aside from the next step on (``energy_log.overhead_check``): stock clocks, held step read.

@@ -16,22 +16,22 @@ talk over different communicators.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from megatron_energy.runtime.control_plane.comms import GROUPS, Group, TorchComms
 from megatron_energy.runtime.control_plane.group_chain import reduce_everywhere
 
+logger = logging.getLogger(__name__)
 
-def control_plane_comms(
-    job_groups: Mapping[Group, Any], device: str, warn: Callable[[str], Any]
-) -> TorchComms:
+
+def control_plane_comms(job_groups: Mapping[Group, Any], device: str) -> TorchComms:
     """The session's collectives: over gloo groups of the same ranks as the job's (see the module docstring).
 
     Args:
         job_groups: Megatron's pipeline, tensor(-and-context) and data-parallel groups of this rank.
         device: The job's device (``cuda`` or ``cpu``).
-        warn: Where the one line goes when the job's own groups must be used.
 
     Returns:
         The collectives.
@@ -58,7 +58,7 @@ def control_plane_comms(
     if not failed_anywhere:
         return TorchComms(made, device="cpu")
     why = problem if problem is not None else "another rank could not create its gloo groups"
-    warn(
+    logger.info(
         f"[energy] rank {dist.get_rank()}: no gloo groups ({why}); the session's messages go over the job's "
         f"{backend} groups, and each waits for the GPU's queued work"
     )

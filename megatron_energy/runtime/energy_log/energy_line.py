@@ -17,6 +17,7 @@ resolved change is said to come from outside the plan.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from megatron_energy.plan_band import SavingBand
 from megatron_energy.plan_outcome import band_ends
 from megatron_energy.runtime.energy_log.log_window import RankWindow, block_size, compare_to_stock
 from megatron_energy.stats import RelativeChange, Source
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,13 @@ class StageEnergy:
     window: RankWindow = field(default_factory=lambda: RankWindow(first_step=-1))
     """This rank's per-iteration figures over the phase's window."""
 
+    run_energy_j: float = 0.0
+    """This rank's GPU energy over every step since the previous line, whatever its phase (the run's totals,
+    ``runtime.energy_log.run_totals``)."""
+
+    run_steps: int = 0
+    """The steps ``run_energy_j`` counts."""
+
 
 @dataclass(frozen=True)
 class JobInterval:
@@ -69,6 +79,10 @@ class JobInterval:
     """Per iteration of that window: the slowest GPU's time."""
     gpus: int
     """GPUs the figures sum over."""
+    run_j: float = 0.0
+    """Energy summed over the GPUs of every step since the previous line, whatever its phase."""
+    run_steps: int = 0
+    """The steps ``run_j`` counts (the most any rank counted; every rank counts the same)."""
 
 
 @dataclass(frozen=True)
@@ -185,10 +199,9 @@ def publish(
     scalars: dict[str, float],
     iteration: int,
     sinks: Sequence[Callable[[str, float, int], Any]],
-    printer: Callable[[str], Any] = print,
 ) -> None:
-    """Print the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
-    printer(line)
+    """Log the line and write each scalar to every metric sink at ``iteration`` (1-based, as Megatron's)."""
+    logger.info(line)
     write_scalars(scalars, iteration, sinks)
 
 
@@ -248,17 +261,23 @@ def append_json_line(path: Path, data: dict[str, Any]) -> None:
         handle.write(json.dumps(data, allow_nan=False) + "\n")
 
 
-def read_records(path: Path) -> list[EnergyRecord]:
+def read_records(path: Path, start_byte: int = 0) -> list[EnergyRecord]:
     """The iteration records of a ``--energy-log-file``, in the order they were written.
 
     Lines of other record types (a ``"record"`` key names them: ``runtime.energy_log.power_cap_record``) are
     left out.
 
+    Args:
+        path: The log (runs append to it).
+        start_byte: Where to start reading: the file's size when a run began reads that run's records alone.
+
     Raises:
         ValueError: A line is not such a record.
     """
     records: list[EnergyRecord] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    data = path.read_bytes()
+    first_line = data[:start_byte].count(b"\n") + 1
+    for number, line in enumerate(data[start_byte:].decode("utf-8").splitlines(), start=first_line):
         try:
             data = json.loads(line)
             if "record" in data:
@@ -285,8 +304,8 @@ class ForeignLogError(EnergyValueError):
     """An energy log holds records of another job than the one asked about; the message names both."""
 
 
-def read_job_records(path: Path, fingerprint: str) -> list[EnergyRecord]:
-    """The records of ``path``, which must be the log of job ``fingerprint``.
+def read_job_records(path: Path, fingerprint: str, start_byte: int = 0) -> list[EnergyRecord]:
+    """The records of ``path`` from ``start_byte`` on (:func:`read_records`): job ``fingerprint``'s alone.
 
     Records of older runs, which name no job, are taken as they are.
 
@@ -294,7 +313,7 @@ def read_job_records(path: Path, fingerprint: str) -> list[EnergyRecord]:
         ForeignLogError: A record names another job.
         ValueError: A line is not a record.
     """
-    records = read_records(path)
+    records = read_records(path, start_byte)
     others = sorted({record.job for record in records if record.job and record.job != fingerprint})
     if others:
         raise ForeignLogError(

@@ -17,15 +17,16 @@ the chain over the three groups costs at most one exchange's share of the contro
 steps, and the line is printed when its last link completes (a few steps later, naming the iteration its
 interval ended at). An interval's end that comes before K steps have passed begins nothing: its steps join
 the next interval, and that line names the iterations it covers. No collective runs at close: rank 0 says
-which iterations no line covered.
+which iterations no line covered, then prints the run's totals over the iterations the lines covered and
+appends their record (``runtime.energy_log.run_totals``: each line's reductions carry the energy of every
+step since the previous one, so the totals need no collective of their own).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from megatron_energy.plan_band import SavingBand
 from megatron_energy.runtime.context import JobContext
@@ -50,12 +51,15 @@ from megatron_energy.runtime.energy_log.energy_line import (
 from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.energy_log.log_window import PhaseWindow
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
+from megatron_energy.runtime.energy_log.run_totals import RunTally, RunTotals, tokens_per_iteration
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.power_watch import with_power_budget
 from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.step_figures import StepFigures
 from megatron_energy.stats import Source
 from megatron_energy.target import EnergyTarget
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,6 @@ class EnergyLogger:
         comms: Collectives of the job.
         source: ``measured`` or ``modelled``: where the figures come from.
         counter_period_s: The energy counter's period, for figures read from it.
-        printer: Where the line goes.
 
     Attributes:
         log_file: ``--energy-log-file``; ``None`` (none, or after a write failed).
@@ -100,6 +103,8 @@ class EnergyLogger:
         plan_band: The running plan's saving band around zero (``plan_outcome.run_band``), set when a plan
             takes effect: a modelled energy change of the planned phase carries it around its own value.
         job: The job's fingerprint, written into every record (``EnergyRecord.job``).
+        grid_gco2_per_kwh: ``--energy-grid-gco2-per-kwh``: the run's totals then state their CO₂.
+        tally: Rank 0's running sums of the lines' job-wide figures, for the run's totals.
     """
 
     def __init__(
@@ -108,18 +113,20 @@ class EnergyLogger:
         comms: RankComms,
         source: Source,
         counter_period_s: float,
-        printer: Callable[[str], Any],
     ) -> None:
         self.context = context
         self.comms = comms
         self.source: Source = source
         self.counter_period_s = counter_period_s
-        self.printer = printer
         self.window = PhaseWindow()
         self.log_file: Path | None = None
         self.power_target: EnergyTarget | None = None
         self.plan_band: SavingBand | None = None
         self.job = ""
+        self.grid_gco2_per_kwh: float | None = None
+        self.tally = RunTally()
+        self._run_j = 0.0  # this rank's energy over every step since the previous line (any phase)
+        self._run_steps = 0
         sizes = [comms.size(group) for group in GROUPS]
         self._staged: StagedExchange[_ReducedInterval] | None = None
         """Where the chain costs more than its share of the budget: the staged exchange that runs it."""
@@ -147,6 +154,8 @@ class EnergyLogger:
             baseline: The stock baseline to compare with (empty: no comparison, as while profiling).
         """
         self.window.add(step, phase, figures)
+        self._run_j += figures.energy_j
+        self._run_steps += 1
         self._last_step = step
         if self._first_step is None:
             self._first_step = step
@@ -160,15 +169,48 @@ class EnergyLogger:
         if reduced is not None:
             self._log(reduced)
 
+    def add_unlogged(self, step: int, phase: str, figures: StepFigures) -> None:
+        """Record a step no line will cover (flushed at close or before a suspension; no collective runs)."""
+        self.window.add(step, phase, figures)
+        self._last_step = max(self._last_step, step)
+
     def close(self) -> None:
-        """At the end of the run (no collective may start): rank 0 names the iterations no line covered."""
-        if self.context.global_rank != 0 or self._staged is None:
+        """At the end of the run (no collective may start): rank 0's last words on the energy log.
+
+        It names the iterations no line covered, then prints the run's totals and appends their record.
+        """
+        if self.context.global_rank != 0:
             return
-        first = self._in_flight_first if self._staged.in_flight else self._first_step
-        if first is not None and first <= self._last_step:
-            self.printer(
-                f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
-                "reductions had not completed when the run ended, and no collective runs at close)"
+        if self._staged is not None:
+            first = self._in_flight_first if self._staged.in_flight else self._first_step
+            if first is not None and first <= self._last_step:
+                logger.info(
+                    f"[energy] iterations {first + 1}-{self._last_step + 1}: no job-wide energy line (their "
+                    "reductions had not completed when the run ended, and no collective runs at close)"
+                )
+        shape = self.context.shape
+        tokens = (
+            None
+            if shape is None
+            else tokens_per_iteration(
+                shape.micro_batch_size,
+                shape.seq_length,
+                self.context.num_microbatches,
+                self.context.data_parallel_size,
+            )
+        )
+        totals = self.tally.totals(
+            self.source, tokens, self.grid_gco2_per_kwh, self.context.megatron_log_energy, self.job
+        )
+        if totals is None:
+            return
+        logger.info(totals.line())
+        self.write_record(totals)
+        after = totals.last_iteration + 1
+        if self._staged is None and after <= self._last_step + 1:
+            logger.info(
+                f"[energy] run totals leave out iterations {after}-{self._last_step + 1}: they ended after "
+                "the last energy log line"
             )
 
     def _reduction(
@@ -184,7 +226,10 @@ class EnergyLogger:
             predicted_j_per_iter=predicted_j,
             iteration_s=sum(s.iteration_s for s in steps) / len(steps),
             window=self.window.rank_window(),
+            run_energy_j=self._run_j,
+            run_steps=self._run_steps,
         )
+        self._run_j, self._run_steps = 0.0, 0
         end = _IntervalEnd(first + 1, step + 1, phase, self._stock(baseline, exact), self._period(exact))
         stages = self.context.pipeline_size
         maxima, sums = yield from reduction_stages(self.comms, GROUPS, *interval_vectors(mine, stages, step))
@@ -213,7 +258,8 @@ class EnergyLogger:
         if not root:
             write_scalars(scalars, end.iteration, self.context.log_sinks)
             return
-        publish(line, scalars, end.iteration, self.context.log_sinks, self.printer)
+        publish(line, scalars, end.iteration, self.context.log_sinks)
+        self.tally.add(job, end.first_iteration, end.iteration, end.stock)
         self.write_record(EnergyRecord(end.iteration, end.phase, self.source, scalars, self.job))
 
     def _period(self, exact: bool) -> float:
@@ -227,15 +273,15 @@ class EnergyLogger:
         period_s = 0.0 if exact else self.counter_period_s
         return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
 
-    def write_record(self, record: EnergyRecord | PowerCapRecord) -> None:
+    def write_record(self, record: EnergyRecord | PowerCapRecord | RunTotals) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
         if self.log_file is None:
             return
         try:
-            if isinstance(record, PowerCapRecord):
-                append_json_line(self.log_file, record.to_json())
-            else:
+            if isinstance(record, EnergyRecord):
                 append_record(self.log_file, record)
+            else:
+                append_json_line(self.log_file, record.to_json())
         except OSError as problem:
-            self.printer(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
+            logger.info(f"[energy] cannot append to {self.log_file} ({problem}); no more --energy-log-file")
             self.log_file = None

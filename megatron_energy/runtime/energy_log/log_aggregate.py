@@ -36,8 +36,16 @@ def interval_vectors(rank: StageEnergy, stages: int, last_step: int) -> tuple[li
     stage_j = [0.0] * stages
     stage_j[rank.stage] = rank.measured_j_per_iter
     predicted = rank.predicted_j_per_iter
-    sums = [*stage_j, predicted or 0.0, float(predicted is not None), *energy_j, *counted, 1.0]
-    return [rank.iteration_s, *time_s], sums
+    sums = [
+        *stage_j,
+        predicted or 0.0,
+        float(predicted is not None),
+        *energy_j,
+        *counted,
+        rank.run_energy_j,
+        1.0,
+    ]
+    return [rank.iteration_s, *time_s, float(rank.run_steps)], sums
 
 
 def job_interval(maxima: Sequence[float], sums: Sequence[float], stages: int) -> JobInterval:
@@ -54,4 +62,6 @@ def job_interval(maxima: Sequence[float], sums: Sequence[float], stages: int) ->
         window_j=tuple(energy_j[slot] for slot in held),
         window_s=tuple(maxima[1 + slot] for slot in held),
         gpus=gpus,
+        run_j=sums[-2],
+        run_steps=int(maxima[-1]),
     )

@@ -6,7 +6,9 @@ what changed and ``megatron-energy report`` finds that job.
 
 :meth:`JobCache.store` writes every artefact atomically under the folder's exclusive lock, then the manifest
 (checksum and size per artefact, the job fingerprint). :meth:`JobCache.load` reads under a shared lock and
-verifies everything; a folder that fails is moved aside (never deleted) and the load is a miss that says so;
+verifies everything; a folder that fails is moved aside (never deleted) and the load is a miss that says so,
+unless only what planning made from the profile failed (a corrupt ``plan.json``): then those files alone move
+aside and the plan is rebuilt from the verified profile, without profiling again;
 :meth:`JobCache.set_aside` does the same for a verified folder whose content the caller cannot use.
 Jobs sharing an ``--energy-dir`` therefore never see a partial set of files.
 
@@ -33,6 +35,7 @@ from megatron_energy.energy_dir import (
     LAST_JOB,
     MANIFEST,
     PLAN,
+    PLANNED_ARTEFACTS,
     PROFILE,
     PROFILE_ARTEFACTS,
     REQUIRED_ARTEFACTS,
@@ -44,10 +47,12 @@ from megatron_energy.plan import SCHEMA_VERSION
 from megatron_energy.plan_file import stale_plan_version
 from megatron_energy.runtime.planning_round.cache_manifest import (
     CacheVerificationError,
+    failed_artefacts,
     has_cached_files,
     is_artefact_name,
     manifest_for,
     quarantine,
+    quarantine_artefacts,
     read_verified,
 )
 
@@ -192,11 +197,17 @@ class JobCache:
         with contextlib.suppress(OSError):  # the report then loses its default, not the run its cache
             write_atomically(self.root / LAST_JOB, self._job_record())
 
-    def _verified(self, required: tuple[str, ...]) -> CacheLoad:
-        """Read and verify the artefacts of a folder that holds some (see :meth:`load`)."""
+    def _verified(self, required: tuple[str, ...], rebuild_plan: bool = True) -> CacheLoad:
+        """Read and verify the artefacts of a folder that holds some (see :meth:`load`).
+
+        Where only what planning made (``PLANNED_ARTEFACTS``) fails and ``rebuild_plan``, those files alone
+        move aside and the plan is rebuilt from the verified profile (:meth:`_plan_rebuilt`).
+        """
         with folder_lock(self.folder, "shared"):
             try:
-                contents = read_verified(self.folder, self.full_fingerprint, required)
+                contents: Mapping[str, bytes] | None = read_verified(
+                    self.folder, self.full_fingerprint, required
+                )
             except CacheVerificationError:
                 contents = None
         if contents is not None:
@@ -205,13 +216,45 @@ class JobCache:
             try:
                 contents = read_verified(self.folder, self.full_fingerprint, required)
             except CacheVerificationError as failure:
-                aside = quarantine(self.folder)
-                message = (
-                    f"energy cache at {self.folder} failed verification: {failure}; moved its files to "
-                    f"{aside} (kept for inspection, delete when done); profiling again"
-                )
-                return CacheLoad(self.folder, False, message, quarantined=aside)
+                failed = self._failed_planned_artefacts() if rebuild_plan else {}
+                if not failed:
+                    aside = quarantine(self.folder)
+                    message = (
+                        f"energy cache at {self.folder} failed verification: {failure}; moved its files to "
+                        f"{aside} (kept for inspection, delete when done); profiling again"
+                    )
+                    return CacheLoad(self.folder, False, message, quarantined=aside)
+                aside = quarantine_artefacts(self.folder, tuple(failed), self.full_fingerprint)
+        if contents is None:
+            return self._plan_rebuilt(required, failed, aside)
         return self._hit(contents)
+
+    def _failed_planned_artefacts(self) -> dict[str, str]:
+        """Why each failing artefact failed, where all are ``PLANNED_ARTEFACTS`` and a replan is given.
+
+        Empty otherwise (the manifest, the profile or its inputs failed: the folder moves aside whole).
+        """
+        if self.replan is None:
+            return {}
+        try:
+            failed = failed_artefacts(self.folder, self.full_fingerprint)
+        except CacheVerificationError:
+            return {}
+        return failed if set(failed) <= set(PLANNED_ARTEFACTS) else {}
+
+    def _plan_rebuilt(self, required: tuple[str, ...], failed: Mapping[str, str], aside: Path) -> CacheLoad:
+        """The plan made again from the profile the folder keeps, once ``failed`` moved to ``aside``."""
+        rebuilt = self._replanned_from_own_profile(required)
+        outcome = (
+            "rebuilt the plan from the verified profile, without profiling again"
+            if rebuilt.hit
+            else rebuilt.message
+        )
+        message = (
+            f"energy cache at {self.folder} failed verification: {'; '.join(failed.values())}; moved "
+            f"{', '.join(failed)} to {aside} (kept for inspection, delete when done); {outcome}"
+        )
+        return dataclasses.replace(rebuilt, message=message, quarantined=aside)
 
     def set_aside(self) -> Path | None:
         """Move this job's cached files aside although they verified: they cannot be used (never deleted).
@@ -244,7 +287,7 @@ class JobCache:
             return CacheLoad(self.folder, False, self._explain_miss())
         try:
             self.store(self.replan(own.artefacts, self.fingerprint))
-            stored = self._verified(required)
+            stored = self._verified(required, rebuild_plan=False)
         except TargetUnreachableError as problem:  # the same profile and target: profiling would end alike
             self._record_as_last()  # the job that runs is this one, on its cached profile
             return CacheLoad(
@@ -278,7 +321,7 @@ class JobCache:
         changed = "; ".join(describe_changes(_planning_of(facts), _planning_of(self.facts)))
         try:
             self.store(self.replan(sibling.artefacts, self.fingerprint))
-            stored = self._verified(required)
+            stored = self._verified(required, rebuild_plan=False)
         except Exception as problem:  # any failure means: profile again
             return CacheLoad(
                 self.folder,

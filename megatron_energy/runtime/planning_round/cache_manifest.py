@@ -3,8 +3,9 @@
 ``manifest.json`` lists every artefact of one store with its SHA-256 and size, and the full job fingerprint.
 It is written last, so a folder whose store was interrupted fails verification instead of passing with
 stale or partial files. A folder that fails is never deleted: :func:`quarantine` moves its files into
-``quarantine-<UTC timestamp>-<pid>/`` inside it, kept for inspection. The manifest is read and written
-through :class:`CacheManifest` (pydantic), the checks on its fields.
+``quarantine-<UTC timestamp>-<pid>/`` inside it, kept for inspection; :func:`quarantine_artefacts` moves
+only some (the ones that failed) and leaves the rest listed in a rewritten manifest. The manifest is read and
+written through :class:`CacheManifest` (pydantic), the checks on its fields.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Annotated, Final, Literal
 from annotated_types import Ge
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
 
-from megatron_energy.atomic import LOCK_FILE_NAME
+from megatron_energy.atomic import LOCK_FILE_NAME, write_atomically
 from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX
 from megatron_energy.errors import EnergyError
 
@@ -75,8 +76,13 @@ def manifest_for(artefacts: Mapping[str, bytes], job_fingerprint: str) -> bytes:
         name: ArtefactEntry(sha256=hashlib.sha256(content).hexdigest(), size_bytes=len(content))
         for name, content in sorted(artefacts.items())
     }
+    return _manifest_bytes(entries, job_fingerprint)
+
+
+def _manifest_bytes(entries: Mapping[str, ArtefactEntry], job_fingerprint: str) -> bytes:
+    """The manifest listing ``entries`` of job ``job_fingerprint``, as UTF-8 JSON."""
     manifest = CacheManifest(
-        schema_version=MANIFEST_SCHEMA_VERSION, fingerprint=job_fingerprint, artefacts=entries
+        schema_version=MANIFEST_SCHEMA_VERSION, fingerprint=job_fingerprint, artefacts=dict(entries)
     )
     return json.dumps(manifest.model_dump(), indent=2).encode("utf-8")
 
@@ -101,26 +107,52 @@ def read_verified(folder: Path, job_fingerprint: str, required: tuple[str, ...])
     unlisted = [name for name in required if name not in entries]
     if unlisted:
         raise CacheVerificationError(f"the manifest lists no {', '.join(unlisted)}")
-    contents = {}
+    contents, failures = _verify_entries(folder, entries)
+    if failures:
+        raise CacheVerificationError(next(iter(failures.values())))
+    return contents
+
+
+def failed_artefacts(folder: Path, job_fingerprint: str) -> dict[str, str]:
+    """Every artefact of ``folder`` that fails verification, with why (see :func:`read_verified`).
+
+    Raises:
+        CacheVerificationError: The manifest itself is missing, unparsable, foreign or malformed.
+    """
+    return _verify_entries(folder, _manifest_entries(folder, job_fingerprint))[1]
+
+
+def _verify_entries(
+    folder: Path, entries: Mapping[str, ArtefactEntry]
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The verified contents of the listed artefacts, and why each other one failed, by name."""
+    contents: dict[str, bytes] = {}
+    failures: dict[str, str] = {}
     for name, entry in entries.items():
-        path = folder / name
         try:
-            content = path.read_bytes()
+            content = (folder / name).read_bytes()
         except FileNotFoundError:
-            raise CacheVerificationError(f"{name} is missing") from None
+            failures[name] = f"{name} is missing"
+            continue
         if len(content) != entry.size_bytes:
-            raise CacheVerificationError(
+            failures[name] = (
                 f"{name} has {len(content)} bytes, the manifest says {entry.size_bytes} (truncated or grown)"
             )
-        if hashlib.sha256(content).hexdigest() != entry.sha256:
-            raise CacheVerificationError(f"{name} does not match its checksum (changed after it was written)")
-        if name.endswith(".json"):
-            try:
-                json.loads(content)
-            except ValueError as error:
-                raise CacheVerificationError(f"{name} is not valid JSON ({error})") from None
-        contents[name] = content
-    return contents
+        elif hashlib.sha256(content).hexdigest() != entry.sha256:
+            failures[name] = f"{name} does not match its checksum (changed after it was written)"
+        elif name.endswith(".json") and (problem := _json_problem(content)) is not None:
+            failures[name] = f"{name} is not valid JSON ({problem})"
+        else:
+            contents[name] = content
+    return contents, failures
+
+
+def _json_problem(content: bytes) -> str | None:
+    try:
+        json.loads(content)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def _manifest_entries(folder: Path, job_fingerprint: str) -> dict[str, ArtefactEntry]:
@@ -168,11 +200,39 @@ def quarantine(folder: Path) -> Path:
     Returns:
         The new ``quarantine-<UTC timestamp>-<pid>`` folder.
     """
+    aside = _new_quarantine(folder)
+    for path in _movable_files(folder):
+        path.rename(aside / path.name)
+    return aside
+
+
+def quarantine_artefacts(folder: Path, names: tuple[str, ...], job_fingerprint: str) -> Path:
+    """Move the artefacts ``names`` of ``folder`` into a new quarantine folder; the manifest lists the rest.
+
+    Args:
+        folder: The job's cache folder, whose manifest verifies (:func:`failed_artefacts`); the caller holds
+            its exclusive lock.
+        names: The artefacts to set aside (a missing one is only taken off the manifest).
+        job_fingerprint: The full fingerprint of the job the folder belongs to.
+
+    Returns:
+        The new ``quarantine-<UTC timestamp>-<pid>`` folder, holding the moved files.
+    """
+    entries = _manifest_entries(folder, job_fingerprint)
+    aside = _new_quarantine(folder)
+    for name in names:
+        if (folder / name).is_file():
+            (folder / name).rename(aside / name)
+    kept = {name: entry for name, entry in entries.items() if name not in names}
+    write_atomically(folder / MANIFEST, _manifest_bytes(kept, job_fingerprint))
+    return aside
+
+
+def _new_quarantine(folder: Path) -> Path:
+    """A new, empty ``quarantine-<UTC timestamp>-<pid>`` subfolder of ``folder``."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     aside = folder / f"{QUARANTINE_PREFIX}{stamp}-{os.getpid()}"
     aside.mkdir()
-    for path in _movable_files(folder):
-        path.rename(aside / path.name)
     return aside
 
 

@@ -19,14 +19,15 @@ exception reaches Megatron's step.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.log import log_single_rank
 from megatron_energy.optimisers import registry
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
@@ -77,6 +78,8 @@ from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.sim.power_floor import modelled_floor_problem
 
+logger = logging.getLogger(__name__)
+
 
 class PlanningRound:
     """One rank's part in deciding what runs: a cached plan, a new plan, or stock clocks.
@@ -96,7 +99,6 @@ class PlanningRound:
         grid_mhz: The planning grid, highest (stock) first.
         kernel_timeline: Records the kernel timelines, where the optimiser plans phases; else ``None``.
         on_adopted: Called on every rank with the plan once every rank has adopted it (the run guard starts).
-        printer: Where log lines go.
     """
 
     def __init__(
@@ -116,7 +118,6 @@ class PlanningRound:
         grid_mhz: list[int],
         kernel_timeline: KernelTimeline | None,
         on_adopted: Callable[[Plan], None],
-        printer: Callable[[str], Any],
     ) -> None:
         self.config = config
         self.context = context
@@ -132,7 +133,6 @@ class PlanningRound:
         self.grid_mhz = list(grid_mhz)
         self.kernel_timeline = kernel_timeline
         self.on_adopted = on_adopted
-        self.printer = printer
         self.background = config.planning == "background" or (
             config.planning == "auto" and timer_source == "measured"
         )
@@ -181,14 +181,14 @@ class PlanningRound:
                 decision, message = load_release(self.cache)
             except Exception as problem:  # any unreadable cache means: profile again
                 decision, message = None, self._set_cache_aside(f"unusable ({problem})")
-            self.printer(f"[energy] {message}")
+            logger.info(f"[energy] {message}")
         decision = broadcast_from_root(self.comms, decision)
         if isinstance(decision, Fallback):  # the cached profile already says the target is out of reach
             self.fall_back(decision, once=True)
         elif decision is not None and not self._adopt_everywhere(decision):
             if self.context.global_rank == 0:
-                self.printer(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
-            self.printer(
+                logger.info(f"[energy] {self._set_cache_aside('holds a plan a rank cannot run')}")
+            logger.info(
                 f"[energy] rank {self.context.global_rank}: not using the cached plan; profiling again"
             )
 
@@ -304,7 +304,7 @@ class PlanningRound:
         """This rank's phases per instruction class; none, with a log line, where they could not be read."""
         if isinstance(outcome, TimelinesUnread):
             rank = self.context.global_rank
-            self.printer(f"[energy] rank {rank}: kernel timeline not read: {outcome.reason}")
+            logger.info(f"[energy] rank {rank}: kernel timeline not read: {outcome.reason}")
             return {}
         return outcome
 
@@ -344,7 +344,7 @@ class PlanningRound:
                 target=self._store, args=(decision,), name="megatron_energy cache writer", daemon=True
             )
             self._cache_writer.start()
-            self.printer(self._took_effect_line(step, time.perf_counter() - began_s))
+            logger.info(self._took_effect_line(step, time.perf_counter() - began_s))
 
     def _took_effect_line(self, step: int, adopting_s: float) -> str:
         """Rank 0's line: when the plan took effect, how long planning and adopting took (measured).
@@ -366,7 +366,7 @@ class PlanningRound:
             return self.collector.rows(), self.collector.stock_steps()
         except Exception as problem:  # agreed on in the reductions: rank 0 decides for every rank
             reason = f"rank {self.context.global_rank} could not summarise its profile: {problem}"
-            self.printer(f"[energy] {reason}")
+            logger.info(f"[energy] {reason}")
             return Fallback(reason)
 
     def _start_planner(
@@ -383,7 +383,7 @@ class PlanningRound:
         self._report_spread(profiles)
         if self.optimiser.request.phases:
             clocks = 0 if self.kernel_timeline is None else self.kernel_timeline.response_clocks
-            self.printer(f"[energy] {timelines_line(timelines, self.timer_source, clocks)}")
+            logger.info(f"[energy] {timelines_line(timelines, self.timer_source, clocks)}")
         try:
             return ChildProcess(self._planner_input(profiles, replica.stock, timelines))
         except Exception as problem:  # planning must never break the training step
@@ -397,7 +397,7 @@ class PlanningRound:
         try:
             store_release(self.cache, release)
         except OSError as problem:
-            self.printer(
+            logger.info(
                 f"[energy] could not cache the plan in {self.cache.folder} ({problem}); running it uncached, "
                 "the next run profiles again"
             )
@@ -407,7 +407,7 @@ class PlanningRound:
         for stage, profile in enumerate(profiles):
             spread = profile.spread.disagreement()
             if spread is not None:
-                self.printer(
+                logger.info(
                     f"[energy] stage {stage}: its tensor- and data-parallel ranks differ at stock clocks "
                     f"({self.timer_source}): {spread}; the plan is made from rank {profile.global_rank}'s "
                     "profile, and a slower replica is followed as a straggler"
@@ -470,12 +470,11 @@ class PlanningRound:
             problem = None
         except Exception as error:  # agreed on below, never raised into the step
             problem = error
-            self.printer(f"[energy] rank {self.context.global_rank}: cannot run the plan: {error}")
+            logger.info(f"[energy] rank {self.context.global_rank}: cannot run the plan: {error}")
         (failed_anywhere,) = reduce_everywhere(self.comms, [0.0 if problem is None else 1.0])
         if failed_anywhere:
             return False
-        if self.context.global_rank == 0:
-            self.printer(plan_summary(plan, release.plan_text))
+        log_single_rank(logger, self.context.global_rank, plan_summary(plan, release.plan_text))
         hooks = runner.hook_report(inside_switched=self.state.phase_switcher is not None)
         if hooks is not None and self.context.full_iteration_graph:
             hooks += (
@@ -483,7 +482,7 @@ class PlanningRound:
                 "by time from the replay's start, the gradient sync's at the last instruction's end)"
             )
         if hooks is not None and self.context.data_parallel_rank == 0:
-            self.printer(f"[energy] rank {self.context.global_rank}: {hooks}")
+            logger.info(f"[energy] rank {self.context.global_rank}: {hooks}")
         self.state.plan = plan
         self.state.baseline = release.baseline
         self.state.run(runner)
@@ -506,13 +505,13 @@ class PlanningRound:
         self.state.phase = SessionPhase.PLANNING_FAILED
         rank = self.context.global_rank
         if fallback.profile_artefacts is None and not once:
-            self.printer(
+            logger.info(
                 f"[energy] rank {rank}: not optimising, training continues at stock clocks: {fallback.reason}"
             )
         elif rank == 0:
             artefacts = fallback.profile_artefacts
             kept = "" if artefacts is None else f"; {self._keep_profile(artefacts)}"
-            self.printer(
+            logger.info(
                 "[energy] not optimising, training continues at stock clocks on every rank: "
                 f"{fallback.reason}{kept}"
             )

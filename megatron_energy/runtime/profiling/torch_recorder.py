@@ -14,9 +14,10 @@ a normal step on an H100. So:
   ``pipeline.kineto_trace`` need, and the instance's ``record_function`` range, :func:`~megatron_energy.
   runtime.profiling.kernel_timeline.annotation`) is on only while a recorded instance runs:
   ``toggle_collection_dynamic`` removes the operator callbacks in between (PyTorch logs a warning at each
-  toggle). Its CUDA side (CUPTI: kernels and their launches) runs from the first instance's start to the
-  profiler's stop, and is never toggled: Kineto's toggle synchronises the device, mid-step. Kernels launched
-  outside every range are in the trace but belong to no instruction;
+  toggle; where this torch cannot toggle, :func:`toggling_works`, collection stays on from the first
+  recorded instance to the hand-off). Its CUDA side (CUPTI: kernels and their launches) runs from the
+  first instance's start to the profiler's stop, and is never toggled: Kineto's toggle synchronises the
+  device, mid-step. Kernels launched outside every range are in the trace but belong to no instruction;
 - at the last instance's end the profiler passes to a writer thread, which stops it and writes the trace;
 - no stacks, no memory events, no FLOP counters;
 - Kineto initialises itself at the process's first profile (its library, CUPTI's; 2-4 s measured on a
@@ -44,6 +45,7 @@ teardown off again for jobs with CUDA graphs on CUDA < 12.6, where it crashes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -97,6 +99,25 @@ def recorded_instances(order: Sequence[Step]) -> tuple[Instruction, ...]:
             by_class.setdefault(step.work, []).append(step)
     chosen = {found[(len(found) - 1) // 2] for found in by_class.values()}
     return tuple(step for step in order if step in chosen)
+
+
+def toggling_works(torch: Any) -> bool:
+    """Whether this torch can turn operator collection off and on again in a ``profile_all_threads`` profile.
+
+    Runs one CPU-only profile (which also initialises Kineto) and toggles inside it. torch 2.11 on an H100
+    raised "Expected profiler state set" at the toggle back on (``lab/profiler_toggle_probe.py``,
+    2026-12-06); where it cannot, the recorded step collects operators from its first recorded instance to
+    the hand-off instead (more events, the same ranges).
+    """
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    config = torch.profiler._ExperimentalConfig(profile_all_threads=True)
+    try:
+        with torch.profiler.profile(activities=cpu, experimental_config=config) as profiler:
+            profiler.toggle_collection_dynamic(False, cpu)
+            profiler.toggle_collection_dynamic(True, cpu)
+    except RuntimeError:
+        return False
+    return True
 
 
 @dataclass
@@ -222,6 +243,7 @@ class TorchKernelTimeline:
         import torch
 
         self._torch = torch
+        self._operators = [torch.profiler.ProfilerActivity.CPU]  # what a toggle turns on or off
         self.spec = spec
         self.instances = tuple(instances)
         self.gemm_class = gemm_class
@@ -233,8 +255,11 @@ class TorchKernelTimeline:
         self._trace_files: dict[int, list[str]] = {}  # per clock, the first one the reference
         self._teardown_before: str | None = None
         self._teardown_set = False
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-            pass  # Kineto initialises at the process's first profile: here, not in the recorded step
+        self._broken: str | None = (
+            None  # why torch's profiler failed mid-run, after which nothing is recorded
+        )
+        # Kineto initialises at the process's first profile: here, not in the recorded step
+        self._toggling = toggling_works(torch)
 
     @property
     def recording(self) -> bool:
@@ -242,8 +267,12 @@ class TorchKernelTimeline:
         return self._recording is not None
 
     def start(self, clock_mhz: int, step: int) -> None:
-        """A recorded step (``step``, at ``clock_mhz``) begins; the profiler starts at its first instance."""
-        self._recording = _Recording(clock_mhz, step, set(self.instances))
+        """A recorded step (``step``, at ``clock_mhz``) begins; the profiler starts at its first instance.
+
+        Nothing is recorded once torch's profiler has failed in this run (:meth:`_abandon`).
+        """
+        if self._broken is None:
+            self._recording = _Recording(clock_mhz, step, set(self.instances))
 
     def instruction_begin(self, instruction: Instruction) -> None:
         """A recorded instance starts: the profiler starts (or collects operators again); its range opens."""
@@ -257,11 +286,15 @@ class TorchKernelTimeline:
                 return
             started = time.perf_counter()
             recording.start_s, began = started - began, started
-        else:
-            recording.profiler.toggle_collection_dynamic(True, [self._torch.profiler.ProfilerActivity.CPU])
-            recording.toggles += 1
-        scope = self._torch.profiler.record_function(annotation(instruction))
-        scope.__enter__()
+        try:
+            if recording.recorded and self._toggling:
+                recording.profiler.toggle_collection_dynamic(True, self._operators)
+                recording.toggles += 1
+            scope = self._torch.profiler.record_function(annotation(instruction))
+            scope.__enter__()
+        except Exception as problem:  # torch's profiler refused: this recorder stops, training goes on
+            self._abandon(recording, f"{instruction}'s start", problem)
+            return
         recording.ranges[instruction] = scope
         recording.recorded += 1
         recording.toggles_s += time.perf_counter() - began
@@ -273,10 +306,15 @@ class TorchKernelTimeline:
         if recording is None or scope is None:
             return
         began = time.perf_counter()
-        scope.__exit__(None, None, None)
-        recording.profiler.toggle_collection_dynamic(False, [self._torch.profiler.ProfilerActivity.CPU])
-        recording.toggles += 1
         recording.left.discard(instruction)
+        try:
+            scope.__exit__(None, None, None)
+            if self._toggling:
+                recording.profiler.toggle_collection_dynamic(False, self._operators)
+                recording.toggles += 1
+        except Exception as problem:  # torch's profiler refused: this recorder stops, training goes on
+            self._abandon(recording, f"{instruction}'s end", problem)
+            return
         if not recording.left:
             self._hand_off(recording)
         recording.toggles_s += time.perf_counter() - began
@@ -287,11 +325,53 @@ class TorchKernelTimeline:
         if recording is None or recording.profiler is None:
             return
         began = time.perf_counter()
-        for scope in recording.ranges.values():  # an instance that began and did not end
-            scope.__exit__(None, None, None)
+        try:
+            for scope in recording.ranges.values():  # an instance that began and did not end
+                scope.__exit__(None, None, None)
+        except Exception as problem:
+            self._abandon(recording, "the step's end", problem)
+            return
         recording.ranges.clear()
         self._hand_off(recording)
         recording.toggles_s += time.perf_counter() - began
+
+    def _abandon(self, recording: _Recording, where: str, problem: Exception) -> None:
+        """Give up recording for the rest of the run after torch's profiler raised (training thread).
+
+        The profiler is stopped here if it can be (once; a synchronising stop is cheaper than a broken
+        profiler left attached), no later recorded step starts one, and the planner models the split of the
+        instruction classes left unrecorded, as for any trace that was not written.
+        """
+        reason = str(problem).strip().splitlines()[0] if str(problem).strip() else ""
+        error = f"the profiler failed at {where} ({type(problem).__name__}: {reason}); no more recording"
+        self._broken = error
+        profiler, recording.profiler = recording.profiler, None
+        recording.ranges.clear()
+        recording.left.clear()
+        if self._recording is recording:
+            self._recording = None
+        with contextlib.suppress(Exception):
+            profiler.__exit__(None, None, None)
+        self._restore_teardown()
+        self._record_failure(recording, error)
+
+    def _record_failure(self, recording: _Recording, error: str) -> None:
+        """Keep why a recorded step left no trace, with what it cost until then."""
+        self._errors.append(error)
+        self._costs.append(
+            RecordedStepCost(
+                iteration=recording.step + 1,
+                clock_mhz=recording.clock_mhz,
+                instances=recording.recorded,
+                start_ms=1e3 * recording.start_s,
+                toggles=recording.toggles,
+                toggles_ms=1e3 * recording.toggles_s,
+                stop_ms=0.0,
+                export_ms=0.0,
+                trace_mib=0.0,
+                error=error,
+            )
+        )
 
     def _start_profiler(self, recording: _Recording) -> Any:
         """The profiler, started once the previous trace is written (training thread); ``None``: it failed."""
@@ -312,21 +392,8 @@ class TorchKernelTimeline:
                 raise RuntimeError("its state is the starting thread's own (profile_all_threads unsupported)")
         except Exception as problem:  # nothing recorded in this step: the planner models the split
             self._restore_teardown()
-            error = f"the profiler did not start ({type(problem).__name__}: {problem})"
-            self._errors.append(error)
-            self._costs.append(
-                RecordedStepCost(
-                    iteration=recording.step + 1,
-                    clock_mhz=recording.clock_mhz,
-                    instances=0,
-                    start_ms=0.0,
-                    toggles=0,
-                    toggles_ms=0.0,
-                    stop_ms=0.0,
-                    export_ms=0.0,
-                    trace_mib=0.0,
-                    error=error,
-                )
+            self._record_failure(
+                recording, f"the profiler did not start ({type(problem).__name__}: {problem})"
             )
             recording.left.clear()
             return None

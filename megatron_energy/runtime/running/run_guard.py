@@ -10,11 +10,11 @@ too), and re-arms once stock steps show the slowdown was not the plan's (``runni
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+import logging
 
 from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
+from megatron_energy.log import log_single_rank
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import GROUPS, RankComms
@@ -28,6 +28,8 @@ from megatron_energy.runtime.session_phase import SessionPhase
 from megatron_energy.runtime.session_state import SessionState
 from megatron_energy.runtime.step_figures import StepFigures
 
+logger = logging.getLogger(__name__)
+
 
 class RunGuard:
     """One rank's run-phase policies over the session's state.
@@ -39,7 +41,6 @@ class RunGuard:
         controller: This rank's clock controller (stock clocks on a trip).
         comms: Collectives over the job's process groups (the exchange of paces).
         can_set_clocks: Whether clocks are really set (the trip's log line says what a trip changes).
-        printer: Where log lines go.
     """
 
     def __init__(
@@ -51,7 +52,6 @@ class RunGuard:
         controller: Controller,
         comms: RankComms,
         can_set_clocks: bool,
-        printer: Callable[[str], Any],
     ) -> None:
         self.config = config
         self.context = context
@@ -59,7 +59,6 @@ class RunGuard:
         self.controller = controller
         self.comms = comms
         self.can_set_clocks = can_set_clocks
-        self.printer = printer
         self.safety = SafetyNet(config.safety_tolerance, config.safety_steps)
         self.straggler: StragglerPolicy | None = None
         self._paces: StagedExchange[PaceVerdict] | None = None
@@ -100,14 +99,15 @@ class RunGuard:
             return None
         sizes = [self.comms.size(group) for group in GROUPS]
         period = exchange_period(sizes, plan.target_point.iteration_time_s)
-        if self.context.global_rank == 0:
-            cost_s = exchange_cost_s(sizes)
-            self.printer(
-                f"[energy] the data-parallel replicas exchange their pace every {period} step(s) over their "
-                f"pipeline, tensor and data-parallel groups (sizes {'/'.join(map(str, sizes))}): "
-                f"{1e3 * cost_s:.2f} ms per exchange at {1e6 * HOP_S:.0f} µs per hop, "
-                f"{1e3 * cost_s / period:.3f} ms per step (modelled)"
-            )
+        cost_s = exchange_cost_s(sizes)
+        log_single_rank(
+            logger,
+            self.context.global_rank,
+            f"[energy] the data-parallel replicas exchange their pace every {period} step(s) over their "
+            f"pipeline, tensor and data-parallel groups (sizes {'/'.join(map(str, sizes))}): "
+            f"{1e3 * cost_s:.2f} ms per exchange at {1e6 * HOP_S:.0f} µs per hop, "
+            f"{1e3 * cost_s / period:.3f} ms per step (modelled)",
+        )
         return StagedExchange(period)
 
     def _follow_stragglers(self, step: int, figures: StepFigures) -> tuple[bool, int] | None:
@@ -142,7 +142,7 @@ class RunGuard:
         self.state.select(plan.index_for_time(pace_s))
         following = not runner.on_target
         self.state.phase = SessionPhase.FOLLOWING_STRAGGLER if following else SessionPhase.PLANNED
-        self.printer(
+        logger.info(
             f"[energy] rank {self.context.global_rank}: "
             + (
                 f"a data-parallel replica runs at {1e3 * pace_s:.1f} ms/iter; moving to the frontier point "
@@ -207,7 +207,7 @@ class RunGuard:
             if self.safety.last_cause == "time" and self.safety.rearms > 0
             else " for the rest of the run"
         )
-        self.printer(
+        logger.info(
             f"[energy] rank {self.context.global_rank}: {broken} by more "
             f"than {100 * self.config.safety_tolerance:.0f}% for {self.config.safety_steps} consecutive "
             f"steps; {outcome}{until}"
@@ -227,7 +227,7 @@ class RunGuard:
         self.controller.set_memory_clock(plan.memory_clock_for(rank))
         self.straggler = StragglerPolicy(nominal_time_s=plan.target_point.iteration_time_s)
         self.state.phase = SessionPhase.PLANNED
-        self.printer(
+        logger.info(
             f"[energy] rank {self.context.global_rank}: stock steps were as slow as the plan's, then "
             f"recovered (the slowdown came from outside the plan); the plan runs again ({self.safety.rearms} "
             "more re-arm(s) left)"
