@@ -78,13 +78,13 @@ def smooth_point(planner: Planner, target: EnergyTarget) -> SmoothChoice:
     search = _Search(planner, target.smooth, target.deadline_s(planner.solver.baseline.iteration_time_s))
     best = planner.point_for_time(search.deadline_s)
     for base in (best, *_faster_points(planner, search.deadline_s, best)):
-        search.price(base, base.clocks)
+        search.price(base, base.clocks, within_deadline=base is not best)  # best: the planner's own point
         for clock in search.spread:
             search.price(base, search.clamped(base.clocks, at_least=clock))
         lowest = search.lowest_cap(base.clocks)
         for cap in search.grid[lowest : lowest + CAPS_TRIED]:
             search.price(base, search.clamped(base.clocks, at_most=cap))
-    assert search.best is not None  # the least-energy point itself meets its deadline
+    assert search.best is not None  # the least-energy point at the deadline is always priced
     _, point, filler = search.best
     stock = search.simulator.run(all_max_clocks(planner.dag, planner.profile))
     smoothing = PlanSmoothing(
@@ -137,24 +137,29 @@ class _Search:
         low, high = 0, len(self.grid) - 1  # the top of the grid caps nothing: the point meets its deadline
         while low < high:
             middle = (low + high) // 2
-            result = self._run(self.clamped(clocks, at_most=self.grid[middle]))
-            low, high = (low, middle) if result is not None else (middle + 1, high)
+            result = self.simulator.run(
+                self.clamped(clocks, at_most=self.grid[middle]), self.planner.switch_latency_s
+            )
+            low, high = (low, middle) if self._meets_deadline(result) else (middle + 1, high)
         return low
 
-    def price(self, base: FrontierPoint, clocks: Mapping[Step, int]) -> None:
-        """Simulate ``clocks``; keep them if they meet the deadline for less energy, filler included."""
-        result = self._run(clocks)
-        if result is None:
+    def price(self, base: FrontierPoint, clocks: Mapping[Step, int], within_deadline: bool = True) -> None:
+        """Simulate ``clocks``; keep them if they meet the deadline for less energy, filler included.
+
+        ``within_deadline=False`` prices them whatever their time (the planner's point for the deadline,
+        which the plan would run anyway).
+        """
+        result = self.simulator.run(clocks, self.planner.switch_latency_s)
+        if within_deadline and not self._meets_deadline(result):
             return
         filler = _filler(result, self.simulator, self.bound)
         total_j = result.total_energy_j + filler.energy_j
         if self.best is None or total_j < self.best[0] * (1 - 1e-12):
             self.best = (total_j, _as_point(base, clocks, result), filler)
 
-    def _run(self, clocks: Mapping[Step, int]) -> SimResult | None:
-        """The simulated iteration of ``clocks`` under the switch latency; ``None`` past the deadline."""
-        result = self.simulator.run(clocks, self.planner.switch_latency_s)
-        return result if result.iteration_time_s <= self.deadline_s * (1 + 1e-9) else None
+    def _meets_deadline(self, result: SimResult) -> bool:
+        """Whether a simulated iteration ends within the deadline (up to float rounding)."""
+        return result.iteration_time_s <= self.deadline_s * (1 + 1e-9)
 
 
 def _filler(result: SimResult, simulator: Simulator, bound: SmoothBound) -> PipelineFiller:
