@@ -24,6 +24,7 @@ from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_file import load_plan, plan_text, read_plan
+from megatron_energy.plan_outcome import why_nothing_found
 from megatron_energy.plan_smoothing import FillerWindow
 from megatron_energy.power_swing import PowerTrace, floor_energy_j
 from megatron_energy.runtime.planning_round.planning import plan_summary
@@ -185,6 +186,11 @@ def test_a_smooth_plan_file_round_trips_and_a_filler_past_the_iteration_is_refus
         plan_text(broken)
     summary = plan_summary(plan, plan_text(plan))
     assert "filler" in summary and "is not executed: its smoothness (floor=0.8) is modelled" in summary
+    assert plan.target_point.energy_j > plan.baseline.energy_j  # the filler outweighs what the clocks save
+    assert why_nothing_found(plan) == (
+        f"nothing found: smooth: its {plan.smoothing.filler_j:,.1f} J of filler per iteration outweigh what "
+        "its clocks save"
+    )
 
 
 def test_all_keeps_the_clock_plan_of_a_smooth_target_and_says_why():
