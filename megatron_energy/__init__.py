@@ -19,7 +19,7 @@ command layer imports a concrete optimiser):
    and its rooms: ``profiling/``, ``planning_round/`` (cache, planner process, one decision every rank
    takes), ``running/`` (plan runner, phase switcher, run guard), ``energy_log/``, with ``control_plane/``
    (the session's own collectives) shared by all; and ``dvfs/`` (GPU backends, controller, guard, lease,
-   meter, simulated GPUs; the only room importing zeus and pynvml).
+   meter, power sampler, simulated GPUs; the only room importing zeus and pynvml).
 2. ``optimisers/``: the interface (``optimisers.interface``), ``--energy-mode`` (``optimisers.registry``,
    ``optimisers.composition`` for ``all``) and the concrete optimisers ``optimisers/perseus/`` (clock per
    instruction), ``optimisers/kareus/`` (collectives) and ``optimisers/kernel/`` (clock per phase), each a

@@ -18,6 +18,7 @@ Layout::
             manifest.json              checksum and size of each of the above (``cache_manifest``)
             quarantine-<time>-<pid>/   a set that failed verification, moved aside
             frontier.png, timeline.json   the report's plot and Perfetto trace (``report.job_report``)
+            power_trace.rank<r>.jsonl  each rank's power readings (``--energy-power-trace``; or ``.csv``)
 
 This module owns the names and the paths; :class:`JobArtefacts` maps the cached files' names to their roles
 (the cache writes and verifies them as bytes, each type writes and reads its own text), and
@@ -52,6 +53,8 @@ MANIFEST = "manifest.json"
 QUARANTINE_PREFIX = "quarantine-"
 FRONTIER_PLOT = "frontier.png"
 TIMELINE = "timeline.json"
+POWER_TRACE = "power_trace"
+"""The stem of each rank's power trace file (``--energy-power-trace``)."""
 SIMULATED = "simulated"
 """The folder of the simulated GPUs' state files."""
 MEGATRON_OUTPUT = "megatron-output"
@@ -130,6 +133,10 @@ class JobFiles:
     def timeline(self) -> Path:
         """``timeline.json``, the report's."""
         return self.folder / TIMELINE
+
+    def power_trace(self, rank: int, suffix: str) -> Path:
+        """``power_trace.rank<rank>.<suffix>``: rank ``rank``'s power readings (``jsonl`` or ``csv``)."""
+        return self.folder / f"{POWER_TRACE}.rank{rank}.{suffix}"
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,9 @@ def test_the_launcher_wires_the_runner_to_the_session_it_built(
     # a plan taken from the cache is adopted while the session is built: the runner is told at its start
     state = SessionState()
     state.run(PlanRunner(_plan([EARLY]), 0, ORDER))
-    session = SimpleNamespace(state=state, on_step_begin=lambda step: None)
+    session = SimpleNamespace(
+        state=state, on_step_begin=lambda step: None, context=SimpleNamespace(global_rank=1)
+    )
     monkeypatch.setattr(session_factory, "graph_settling_steps", lambda: 0)
     monkeypatch.setattr(session_factory, "megatron_job_context", lambda model_chunks: (None, None))
     monkeypatch.setattr(assembly, "build_session", lambda config, context, comms: session)

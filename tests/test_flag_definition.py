@@ -38,6 +38,7 @@ SAMPLE_VALUES: dict[str, list[str]] = {
     "freq_grid": ["1980,1500"],
     "trace": ["events.jsonl"],
     "log_file": ["log.jsonl"],
+    "grid_gco2_per_kwh": ["400"],
     "safety_tolerance": ["0.05"],
     "safety_steps": ["3"],
     "overhead_check": ["2"],
@@ -47,6 +48,8 @@ SAMPLE_VALUES: dict[str, list[str]] = {
     "log_level": ["info"],
     "log_ranks": ["all"],
     "show_megatron_log": [],
+    "power_sample_ms": ["20"],
+    "power_trace": ["csv"],
 }
 """A valid value for each flag (none for a switch): given alone, only the optimise rule can refuse it."""
 
@@ -145,11 +148,14 @@ def test_a_value_rule_is_the_fields_and_the_config_holds_every_field_to_it() -> 
         "safety_tolerance",
         "safety_steps",
         "overhead_check",
+        "grid_gco2_per_kwh",
         "phase_switching",
         "memory_clock",
         "planning",
         "log_level",
         "log_ranks",
+        "power_sample_ms",
+        "power_trace",
     }
     for name in checked:
         flag = ENERGY_FLAGS[name]
@@ -173,3 +179,14 @@ def test_the_demo_refuses_a_contradiction_while_parsing(capsys: pytest.CaptureFi
         build_parser().parse_args(["demo", "--energy-mode", "kernel", "--energy-target", "power:400"])
     assert exit_info.value.code == 2
     assert "megatron-energy demo: error: --energy-target power:400 needs a planner" in capsys.readouterr().err
+
+
+def test_a_power_sampling_period_faster_than_nvml_refreshes_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _refusal(["--energy-optimise", "--energy-power-sample-ms", "0"], capsys) is None
+    refusal = _refusal(["--energy-optimise", "--energy-power-sample-ms", "5"], capsys)
+    assert refusal is not None and "must be 0 (off) or a period of 10-1000 ms" in refusal
+    assert EnergyConfig(power_sample_ms=20, power_trace="jsonl").power_trace == "jsonl"
+    with pytest.raises(EnergyConfigError, match="needs power readings, but --energy-power-sample-ms is 0"):
+        EnergyConfig(power_sample_ms=0, power_trace="csv")

@@ -216,7 +216,7 @@ def test_the_session_starts_after_the_graph_warm_up_and_capture(
     monkeypatch.setattr(global_vars, "_GLOBAL_ARGS", args)
     listener = DeferredSession(EnergyConfig(optimise=True, dir=tmp_path))
     starts: list[int] = []
-    monkeypatch.setattr(listener, "_start", lambda: starts.append(step))
+    monkeypatch.setattr(listener, "_start", lambda begun: starts.append(begun))
     for step in range(6):
         listener.on_step_begin(step)
     assert starts[:1] == [settling], "the first step that may build the session follows the capture"

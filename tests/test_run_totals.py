@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from log_lines import capture_lines
 from reductions import over_ranks
 
 from megatron_energy.config import EnergyConfig
@@ -59,7 +60,8 @@ def _logger(
         log_interval=4,
         megatron_log_energy=log_energy,
     )
-    logger = EnergyLogger(context, LocalComms(), "modelled", 0.0, lines.append)
+    capture_lines(lines)
+    logger = EnergyLogger(context, LocalComms(), "modelled", 0.0)
     logger.log_file = tmp_path / "energy.jsonl"
     logger.job = "job-a"
     logger.grid_gco2_per_kwh = grid

@@ -290,6 +290,18 @@ def test_the_metric_writers_of_every_rank_get_the_logged_scalars(first_run):
             assert f"total={totals[step + 1]:.1f} " in line
 
 
+def test_every_rank_logs_its_gpus_sampled_power_at_each_log_interval(first_run):
+    """Each rank samples its simulated GPU (modelled); the levels reach its metric writers."""
+    _, reports = first_run
+    intervals = [step + 1 for step in sorted(energy_lines(reports[0]))]
+    for report in reports:
+        power = {iteration: value for name, value, iteration in report.scalars if name == "energy/power_w"}
+        clock = {i: value for name, value, i in report.scalars if name == "energy/sm_clock_median_mhz"}
+        assert sorted(power) == intervals
+        assert all(value > 0 for value in power.values())
+        assert all(min(GRID_MHZ) <= value <= max(GRID_MHZ) for value in clock.values())
+
+
 def test_the_cache_folder_holds_the_job(first_run):
     demo, _ = first_run
     folder = job_folder(demo.energy_dir)

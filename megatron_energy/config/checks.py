@@ -56,6 +56,19 @@ def grid_intensity_problem(value: object) -> str | None:
     return None
 
 
+def sample_period_problem(value: object) -> str | None:
+    """Why ``value`` is neither 0 (off) nor a sampling period of 10-1000 ms, or ``None``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (value == 0 or 10 <= value <= 1000)
+    ):
+        return (
+            "must be 0 (off) or a period of 10-1000 ms (NVML refreshes the instant power about every 100 ms)"
+        )
+    return None
+
+
 def clock_grid_problem(value: object) -> str | None:
     """Why ``value`` is not a profiling grid (``None`` for auto, or two or more plausible clocks in MHz)."""
     if value is None:

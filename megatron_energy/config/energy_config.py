@@ -20,6 +20,7 @@ from megatron_energy.config.checks import (
     grid_intensity_problem,
     power_floor_problem,
     power_target_problem,
+    sample_period_problem,
     smooth_target_problem,
     whole_number_problem,
 )
@@ -40,6 +41,9 @@ PHASE_SWITCHING: tuple[str, ...] = ("auto", "off")
 MemoryClockChoice = Literal["auto", "off"]
 MEMORY_CLOCK: tuple[str, ...] = ("auto", "off")
 """Choices of ``--energy-memory-clock``."""
+PowerTraceChoice = Literal["off", "jsonl", "csv"]
+POWER_TRACE: tuple[str, ...] = ("off", "jsonl", "csv")
+"""Choices of ``--energy-power-trace``."""
 Planning = Literal["auto", "background", "wait"]
 PLANNING: tuple[str, ...] = ("auto", "background", "wait")
 """Choices of ``--energy-planning``."""
@@ -383,6 +387,36 @@ class EnergyConfig:
         },
     )
 
+    power_sample_ms: float = field(
+        default=50.0,
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-power-sample-ms",),
+                parse=float,
+                check=sample_period_problem,
+                metavar="MS",
+                help="""Read each rank's GPU power (NVML's averaged power and instant-power field) and SM
+                clock every MS milliseconds on a background thread, read-only, and log their figures at each
+                log interval: levels, SM clock, each iteration's swing, ramps and grid-band share
+                (``runtime.energy_log.power_log``); 0: off. NVML refreshes the instant power about every
+                100 ms, so 20-100 ms suits.""",
+            )
+        },
+    )
+
+    power_trace: PowerTraceChoice = field(
+        default="off",
+        metadata={
+            FLAG: EnergyFlag(
+                ("--energy-power-trace",),
+                choices=POWER_TRACE,
+                help="""Also write every power reading and iteration end of each rank's GPU to
+                ``<energy-dir>/<job>/power_trace.rank<r>.jsonl`` (or ``.csv``), appended at each log
+                interval (``runtime.energy_log.power_trace_file``); ``off``: none.""",
+            )
+        },
+    )
+
     def __post_init__(self) -> None:
         """Hold the config to its rules: each field's (its flag's check or choices), then the planning rules.
 
@@ -399,6 +433,11 @@ class EnergyConfig:
             if (problem := spec.problem(getattr(self, name))) is not None
         ]
         problems += _planning_problems(self.mode, self.target, self.gpu_spec)
+        if self.power_trace != "off" and self.power_sample_ms == 0:
+            problems.append(
+                f"power_trace={self.power_trace!r} (--energy-power-trace) needs power readings, but "
+                "--energy-power-sample-ms is 0 (off): give a period of 10-1000 ms, or drop the trace"
+            )
         if problems:
             raise EnergyConfigError(*problems)
 

@@ -270,12 +270,12 @@ class DeferredSession:
         try:
             context, comms = megatron_job_context(self.model_chunks)
             self.session = build_session(self.config, context, comms)
-            self._say_if_too_short(step)
             for follower in self.plan_followers:
                 self.session.state.follow(follower)
             if self.config.overhead_check:
                 measured = self.session.timer.source == "measured"
                 self.overhead_check = OverheadCheck(self.config.overhead_check, measured_energy=measured)
+            self._say_if_too_short(step)
         except Exception as problem:  # build_session made every rank agree: all ranks come here, or none
             self.failed = True
             logger.info(f"[energy] not optimising, training continues at stock clocks: {problem}")

@@ -13,7 +13,7 @@ from megatron_energy.dvfs.controller import BoundaryEvent, FrequencyController
 from megatron_energy.dvfs.kernel_classes import KernelClass
 from megatron_energy.dvfs.meter import EnergyMeter
 from megatron_energy.dvfs.spec import GpuSpec
-from megatron_energy.energy_dir import JobFacts, simulated_state_path
+from megatron_energy.energy_dir import JobFacts, JobFiles, simulated_state_path
 from megatron_energy.errors import EnergyRuntimeError, EnergyValueError
 from megatron_energy.log import log_single_rank
 from megatron_energy.optimisers.interface import Optimiser
@@ -26,6 +26,7 @@ from megatron_energy.runtime.context import JobContext, planning_inputs
 from megatron_energy.runtime.control_plane.comms import RankComms
 from megatron_energy.runtime.control_plane.group_chain import in_planning_replica, reduce_everywhere
 from megatron_energy.runtime.cuda_timer import CudaEventTimer
+from megatron_energy.runtime.energy_log.power_log import open_power_log
 from megatron_energy.runtime.parts import Guard, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.replanning import Replanner
@@ -306,6 +307,11 @@ def build_session(
             f"[energy] rank {context.global_rank}: another rank cannot set its GPU clocks (its log says "
             "why); profiling at stock clocks only like it, the other clocks are modelled"
         )
+    cache = JobCache(
+        config.dir,
+        replace(parts.facts, clock_control=can_set_clocks),
+        replan=Replanner(config, context, parts.spec, parts.optimiser),
+    )
     return EnergySession(
         config,
         context,
@@ -316,11 +322,7 @@ def build_session(
         comms=comms,
         clocks_mhz=parts.grid,
         can_set_clocks=can_set_clocks,
-        cache=JobCache(
-            config.dir,
-            replace(parts.facts, clock_control=can_set_clocks),
-            replan=Replanner(config, context, parts.spec, parts.optimiser),
-        ),
+        cache=cache,
         spec=parts.spec,
         guard=parts.guard,
         kernel_timeline=build_kernel_timeline(parts.handle, parts.spec, parts.optimiser, context),
@@ -328,6 +330,7 @@ def build_session(
             config, parts.controller, parts.timer, replayed=context.full_iteration_graph
         ),
         power_cap=build_power_cap_watch(parts.handle, context.local_device_index, parts.grid[0], comms),
+        power_log=open_power_log(config, parts.handle, context, JobFiles(cache.folder)),
     )
 
 

@@ -64,6 +64,7 @@ from megatron_energy.runtime.energy_log.host_cost import HostCost, host_timed
 from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 from megatron_energy.runtime.energy_log.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
+from megatron_energy.runtime.energy_log.power_log import PowerLog
 from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.graph_replay import GraphReplay
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
@@ -114,6 +115,8 @@ class EnergySession:
         power_cap: Reads the clock at instruction ends of the stock profile steps, for the power-cap check
             (``runtime.profiling.power_cap_watch``), on the ranks of the planning replica. ``None``: this rank
             reads nothing (it still sends rank 0 its empty samples at profiling's end).
+        power_log: The GPU's sampled power at each log interval (``runtime.energy_log.power_log``); ``None``:
+            none (``--energy-power-sample-ms 0``, or a GPU whose power cannot be read).
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class EnergySession:
         kernel_timeline: KernelTimeline | None = None,
         phase_switcher: PhaseSwitching | None = None,
         power_cap: PowerCapWatch | None = None,
+        power_log: PowerLog | None = None,
     ) -> None:
         self.config = config
         self.context = context
@@ -204,6 +208,10 @@ class EnergySession:
         self.energy_logger.job = cache.fingerprint
         self.energy_logger.grid_gco2_per_kwh = config.grid_gco2_per_kwh
         self.energy_logger.power_target = config.target if config.target.kind == "power" else None
+        self.power_log = power_log
+        if power_log is not None:
+            power_log.job = cache.fingerprint
+            power_log.write_record = self.energy_logger.write_record if context.global_rank == 0 else None
         self.planning.start_from_cache()
         self.laps.lap()
         if self.state.phase == SessionPhase.PROFILING:
@@ -379,6 +387,8 @@ class EnergySession:
         idle time; it is this step's energy, and is kept with the step until its timing comes.
         """
         planning = self.phase == SessionPhase.PLANNING
+        if self.power_log is not None:
+            self.power_log.step_end(step, self._label(self.phase))
         timings = self.timer.finish_step(lagged=self._step_lagged)
         if self.kernel_timeline is not None:
             if self.kernel_timeline.recording:
@@ -505,6 +515,8 @@ class EnergySession:
         except Exception as problem:  # a failing flush must not mask how the run ended
             logger.info(f"[energy] rank {self.context.global_rank}: last step not logged: {problem}")
         self.energy_logger.close()
+        if self.power_log is not None:
+            self.power_log.close()
         self.laps.close()
         measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
         host_line = self.host_cost.summary(self.context.global_rank, measured_s)

@@ -51,6 +51,7 @@ from megatron_energy.runtime.energy_log.energy_line import (
 from megatron_energy.runtime.energy_log.log_aggregate import interval_vectors, job_interval
 from megatron_energy.runtime.energy_log.log_window import PhaseWindow
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
+from megatron_energy.runtime.energy_log.power_record import PowerRecord
 from megatron_energy.runtime.energy_log.run_totals import RunTally, RunTotals, tokens_per_iteration
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.power_watch import with_power_budget
@@ -273,7 +274,7 @@ class EnergyLogger:
         period_s = 0.0 if exact else self.counter_period_s
         return StockSamples(baseline.step_energy_j, baseline.step_iteration_s, period_s)
 
-    def write_record(self, record: EnergyRecord | PowerCapRecord | RunTotals) -> None:
+    def write_record(self, record: EnergyRecord | PowerCapRecord | RunTotals | PowerRecord) -> None:
         """Append the record to ``--energy-log-file``; a file that cannot be written is reported once."""
         if self.log_file is None:
             return

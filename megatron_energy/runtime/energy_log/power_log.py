@@ -1,0 +1,189 @@
+"""One rank's power log: its GPU's sampled power at each log interval, as a record, scalars and a raw trace.
+
+The rank's :class:`~megatron_energy.dvfs.power_sampler.PowerSampler` reads its GPU on a thread of its own;
+the session tells the power log where each iteration ends (:meth:`PowerLog.step_end`, on the host, at the
+step's end hook, stamped with the sampler's clock). At each log interval's last iteration the log takes the
+interval's readings from the sampler's ring and makes its figures
+(``runtime.energy_log.power_interval.interval_power``): rank 0 appends the
+:class:`~megatron_energy.runtime.energy_log.power_record.PowerRecord` to ``--energy-log-file``, a rank with
+metric writers writes its scalars, and with ``--energy-power-trace`` every rank appends its readings and
+iteration ends to its own trace file (``runtime.energy_log.power_trace_file``). Nothing here is a
+collective; the figures are the rank's own GPU's, of a fixed size whatever the job's. The work at an
+interval's end (a copy of the ring's span, a few small FFTs) runs on the training thread, inside the session's
+timed hook; so does one reading when the thread took none in the interval (a simulated GPU's virtual time can
+run far ahead of the wall clock the thread sleeps on), so every interval has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from megatron_energy.config import EnergyConfig
+from megatron_energy.dvfs.backends import GpuHandle
+from megatron_energy.dvfs.power_reader import PowerReadingsUnavailableError
+from megatron_energy.dvfs.power_sampler import PowerSampler
+from megatron_energy.energy_dir import JobFiles
+from megatron_energy.errors import EnergyValueError
+from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.energy_log.energy_line import write_scalars
+from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, interval_power
+from megatron_energy.runtime.energy_log.power_record import PowerRecord, power_scalars
+from megatron_energy.runtime.energy_log.power_trace_file import PowerTraceWriter
+
+logger = logging.getLogger(__name__)
+
+
+def open_power_log(
+    config: EnergyConfig, handle: GpuHandle, context: JobContext, job: JobFiles
+) -> PowerLog | None:
+    """The rank's power log (sampling) as ``--energy-power-sample-ms`` and ``--energy-power-trace`` ask.
+
+    ``None`` when sampling is off, or when the GPU's power cannot be read (the rank says why, once).
+    """
+    if config.power_sample_ms == 0:
+        return None
+    index = context.local_device_index
+    try:
+        sampler = PowerSampler.from_handle(handle, index, config.power_sample_ms / 1000.0)
+        sampler.read_once()  # the first interval's first reading; a GPU that cannot be read says so here
+    except (PowerReadingsUnavailableError, ImportError) as problem:
+        logger.warning(f"[energy] rank {context.global_rank}: no power log ({problem})")
+        return None
+    except Exception as problem:  # an NVML error on the first read
+        why = f"GPU {index}: {type(problem).__name__}: {problem}"
+        logger.warning(f"[energy] rank {context.global_rank}: no power log ({why})")
+        return None
+    trace = None
+    if config.power_trace != "off":
+        path = job.power_trace(context.global_rank, config.power_trace)
+        trace = PowerTraceWriter(path, config.power_trace, context.global_rank, index)
+    return PowerLog(
+        sampler,
+        rank=context.global_rank,
+        gpu=index,
+        log_interval=context.log_interval,
+        sinks=context.log_sinks,
+        trace=trace,
+    )
+
+
+class PowerLog:
+    """The power part of one rank's energy log (module docstring).
+
+    Args:
+        sampler: The rank's GPU's sampler, holding a first reading (started here).
+        rank: The global rank.
+        gpu: The GPU's local index.
+        log_interval: Iterations per log interval.
+        sinks: The rank's metric writers (empty on ranks without them).
+        trace: The raw trace's writer (``--energy-power-trace``), or ``None``.
+
+    Attributes:
+        write_record: Appends a record to ``--energy-log-file`` (the energy logger's writer, set by the
+            session); ``None`` on every rank but 0.
+        job: The job's fingerprint, written into every record.
+    """
+
+    def __init__(
+        self,
+        sampler: PowerSampler,
+        *,
+        rank: int,
+        gpu: int,
+        log_interval: int,
+        sinks: tuple[Callable[[str, float, int], Any], ...],
+        trace: PowerTraceWriter | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.rank = rank
+        self.gpu = gpu
+        self.log_interval = log_interval
+        self.sinks = sinks
+        self.trace = trace
+        self.write_record: Callable[[PowerRecord], None] | None = None
+        self.job = ""
+        self._start_s = sampler.clock()
+        """When the interval's first iteration began (the previous iteration's end)."""
+        self._ends: list[tuple[int, float]] = []
+        """The interval's iterations so far and their ends."""
+        self._last_step: int | None = None
+        """The last step whose end the log saw (0-based)."""
+        sampler.start()
+
+    def step_end(self, step: int, phase: str) -> None:
+        """Note where step ``step`` (0-based) ended; at a log interval's end, log the interval.
+
+        After steps the log did not see (the overhead check's suspended blocks), the interval so far gets
+        no record (its iteration ends still go to the trace) and the next starts at this step's end.
+        """
+        now_s = self.sampler.clock()
+        if self._last_step is not None and step != self._last_step + 1:
+            self._write_trace(self._ends, self._ends[-1][1] if self._ends else self._start_s)
+            self._ends, self._start_s = [], now_s
+        else:
+            self._ends.append((step + 1, now_s))
+        self._last_step = step
+        if (step + 1) % self.log_interval == 0 and self._ends:
+            self._log(phase)
+
+    def close(self) -> None:
+        """Stop the sampler, write the rest of the trace, and say once if sampling stopped on an error."""
+        self.sampler.close()
+        self._write_trace(self._ends)
+        if self.sampler.error is not None:
+            logger.warning(f"[energy] rank {self.rank} GPU {self.gpu}: {self.sampler.error}")
+
+    def _log(self, phase: str) -> None:
+        """The interval's record, scalars and trace; the next interval starts at this one's end."""
+        ends, self._ends = self._ends, []
+        start_s, end_s = self._start_s, ends[-1][1]
+        self._start_s = end_s
+        try:
+            figures = self._figures(start_s, ends)
+        except EnergyValueError as problem:  # never into the training step: the interval goes without
+            covered = f"iterations {ends[0][0]}-{ends[-1][0]}"
+            logger.warning(f"[energy] rank {self.rank}: {covered}: no power figures ({problem})")
+            figures = None
+        self._write_trace(ends, end_s)
+        if figures is None:
+            return
+        if self.sampler.error is not None:
+            note = "; ".join(part for part in (figures.note, self.sampler.error) if part)
+            figures = dataclasses.replace(figures, note=note)
+        record = PowerRecord(ends[-1][0], ends[0][0], phase, self.rank, self.gpu, figures, self.job)
+        if self.write_record is not None:
+            self.write_record(record)
+        for iteration, scalars in power_scalars(record).items():
+            write_scalars(scalars, iteration, self.sinks)
+
+    def _figures(self, start_s: float, ends: list[tuple[int, float]]) -> GpuPowerInterval | None:
+        """The interval's figures, with one reading taken now if the thread took none in it."""
+        end_s = ends[-1][1]
+        figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        if figures is None and self.sampler.error is None:
+            # no reading since the interval began (a simulated GPU's virtual time outran the thread): one now
+            try:
+                self.sampler.read_once()
+            except Exception as problem:  # an NVML error: the interval goes without figures
+                self.sampler.error = f"power reading failed: {type(problem).__name__}: {problem}"
+            figures = interval_power(self.sampler.samples(start_s, end_s), start_s, ends)
+        return figures
+
+    def _write_trace(self, ends: list[tuple[int, float]], end_s: float | None = None) -> None:
+        """Append the readings up to ``end_s`` (all when ``None``) and ``ends`` to the trace, if one is kept.
+
+        A trace that cannot be written is reported once and no longer kept.
+        """
+        if self.trace is None:
+            return
+        samples = self.sampler.samples() if end_s is None else self.sampler.samples(end_s=end_s)
+        try:
+            self.trace.append(samples, ends)
+        except OSError as problem:
+            logger.warning(
+                f"[energy] rank {self.rank}: cannot append to {self.trace.path} ({problem}); no trace"
+            )
+            self.trace = None
