@@ -18,6 +18,7 @@ from megatron_energy.optimisers.composition import ComposedOptimiser
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.memory_clock import choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
 from megatron_energy.pipeline.instruction import Work
 from megatron_energy.pipeline.profile import ClockOption, Profile
@@ -268,3 +269,9 @@ def test_a_slowdown_lets_the_clocks_lower_the_peak_a_floor_is_measured_from():
     filled, _ = _simulated_filled(slower, _job("iso-time").dag(), profile)
     assert slower.smoothing is not None
     assert bound_problems(filled, slower.smoothing.bound, slower.smoothing.bin_s) == []
+
+
+def test_the_planners_plain_point_refuses_a_smooth_target():
+    planner = Planner(_job("iso-time").dag(), _profile(), num_points=4)
+    with pytest.raises(ValueError, match=r"comes from perseus\.smooth_point"):
+        planner.point(parse_target("smooth:floor=0.8"))
