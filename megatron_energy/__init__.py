@@ -30,8 +30,10 @@ command layer imports a concrete optimiser):
    Python, no torch.
 1. pure models: ``pipeline/`` (the job's description: instruction identity, orders, DAG, workload, profile,
    its collectives and their levers, its kernels' phase timelines), ``sim/`` (the simulator, each GPU's
-   modelled power over an iteration, the whole job's power at scale and the power floor), ``plan`` (Plan v3,
-   the one executable contract), ``target`` (``--energy-target`` and its one deadline rule), ``dvfs.model``
+   modelled power over an iteration, the whole job's power at scale, the power floor and the filler a smooth
+   bound needs), ``plan`` (Plan v3, the one executable contract; ``plan_smoothing``: a smooth plan's filler),
+   ``target`` (``--energy-target`` and its one deadline rule; ``smooth_bound``: the bound of ``smooth:``),
+   ``dvfs.model``
    and the calibration's pure side (``dvfs.calibration``, its fit ``dvfs.calibration_fit`` and the spec it
    makes, ``dvfs.calibrated_spec``).
 0. foundations: ``errors`` (the root :class:`~megatron_energy.errors.EnergyError`), ``log`` (the

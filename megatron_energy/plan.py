@@ -22,7 +22,9 @@ cached file, the report reads the file that ran). A plan holds:
 - provenance: the job fingerprint, GPU, whether the profile was measured or modelled, the optimisers that
   made it, the switch latency it was made executable under, and the writing software's version;
 - optionally, one memory clock per rank, locked for the whole run phase (:mod:`megatron_energy.plan_memory`);
-  absent when every rank keeps the stock memory clock.
+  absent when every rank keeps the stock memory clock;
+- for a ``smooth:`` target, the bound, the target point's filler windows per rank and the filler floor's cost
+  (:mod:`megatron_energy.plan_smoothing`); absent for every other target.
 
 The file (:mod:`megatron_energy.plan_file`) is plain JSON read and written through pydantic models, with the
 checks declared on the fields (here, on the typed values, and there), versioned and checksummed (SHA-256 of
@@ -47,6 +49,7 @@ from megatron_energy.pipeline.collective_names import CollectiveName, LaunchPoin
 from megatron_energy.pipeline.instruction import FusedInstruction, Instruction, Step, StepKey
 from megatron_energy.pipeline.phase_labels import PhaseLabel
 from megatron_energy.plan_band import SavingBand
+from megatron_energy.plan_smoothing import PlanSmoothing
 
 SCHEMA_VERSION = 3
 """Version of the JSON layout written by :meth:`Plan.save`; bump it when the layout changes (3: phases and
@@ -239,6 +242,8 @@ class Plan:
         saving_band: The target point's saving over the GPU spec's declared ranges
             (``optimisers.saving_band``); ``None`` for a plan made without it (an older plan, or before the
             band is priced); written to the file only when there is one.
+        smoothing: A ``smooth:`` target's bound, the target point's filler (included in its rank energies) and
+            the filler floor's cost; ``None`` for every other target (then not written to the file).
         created_by: Name and version of the software that wrote the plan.
         schema_version: Layout version of the file.
     """
@@ -257,6 +262,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     memory_clocks_mhz: tuple[int, ...] = ()
     saving_band: SavingBand | None = None
+    smoothing: PlanSmoothing | None = None
     created_by: str = f"megatron_energy {__version__}"
     schema_version: int = SCHEMA_VERSION
     _tables: dict[tuple[int, int], dict[Instruction, int]] = field(

@@ -51,6 +51,7 @@ from megatron_energy.plan import (
 )
 from megatron_energy.plan_band import SavingBand, energy_change
 from megatron_energy.plan_memory import check_memory_clocks
+from megatron_energy.plan_smoothing import PlanSmoothing
 
 Index = Annotated[int, Ge(0)]
 """A stage, chunk, microbatch or list index."""
@@ -274,6 +275,8 @@ class PlanFile(_FileModel):
     """The target saving's band; written only when there is one."""
     memory_clocks_mhz: tuple[Annotated[int, Gt(0)], ...] = ()
     """One memory clock per pipeline rank; written only when some rank leaves the stock one."""
+    smoothing: PlanSmoothing | None = None
+    """A ``smooth:`` target's bound, filler windows per rank and the filler floor's cost (only then)."""
     checksum: str = ""
     """SHA-256 of the canonical JSON of the rest: checked before the fields are read, added by
     :func:`plan_text` after them."""
@@ -293,6 +296,10 @@ class PlanFile(_FileModel):
         if self.memory_clocks_mhz and len(self.memory_clocks_mhz) != ranks:
             given = len(self.memory_clocks_mhz)
             raise ValueError(f"memory_clocks_mhz gives {given} memory clocks for {ranks} pipeline ranks")
+        iteration_s = self.points[self.target_index].iteration_time_s
+        problem = None if self.smoothing is None else self.smoothing.fit_problem(ranks, iteration_s)
+        if problem is not None:
+            raise ValueError(problem)
         target_j = sum(rank.energy_j for rank in self.points[self.target_index].ranks)
         nominal = energy_change(self.baseline.energy_j, target_j)
         if self.saving_band is not None and not self.saving_band.holds(nominal):
@@ -322,6 +329,7 @@ class PlanFile(_FileModel):
             notes=plan.notes,
             saving_band=plan.saving_band,
             memory_clocks_mhz=plan.memory_clocks_mhz,
+            smoothing=plan.smoothing,
         )
 
     def plan(self) -> Plan:
@@ -341,6 +349,7 @@ class PlanFile(_FileModel):
             notes=self.notes,
             memory_clocks_mhz=self.memory_clocks_mhz,
             saving_band=self.saving_band,
+            smoothing=self.smoothing,
             created_by=self.created_by,
             schema_version=self.schema_version,
         )

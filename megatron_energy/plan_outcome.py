@@ -77,7 +77,11 @@ def why_nothing_found(plan: Plan) -> str | None:
     target = plan.target_point
     actions = [action for rank in target.ranks for action in rank.actions]
     reasons = []
-    if "perseus" in plan.optimisers:
+    filler_j = 0.0 if plan.smoothing is None else plan.smoothing.filler_j
+    if filler_j > 0:
+        reasons.append(f"smooth: its {filler_j:,.1f} J of filler per iteration outweigh what its clocks save")
+    clocks_save = energy_change(plan.baseline.energy_j, target.energy_j - filler_j) < -SAVING_FLOOR
+    if "perseus" in plan.optimisers and not clocks_save:
         reasons.append("perseus: no instruction has slack to run slower at the target")
     if "kareus" in plan.optimisers:
         classes = sorted({a.collective.class_key for a in actions if isinstance(a, CollectiveAction)})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.smooth_bound import SmoothBound, parse_smooth
 
 
 @dataclass(frozen=True)
@@ -21,20 +22,30 @@ class EnergyTarget:
     ``iso-time`` keeps the iteration time of all-maximum clocks, ``min-energy`` takes the frontier's
     minimum-energy point, ``slowdown:X`` allows the iteration to become ``(1 + X)`` times longer, and
     ``power:W[,peak:P]`` takes the fastest point whose predicted average power per GPU is at most ``W`` watts
-    (and whose most power-hungry instruction draws at most ``P`` watts, when given).
+    (and whose most power-hungry instruction draws at most ``P`` watts, when given). ``smooth:...`` bounds the
+    power swing (:mod:`megatron_energy.smooth_bound`) at the least energy within its time bound (iso-time, or
+    ``slowdown=X``).
     """
 
-    kind: Literal["iso-time", "min-energy", "slowdown", "power"]
+    kind: Literal["iso-time", "min-energy", "slowdown", "power", "smooth"]
     """Which target this is."""
 
     slowdown: float = 0.0
-    """The allowed relative slowdown for ``slowdown`` (0 < X < 1); 0 for the other kinds."""
+    """The allowed relative slowdown for ``slowdown`` and ``smooth`` (0 < X < 1; 0 in ``smooth``: iso-time); 0
+    for the other kinds."""
 
     power_w: float = 0.0
     """The average power budget per GPU in watts for ``power``; 0 for the other kinds."""
 
     peak_w: float | None = None
     """The optional cap on any instruction's predicted power per GPU for ``power``; ``None`` for no cap."""
+
+    smooth: SmoothBound | None = None
+    """The bound on the power swing for ``smooth``; ``None`` for the other kinds."""
+
+    def __post_init__(self) -> None:
+        if (self.kind == "smooth") != (self.smooth is not None):
+            raise EnergyValueError("a smooth target, and only a smooth target, carries a smooth bound")
 
     def deadline_s(self, fastest_s: float) -> float:
         """The longest iteration this target allows; the one target -> deadline rule of every optimiser.
@@ -44,7 +55,7 @@ class EnergyTarget:
 
         Returns:
             ``fastest_s`` for ``iso-time``, ``(1 + X)`` times it for ``slowdown:X``, ``inf`` for
-            ``min-energy`` (no bound).
+            ``min-energy`` (no bound); a ``smooth`` target's time bound alike (iso-time, or its slowdown).
 
         Raises:
             EnergyValueError: For a ``power`` target, which has no deadline: it picks the fastest point of the
@@ -65,6 +76,9 @@ class EnergyTarget:
         if self.kind == "power":
             peak = "" if self.peak_w is None else f",peak:{self.peak_w:g}"
             return f"power:{self.power_w:g}{peak}"
+        if self.smooth is not None:
+            slowdown = f",slowdown={self.slowdown:g}" if self.slowdown else ""
+            return f"smooth:{self.smooth}{slowdown}"
         return self.kind
 
 
@@ -72,7 +86,8 @@ def parse_target(text: str) -> EnergyTarget:
     """Parse an ``--energy-target`` value.
 
     Args:
-        text: ``iso-time``, ``min-energy`` or ``slowdown:X`` with 0 < X < 1.
+        text: ``iso-time``, ``min-energy``, ``slowdown:X`` with 0 < X < 1, ``power:W[,peak:P]`` or
+            ``smooth:KEY=VALUE,...`` (:mod:`megatron_energy.smooth_bound`).
 
     Returns:
         The parsed target.
@@ -83,6 +98,9 @@ def parse_target(text: str) -> EnergyTarget:
     value = text.strip().lower()
     if value.startswith("power:"):
         return _parse_power_target(text, value.removeprefix("power:"))
+    if value.startswith("smooth:"):
+        bound, slowdown = parse_smooth(text, value.removeprefix("smooth:"))
+        return EnergyTarget(kind="smooth", slowdown=slowdown, smooth=bound)
     if value in ("iso-time", "min-energy"):
         return EnergyTarget(kind=value)  # type: ignore[arg-type]
     if value.startswith("slowdown:"):
@@ -99,7 +117,8 @@ def parse_target(text: str) -> EnergyTarget:
         )
     raise argparse.ArgumentTypeError(
         f"'{text}' is not a target; use iso-time (same iteration time, the default), min-energy, "
-        "slowdown:X with 0 < X < 1, or power:W[,peak:P] (watts per GPU)"
+        "slowdown:X with 0 < X < 1, power:W[,peak:P] (watts per GPU), or smooth:floor=F,ramp=R,job-ramp=J@N "
+        "(a bound on the power swing)"
     )
 
 

@@ -42,6 +42,7 @@ from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan import Plan, fingerprint
 from megatron_energy.plan_file import save_plan
 from megatron_energy.plan_outcome import saving_text
+from megatron_energy.plan_smoothing import smoothing_cost_text
 from megatron_energy.report.console import output_console
 from megatron_energy.report.frontier_plot import plot_frontier
 from megatron_energy.target import EnergyTarget, parse_target
@@ -77,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=parse_target,
         default=EnergyTarget("iso-time"),
         help="iso-time (default: no slower than all-maximum clocks), min-energy, slowdown:X with 0<X<1, "
-        "or power:W[,peak:P] (fastest plan within W watts per GPU on average, P at peak)",
+        "power:W[,peak:P] (fastest plan within W watts per GPU on average, P at peak), or "
+        "smooth:floor=F,ramp=R,job-ramp=J@N[,slowdown=X] (a bound on the power swing, filler included)",
     )
     parser.add_argument(
         "--gpu-spec",
@@ -140,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         return fail("plan", error)
     console.print(_summary(plan))
+    if plan.smoothing is not None:
+        energy_j, stock_j = plan.target_point.energy_j, plan.baseline.energy_j
+        console.print(smoothing_cost_text(plan.smoothing, energy_j, stock_j), markup=False)
     console.print(
         f"modelled: the pipeline simulated from a {profile.source} profile ({source}, GPU "
         f"{profile.gpu_name}); the lower bound is the convex relaxation's optimum (instant switches), which "

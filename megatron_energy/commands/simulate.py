@@ -20,6 +20,7 @@ With ``--switch-latency-sweep 10ms,1ms,100us,10us`` it prints the iso-time savin
 """
 
 import argparse
+import dataclasses
 
 from rich.console import Console
 from rich.table import Table
@@ -42,7 +43,9 @@ from megatron_energy.pipeline.instruction import Step
 from megatron_energy.plan import Plan, PlanError
 from megatron_energy.plan_file import load_plan
 from megatron_energy.plan_outcome import banded_text, change_text, energy_change, run_band
+from megatron_energy.plan_smoothing import smoothing_cost_text
 from megatron_energy.report.console import output_console
+from megatron_energy.sim.filler import filled_traces
 from megatron_energy.sim.job_power import JobScale
 from megatron_energy.sim.memory_clocks import MemoryClockPricing, plan_memory
 from megatron_energy.sim.power_timeline import stage_power_traces
@@ -196,23 +199,37 @@ def run(args: argparse.Namespace) -> int:
             f"{1e3 * plan.switch_latency_s:g} ms clock switches)"
         )
         time_change = planned.iteration_time_s / baseline.iteration_time_s - 1
-        saving = energy_change(baseline.total_energy_j, planned.total_energy_j)
+        filler_j = 0.0 if plan.smoothing is None else plan.smoothing.filler_j
+        saving = energy_change(baseline.total_energy_j, planned.total_energy_j + filler_j)
         console.print(
             f"versus every instruction at its fastest clock ({baseline.iteration_time_s:.4f} s, "
             f"{baseline.total_energy_j:,.1f} J): time {change_text(time_change)}, energy "
             f"{banded_text(saving, run_band(plan, saving))} ({label}; a band is the plan file's, around "
             "this figure)"
         )
+        if plan.smoothing is not None:
+            console.print(
+                f"with the plan's filler ({filler_j:,.1f} J, in the energy change above): "
+                + smoothing_cost_text(
+                    plan.smoothing, planned.total_energy_j + filler_j, baseline.total_energy_j
+                )
+            )
     if args.trace:
         path = write_trace(result, simulator.powers, args.trace)
         console.print(f"trace written to {path} (open in https://ui.perfetto.dev; {label})")
     if swing is not None:
+        plan_traces = None if planned is None else stage_power_traces(planned, simulator.powers)
+        smoothing = None if plan is None else plan.smoothing
+        if plan_traces is not None and smoothing is not None:  # a smooth plan's power with its filler
+            plan_traces = filled_traces(plan_traces, smoothing.filler)
         cases = swing_cases(
             stage_power_traces(baseline, simulator.powers),
-            stage_power_traces(planned, simulator.powers) if planned is not None else None,
+            plan_traces,
             job.tensor_parallel,
             swing.floor_share,
         )
+        if plan_traces is not None and smoothing is not None:
+            cases[1] = dataclasses.replace(cases[1], filler_j=job.tensor_parallel * smoothing.filler_j)
         print_power_swing(console, job.name, cases, swing, label)
     return 0
 

@@ -109,6 +109,20 @@ def power_target_problem(mode: str, target: str) -> str | None:
     )
 
 
+def smooth_target_problem(mode: str, kind: str, target: str) -> str | None:
+    """Why ``--energy-mode mode`` cannot plan a ``smooth`` target ``target`` (of kind ``kind``), or ``None``.
+
+    Filler is placed on the pipeline simulator's power timeline of the clock plan (``perseus.smooth_point``);
+    the collective and phase optimisers price their plans with other models that have no power timeline.
+    """
+    if kind != "smooth" or mode not in STOCK_CLOCK_MODES:
+        return None
+    return (
+        f"--energy-target {target} is planned on the clock planner's power timeline, which --energy-mode "
+        f"{mode} does not price; use --energy-mode perseus or all (all then keeps the clock plan alone)"
+    )
+
+
 def power_floor_problem(target: str, power_w: float, spec_name: str, idle_power_w: float) -> str | None:
     """Why a power budget of ``power_w`` W per GPU is out of reach on the GPU ``spec_name``, or ``None``.
 

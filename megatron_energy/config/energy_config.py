@@ -21,6 +21,7 @@ from megatron_energy.config.checks import (
     power_floor_problem,
     power_target_problem,
     sample_period_problem,
+    smooth_target_problem,
     whole_number_problem,
 )
 from megatron_energy.config.flag import FLAG, EnergyFlag, flag_dest
@@ -111,7 +112,7 @@ class EnergyConfig:
             FLAG: EnergyFlag(
                 ("--energy-target",),
                 parse=parse_target,
-                metavar="iso-time|min-energy|slowdown:X|power:W[,peak:P]",
+                metavar="iso-time|min-energy|slowdown:X|power:W[,peak:P]|smooth:KEY=VALUE,...",
                 help="""Where on the time–energy frontier to land: ``iso-time`` (no slower than stock clocks),
                 ``min-energy``, ``slowdown:X`` with 0 < X < 1, or ``power:W[,peak:P]``: the fastest frontier
                 point whose predicted average power per GPU is at most W watts (and no instruction above P). A
@@ -121,7 +122,11 @@ class EnergyConfig:
                 keeping the verified profile so that a retry with another budget re-plans without profiling;
                 ``kareus`` and ``kernel`` alone (which keep stock clocks) refuse one. The log then shows the
                 measured power per GPU against the budget with its 95 % interval, and a sustained overshoot
-                reverts to stock clocks like a slowdown.""",
+                reverts to stock clocks like a slowdown. ``smooth:floor=F,ramp=R,job-ramp=J@N[,slowdown=X]``
+                (any of the three bounds) bounds the power swing at 20 ms bins: no GPU below F times the peak,
+                no ramp above R W/s per GPU or J W/s for the job of N GPUs in phase, at the least energy
+                within iso-time (or the slowdown), filler included where the clocks alone do not meet it
+                (``perseus`` or ``all``; the filler is modelled, not executed).""",
             )
         },
     )
@@ -471,6 +476,7 @@ def _planning_problems(mode: str, target: EnergyTarget, spec_name: str | None) -
     found = (
         mode_problem(mode),
         power_target_problem(mode, str(target)),
+        smooth_target_problem(mode, target.kind, str(target)),
         _power_floor_problem(target, spec_name),
     )
     return [problem for problem in found if problem is not None]

@@ -21,6 +21,9 @@ iteration than the first part's point (the fastest within the budget) and no hig
 Otherwise the base plan goes on unchanged. The result is then set against each part's plan alone (a part
 that cannot plan alone is skipped), and the one that saves the most within the target wins. The plan's
 ``notes`` say what was left out and why, and its ``optimisers`` name only the parts whose work it holds.
+
+A ``smooth:`` target is the first part's alone: its filler is placed on the clock plan's power timeline
+(``perseus.smooth_point``), which the later parts' pricing models lack, so they are left out with a note.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class ComposedOptimiser:
         plan, first, notes = base, base, []
         alone: dict[str, Plan] = {}
         for part in self.parts:
+            if plan is not None and job.target.kind == "smooth":
+                notes.append(f"{part.name} left out: a smooth target's filler is placed on the clock plan")
+                continue
             refined = part.plan(profile, job, plan)
             if plan is None:  # the first part, planning from scratch
                 plan = first = alone[part.name] = refined
@@ -93,7 +99,7 @@ class ComposedOptimiser:
             plan = refined
         assert plan is not None and first is not None  # __post_init__ guarantees a part
         composed = plan
-        for part in self.parts[1:] if base is None else ():
+        for part in self.parts[1:] if base is None and job.target.kind != "smooth" else ():
             try:
                 alone[part.name] = part.plan(profile, job, None)
             except EnergyValueError:  # e.g. no collective to schedule and no base plan: it cannot plan alone

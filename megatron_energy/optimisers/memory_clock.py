@@ -18,7 +18,8 @@ The pass repeats, each time keeping the change that saves the most, until none s
 predicted energy, busy time and iteration time change by what that pricing changes against the same pricing
 at the top memory clock, so what the optimiser's own pricing added (Kareus's collective choices, the phase
 clocks) stays as it was. The plan then carries one memory clock per rank and says what it saves in its notes;
-a plan where no rank gains stays exactly the plan it was (its file included). Every figure is *modelled*.
+a plan where no rank gains stays exactly the plan it was (its file included). A ``smooth:`` plan keeps the
+top memory clock: its filler was placed on its power there. Every figure is *modelled*.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def choose_memory_clocks(plan: Plan, profile: Profile, job: PlanningJob) -> Plan
     """
     spec = job.gpu or _spec_named(profile.gpu_name)
     candidates = () if spec is None else candidate_memory_clocks(spec)
-    if spec is None or not job.memory_clock or not candidates or plan.memory_clocks_mhz:
-        return plan
+    if spec is None or not job.memory_clock or not candidates or plan.memory_clocks_mhz or plan.smoothing:
+        return plan  # a smooth plan's filler is placed on its power at the stock memory clock
     search = _Search(plan, profile, MemoryClockPricing(job.dag(), profile, spec, plan.switch_latency_s))
     memory: MemoryClocks = (None,) * plan.num_stages
     while True:

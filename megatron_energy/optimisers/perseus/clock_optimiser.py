@@ -6,15 +6,19 @@ up to ``PlanningJob.kept_points`` other points executable under the GPU's clock-
 start of every instruction. The other points serve data-parallel replicas that follow a straggler's pace.
 With the combined 1F1B schedule the DAG's nodes are its steps, fused forward-backward pairs among them, and
 each gets its own clock (``pipeline.fused_profile`` supplies their options where the profile is modelled).
+A ``smooth:`` target's point and filler come from ``perseus.smooth_point``; its rank energies include the
+filler, and the plan carries the filler windows (``Plan.smoothing``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.perseus.frontier import FrontierPoint
+from megatron_energy.optimisers.perseus.smooth_point import smooth_point
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.fused_profile import with_fused_steps
 from megatron_energy.pipeline.profile import Profile
@@ -26,6 +30,7 @@ from megatron_energy.plan import (
     RankPlan,
     clock_actions,
 )
+from megatron_energy.plan_smoothing import PlanSmoothing
 
 
 class PerseusOptimiser:
@@ -50,13 +55,15 @@ class PerseusOptimiser:
             switch_latency_s=job.switch_latency_s,
         )
         frontier = planner.frontier
-        target = planner.point(job.target)
+        smooth = smooth_point(planner, job.target) if job.target.kind == "smooth" else None
+        target = planner.point(job.target) if smooth is None else smooth.point
         candidates = _distinct_points([*frontier.points, planner.min_energy_point], target)
         points = _distinct_points(
             [planner.executable(point) for point in _spread(candidates, job.kept_points)], target
         )
         baseline = frontier.baseline
-        return job.new_plan(
+        smoothing = None if smooth is None else smooth.smoothing
+        plan = job.new_plan(
             profile,
             optimisers=(self.name,),
             baseline=Baseline(
@@ -65,7 +72,9 @@ class PerseusOptimiser:
                 tuple(stage.total_energy_j for stage in baseline.stages),
             ),
             points=[
-                plan_point(planner, point, str(job.target) if point is target else f"time:{point.time_s:.6f}")
+                plan_point(planner, point, f"time:{point.time_s:.6f}")
+                if point is not target
+                else plan_point(planner, point, str(job.target), smoothing)
                 for point in points
             ],
             target_index=points.index(target),
@@ -75,10 +84,16 @@ class PerseusOptimiser:
             ],
             measured_tail=job.measured_tail,
         )
+        return plan if smoothing is None else dataclasses.replace(plan, smoothing=smoothing)
 
 
-def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
-    """A frontier point as a plan point: a clock action at every instruction's start, in rank order."""
+def plan_point(
+    planner: Planner, point: FrontierPoint, label: str, smoothing: PlanSmoothing | None = None
+) -> PlanPoint:
+    """A frontier point as a plan point: a clock action at every instruction's start, in rank order.
+
+    With ``smoothing``, each rank's predicted energy includes its filler.
+    """
     dag = planner.dag
     return PlanPoint(
         label=label,
@@ -88,7 +103,8 @@ def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
         ranks=tuple(
             RankPlan(
                 actions=clock_actions(point.clocks, dag.stage_steps(stage)),
-                energy_j=point.stage_energy_j[stage],
+                energy_j=point.stage_energy_j[stage]
+                + (0.0 if smoothing is None else smoothing.stage_filler_j(stage)),
                 busy_s=point.stage_busy_s[stage],
             )
             for stage in range(dag.num_stages)

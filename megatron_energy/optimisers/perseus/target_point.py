@@ -106,8 +106,11 @@ class Planner:
 
         Raises:
             PowerBudgetError: A ``power`` target no executable frontier point fits.
+            ValueError: A ``smooth`` target: its point weighs the filler too (``perseus.smooth_point``).
         """
         target = parse_target(target) if isinstance(target, str) else target
+        if target.kind == "smooth":
+            raise ValueError(f"{target}: a smooth target's point comes from perseus.smooth_point")
         if target.kind == "power":
             return fastest_within_budget(self.executable_points(), self.profile, target)
         return self.point_for_time(target.deadline_s(self.solver.baseline.iteration_time_s))

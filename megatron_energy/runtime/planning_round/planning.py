@@ -33,6 +33,7 @@ from megatron_energy.pipeline.profile import ClockOption, Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_file import plan_text
 from megatron_energy.plan_outcome import saving_text, why_nothing_found
+from megatron_energy.plan_smoothing import filler_note
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.profiling.collector import (
     ProfileRow,
@@ -333,5 +334,6 @@ def plan_summary(plan: Plan, plan_text: str) -> str:
         "profile on "
         f"{plan.gpu_name}; clock switches take {1e3 * plan.switch_latency_s:g} ms; {bound}; "
         + "".join(f"{note}; " for note in plan.notes)
+        + ("" if plan.smoothing is None else f"{filler_note(plan.smoothing)}; ")
         + f"plan sha256 {plan_digest(plan_text)}"
     )
