@@ -64,6 +64,7 @@ def _heavy_imports(probe: str, *args: str) -> list[str]:
     return line.split()[1:]
 
 
+@pytest.mark.slow
 def test_plan_on_a_profile_csv_imports_neither_torch_nor_megatron(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     shape = ("--stages", "8", "--microbatches", "32", "--gpu-spec", "h100-sxm", *QUICK)
@@ -71,6 +72,7 @@ def test_plan_on_a_profile_csv_imports_neither_torch_nor_megatron(tmp_path: Path
     assert plan.exists()
 
 
+@pytest.mark.slow
 def test_plan_and_simulate_of_a_job_config_import_neither_torch_nor_megatron(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     job = ("--config", str(EXAMPLE_JOB))

@@ -7,6 +7,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
+import pytest
 import yaml
 
 from megatron_energy.config import EnergyConfig
@@ -45,6 +46,7 @@ def _live_context(job: JobConfig) -> JobContext:
     )
 
 
+@pytest.mark.slow
 def test_a_live_moe_job_plans_with_its_layer_pattern() -> None:
     job = _moe_job()
     spec = dataclasses.replace(job.spec(), switch_latency_s=1e-4)  # a layer's runs get clocks of their own

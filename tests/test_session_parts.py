@@ -904,6 +904,7 @@ def test_plan_followers_are_told_the_point_a_straggler_selects_and_the_recovery(
     assert sum("moving to the frontier point" in line for line in lines) == 1
 
 
+@pytest.mark.slow
 def test_a_plan_that_was_slow_itself_stays_reverted(tmp_path):
     session, timer, _, _, lines = _session(tmp_path, data_parallel_size=1)
     step = _profile_and_plan(session)
