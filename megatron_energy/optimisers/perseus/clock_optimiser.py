@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.perseus.frontier import FrontierPoint
+from megatron_energy.optimisers.perseus.planner_cache import PlannerCache
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.fused_profile import with_fused_steps
 from megatron_energy.pipeline.profile import Profile
@@ -29,10 +30,18 @@ from megatron_energy.plan import (
 
 
 class PerseusOptimiser:
-    """Clock per pipeline instruction (see the module docstring)."""
+    """Clock per pipeline instruction (see the module docstring).
+
+    Args:
+        planners: Planners kept across calls for one job (one frontier sweep for several targets,
+            ``perseus.planner_cache``); ``None``: each plan sweeps its own.
+    """
 
     name = "perseus"
     request = ProfileRequest(clock_grid=True)
+
+    def __init__(self, planners: PlannerCache | None = None):
+        self.planners = planners
 
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
         """Solve the frontier and return the executable plan for ``job.target``.
@@ -42,13 +51,15 @@ class PerseusOptimiser:
         """
         if base is not None:
             raise ValueError("the perseus optimiser plans from scratch; it must come first in a composition")
-        profile = with_fused_steps(profile, job.orders)
-        planner = Planner(
-            job.dag(),
-            profile,
-            num_points=job.frontier_points,
-            switch_latency_s=job.switch_latency_s,
-        )
+        fused = with_fused_steps(profile, job.orders)
+
+        def build() -> Planner:
+            return Planner(
+                job.dag(), fused, num_points=job.frontier_points, switch_latency_s=job.switch_latency_s
+            )
+
+        planner = build() if self.planners is None else self.planners.planner(profile, job, build)
+        profile = planner.profile
         frontier = planner.frontier
         target = planner.point(job.target)
         candidates = _distinct_points([*frontier.points, planner.min_energy_point], target)
