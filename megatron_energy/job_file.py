@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Any, Literal
 
+import yaml
 from annotated_types import Ge, Gt, MinLen
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError, field_validator
 from pydantic_core import ErrorDetails
@@ -85,7 +86,7 @@ ModelField = Annotated[
 
 
 class JobFile(BaseModel):
-    """A job YAML: one Megatron training job (module docstring)."""
+    """The top-level keys: one Megatron training job on one GPU type."""
 
     model_config = _STRICT
 
@@ -106,8 +107,8 @@ class JobFile(BaseModel):
     seq_length: PositiveInt | None = None
     """Tokens per sequence (``--seq-length``); unset: the model's."""
     virtual_stages: PositiveInt = 1
-    """Model chunks per pipeline stage (interleaved schedule when > 1: ``--num-layers-per-virtual-pipeline-
-    stage`` or ``--num-virtual-stages-per-pipeline-rank``)."""
+    """Model chunks per pipeline stage, an interleaved schedule when > 1
+    (``--num-layers-per-virtual-pipeline-stage`` or ``--num-virtual-stages-per-pipeline-rank``)."""
     tensor_parallel: PositiveInt = 1
     """Tensor-parallel size (``--tensor-model-parallel-size``)."""
     data_parallel: PositiveInt = 1
@@ -228,7 +229,7 @@ def _problem(detail: ErrorDetails) -> str:
     if kind == "literal_error":
         expected = str(detail["ctx"]["expected"]).replace("'", "").replace(" or ", ", ")
         return f"{key} must be one of {expected}, got {value!r}"
-    if kind in ("string_type", "too_short"):
+    if kind in ("string_type", "string_too_short"):
         return f"{key} must be a non-empty string, got {value!r}"
     if kind in ("model_type", "model_attributes_type") and loc == ("model",):
         return f"model must be a known model name or a mapping of shape fields, got {value!r}"
@@ -260,6 +261,25 @@ def _allowed(section: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+REFERENCE_START = "<!-- job-yaml-reference: generated from megatron_energy/job_file.py -->"
+"""Where the generated tables begin in ``docs/reference/job-yaml.md``."""
+REFERENCE_END = "<!-- end of job-yaml-reference -->"
+"""Where they end."""
+
+
+def job_yaml_page(page: str) -> str:
+    """``page`` with the text between its two markers replaced by :func:`job_yaml_reference`.
+
+    Raises:
+        ValueError: The page lacks a marker.
+    """
+    if REFERENCE_START not in page or REFERENCE_END not in page:
+        raise ValueError(f"the page needs the lines {REFERENCE_START!r} and {REFERENCE_END!r}")
+    head, rest = page.split(REFERENCE_START, 1)
+    tail = rest.split(REFERENCE_END, 1)[1]
+    return f"{head}{REFERENCE_START}\n\n{job_yaml_reference()}\n{REFERENCE_END}{tail}"
+
+
 def job_yaml_reference() -> str:
     """Every key of the job YAML as Markdown: a table per section with type, default and meaning."""
     sections = [("", JobFile), ("model.", ModelSection), ("moe.", MoeSection)]
@@ -270,8 +290,8 @@ def job_yaml_reference() -> str:
         )
         parts.append("| key | type | default | meaning |\n|---|---|---|---|")
         for name, field in model.model_fields.items():
-            default = "required" if field.is_required() else f"`{field.default!r}`".replace("None", "unset")
-            kind = _type_text(field.annotation)
+            default = "required" if field.is_required() else _default_text(field.default)
+            kind = _type_text(field.annotation) + (" or unset" if field.default is None else "")
             text = _code(" ".join((field.description or "").split()))
             parts.append(f"| `{prefix}{name}` | {kind} | {default} | {text} |")
         parts.append("")
@@ -292,8 +312,17 @@ def _type_text(annotation: object) -> str:
         ("str", "string"),
     ):
         if pattern in text:
-            return words + (" or unset" if "None" in text else "")
+            return words
     return text
+
+
+def _default_text(value: object) -> str:
+    """A default as the YAML would spell it; ``unset`` for none."""
+    return (
+        "unset"
+        if value is None
+        else f"`{yaml.safe_dump(value).removesuffix(chr(10) + '...' + chr(10)).strip()}`"
+    )
 
 
 def _code(text: str) -> str:
