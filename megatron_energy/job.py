@@ -12,23 +12,11 @@ Example::
     micro_batch_size: 4
     global_batch_size: 512       # or num_microbatches (per pipeline)
 
-Optional keys: ``description``, ``seq_length`` (overrides the model's), ``sequence_parallel`` (default
-false), ``pipeline_bandwidth_gbps`` and ``data_parallel_bandwidth_gbps`` (GB/s per GPU of the links that
-pipeline transfers and the data-parallel gradient sync cross; both default to the GPU spec's
-``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes), and ``moe``
-``params_dtype`` (``bf16``, the default, ``fp16`` or ``fp32``: Megatron's ``--bf16``, ``--fp16`` or neither)
-and ``fp8`` (default false; true where Megatron runs with ``--fp8-format``: the decoder layers' GEMMs in fp8,
-``pipeline.precision``), and ``moe`` for a mixture-of-experts model (every layer's MLP an MoE layer,
-``pipeline.moe``)::
-
-    moe:
-      num_experts: 8             # --num-experts
-      topk: 2                    # --moe-router-topk
-      expert_parallel: 4         # --expert-model-parallel-size; divides tensor_parallel x data_parallel
-      ffn_hidden_size: 14336     # --moe-ffn-hidden-size (optional; default: the model's ffn_hidden_size)
-      all_to_all_bandwidth_gbps: 50   # optional; default NVLink (the expert-parallel group inside a node)
-
-MoE jobs with ``tensor_parallel`` > 1 need ``sequence_parallel: true``, as megatron-core does.
+Every key, its type, default and meaning is in the schema, :class:`~megatron_energy.job_file.JobFile`, which
+reads the file (``docs/reference/job-yaml.md`` lists them); :meth:`JobConfig.from_file` is the one builder of
+a job from it, for a YAML file and for a Megatron command line (``megatron-energy estimate``) alike, after the
+checks that span keys (layers over stages, the batch over the data-parallel size, MoE against the parallelism;
+MoE jobs with ``tensor_parallel`` > 1 need ``sequence_parallel: true``, as megatron-core does).
 
 :class:`JobConfig` also derives what the simulator needs: Megatron's instruction orders, the pipeline DAG with
 its transfer cost and iteration tail, and a modelled profile. The transfer and tail figures are *modelled*:
@@ -324,8 +312,8 @@ def _moe(file: JobFile) -> MoeShape | None:
     if (file.tensor_parallel * file.data_parallel) % moe.expert_parallel:
         raise ValueError(
             f"moe.expert_parallel {moe.expert_parallel} does not divide tensor_parallel x data_parallel = "
-            f"{file.tensor_parallel * file.data_parallel}: megatron-core forms expert-parallel groups from those "
-            "GPUs (with --expert-tensor-parallel-size 1); pick a divisor"
+            f"{file.tensor_parallel * file.data_parallel}: megatron-core forms expert-parallel groups from "
+            "those GPUs (with --expert-tensor-parallel-size 1); pick a divisor"
         )
     if file.tensor_parallel > 1 and not file.sequence_parallel:
         raise ValueError(
@@ -345,8 +333,8 @@ def _num_microbatches(file: JobFile) -> int:
     per_iteration = file.micro_batch_size * file.data_parallel
     if file.global_batch_size % per_iteration:
         raise ValueError(
-            f"global_batch_size {file.global_batch_size} is not a multiple of micro_batch_size x data_parallel "
-            f"= {per_iteration}"
+            f"global_batch_size {file.global_batch_size} is not a multiple of micro_batch_size x "
+            f"data_parallel = {per_iteration}"
         )
     return file.global_batch_size // per_iteration
 

@@ -257,7 +257,12 @@ def _annotation(loc: tuple[Any, ...]) -> str:
 
 def _allowed(section: tuple[Any, ...]) -> list[str]:
     """The keys a section allows, sorted."""
-    model = {(): JobFile, ("model",): ModelSection, ("moe",): MoeSection}.get(section, JobFile)
+    sections: dict[tuple[Any, ...], type[BaseModel]] = {
+        (): JobFile,
+        ("model",): ModelSection,
+        ("moe",): MoeSection,
+    }
+    model = sections.get(section, JobFile)
     return sorted(model.model_fields)
 
 
@@ -282,7 +287,11 @@ def job_yaml_page(page: str) -> str:
 
 def job_yaml_reference() -> str:
     """Every key of the job YAML as Markdown: a table per section with type, default and meaning."""
-    sections = [("", JobFile), ("model.", ModelSection), ("moe.", MoeSection)]
+    sections: list[tuple[str, type[BaseModel]]] = [
+        ("", JobFile),
+        ("model.", ModelSection),
+        ("moe.", MoeSection),
+    ]
     parts = []
     for prefix, model in sections:
         parts.append(

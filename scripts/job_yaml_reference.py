@@ -1,4 +1,4 @@
-"""Write the key tables of ``docs/reference/job-yaml.md`` from the job YAML's schema (``megatron_energy.job_file``).
+"""Write the key tables of ``docs/reference/job-yaml.md`` from the job YAML's schema (``job_file.py``).
 
 Run from the repository root after changing the schema: ``python scripts/job_yaml_reference.py``;
 ``tests/test_job_file.py`` fails while the page is not current.

@@ -28,9 +28,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 
 LLAMA_70B = (
     "pretrain_gpt.py --pipeline-model-parallel-size 8 --tensor-model-parallel-size 8 --sequence-parallel "
-    "--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention "
-    "--num-query-groups 8 --seq-length 4096 --micro-batch-size 1 --global-batch-size 512 --swiglu --bf16 "
-    "--padded-vocab-size 32000"
+    "--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 "
+    "--group-query-attention --num-query-groups 8 --seq-length 4096 --micro-batch-size 1 "
+    "--global-batch-size 512 --swiglu --bf16 --padded-vocab-size 32000"
 )
 COMMAND_LINES = {
     "gpt3-xl-pp4-h100": (
@@ -39,9 +39,10 @@ COMMAND_LINES = {
         32,
     ),
     "llama-7b-pp4-tp2-h200": (
-        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 --tensor-model-parallel-size 2 "
-        "--sequence-parallel --num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 "
-        "--seq-length 4096 --micro-batch-size 1 --global-batch-size 256 --swiglu --bf16 --padded-vocab-size 32000",
+        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4 "
+        "--tensor-model-parallel-size 2 --sequence-parallel --num-layers 32 --hidden-size 4096 "
+        "--ffn-hidden-size 11008 --num-attention-heads 32 --seq-length 4096 --micro-batch-size 1 "
+        "--global-batch-size 256 --swiglu --bf16 --padded-vocab-size 32000",
         32,
     ),
     "llama-70b-pp8-tp8-a100": (LLAMA_70B, 256),
@@ -79,17 +80,22 @@ def test_each_example_is_the_job_its_megatron_command_line_describes(example: st
 
 def test_defaults_are_megatrons_and_what_was_derived_or_ignored_is_said() -> None:
     spec = load_gpu_spec("h100-sxm")
-    arguments = (
-        "pretrain_gpt.py --num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 512 "
-        "--micro-batch-size 2 --vocab-size 50257 --swiglu --lr 1e-4 --train-iters 10 --use-flash-attn"
-    ).split()
+    arguments = [
+        *("pretrain_gpt.py", "--num-layers", "4", "--hidden-size", "1024", "--num-attention-heads", "8"),
+        *("--seq-length", "512", "--micro-batch-size", "2", "--vocab-size", "50257", "--swiglu"),
+        *("--lr", "1e-4", "--train-iters", "10", "--use-flash-attn"),
+    ]
     read = read_megatron_job(arguments, NodeLayout(4, 8, 50.0), "h100-sxm", spec)
     job = JobConfig.from_file(read.job)
     assert job.shape.vocab_size == 50304  # padded to a multiple of 128, as Megatron pads
     assert job.shape.ffn_hidden_size == int(4 * 1024 * 2 / 3 / 64) * 64  # Megatron's SwiGLU width
     assert job.shape.params_dtype == "fp32"  # neither --bf16 nor --fp16
     assert (job.data_parallel, job.num_microbatches, job.pipeline_bandwidth_gbps) == (4, 1, None)
-    assert [flag for flag in read.ignored if flag.startswith("--")] == ["--lr", "--train-iters", "--use-flash-attn"]
+    assert [flag for flag in read.ignored if flag.startswith("--")] == [
+        "--lr",
+        "--train-iters",
+        "--use-flash-attn",
+    ]
     assert any("padded to 50304" in note for note in read.notes)
 
 
@@ -176,7 +182,9 @@ def test_estimate_prints_every_mode_and_target_and_its_iso_time_saving_is_plans(
     )  # fmt: skip
     assert status == 0, err
     assert "estimate: [1/2] iso-time" in err and "estimate: done" in err  # progress, one line a stage
-    rows = {tuple(cell.strip() for cell in line.split("│")[1:3]): line for line in out.splitlines() if "│" in line}
+    rows = {
+        tuple(cell.strip() for cell in line.split("│")[1:3]): line for line in out.splitlines() if "│" in line
+    }
     for target in ("iso-time", "slowdown:0.05"):
         for mode in ("perseus", "kareus", "kernel", "all"):
             assert (target, mode) in rows

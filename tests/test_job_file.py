@@ -40,7 +40,9 @@ def test_the_reference_page_is_what_the_schema_generates_and_names_every_key() -
         ({"name": ""}, "name must be a non-empty string"),
     ],
 )
-def test_a_bad_key_or_value_is_refused_naming_the_key_and_the_fix(changes: dict[str, object], message: str) -> None:
+def test_a_bad_key_or_value_is_refused_naming_the_key_and_the_fix(
+    changes: dict[str, object], message: str
+) -> None:
     data = yaml.safe_load(EXAMPLES[0].read_text()) | changes
     with pytest.raises(JobConfigError, match=re.escape(message)):
         JobConfig.from_dict(data, source="job.yaml")

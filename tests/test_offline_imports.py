@@ -81,10 +81,11 @@ def test_plan_and_simulate_of_a_job_config_import_neither_torch_nor_megatron(tmp
 
 def test_estimate_from_a_megatron_command_line_imports_neither_torch_nor_megatron() -> None:
     layout = ("--gpu-spec", "h100-sxm", "--gpus", "2", "--target", "iso-time", *QUICK[:2], "--trials", "1")
-    megatron = (
-        "--pipeline-model-parallel-size 2 --num-layers 2 --hidden-size 512 --num-attention-heads 4 "
-        "--seq-length 256 --micro-batch-size 1 --global-batch-size 4 --padded-vocab-size 1024 --bf16"
-    ).split()
+    megatron = [
+        *("--pipeline-model-parallel-size", "2", "--num-layers", "2", "--hidden-size", "512"),
+        *("--num-attention-heads", "4", "--seq-length", "256", "--micro-batch-size", "1"),
+        *("--global-batch-size", "4", "--padded-vocab-size", "1024", "--bf16"),
+    ]
     assert _heavy_imports(CLI_PROBE, "estimate", *layout, "--", *megatron) == []
 
 

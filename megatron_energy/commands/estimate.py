@@ -1,14 +1,14 @@
 """``megatron-energy estimate``: what each mode would save on a job, from its Megatron command line.
 
 ``megatron-energy estimate --gpu-spec NAME --gpus N -- <Megatron arguments>`` reads the arguments you train
-with (``pretrain_gpt.py`` and its flags: parallel sizes, layers, hidden size, heads, sequence, micro and global
-batch, MoE, virtual pipeline, recompute, dtype; every other flag is listed as ignored), places the job on the
-GPUs and nodes given (``--gpus`` or ``--nodes``, ``--gpus-per-node``; groups that span nodes cross the NIC at
-``--inter-node-gbps``, the GPU spec's by default) and plans every mode (perseus, kareus, kernel, all) at each
-``--target`` on the offline planning path (no GPU, no torch, no Megatron). It prints each plan's modelled
-saving against stock clocks with its band (the saving over the GPU spec's declared ranges); every figure is
-*modelled* by the GPU spec's time/power model. ``--save-job FILE.yaml`` writes the job as a job YAML, which
-``plan --config`` and ``simulate --config`` read (``docs/reference/job-yaml.md``).
+with (``pretrain_gpt.py`` and its flags: parallel sizes, layers, hidden size, heads, sequence, micro and
+global batch, MoE, virtual pipeline, recompute, dtype; every other flag is listed as ignored), places the job
+on the GPUs and nodes given (``--gpus`` or ``--nodes``, ``--gpus-per-node``; groups that span nodes cross the
+NIC at ``--inter-node-gbps``, the GPU spec's by default) and plans every mode (perseus, kareus, kernel, all)
+at each ``--target`` on the offline planning path (no GPU, no torch, no Megatron). It prints each plan's
+modelled saving against stock clocks with its band (the saving over the GPU spec's declared ranges); every
+figure is *modelled* by the GPU spec's time/power model. ``--save-job FILE.yaml`` writes the job as a job
+YAML, which ``plan --config`` and ``simulate --config`` read (``docs/reference/job-yaml.md``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "estimate",
         help="modelled saving of every mode and target on a job, from its Megatron command line",
         description=plain_text(__doc__ or ""),
-        usage="megatron-energy estimate --gpu-spec NAME (--gpus N | --nodes N) [options] -- <Megatron arguments>",
+        usage="megatron-energy estimate --gpu-spec NAME (--gpus N | --nodes N) [options] -- <Megatron args>",
     )
     parser.add_argument(
         "--gpu-spec",
@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=DEFAULT_GPUS_PER_NODE,
         metavar="G",
-        help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE}): groups within a node use NVLink, the rest the NIC",
+        help=f"GPUs per node (default {DEFAULT_GPUS_PER_NODE}): groups in a node use NVLink, others the NIC",
     )
     parser.add_argument(
         "--inter-node-gbps",
@@ -109,7 +109,7 @@ def _require_separator(parser: argparse.ArgumentParser) -> None:
     parse = parser.parse_known_args
 
     def parse_known_args(args: list[str] | None = None, namespace: object = None) -> tuple[object, list[str]]:
-        parsed, extras = parse(args, namespace)  # type: ignore[arg-type]
+        parsed, extras = parse(args, namespace)
         if extras:
             parser.error(
                 f"unrecognized arguments before --: {' '.join(extras)}; the Megatron arguments go after --, "
@@ -195,12 +195,15 @@ def _print(
     job, spec = estimate.job, estimate.spec
     console.print(_table(estimate, targets))
     nodes = -(-job.num_gpus // args.gpus_per_node)
+    virtual = f" (VPP={job.virtual_stages})" if job.virtual_stages > 1 else ""
+    sequence = " (sequence parallel)" if job.sequence_parallel else ""
+    experts = f" EP={job.shape.moe.expert_parallel}" if job.shape.moe else ""
     console.print(
-        f"job: {job.num_gpus} x {spec.name} ({nodes} node(s) of up to {args.gpus_per_node}): PP={job.pipeline_stages}"
-        f"{f' (VPP={job.virtual_stages})' if job.virtual_stages > 1 else ''} TP={job.tensor_parallel}"
-        f"{' (sequence parallel)' if job.sequence_parallel else ''} DP={job.data_parallel}"
-        f"{f' EP={job.shape.moe.expert_parallel}' if job.shape.moe else ''}, {job.num_microbatches} microbatches "
-        f"of {job.micro_batch_size} x {job.shape.seq_length} tokens per pipeline and iteration",
+        f"job: {job.num_gpus} x {spec.name} ({nodes} node(s) of up to {args.gpus_per_node}): "
+        f"PP={job.pipeline_stages}{virtual} TP={job.tensor_parallel}{sequence} "
+        f"DP={job.data_parallel}{experts}, "
+        f"{job.num_microbatches} microbatches of {job.micro_batch_size} x {job.shape.seq_length} tokens per "
+        "pipeline and iteration",
         markup=False,
     )
     for note in megatron.notes:
@@ -211,9 +214,9 @@ def _print(
             f"ignored Megatron arguments (the model does not use them): {' '.join(flags)}", markup=False
         )
     console.print(
-        f"every figure {GpuPowerModel(spec).describe()}; each mode's plan's target point against stock clocks, "
-        f"executable under {1e3 * estimate.switch_latency_s:g} ms clock switches; a band spans the GPU spec's "
-        "declared ranges (docs/concepts/saving-bands.md)",
+        f"every figure {GpuPowerModel(spec).describe()}; each mode's plan's target point against stock "
+        f"clocks, executable under {1e3 * estimate.switch_latency_s:g} ms clock switches; a band spans the "
+        "GPU spec's declared ranges (docs/concepts/saving-bands.md)",
         markup=False,
     )
     if args.save_job:

@@ -42,7 +42,7 @@ class NodeLayout:
     """Bandwidth per GPU and direction of the NIC, GB/s (the GPU spec's ``nic_bandwidth_gbps`` by default)."""
 
     def crosses_nodes(self, group_span: int) -> bool:
-        """Whether a group of ``group_span`` consecutive ranks (aligned to its size) spans more than one node."""
+        """Whether a group of ``group_span`` consecutive ranks (aligned to its size) spans nodes."""
         return group_span > self.gpus_per_node or self.gpus_per_node % group_span != 0
 
 
@@ -132,8 +132,8 @@ def read_megatron_job(arguments: Sequence[str], layout: NodeLayout, gpu: str, sp
     missing = [flag for flag in _REQUIRED if getattr(args, _dest(flag)) is None]
     if missing:
         raise MegatronCommandLineError(
-            f"the Megatron arguments have no {', '.join(missing)}: estimate needs the model's shape and batch "
-            "(pass the command line you train with after --)"
+            f"the Megatron arguments have no {', '.join(missing)}: estimate needs the model's shape and "
+            "batch (pass the command line you train with after --)"
         )
     _refuse_uncovered(args)
     notes: list[str] = []
@@ -157,7 +157,7 @@ def read_megatron_job(arguments: Sequence[str], layout: NodeLayout, gpu: str, sp
         notes.append(
             f"no --global-batch-size: {global_batch} (one microbatch per pipeline, Megatron's default)"
         )
-    bandwidths, link_notes = _links(layout, pp, tp, data_parallel)
+    (pipeline_gbps, data_parallel_gbps), link_notes = _links(layout, pp, tp, data_parallel)
     notes += link_notes
     model, model_notes = _model(args, tp)
     notes += model_notes
@@ -181,7 +181,8 @@ def read_megatron_job(arguments: Sequence[str], layout: NodeLayout, gpu: str, sp
         params_dtype="bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
         fp8=args.fp8_format is not None,
         moe=moe,
-        **bandwidths,
+        pipeline_bandwidth_gbps=pipeline_gbps,
+        data_parallel_bandwidth_gbps=data_parallel_gbps,
     )
     return MegatronJob(job, tuple(ignored), tuple(notes))
 
@@ -259,7 +260,9 @@ def _virtual_stages(args: argparse.Namespace, pp: int) -> int:
     return args.num_layers // (pp * per_stage)
 
 
-def _links(layout: NodeLayout, pp: int, tp: int, dp: int) -> tuple[dict[str, float | None], list[str]]:
+def _links(
+    layout: NodeLayout, pp: int, tp: int, dp: int
+) -> tuple[tuple[float | None, float | None], list[str]]:
     """The NIC bandwidth for the pipeline transfers and the gradient sync where their groups span nodes."""
     nic = layout.inter_node_gbps
     pipeline = nic if layout.num_gpus > layout.gpus_per_node else None
@@ -268,7 +271,7 @@ def _links(layout: NodeLayout, pp: int, tp: int, dp: int) -> tuple[dict[str, flo
     notes = [f"{' and '.join(crossing)} cross nodes: {nic:g} GB/s per GPU (the NIC)"] if crossing else []
     if pp == 1:
         pipeline = None
-    return {"pipeline_bandwidth_gbps": pipeline, "data_parallel_bandwidth_gbps": data}, notes
+    return (pipeline, data), notes
 
 
 def _model(args: argparse.Namespace, tp: int) -> tuple[ModelSection, list[str]]:
