@@ -142,12 +142,12 @@ def test_a_job_the_model_or_megatron_refuses_is_refused_naming_the_flag(
         _read(arguments, gpus)
 
 
-def _estimate(capsys: pytest.CaptureFixture[str], *options: str) -> tuple[int, str, str]:
+def _estimate(capfd: pytest.CaptureFixture[str], *options: str) -> tuple[int, str, str]:
     try:
         status = main(["estimate", *options])
     except SystemExit as stop:  # argparse's refusals
         status = int(stop.code or 0)
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     return status, out, err
 
 
@@ -162,9 +162,9 @@ def _estimate(capsys: pytest.CaptureFixture[str], *options: str) -> tuple[int, s
     ],
 )
 def test_command_line_mistakes_get_one_line_naming_the_fix(
-    capsys: pytest.CaptureFixture[str], options: tuple[str, ...], message: str
+    capfd: pytest.CaptureFixture[str], options: tuple[str, ...], message: str
 ) -> None:
-    status, out, err = _estimate(capsys, *options)
+    status, out, err = _estimate(capfd, *options)
     assert status == 2 and out == "" and message in err and "Traceback" not in err
     if "--gpu-spec NAME" in message:
         assert all(name in err for name in available_gpu_specs())
@@ -172,12 +172,12 @@ def test_command_line_mistakes_get_one_line_naming_the_fix(
 
 @pytest.mark.slow
 def test_estimate_prints_every_mode_and_target_and_its_iso_time_saving_is_plans(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     saved = tmp_path / "job.yaml"
     quick = ("--points", "6", "--trials", "2")
     status, out, err = _estimate(
-        capsys, "--gpu-spec", "h100-sxm", "--gpus", "4", "--target", "iso-time", "--target", "slowdown:0.05",
+        capfd, "--gpu-spec", "h100-sxm", "--gpus", "4", "--target", "iso-time", "--target", "slowdown:0.05",
         *quick, "--save-job", str(saved), "--", "pretrain_gpt.py", *BASE.split(), "--lr", "1e-4",
     )  # fmt: skip
     assert status == 0, err
@@ -193,5 +193,5 @@ def test_estimate_prints_every_mode_and_target_and_its_iso_time_saving_is_plans(
     assert perseus is not None
     assert yaml.safe_load(saved.read_text())["pipeline_stages"] == 2
     assert main(["plan", "--config", str(saved), "--points", "6", "--out", str(tmp_path / "plan.json")]) == 0
-    (energy_row,) = [line for line in capsys.readouterr().out.splitlines() if "energy per iteration" in line]
+    (energy_row,) = [line for line in capfd.readouterr().out.splitlines() if "energy per iteration" in line]
     assert f"{perseus.group(1)} (" in energy_row  # plan's saving of the same job, to the printed digit

@@ -16,16 +16,21 @@ those points do not change. Every figure is *modelled* (the GPU spec's time/powe
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.commands.optimiser_comparison import all_optimiser
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
+from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.memory_clock import choose_memory_clocks
+from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
 from megatron_energy.optimisers.perseus.planner_cache import PlannerCache
 from megatron_energy.optimisers.saving_band import with_saving_band
+from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import plan_saving
 from megatron_energy.target import EnergyTarget
@@ -90,6 +95,7 @@ def estimate_job(
     budget: SearchBudget | None = None,
     points: int = DEFAULT_POINTS,
     progress: Callable[[str], None] = lambda _: None,
+    workers: int | None = None,
 ) -> JobEstimate:
     """Plan every mode of ``job`` at every target (module docstring).
 
@@ -99,6 +105,9 @@ def estimate_job(
         budget: Kareus's search budget; its default when ``None``.
         points: Deadlines in Perseus's frontier sweep.
         progress: Called with a line as each stage starts (the command prints it).
+        workers: Processes planning the targets side by side (forked once the shared frontier is swept, so
+            each plans as the sequential loop would); the CPUs this process may use, at most one per target,
+            when ``None``; 1 plans them in this process.
 
     Returns:
         The rows.
@@ -106,14 +115,46 @@ def estimate_job(
     spec = job.spec()
     profile = job.synthetic_profile(spec)
     planners = PlannerCache()
-    rows: list[ModeEstimate] = []
-    for number, target in enumerate(targets, start=1):
-        progress(f"[{number}/{len(targets)}] {target}: planning {', '.join(ESTIMATE_MODES)}")
-        planning = dataclasses.replace(job.planning_job(target, points, spec=spec), kept_points=0)
-        composed = all_optimiser(budget, planners)
-        both, alone = composed.plan_with_parts(profile, planning)
+    progress("the frontier sweep (Perseus, shared by the targets)")
+    planner = PerseusOptimiser(planners).planner(profile, _planning(job, targets[0], points, spec))
+    planner.min_energy_point  # noqa: B018 (the sweep and the unconstrained solve, before the targets fan out)
+    task = _TargetTask(job, spec, profile, planners, tuple(targets), budget, points, progress)
+    workers = min(len(targets), workers or len(os.sched_getaffinity(0)))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        rows = [task(index) for index in range(len(targets))]
+    else:
+        global _TASK  # a forked worker reads the task it inherits: nothing of it is pickled
+        _TASK = task
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                rows = pool.map(_run_task, range(len(targets)), chunksize=1)
+        finally:
+            _TASK = None
+    return JobEstimate(job, spec, tuple(row for target_rows in rows for row in target_rows))
+
+
+@dataclass(frozen=True)
+class _TargetTask:
+    """Every mode of the job at one target (an index into ``targets``)."""
+
+    job: JobConfig
+    spec: GpuSpec
+    profile: Profile
+    planners: PlannerCache
+    targets: tuple[EnergyTarget, ...]
+    budget: SearchBudget | None
+    points: int
+    progress: Callable[[str], None]
+
+    def __call__(self, index: int) -> list[ModeEstimate]:
+        target, profile = self.targets[index], self.profile
+        step = f"[{index + 1}/{len(self.targets)}] {target}"
+        self.progress(f"{step}: planning {', '.join(ESTIMATE_MODES)}")
+        planning = _planning(self.job, target, self.points, self.spec)
+        both, alone = all_optimiser(self.budget, self.planners).plan_with_parts(profile, planning)
         plans = {**alone, "all": both}
-        progress(f"[{number}/{len(targets)}] {target}: memory clocks and saving bands")
+        self.progress(f"{step}: memory clocks and saving bands")
+        rows = []
         for mode in ESTIMATE_MODES:
             plan = plans.get(mode)
             if plan is None:
@@ -121,4 +162,19 @@ def estimate_job(
                 continue
             levered = choose_memory_clocks(plan, profile, planning)
             rows.append(ModeEstimate(target, mode, with_saving_band(levered, profile, planning)))
-    return JobEstimate(job, spec, tuple(rows))
+        self.progress(f"{step}: done")
+        return rows
+
+
+_TASK: _TargetTask | None = None
+"""The task a forked worker runs (set by :func:`estimate_job` while its pool lives)."""
+
+
+def _run_task(index: int) -> list[ModeEstimate]:
+    assert _TASK is not None
+    return _TASK(index)
+
+
+def _planning(job: JobConfig, target: EnergyTarget, points: int, spec: GpuSpec) -> PlanningJob:
+    """The job as the optimisers plan it for ``target``, without straggler points (module docstring)."""
+    return dataclasses.replace(job.planning_job(target, points, spec=spec), kept_points=0)

@@ -51,14 +51,7 @@ class PerseusOptimiser:
         """
         if base is not None:
             raise ValueError("the perseus optimiser plans from scratch; it must come first in a composition")
-        fused = with_fused_steps(profile, job.orders)
-
-        def build() -> Planner:
-            return Planner(
-                job.dag(), fused, num_points=job.frontier_points, switch_latency_s=job.switch_latency_s
-            )
-
-        planner = build() if self.planners is None else self.planners.planner(profile, job, build)
+        planner = self.planner(profile, job)
         profile = planner.profile
         frontier = planner.frontier
         target = planner.point(job.target)
@@ -86,6 +79,17 @@ class PerseusOptimiser:
             ],
             measured_tail=job.measured_tail,
         )
+
+    def planner(self, profile: Profile, job: PlanningJob) -> Planner:
+        """The job's planner (its frontier sweep), kept in ``planners`` when given."""
+        fused = with_fused_steps(profile, job.orders)
+
+        def build() -> Planner:
+            return Planner(
+                job.dag(), fused, num_points=job.frontier_points, switch_latency_s=job.switch_latency_s
+            )
+
+        return build() if self.planners is None else self.planners.planner(profile, job, build)
 
 
 def plan_point(planner: Planner, point: FrontierPoint, label: str) -> PlanPoint:
