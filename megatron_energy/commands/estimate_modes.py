@@ -119,7 +119,7 @@ def estimate_job(
     planner = PerseusOptimiser(planners).planner(profile, _planning(job, targets[0], points, spec))
     planner.min_energy_point  # noqa: B018 (the sweep and the unconstrained solve, before the targets fan out)
     task = _TargetTask(job, spec, profile, planners, tuple(targets), budget, points, progress)
-    workers = min(len(targets), workers or len(os.sched_getaffinity(0)))
+    workers = min(len(targets), workers or _usable_cpus())
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         rows = [task(index) for index in range(len(targets))]
     else:
@@ -173,6 +173,13 @@ _TASK: _TargetTask | None = None
 def _run_task(index: int) -> list[ModeEstimate]:
     assert _TASK is not None
     return _TASK(index)
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _planning(job: JobConfig, target: EnergyTarget, points: int, spec: GpuSpec) -> PlanningJob:
