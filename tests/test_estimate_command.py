@@ -133,6 +133,8 @@ BASE = (
         (BASE.replace("--num-layers 8", "--num-layers eight"), 8, "'eight' must be a whole number"),
         (BASE + " --num-experts 4 --expert-model-parallel-size 3", 8, "expert-parallel size must divide"),
         (BASE + " --num-layers-per-virtual-pipeline-stage 3", 8, "not a multiple of"),
+        (BASE + " --use-tp-pp-dp-mapping", 8, "--use-tp-pp-dp-mapping: it orders ranks"),
+        (BASE + " --decoder-last-pipeline-num-layers 2", 8, "an uneven last stage is not modelled"),
     ],
 )
 def test_a_job_the_model_or_megatron_refuses_is_refused_naming_the_flag(

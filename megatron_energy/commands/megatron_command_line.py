@@ -109,6 +109,15 @@ def _flag_table() -> argparse.ArgumentParser:
 MEGATRON_FLAGS = _flag_table()
 """The Megatron flags ``estimate`` reads; the rest of a command line is listed as ignored."""
 
+UNCOVERED_FLAGS: dict[str, str] = {
+    "--use-tp-pp-dp-mapping": "it orders ranks other than Megatron's default, which the node layout follows",
+    "--pipeline-model-parallel-layout": "an uneven layer layout is not read from the command line",
+    "--decoder-first-pipeline-num-layers": "an uneven first stage is not modelled",
+    "--decoder-last-pipeline-num-layers": "an uneven last stage is not modelled",
+    "--overlap-moe-expert-parallel-comm": "the combined 1F1B schedule is not modelled by the offline planner",
+}
+"""Megatron flags that change the work in a way ``estimate`` does not model, each refused with why."""
+
 _REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size")
 
 
@@ -129,6 +138,13 @@ def read_megatron_job(arguments: Sequence[str], layout: NodeLayout, gpu: str, sp
             describe a job Megatron would refuse or the model does not cover; the message names the flag.
     """
     args, ignored = _parse(arguments)
+    for flag in ignored:
+        name = flag.split("=", 1)[0]
+        if name in UNCOVERED_FLAGS:
+            raise MegatronCommandLineError(
+                f"{name}: {UNCOVERED_FLAGS[name]}; drop it to estimate the job without it (the figures then "
+                "describe that job)"
+            )
     missing = [flag for flag in _REQUIRED if getattr(args, _dest(flag)) is None]
     if missing:
         raise MegatronCommandLineError(
