@@ -159,7 +159,7 @@ def read_job_file(data: object) -> JobFile:
     """The schema's reading of a YAML mapping.
 
     Raises:
-        JobFileError: One line per problem (at most three), each naming its key.
+        JobFileError: The problems, ``;``-separated, each naming its key and the fix.
     """
     if not isinstance(data, dict):
         raise JobFileError("expected a mapping of job settings")
@@ -219,12 +219,12 @@ def _problem(detail: ErrorDetails) -> str:
         return f"{key} must be a positive integer, got {value!r}"
     if kind in ("float_type", "greater_than"):
         return f"{key} must be a positive number, got {value!r}"
-    if kind == "bool_type" or (kind == "literal_error" and loc[-1] == "overlapped_all_to_all"):
-        if loc[-1] == "overlapped_all_to_all":
-            return (
-                "moe.overlapped_all_to_all: only the combined 1F1B schedule overlaps the expert all-to-all, "
-                "and job files plan megatron-core's default schedules: drop the key"
-            )
+    if loc[-1] == "overlapped_all_to_all":
+        return (
+            "moe.overlapped_all_to_all: only the combined 1F1B schedule overlaps the expert all-to-all, "
+            "and job files plan megatron-core's default schedules: drop the key"
+        )
+    if kind == "bool_type":
         return f"{key} must be true or false, got {value!r}"
     if kind == "literal_error":
         expected = str(detail["ctx"]["expected"]).replace("'", "").replace(" or ", ", ")
