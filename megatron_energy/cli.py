@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "patch": "patch",
     "calibrate": "calibrate",
     "clocks": "clocks",
+    "estimate": "estimate",
 }
 """Each subcommand and its module under ``megatron_energy/commands/``."""
 

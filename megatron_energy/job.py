@@ -12,23 +12,11 @@ Example::
     micro_batch_size: 4
     global_batch_size: 512       # or num_microbatches (per pipeline)
 
-Optional keys: ``description``, ``seq_length`` (overrides the model's), ``sequence_parallel`` (default
-false), ``pipeline_bandwidth_gbps`` and ``data_parallel_bandwidth_gbps`` (GB/s per GPU of the links that
-pipeline transfers and the data-parallel gradient sync cross; both default to the GPU spec's
-``p2p_bandwidth_gbps``, i.e. NVLink; set them to the NIC bandwidth where those groups span nodes), and ``moe``
-``params_dtype`` (``bf16``, the default, ``fp16`` or ``fp32``: Megatron's ``--bf16``, ``--fp16`` or neither)
-and ``fp8`` (default false; true where Megatron runs with ``--fp8-format``: the decoder layers' GEMMs in fp8,
-``pipeline.precision``), and ``moe`` for a mixture-of-experts model (every layer's MLP an MoE layer,
-``pipeline.moe``)::
-
-    moe:
-      num_experts: 8             # --num-experts
-      topk: 2                    # --moe-router-topk
-      expert_parallel: 4         # --expert-model-parallel-size; divides tensor_parallel x data_parallel
-      ffn_hidden_size: 14336     # --moe-ffn-hidden-size (optional; default: the model's ffn_hidden_size)
-      all_to_all_bandwidth_gbps: 50   # optional; default NVLink (the expert-parallel group inside a node)
-
-MoE jobs with ``tensor_parallel`` > 1 need ``sequence_parallel: true``, as megatron-core does.
+Every key, its type, default and meaning is in the schema, :class:`~megatron_energy.job_file.JobFile`, which
+reads the file (``docs/reference/job-yaml.md`` lists them); :meth:`JobConfig.from_file` is the one builder of
+a job from it, for a YAML file and for a Megatron command line (``megatron-energy estimate``) alike, after the
+checks that span keys (layers over stages, the batch over the data-parallel size, MoE against the parallelism;
+MoE jobs with ``tensor_parallel`` > 1 need ``sequence_parallel: true``, as megatron-core does).
 
 :class:`JobConfig` also derives what the simulator needs: Megatron's instruction orders, the pipeline DAG with
 its transfer cost and iteration tail, and a modelled profile. The transfer and tail figures are *modelled*:
@@ -53,6 +41,7 @@ import yaml
 
 from megatron_energy.dvfs.spec import GpuSpec, load_gpu_spec
 from megatron_energy.errors import EnergyValueError
+from megatron_energy.job_file import JobFile, read_job_file
 from megatron_energy.optimisers.interface import PlanningJob, planning_job
 from megatron_energy.pipeline.collectives import CollectiveWorkload, edge_parameters, layer_parameters
 from megatron_energy.pipeline.dag import PipelineDag
@@ -69,25 +58,6 @@ from megatron_energy.target import EnergyTarget
 
 GRADIENT_BYTES = 2
 ADAM_BYTES_PER_PARAMETER = 30
-
-_REQUIRED = ("name", "gpu", "model", "pipeline_stages", "micro_batch_size")
-_OPTIONAL = (
-    "description",
-    "seq_length",
-    "virtual_stages",
-    "tensor_parallel",
-    "data_parallel",
-    "sequence_parallel",
-    "num_microbatches",
-    "global_batch_size",
-    "pipeline_bandwidth_gbps",
-    "data_parallel_bandwidth_gbps",
-    "params_dtype",
-    "fp8",
-    "moe",
-)
-_BANDWIDTH_KEYS = ("pipeline_bandwidth_gbps", "data_parallel_bandwidth_gbps")
-_JOB_OWNED_SHAPE_FIELDS = ("micro_batch_size", "tensor_parallel", "params_dtype", "fp8")
 
 
 class JobConfigError(EnergyValueError):
@@ -183,7 +153,23 @@ class JobConfig:
             JobConfigError: On unknown or missing keys, wrong types or values, or a job Megatron would refuse.
         """
         try:
-            return _parse(data)
+            return _build(read_job_file(data))
+        except (ValueError, TypeError) as error:
+            raise JobConfigError(f"job config {source}: {error}") from None
+
+    @classmethod
+    def from_file(cls, file: JobFile, source: str = "<job config>") -> "JobConfig":
+        """Build a job from the job YAML's schema (a file read, or a Megatron command line's ``estimate``).
+
+        Args:
+            file: The job as :class:`~megatron_energy.job_file.JobFile` holds it.
+            source: Where it came from, for error messages.
+
+        Raises:
+            JobConfigError: On a job Megatron would refuse (layers over stages, the batch, MoE parallelism).
+        """
+        try:
+            return _build(file)
         except (ValueError, TypeError) as error:
             raise JobConfigError(f"job config {source}: {error}") from None
 
@@ -304,67 +290,33 @@ def _largest_stage_parameters(shape: TransformerShape, num_stages: int) -> float
     return shape.num_layers / num_stages * layer_parameters(shape) + edge_parameters(shape)
 
 
-def _positive_int(data: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _optional_positive_float(data: dict[str, Any], key: str) -> float | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _shape(data: dict[str, Any], tensor_parallel: int, micro_batch_size: int) -> TransformerShape:
+def _shape(file: JobFile) -> TransformerShape:
     """The model shape from ``model`` (a known name or fields) and the job's batch, TP and precision."""
-    model = data["model"]
     overrides: dict[str, Any] = {
-        "tensor_parallel": tensor_parallel,
-        "micro_batch_size": micro_batch_size,
-        "params_dtype": data.get("params_dtype", "bf16"),
-        "fp8": data.get("fp8", False),
+        "tensor_parallel": file.tensor_parallel,
+        "micro_batch_size": file.micro_batch_size,
+        "params_dtype": file.params_dtype,
+        "fp8": file.fp8,
     }
-    if "seq_length" in data:
-        overrides["seq_length"] = _positive_int(data, "seq_length")
-    if isinstance(model, str):
-        return TransformerShape.from_name(model, **overrides)
-    if not isinstance(model, dict):
-        raise ValueError(f"model must be a known model name or a mapping of shape fields, got {model!r}")
-    fields = {item.name for item in dataclasses.fields(TransformerShape)} - set(_JOB_OWNED_SHAPE_FIELDS)
-    fields.discard("moe")  # the job's own key
-    unknown = sorted(set(model) - fields)
-    if unknown:
-        raise ValueError(f"model has unknown field(s) {unknown}; allowed: {sorted(fields)}")
-    return TransformerShape(**{**model, **overrides})
+    if file.seq_length is not None:
+        overrides["seq_length"] = file.seq_length
+    if isinstance(file.model, str):
+        return TransformerShape.from_name(file.model, **overrides)
+    return TransformerShape(**{**file.model.model_dump(), **overrides})
 
 
-def _moe(
-    data: dict[str, Any], tensor_parallel: int, data_parallel: int, sequence_parallel: bool
-) -> MoeShape | None:
+def _moe(file: JobFile) -> MoeShape | None:
     """The job's ``moe`` section, checked against its parallelism (see the module docstring)."""
-    section = data.get("moe")
-    if section is None:
+    if file.moe is None:
         return None
-    if not isinstance(section, dict):
-        raise ValueError(f"moe must be a mapping, e.g. moe: {{num_experts: 8, topk: 2}}; got {section!r}")
-    moe = MoeShape.from_dict(section)
-    if moe.overlapped_all_to_all:
-        raise ValueError(
-            "moe.overlapped_all_to_all: only the combined 1F1B schedule overlaps the expert all-to-all, and "
-            "job files plan megatron-core's default schedules: drop the key"
-        )
-    if (tensor_parallel * data_parallel) % moe.expert_parallel:
+    moe = MoeShape(**file.moe.model_dump())
+    if (file.tensor_parallel * file.data_parallel) % moe.expert_parallel:
         raise ValueError(
             f"moe.expert_parallel {moe.expert_parallel} does not divide tensor_parallel x data_parallel = "
-            f"{tensor_parallel * data_parallel}: megatron-core forms expert-parallel groups from those GPUs "
-            "(with --expert-tensor-parallel-size 1); pick a divisor"
+            f"{file.tensor_parallel * file.data_parallel}: megatron-core forms expert-parallel groups from "
+            "those GPUs (with --expert-tensor-parallel-size 1); pick a divisor"
         )
-    if tensor_parallel > 1 and not sequence_parallel:
+    if file.tensor_parallel > 1 and not file.sequence_parallel:
         raise ValueError(
             "moe with tensor_parallel > 1 needs sequence_parallel: true (megatron-core refuses MoE with "
             "tensor parallelism otherwise)"
@@ -372,63 +324,46 @@ def _moe(
     return moe
 
 
-def _num_microbatches(data: dict[str, Any], micro_batch_size: int, data_parallel: int) -> int:
+def _num_microbatches(file: JobFile) -> int:
     """Microbatches per pipeline from ``num_microbatches`` or ``global_batch_size`` (exactly one)."""
-    if ("num_microbatches" in data) == ("global_batch_size" in data):
+    if (file.num_microbatches is None) == (file.global_batch_size is None):
         raise ValueError("give exactly one of num_microbatches and global_batch_size")
-    if "num_microbatches" in data:
-        return _positive_int(data, "num_microbatches")
-    global_batch = _positive_int(data, "global_batch_size")
-    per_iteration = micro_batch_size * data_parallel
-    if global_batch % per_iteration:
+    if file.num_microbatches is not None:
+        return file.num_microbatches
+    assert file.global_batch_size is not None
+    per_iteration = file.micro_batch_size * file.data_parallel
+    if file.global_batch_size % per_iteration:
         raise ValueError(
-            f"global_batch_size {global_batch} is not a multiple of micro_batch_size x data_parallel "
-            f"= {per_iteration}"
+            f"global_batch_size {file.global_batch_size} is not a multiple of micro_batch_size x "
+            f"data_parallel = {per_iteration}"
         )
-    return global_batch // per_iteration
+    return file.global_batch_size // per_iteration
 
 
-def _parse(data: object) -> JobConfig:
-    if not isinstance(data, dict):
-        raise ValueError("expected a mapping of job settings")
-    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown}; allowed: {sorted(_REQUIRED + _OPTIONAL)}")
-    missing = [key for key in _REQUIRED if key not in data]
-    if missing:
-        raise ValueError(f"missing key(s) {missing}")
-    for key in ("name", "gpu"):
-        if not isinstance(data[key], str) or not data[key]:
-            raise ValueError(f"{key} must be a non-empty string, got {data[key]!r}")
-    load_gpu_spec(data["gpu"])
-    stages = _positive_int(data, "pipeline_stages")
-    chunks = _positive_int(data, "virtual_stages", 1)
-    data_parallel = _positive_int(data, "data_parallel", 1)
-    micro_batch_size = _positive_int(data, "micro_batch_size")
-    shape = _shape(data, _positive_int(data, "tensor_parallel", 1), micro_batch_size)
-    num_microbatches = _num_microbatches(data, micro_batch_size, data_parallel)
+def _build(file: JobFile) -> JobConfig:
+    """The job a schema-checked file describes, after the checks that span its keys."""
+    shape = _shape(file)
+    num_microbatches = _num_microbatches(file)
+    stages, chunks = file.pipeline_stages, file.virtual_stages
     if shape.num_layers % (stages * chunks):
         raise ValueError(
             f"{shape.num_layers} layers do not split evenly over {stages} stages x {chunks} virtual stages"
         )
     check_schedule_arguments(stages, num_microbatches, chunks)
-    sequence_parallel = data.get("sequence_parallel", False)
-    if not isinstance(sequence_parallel, bool):
-        raise ValueError(f"sequence_parallel must be true or false, got {sequence_parallel!r}")
-    moe = _moe(data, shape.tensor_parallel, data_parallel, sequence_parallel)
+    moe = _moe(file)
     if moe is not None:
         shape = dataclasses.replace(shape, moe=moe)
-    bandwidths = {key: _optional_positive_float(data, key) for key in _BANDWIDTH_KEYS}
     return JobConfig(
-        name=data["name"],
-        gpu=data["gpu"],
+        name=file.name,
+        gpu=file.gpu,
         shape=shape,
         pipeline_stages=stages,
         virtual_stages=chunks,
-        data_parallel=data_parallel,
+        data_parallel=file.data_parallel,
         num_microbatches=num_microbatches,
-        sequence_parallel=sequence_parallel,
-        **bandwidths,
-        model_name=data["model"] if isinstance(data["model"], str) else None,
-        description=str(data.get("description", "")),
+        sequence_parallel=file.sequence_parallel,
+        pipeline_bandwidth_gbps=file.pipeline_bandwidth_gbps,
+        data_parallel_bandwidth_gbps=file.data_parallel_bandwidth_gbps,
+        model_name=file.model if isinstance(file.model, str) else None,
+        description=file.description,
     )

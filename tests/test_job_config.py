@@ -83,7 +83,7 @@ def test_global_batch_size_and_explicit_model_shape(tmp_path):
         ({"num_microbatches": None, "global_batch_size": 30}, "not a multiple of"),
         ({"gpu": "tpu-v9"}, "tpu-v9"),
         ({"model": "gpt-5"}, "unknown model shape"),
-        ({"model": {"num_layers": 2, "micro_batch_size": 4}}, "unknown field"),
+        ({"model": {"num_layers": 2, "micro_batch_size": 4}}, "model has unknown key.*top-level key"),
         ({"pipeline_stages": 5}, "do not split evenly"),
         ({"virtual_stages": 2, "num_microbatches": 6}, "multiple of 4"),
         ({"tensor_parallel": 0}, "positive integer"),

@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "megatron_energy.dvfs.calibrated_spec": 1,
     "megatron_energy.config": 2,
     "megatron_energy.job": 2,
+    "megatron_energy.job_file": 1,
     "megatron_energy.energy_dir": 2,
     "megatron_energy.optimisers": 2,
     "megatron_energy.runtime": 3,

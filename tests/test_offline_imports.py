@@ -1,4 +1,5 @@
-"""The offline path imports neither torch nor megatron-core: ``plan``, ``simulate``, ``report``, the planner.
+"""The offline path imports neither torch nor megatron-core: ``plan``, ``simulate``, ``report``, ``estimate``,
+the planner.
 
 Each runs in a fresh interpreter (this test process has imported both long ago), which then lists the heavy
 packages in its ``sys.modules``. ``tests/data/profile_pp8_h100.csv`` is the S=8 profile the ``plan`` timing
@@ -78,6 +79,16 @@ def test_plan_and_simulate_of_a_job_config_import_neither_torch_nor_megatron(tmp
     job = ("--config", str(EXAMPLE_JOB))
     assert _heavy_imports(CLI_PROBE, "plan", *job, *QUICK, "--out", str(plan)) == []
     assert _heavy_imports(CLI_PROBE, "simulate", *job, "--plan", str(plan), "--power-swing") == []
+
+
+def test_estimate_from_a_megatron_command_line_imports_neither_torch_nor_megatron() -> None:
+    layout = ("--gpu-spec", "h100-sxm", "--gpus", "2", "--target", "iso-time", *QUICK[:2], "--trials", "1")
+    megatron = [
+        *("--pipeline-model-parallel-size", "2", "--num-layers", "2", "--hidden-size", "512"),
+        *("--num-attention-heads", "4", "--seq-length", "256", "--micro-batch-size", "1"),
+        *("--global-batch-size", "4", "--padded-vocab-size", "1024", "--bf16"),
+    ]
+    assert _heavy_imports(CLI_PROBE, "estimate", *layout, "--", *megatron) == []
 
 
 def test_the_planner_process_imports_neither_torch_nor_megatron(tmp_path: Path) -> None:

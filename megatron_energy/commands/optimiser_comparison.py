@@ -40,6 +40,7 @@ from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.kernel.phase_optimiser import PhaseOptimiser
 from megatron_energy.optimisers.memory_clock import candidate_memory_clocks, choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
+from megatron_energy.optimisers.perseus.planner_cache import PlannerCache
 from megatron_energy.optimisers.saving_band import saving_band, with_saving_band
 from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.dag_nodes import IterationTail
@@ -136,10 +137,17 @@ class Comparison:
         return next(row for row in self.memory_rows if row.mode == mode)
 
 
-def all_optimiser(budget: SearchBudget | None = None) -> ComposedOptimiser:
-    """``--energy-mode all`` as the registry resolves it, with Kareus's search budget."""
+def all_optimiser(
+    budget: SearchBudget | None = None, planners: PlannerCache | None = None
+) -> ComposedOptimiser:
+    """``--energy-mode all`` as the registry resolves it, with Kareus's search budget.
+
+    Args:
+        budget: Kareus's search budget; its default when ``None``.
+        planners: Perseus's planners kept across targets of one job (``estimate``); none kept when ``None``.
+    """
     kareus = KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
-    return ComposedOptimiser([PerseusOptimiser(), kareus, PhaseOptimiser()])
+    return ComposedOptimiser([PerseusOptimiser(planners), kareus, PhaseOptimiser()])
 
 
 def compare_optimisers(

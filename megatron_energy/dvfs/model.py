@@ -308,10 +308,20 @@ class FitResult:
     rms_energy_error: float
 
 
+FIT_CACHE_SIZE = 4096
+"""Fits :func:`fit_work_profile` keeps (the oldest goes first): the planners, the memory lever and the saving
+band fit the same instruction's options again for every plan of a job."""
+
+_FITS: dict[tuple[str, tuple[tuple[float, ...], ...], str], FitResult] = {}
+
+
 def fit_work_profile(
     spec: GpuSpec, points: Sequence[tuple[float, float, float]], compute_mix: ClassMix | None = None
 ) -> FitResult:
     """Fit a :class:`WorkProfile` to measured ``(clock_mhz, time_s, energy_j)`` points.
+
+    A fit is kept (up to :data:`FIT_CACHE_SIZE`), so the same spec, points and mix give the same result,
+    fitted once.
 
     With two or more distinct clocks, ``compute_s``, ``memory_s`` and ``fixed_s`` are fitted by bounded least
     squares on the relative errors of both time and energy (time alone cannot tell memory-bound from fixed
@@ -335,6 +345,20 @@ def fit_work_profile(
     """
     if not points:
         raise ValueError("fit_work_profile needs at least one (clock_mhz, time_s, energy_j) point")
+    key = (repr(spec), tuple(tuple(map(float, point)) for point in points), repr(compute_mix))
+    fit = _FITS.get(key)
+    if fit is None:
+        fit = _fit_work_profile(spec, points, compute_mix)
+        if len(_FITS) >= FIT_CACHE_SIZE:
+            del _FITS[next(iter(_FITS))]
+        _FITS[key] = fit
+    return fit
+
+
+def _fit_work_profile(
+    spec: GpuSpec, points: Sequence[tuple[float, float, float]], compute_mix: ClassMix | None
+) -> FitResult:
+    """:func:`fit_work_profile`, fitted."""
     data = np.asarray(points, dtype=float)
     if data.ndim != 2 or data.shape[1] != 3:
         raise ValueError("each point must be a (clock_mhz, time_s, energy_j) triple")

@@ -46,6 +46,14 @@ FIT_POINTS = 12
 modelled profile fits no better than a dozen of its points, at a tenth of the cost)."""
 
 
+VARIANT_PROFILES_KEPT = 64
+"""Variant profiles kept across plans (each plan of a job is priced under the same variants)."""
+
+_VARIANT_PROFILES: dict[tuple[int, str, str], tuple[Profile, Profile]] = {}
+"""(profile identity, nominal spec, variant spec) -> (that profile, its variant); the profile is kept with
+its variant so that its identity is not reused while the entry lives."""
+
+
 def with_saving_band(plan: Plan, profile: Profile, job: PlanningJob) -> Plan:
     """``plan`` carrying the band of its saving (:func:`job_saving_band`)."""
     return dataclasses.replace(plan, saving_band=job_saving_band(plan, profile, job))
@@ -133,7 +141,17 @@ class _Pricing:
         return reference, simulator.run(self.clocks, latency_s).total_energy_j
 
     def _profile(self, variant: GpuSpec) -> Profile:
-        """The profile as the variant's model would have made it (module docstring)."""
+        """The profile as the variant's model would have made it (module docstring), kept for other plans."""
+        key = (id(self.profile), repr(self.spec), repr(variant))
+        kept = _VARIANT_PROFILES.get(key)
+        if kept is None or kept[0] is not self.profile:
+            if len(_VARIANT_PROFILES) >= VARIANT_PROFILES_KEPT:
+                del _VARIANT_PROFILES[next(iter(_VARIANT_PROFILES))]
+            kept = _VARIANT_PROFILES[key] = (self.profile, self._variant_profile(variant))
+        return kept[1]
+
+    def _variant_profile(self, variant: GpuSpec) -> Profile:
+        """The profile as the variant's model would have made it."""
         nominal, model = GpuPowerModel(self.spec), GpuPowerModel(variant)
         if self._works is None:
             self._works = {key: self._fitted(key) for key in self.profile}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from megatron_energy.optimisers.interface import PlanningJob, ProfileRequest
 from megatron_energy.optimisers.perseus.frontier import FrontierPoint
+from megatron_energy.optimisers.perseus.planner_cache import PlannerCache
 from megatron_energy.optimisers.perseus.smooth_point import smooth_point
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.fused_profile import with_fused_steps
@@ -34,10 +35,18 @@ from megatron_energy.plan_smoothing import PlanSmoothing
 
 
 class PerseusOptimiser:
-    """Clock per pipeline instruction (see the module docstring)."""
+    """Clock per pipeline instruction (see the module docstring).
+
+    Args:
+        planners: Planners kept across calls for one job (one frontier sweep for several targets,
+            ``perseus.planner_cache``); ``None``: each plan sweeps its own.
+    """
 
     name = "perseus"
     request = ProfileRequest(clock_grid=True)
+
+    def __init__(self, planners: PlannerCache | None = None):
+        self.planners = planners
 
     def plan(self, profile: Profile, job: PlanningJob, base: Plan | None = None) -> Plan:
         """Solve the frontier and return the executable plan for ``job.target``.
@@ -47,13 +56,8 @@ class PerseusOptimiser:
         """
         if base is not None:
             raise ValueError("the perseus optimiser plans from scratch; it must come first in a composition")
-        profile = with_fused_steps(profile, job.orders)
-        planner = Planner(
-            job.dag(),
-            profile,
-            num_points=job.frontier_points,
-            switch_latency_s=job.switch_latency_s,
-        )
+        planner = self.planner(profile, job)
+        profile = planner.profile
         frontier = planner.frontier
         smooth = smooth_point(planner, job.target) if job.target.kind == "smooth" else None
         target = planner.point(job.target) if smooth is None else smooth.point
@@ -85,6 +89,17 @@ class PerseusOptimiser:
             measured_tail=job.measured_tail,
         )
         return plan if smoothing is None else dataclasses.replace(plan, smoothing=smoothing)
+
+    def planner(self, profile: Profile, job: PlanningJob) -> Planner:
+        """The job's planner (its frontier sweep), kept in ``planners`` when given."""
+        fused = with_fused_steps(profile, job.orders)
+
+        def build() -> Planner:
+            return Planner(
+                job.dag(), fused, num_points=job.frontier_points, switch_latency_s=job.switch_latency_s
+            )
+
+        return build() if self.planners is None else self.planners.planner(profile, job, build)
 
 
 def plan_point(
