@@ -76,8 +76,13 @@ PLANNED_ARTEFACTS: tuple[str, ...] = (PLAN, FRONTIER)
 from the verified profile, which is kept (``runtime.planning_round.cache``)."""
 
 
+def partial_profile_name(rank: int | str) -> str:
+    """The file name of global rank ``rank``'s partial profile (``"<r>"`` names any rank's, for a message)."""
+    return f"{PARTIAL_PROFILE}.rank{rank}.csv"
+
+
 def is_partial_profile(name: str) -> bool:
-    """Whether the file name ``name`` is a rank's partial profile (:meth:`JobFiles.partial_profile`)."""
+    """Whether the file name ``name`` is a rank's partial profile (:func:`partial_profile_name`)."""
     return name.startswith(f"{PARTIAL_PROFILE}.rank") and name.endswith(".csv")
 
 
@@ -149,7 +154,7 @@ class JobFiles:
         The profile CSV's columns (``runtime.profiling.partial_profile``); the cache neither lists nor reuses
         it.
         """
-        return self.folder / f"{PARTIAL_PROFILE}.rank{rank}.csv"
+        return self.folder / partial_profile_name(rank)
 
     def power_trace(self, rank: int, suffix: str) -> Path:
         """``power_trace.rank<rank>.<suffix>``: rank ``rank``'s power readings (``jsonl`` or ``csv``)."""
