@@ -51,7 +51,7 @@ def _kept(collector: ProfileCollector, iterations_left: int) -> str:
     if len(finished) == len(collector.clocks_mhz):
         return "finish profiling too late to run a plan (its profile is kept only if planning ends first)"
     return (
-        f"keep the rows of the {len(finished)} of {len(collector.clocks_mhz)} clock(s) it finishes "
-        f"({', '.join(str(clock) for clock in finished)} MHz, the stock clock first) in a partial profile "
+        f"keep the rows of the clocks it finishes (at most {len(finished)} of {len(collector.clocks_mhz)}: "
+        f"{', '.join(str(clock) for clock in finished)} MHz, the stock clock first) in a partial profile "
         f"per rank, {partial_profile_name('<r>')} under --energy-dir, which no later run reuses"
     )
