@@ -72,6 +72,7 @@ def keep_partial_profile(
 
     Raises:
         OSError: The file cannot be written.
+        ValueError: A row fails the profile CSV's checks (a non-positive time).
     """
     rows = collector.completed_rows()
     if not rows:
@@ -127,11 +128,12 @@ def kept_line(kept: PartialProfile | None) -> str:
             "run of this job profiles from the start"
         )
     clocks = ", ".join(str(clock) for clock in kept.clocks_mhz)
+    others = len(kept.clocks_mhz) - 1
+    stock = f"the stock clock and {others} more" if others else "the stock clock only"
     return (
         f"{start}: each rank kept the {kept.source} rows of the clocks it finished in a partial profile, "
-        f"rank 0's in {kept.path} "
-        f"(the others' beside it): the stock clock and {len(kept.clocks_mhz) - 1} more, "
-        f"{len(kept.clocks_mhz)} of {kept.grid_size} clocks ({clocks} MHz); a later run of this job does not "
+        f"rank 0's in {kept.path} (the others' beside it): {stock}, {len(kept.clocks_mhz)} of "
+        f"{kept.grid_size} clocks ({clocks} MHz); a later run of this job does not "
         "reuse it and profiles from the start (megatron-energy plan --profile reads a file that covers "
         "every stage)"
     )
