@@ -19,6 +19,8 @@ Layout::
             quarantine-<time>-<pid>/   a set that failed verification, moved aside
             frontier.png, timeline.json   the report's plot and Perfetto trace (``report.job_report``)
             power_trace.rank<r>.jsonl  each rank's power readings (``--energy-power-trace``; or ``.csv``)
+            profile.partial.rank<r>.csv   what rank r measured of a profiling cut short by the job's end
+                                       (``runtime.profiling.partial_profile``; not cached, not reused)
 
 This module owns the names and the paths; :class:`JobArtefacts` maps the cached files' names to their roles
 (the cache writes and verifies them as bytes, each type writes and reads its own text), and
@@ -55,6 +57,8 @@ FRONTIER_PLOT = "frontier.png"
 TIMELINE = "timeline.json"
 POWER_TRACE = "power_trace"
 """The stem of each rank's power trace file (``--energy-power-trace``)."""
+PARTIAL_PROFILE = "profile.partial"
+"""The stem of each rank's partial profile (a job that ended while profiling); never part of a cached set."""
 SIMULATED = "simulated"
 """The folder of the simulated GPUs' state files."""
 MEGATRON_OUTPUT = "megatron-output"
@@ -70,6 +74,16 @@ re-planner checks): a run whose target could not be met holds these and no plan.
 PLANNED_ARTEFACTS: tuple[str, ...] = (PLAN, FRONTIER)
 """What planning made from the profile: one that fails verification is set aside alone and planned again
 from the verified profile, which is kept (``runtime.planning_round.cache``)."""
+
+
+def partial_profile_name(rank: int | str) -> str:
+    """The file name of global rank ``rank``'s partial profile (``"<r>"`` names any rank's, for a message)."""
+    return f"{PARTIAL_PROFILE}.rank{rank}.csv"
+
+
+def is_partial_profile(name: str) -> bool:
+    """Whether the file name ``name`` is a rank's partial profile (:func:`partial_profile_name`)."""
+    return name.startswith(f"{PARTIAL_PROFILE}.rank") and name.endswith(".csv")
 
 
 def simulated_state_path(root: Path, rank: int) -> Path:
@@ -133,6 +147,14 @@ class JobFiles:
     def timeline(self) -> Path:
         """``timeline.json``, the report's."""
         return self.folder / TIMELINE
+
+    def partial_profile(self, rank: int) -> Path:
+        """``profile.partial.rank<rank>.csv``: what rank ``rank`` measured of a profiling cut short.
+
+        The profile CSV's columns (``runtime.profiling.partial_profile``); the cache neither lists nor reuses
+        it.
+        """
+        return self.folder / partial_profile_name(rank)
 
     def power_trace(self, rank: int, suffix: str) -> Path:
         """``power_trace.rank<rank>.<suffix>``: rank ``rank``'s power readings (``jsonl`` or ``csv``)."""

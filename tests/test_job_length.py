@@ -37,3 +37,18 @@ def test_a_job_long_enough_gets_no_line() -> None:
     collector = _collector((1980, 1500), 1)
     assert too_short_line(collector, iterations_left=9, train_iters=9) is None
     assert too_short_line(collector, iterations_left=8, train_iters=8) is not None
+
+
+def test_a_job_that_finishes_some_clocks_says_which_it_keeps_in_a_partial_profile() -> None:
+    collector = _collector((1980, 1500, 1005), 1)  # stock: settling + 4 baseline + 1 profile; then 2 a clock
+    stock_only = too_short_line(collector, iterations_left=7, train_iters=7)
+    assert stock_only is not None and "keep no profile" not in stock_only
+    assert (
+        "keep the rows of the clocks it finishes (at most 1 of 3: 1980 MHz, the stock clock first)"
+        in stock_only
+    )
+    assert "profile.partial.rank<r>.csv under --energy-dir, which no later run reuses" in stock_only
+    two = too_short_line(collector, iterations_left=8, train_iters=8)
+    assert two is not None and "(at most 2 of 3: 1980, 1500 MHz, the stock clock first)" in two
+    late = too_short_line(collector, iterations_left=10, train_iters=10)  # profiling ends, no step for a plan
+    assert late is not None and "finish profiling too late to run a plan" in late

@@ -12,6 +12,7 @@ from launcher_world import run_launcher, traced_plan_argv
 from megatron_energy import launch
 from megatron_energy.events import read_trace
 from megatron_energy.megatron.modes import UnsupportedModeError, refused_in_argv
+from megatron_energy.pipeline.profile_csv import read_profile_csv
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.plan_file import load_plan
 
@@ -191,3 +192,25 @@ def test_a_job_shorter_than_profiling_says_so_at_start(tmp_path: Path) -> None:
     assert said.index(line) < 3, said  # at start: after the GPU's line, before anything of the first step
     assert "too short to profile" not in run.log(1).read_text(), "rank 0 says it, once"
     assert not list((tmp_path / "energy").glob("*/plan.json"))
+
+
+@pytest.mark.world
+def test_a_job_cut_short_in_profiling_keeps_each_ranks_finished_clocks(tmp_path: Path) -> None:
+    """Issue 44: at the launcher's exit, every rank keeps the clocks it finished; rank 0 says where."""
+    argv = traced_plan_argv(MEGATRON_ARGS, tmp_path)
+    argv[argv.index("--train-iters") + 1] = "7"  # the stock clock's 6 steps finish; 1500 MHz does not
+    run = run_launcher(argv, 2, tmp_path)
+    assert run.statuses == (0, 0), run.output[-4000:]
+    (start,) = [line for line in run.log(0).read_text().splitlines() if "too short to profile" in line]
+    assert "(at most 1 of 2: 1980 MHz, the stock clock first)" in start
+    (folder,) = (tmp_path / "energy").glob("*/profile.partial.rank0.csv")
+    for rank in (0, 1):
+        table = read_profile_csv(folder.parent / f"profile.partial.rank{rank}.csv")
+        assert table.source == "simulated" and {row.frequency for row in table.rows} == {1980}
+        assert {(row.stage, row.chunk, row.instruction) for row in table.rows} == {
+            (rank, chunk, kind) for chunk in (0, 1) for kind in ("forward", "backward")
+        }
+    (end,) = [line for line in run.log(0).read_text().splitlines() if "ended while profiling" in line]
+    assert str(folder) in end and "the stock clock only, 1 of 2 clocks (1980 MHz)" in end
+    assert "ended while profiling" not in run.log(1).read_text(), "rank 0 says it, once"
+    assert not list((tmp_path / "energy").glob("*/profile.csv"))

@@ -51,9 +51,11 @@ from megatron_energy.config import EnergyConfig
 from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.meter import EnergyWindow
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.energy_dir import JobFiles
 from megatron_energy.events import CapturedStep
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
+from megatron_energy.pipeline.profile_csv import ProfileSource
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import run_band
 from megatron_energy.runtime.context import JobContext
@@ -73,6 +75,7 @@ from megatron_energy.runtime.planning_round.coordinator import PlanningRound
 from megatron_energy.runtime.profiling.baseline_length import agree_stock_steps, pilot_steps
 from megatron_energy.runtime.profiling.collector import ProfileCollector
 from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
+from megatron_energy.runtime.profiling.partial_profile import close_while_profiling, drop_partial_profile
 from megatron_energy.runtime.profiling.power_cap_check import check_line, power_cap_check, unavailable_line
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
@@ -238,7 +241,7 @@ class EnergySession:
         return self.state.baseline
 
     @property
-    def profile_source(self) -> str:
+    def profile_source(self) -> ProfileSource:
         """Where the profile's figures come from: ``measured``, ``simulated`` or ``modelled``."""
         return self.planning.profile_source
 
@@ -437,6 +440,7 @@ class EnergySession:
                 period_s = 0.0 if figures.exact else self.spec.energy_counter_period_s
                 agree_stock_steps(self.collector, self.comms, period_s)
             if self.collector.done:
+                drop_partial_profile(JobFiles(self.cache.folder), self.context.global_rank)
                 self._check_power_cap(sealed.step)
                 self.planning.begin(sealed.step)
         elif sealed.phase != SessionPhase.PLANNING:  # while planning, at stock clocks: nothing to police
@@ -518,6 +522,10 @@ class EnergySession:
         if self.power_log is not None:
             self.power_log.close()
         self.laps.close()
+        if self.phase == SessionPhase.PROFILING:  # the job ended first: keep what was measured
+            close_while_profiling(
+                self.collector, JobFiles(self.cache.folder), self.context.global_rank, self.profile_source
+            )
         measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
         host_line = self.host_cost.summary(self.context.global_rank, measured_s)
         if host_line is not None:

@@ -29,6 +29,7 @@ from megatron_energy.dvfs.controller import RESET
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.optimisers.interface import Optimiser
 from megatron_energy.pipeline.collectives import MeasuredBucket
+from megatron_energy.pipeline.profile_csv import ProfileSource
 from megatron_energy.plan import Plan
 from megatron_energy.runtime.child_process import ChildProcess
 from megatron_energy.runtime.context import JobContext
@@ -139,7 +140,7 @@ class PlanningRound:
         """Rank 0, once a plan is adopted: the thread caching it (``close`` waits for it)."""
 
     @property
-    def profile_source(self) -> str:
+    def profile_source(self) -> ProfileSource:
         """Where the profile's figures come from (its CSV says so too).
 
         ``measured`` when the grid's clocks were really set and timed on GPUs, ``simulated`` when they were

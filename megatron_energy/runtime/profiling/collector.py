@@ -157,6 +157,23 @@ class ProfileCollector:
         """Whether every step of the grid has been recorded."""
         return self._added >= self.steps_needed
 
+    def clocks_complete_after(self, steps: int) -> list[int]:
+        """The clocks whose block's profile steps are all recorded once ``steps`` steps are, in grid order.
+
+        A block completes with its last synchronous profile step (its recorded step, if any, feeds no row);
+        the stock clock's comes after its baseline steps as decided so far.
+        """
+        ends = (
+            self.stock_iters + block * self._block_steps + self.steps_per_clock + 1
+            for block in range(len(self.clocks_mhz))
+        )
+        return [clock for clock, end in zip(self.clocks_mhz, ends, strict=True) if steps >= end]
+
+    def completed_rows(self) -> list[ProfileRow]:
+        """:meth:`rows` of the clocks whose block is complete (all of them once the grid is :attr:`done`)."""
+        complete = set(self.clocks_complete_after(self._added))
+        return [row for row in self.rows() if row.clock_mhz in complete]
+
     @property
     def stock_measured(self) -> int:
         """Baseline steps recorded so far."""

@@ -5,11 +5,14 @@ session says so at its first step instead (rank 0, one line), with how many iter
 this configuration (the collector's steps as planned at start: the stock baseline's pilot, then each clock's
 settling and profile steps; the baseline may grow while it is measured, so it is a lower bound), how many the
 job has left, and what to do. The energy directory holds a profile only once profiling completes
-(``runtime.planning_round.cache``), so a run cut short keeps nothing of what it profiled; the line says so.
+(``runtime.planning_round.cache``); a run cut short keeps the clocks it finishes in a partial profile per rank
+instead (``runtime.profiling.partial_profile``), which no later run reuses: the line says which clocks that
+will be.
 """
 
 from __future__ import annotations
 
+from megatron_energy.energy_dir import partial_profile_name
 from megatron_energy.runtime.profiling.collector import ProfileCollector
 
 PLAN_STEPS = 1
@@ -34,7 +37,21 @@ def too_short_line(collector: ProfileCollector, iterations_left: int, train_iter
         f"take at least {needed} iterations ({collector.stock_iters} stock-clock baseline steps, then "
         f"{per_clock} settling and profile steps at each of {clocks} clock(s), then {PLAN_STEPS} with the "
         f"plan), and the job has {iterations_left} left (--train-iters {train_iters}); it will train at "
-        "stock clocks with no plan, and keep no profile (--energy-dir holds one only once profiling "
-        f"completes): give --train-iters {train_iters + needed - iterations_left} or more (later runs of "
-        "the same job reuse its profile), or profile less (--energy-profile-iters, --energy-freq-grid)"
+        f"stock clocks with no plan, and {_kept(collector, iterations_left)}: give --train-iters "
+        f"{train_iters + needed - iterations_left} or more (later runs of the same job reuse a complete "
+        "profile), or profile less (--energy-profile-iters, --energy-freq-grid)"
+    )
+
+
+def _kept(collector: ProfileCollector, iterations_left: int) -> str:
+    """What the job will keep of its profiling: the clocks whose steps it finishes, if any."""
+    finished = collector.clocks_complete_after(iterations_left)
+    if not finished:
+        return "keep no profile (not even the stock clock's steps finish)"
+    if len(finished) == len(collector.clocks_mhz):
+        return "finish profiling too late to run a plan (its profile is kept only if planning ends first)"
+    return (
+        f"keep the rows of the clocks it finishes (at most {len(finished)} of {len(collector.clocks_mhz)}: "
+        f"{', '.join(str(clock) for clock in finished)} MHz, the stock clock first) in a partial profile "
+        f"per rank, {partial_profile_name('<r>')} under --energy-dir, which no later run reuses"
     )
