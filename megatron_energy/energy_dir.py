@@ -86,6 +86,15 @@ def is_partial_profile(name: str) -> bool:
     return name.startswith(f"{PARTIAL_PROFILE}.rank") and name.endswith(".csv")
 
 
+def is_run_file(name: str) -> bool:
+    """Whether ``name`` is a file a run writes into its job's folder beside the cached set, never part of it.
+
+    A rank's partial profile and its power trace (``JobFiles.power_trace``): the cache neither lists,
+    verifies nor quarantines them.
+    """
+    return is_partial_profile(name) or name.startswith(f"{POWER_TRACE}.rank")
+
+
 def simulated_state_path(root: Path, rank: int) -> Path:
     """The state file of global rank ``rank``'s simulated GPU under the energy directory ``root``."""
     return Path(root) / SIMULATED / f"rank{rank}.json"

@@ -13,8 +13,9 @@ from job_facts import job_facts as _job
 from job_facts import planned as _planned
 from job_facts import read_back
 
-from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, JobFiles
 from megatron_energy.runtime.planning_round.cache import JobCache
+from megatron_energy.runtime.planning_round.cache_manifest import has_cached_files, quarantine
 
 PROFILE = "stage,instruction,frequency,time,energy\n0,forward,1980,0.0125,12.5\n0,backward,1980,0.025,25.0\n"
 BASELINE = json.dumps({"stock_time_s": 0.5, "stock_energy_j": {"0": 300.0}})
@@ -329,3 +330,17 @@ def test_a_plan_of_another_schema_version_is_a_miss_that_says_so_in_one_line(tmp
     )
     JobCache(tmp_path, _job()).store(_artefacts())
     assert JobCache(tmp_path, _job()).load().hit
+
+
+def test_a_runs_own_files_beside_the_cache_are_never_taken_for_a_broken_store(tmp_path: Path) -> None:
+    """A power trace (or partial profile) left by a run cut short made the next run quarantine it."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    beside = [JobFiles(folder).power_trace(0, "csv"), JobFiles(folder).partial_profile(1)]
+    for path in beside:
+        path.write_text("time_s\n")
+    assert not has_cached_files(folder)
+    (folder / "plan.json").write_text("{")  # a store's file, without its manifest: moved aside
+    quarantined = quarantine(folder)
+    assert [p.name for p in quarantined.iterdir()] == ["plan.json"]
+    assert all(path.exists() for path in beside)

@@ -22,7 +22,7 @@ from annotated_types import Ge
 from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from megatron_energy.atomic import LOCK_FILE_NAME, write_atomically
-from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, is_partial_profile
+from megatron_energy.energy_dir import MANIFEST, QUARANTINE_PREFIX, is_run_file
 from megatron_energy.errors import EnergyError
 
 MANIFEST_SCHEMA_VERSION: Final = 1
@@ -189,7 +189,8 @@ def is_artefact_name(name: str) -> bool:
 def has_cached_files(folder: Path) -> bool:
     """Whether ``folder`` holds any file a store wrote (then a failed verification means corruption).
 
-    A rank's partial profile (``energy_dir.is_partial_profile``) is no store's: it neither counts nor moves.
+    A file a run writes beside the cached set (``energy_dir.is_run_file``: a rank's partial profile or power
+    trace) is no store's: it neither counts nor moves.
     """
     return bool(_movable_files(folder))
 
@@ -247,5 +248,5 @@ def _movable_files(folder: Path) -> list[Path]:
         for path in folder.iterdir()
         if path.name != LOCK_FILE_NAME
         and not (path.is_dir() and path.name.startswith(QUARANTINE_PREFIX))
-        and not is_partial_profile(path.name)
+        and not is_run_file(path.name)
     )
