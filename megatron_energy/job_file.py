@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError,
 from pydantic_core import ErrorDetails
 
 from megatron_energy.dvfs.spec import load_gpu_spec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.pipeline.workload import KNOWN_SHAPES
 
 PositiveInt = Annotated[int, Ge(1)]
@@ -151,7 +152,7 @@ class JobFile(BaseModel):
         return self.model_dump(mode="json", exclude_defaults=True)
 
 
-class JobFileError(ValueError):
+class JobFileError(EnergyValueError):
     """A job file's content breaks the schema; the message names the keys and the fix."""
 
 

@@ -20,13 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.job_file import JobFile, ModelSection, MoeSection
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 """Megatron's ``--make-vocab-size-divisible-by`` default."""
 
 
-class MegatronCommandLineError(ValueError):
+class MegatronCommandLineError(EnergyValueError):
     """The Megatron arguments describe no job the model can estimate; the message names the flag and fix."""
 
 
