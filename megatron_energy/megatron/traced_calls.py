@@ -6,8 +6,8 @@
   :func:`combined_step_hooks` wraps that function, and each call fires one instruction: ``"fused"`` (with the
   forward's microbatch and chunk) for a pair, ``"forward"`` or ``"backward"`` for a pass alone.
 - *P2P communicator.* Schedules build ``P2PCommunicator(...)`` from the module-global name in
-  ``megatron.core.pipeline_parallel.schedules``; :func:`traced_p2p_communicator` is the subclass that name is
-  pointed at, whose ``_communicate`` fires ``on_p2p_begin/end``.
+  ``megatron.core.pipeline_parallel.schedules``; :func:`traced_p2p_communicator` builds the subclass that
+  name is pointed at, whose ``_communicate`` fires ``on_p2p_begin/end``.
 """
 
 from __future__ import annotations
