@@ -422,7 +422,7 @@ class EnergySession:
                 self.collector, JobFiles(self.cache.folder), self.context.global_rank, self.profile_source
             )
         measured = self.timer.source == "measured"
-        log_closing_lines(self.context.global_rank, self.host_cost, self.plan, self.baseline, measured=measured)
+        log_closing_lines(self.context.global_rank, self.host_cost, self.plan, self.baseline, measured)
 
     def suspend(self) -> None:
         """Stand aside from the next step on (``energy_log.overhead_check``): stock clocks, held step read.
