@@ -263,10 +263,7 @@ class EnergySession:
 
     @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
-        """Mark the instruction's boundary; when a plan runs, request its clocks there (``instructions``).
-
-        See ``runtime.instruction_events``; the same holds for the other instruction and outside-phase events.
-        """
+        """Mark the instruction's boundary, and request the plan's clocks there (``instruction_events``)."""
         self.instructions.instruction_begin(kind, microbatch, chunk)
 
     @host_timed
