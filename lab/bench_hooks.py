@@ -28,7 +28,9 @@ from typing import Any
 from megatron.core.timers import Timers
 
 from megatron_energy.events import ListenerFanout, TraceWriter
-from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
+from megatron_energy.megatron.expected_order import ExpectedOrder
+from megatron_energy.megatron.hooked_timers import HookedTimers
+from megatron_energy.megatron.schedule_hooks import ScheduleHooks
 from megatron_energy.pipeline.instruction import Instruction
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 

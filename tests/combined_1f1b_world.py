@@ -121,13 +121,10 @@ def _hooked(world: PipelineWorld, recorder: _RecordingStep, num_microbatches: in
     with the forward/backward timers silenced, and ``combined_step_hooks`` around the recorder."""
     from megatron.core.timers import Timers
 
-    from megatron_energy.megatron.hooks import (
-        ExpectedOrder,
-        HookedTimers,
-        ScheduleHooks,
-        combined_step_hooks,
-        current_rank_order,
-    )
+    from megatron_energy.megatron.expected_order import ExpectedOrder, current_rank_order
+    from megatron_energy.megatron.hooked_timers import HookedTimers
+    from megatron_energy.megatron.schedule_hooks import ScheduleHooks
+    from megatron_energy.megatron.traced_calls import combined_step_hooks
 
     listener = RecordingListener()
     hooks = ScheduleHooks(listener)

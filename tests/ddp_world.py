@@ -135,7 +135,8 @@ class ObservedDdp:
 
         from megatron_energy.events import ListenerFanout
         from megatron_energy.megatron.bucket_layout import bucket_groups, bucket_layout
-        from megatron_energy.megatron.hooks import current_rank_order, install_hooks
+        from megatron_energy.megatron.expected_order import current_rank_order
+        from megatron_energy.megatron.hooks import install_hooks
 
         self.world = DdpWorld(
             pipeline_size, virtual_size, bucket_size=40, shape=TinyGpt(layers_per_chunk=LAYERS_PER_CHUNK)

@@ -84,7 +84,7 @@ def test_combined_pipelining_without_interleaving_is_refused_as_megatron_core_re
 
 
 def test_a_combined_step_that_runs_other_passes_than_predicted_is_a_mismatch() -> None:
-    from megatron_energy.megatron.hooks import ExpectedOrder, ScheduleMismatchError
+    from megatron_energy.megatron.expected_order import ExpectedOrder, ScheduleMismatchError
 
     expected = ExpectedOrder(lambda: pipeline_orders(1, 3, combined=True).steps(0))
     expected.start()

@@ -60,7 +60,7 @@ def test_following_graphs_wraps_megatrons_wrapper_until_restored() -> None:
     from megatron.core.full_cuda_graph import FullCudaGraphWrapper
 
     from megatron_energy.megatron.full_iteration import follow_full_iteration_graphs
-    from megatron_energy.megatron.hooks import ScheduleHooks
+    from megatron_energy.megatron.schedule_hooks import ScheduleHooks
 
     original = FullCudaGraphWrapper.__call__
     restore = follow_full_iteration_graphs(ScheduleHooks(RecordingListener()))
@@ -121,14 +121,11 @@ def capture_and_replay(rank: int, world_size: int, payload: Any) -> dict:
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.timers import Timers
 
+    from megatron_energy.megatron.expected_order import ExpectedOrder, current_rank_order
     from megatron_energy.megatron.full_iteration import FullIterationFollower
-    from megatron_energy.megatron.hooks import (
-        ExpectedOrder,
-        HookedTimers,
-        ScheduleHooks,
-        current_rank_order,
-        traced_p2p_communicator,
-    )
+    from megatron_energy.megatron.hooked_timers import HookedTimers
+    from megatron_energy.megatron.schedule_hooks import ScheduleHooks
+    from megatron_energy.megatron.traced_calls import traced_p2p_communicator
 
     world = PipelineWorld(2, None)
     listener = GraphRecordingListener()

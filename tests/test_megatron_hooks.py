@@ -33,13 +33,10 @@ def _observe_with_timers_and_p2p_swap(world: PipelineWorld, listener: RecordingL
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
     from megatron.core.timers import Timers
 
-    from megatron_energy.megatron.hooks import (
-        ExpectedOrder,
-        HookedTimers,
-        ScheduleHooks,
-        current_rank_order,
-        traced_p2p_communicator,
-    )
+    from megatron_energy.megatron.expected_order import ExpectedOrder, current_rank_order
+    from megatron_energy.megatron.hooked_timers import HookedTimers
+    from megatron_energy.megatron.schedule_hooks import ScheduleHooks
+    from megatron_energy.megatron.traced_calls import traced_p2p_communicator
 
     hooks = ScheduleHooks(listener)
     # timing-log-level 0, Megatron's default: every schedule timer is a DummyTimer behind the proxy

@@ -6,14 +6,10 @@ import pytest
 import torch
 from megatron_harness import RecordingListener, warnings_silenced
 
-from megatron_energy.megatron.hooks import (
-    ExpectedOrder,
-    HookedTimers,
-    ScheduleHooks,
-    ScheduleMismatchError,
-    install_hooks,
-    p2p_op_name,
-)
+from megatron_energy.megatron.expected_order import ExpectedOrder, ScheduleMismatchError
+from megatron_energy.megatron.hooked_timers import HookedTimers
+from megatron_energy.megatron.hooks import install_hooks
+from megatron_energy.megatron.schedule_hooks import ScheduleHooks, p2p_op_name
 from megatron_energy.pipeline.instruction import Instruction
 
 ORDER = [("forward", 0, 0), ("forward", 1, 0), ("backward", 0, 0), ("backward", 1, 0)]

@@ -11,7 +11,9 @@ from kernel_plans import gpt3_kernel_plan
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import load_gpu_spec
 from megatron_energy.events import ListenerFanout
-from megatron_energy.megatron.hooks import ExpectedOrder, HookedTimers, ScheduleHooks
+from megatron_energy.megatron.expected_order import ExpectedOrder
+from megatron_energy.megatron.hooked_timers import HookedTimers
+from megatron_energy.megatron.schedule_hooks import ScheduleHooks
 from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.kernel.sequence_plan import plan_sequence
 from megatron_energy.optimisers.kernel.switch_times import SwitchRequest, snap_to_phase_starts

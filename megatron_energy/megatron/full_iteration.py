@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from megatron_energy.events import CapturedSpan, CapturedStep, GraphMarker
-from megatron_energy.megatron.hooks import ScheduleHooks
+from megatron_energy.megatron.schedule_hooks import ScheduleHooks
 
 TRAINING = "training"
 """``FullCudaGraphWrapper``'s key for the training graph."""

@@ -2,35 +2,10 @@
 
 The session is the event dispatcher of four rooms over one explicit phase (``SessionPhase``, in the shared
 ``SessionState``); it does not know how plans are made (it asks the optimiser ``--energy-mode`` selected,
-``optimisers.registry``) and runs whatever plan comes back.
-
-1. **Profiling** (``runtime.profiling``): the controller holds each clock of a grid for a settling step and
-   a few measured steps, the stock clock first (``profiling.collector``); the timer times every instruction
-   on the device timeline and the whole iteration; the meter gives each step's energy. The stock clock's
-   **baseline steps**, as many as ``profiling.baseline_length`` asks (every rank agrees on the count), are
-   timed exactly as the run phase times its steps (lagged, no device sync) and are the stock baseline every
-   measured change is compared with; the **synchronous profile steps** wait for the device at their begin
-   and end, so the counter laps separate the pipeline span's energy from what ran between two schedules
-   (``runtime.step_figures``): they give the profile rows and the measured iteration tail; at the stock
-   clock, the planning replica also reads the SM clock and its power-cap reason at their instruction ends,
-   and at profiling's end rank 0 sets the clock of those held at the cap against the model's
-   (``runtime.profiling.power_cap_watch``, ``runtime.profiling.power_cap_check``).
-2. **The planning round** (``runtime.planning_round.coordinator.PlanningRound``): a verified cached plan at
-   the start, else, at profiling's end, the planning replica's profiles on rank 0, the planner in a process
-   of its own, polled every K steps while training goes on at stock clocks (real GPUs) or waited for
-   (simulated GPUs), and one decision every rank takes at the same step: adopt the plan, or fall back.
-3. **Running the plan** (``runtime.running``): a :class:`PlanRunner` applies this rank's actions at hook
-   events (an instruction's clock at its boundary on the GPU timeline, a tail phase's at its outside-phase
-   hook); the clocks of phases inside an instruction go to a phase switcher anchored on the instruction's
-   start marker (``running.phase_switcher``; ``running.simulated_phases`` on simulated GPUs); an error there
-   turns phase switching off with a log line. A step replayed from a full-iteration CUDA graph runs no hook:
-   the timer reads the markers captured in the graph, and every clock of the step goes to the phase switcher
-   as an offset from the replay's start, measured on the previous replay (``running.graph_requests``).
-   After each run-phase step the ``running.run_guard.RunGuard``
-   follows a straggling data-parallel replica and reverts to stock clocks when the plan is slow.
-4. **The energy log** (``runtime.energy_log``): each step's energy and time next to the prediction, with its
-   change against the stock baseline over a window of the phase's iterations; at close the plugin's own host
-   time and model vs measured at stock clocks.
+``optimisers.registry``) and runs whatever plan comes back. The rooms, in the order the data flows through
+them (profiling, the planning round, running the plan, the energy log), are described in the runtime's
+package docstring (``megatron_energy.runtime``). The session dispatches the step events itself and hands the
+instruction and outside-phase events to ``runtime.instruction_events``.
 
 Nothing the session does at a run-phase step's end waits for the GPU: a real GPU's timing is read one step
 later (``runtime.cuda_timer``), paired with the energy lapped at that step's own end, and the session's
@@ -42,7 +17,6 @@ any rank is agreed on through collectives every rank joins anyway; no exception 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from concurrent.futures import Future
 from typing import Any
@@ -54,30 +28,29 @@ from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.energy_dir import JobFiles
 from megatron_energy.events import CapturedStep
 from megatron_energy.optimisers.interface import Optimiser
-from megatron_energy.pipeline.instruction import FUSED, FusedInstruction, Instruction, Step
 from megatron_energy.pipeline.profile_csv import ProfileSource
 from megatron_energy.plan import Plan
 from megatron_energy.plan_outcome import run_band
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import RankComms
-from megatron_energy.runtime.control_plane.group_chain import gather_replica
+from megatron_energy.runtime.energy_log.closing_lines import log_closing_lines
 from megatron_energy.runtime.energy_log.energy_logger import EnergyLogger
 from megatron_energy.runtime.energy_log.host_cost import HostCost, host_timed
 from megatron_energy.runtime.energy_log.meter_thread import MeterThread
 from megatron_energy.runtime.energy_log.overhead_check import WINDOW as OVERHEAD_WINDOW
 from megatron_energy.runtime.energy_log.power_cap_record import PowerCapRecord
 from megatron_energy.runtime.energy_log.power_log import PowerLog
-from megatron_energy.runtime.energy_log.stock_check import TITLE, compare_stock, comparison_line
 from megatron_energy.runtime.graph_replay import GraphReplay
+from megatron_energy.runtime.instruction_events import InstructionEvents
 from megatron_energy.runtime.parts import Controller, Guard, Meter, PhaseSwitching
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.coordinator import PlanningRound
-from megatron_energy.runtime.profiling.baseline_length import agree_stock_steps, pilot_steps
+from megatron_energy.runtime.profiling.baseline_length import pilot_steps
 from megatron_energy.runtime.profiling.collector import ProfileCollector
 from megatron_energy.runtime.profiling.kernel_timeline import KernelTimeline
 from megatron_energy.runtime.profiling.partial_profile import close_while_profiling, drop_partial_profile
-from megatron_energy.runtime.profiling.power_cap_check import check_line, power_cap_check, unavailable_line
 from megatron_energy.runtime.profiling.power_cap_watch import PowerCapWatch
+from megatron_energy.runtime.profiling.profile_steps import ProfileSteps
 from megatron_energy.runtime.profiling.stock_baseline import StockBaseline
 from megatron_energy.runtime.running.plan_runner import PlanRunner
 from megatron_energy.runtime.running.run_guard import RunGuard
@@ -144,11 +117,6 @@ class EnergySession:
     ) -> None:
         self.config = config
         self.context = context
-        self._fused_steps = {
-            step.forward: step
-            for step in context.orders.steps(context.pipeline_rank)
-            if isinstance(step, FusedInstruction)
-        }
         self.optimiser = optimiser
         self.controller = controller
         self.meter = meter
@@ -171,8 +139,21 @@ class EnergySession:
             record_kernels=self.kernel_timeline is not None,
         )
         self.power_cap = power_cap or PowerCapWatch(None, self.collector.clocks_mhz[0])
+        self.profile_steps = ProfileSteps(
+            self.collector, self.power_cap, spec=spec, context=context, comms=comms, clock_source=timer.source
+        )
         self.state = SessionState(phase_switcher=phase_switcher)
         """The phase, the adopted plan and its runner: written by the planning round and the run guard."""
+        self.instructions = InstructionEvents(
+            context,
+            timer=timer,
+            controller=controller,
+            state=self.state,
+            power_cap=self.power_cap,
+            kernel_timeline=self.kernel_timeline,
+            switch_phases=config.phase_switching != "off",
+        )
+        """The instruction and outside-phase events: their marks and the clocks requested at them."""
         self.run_guard = RunGuard(
             config,
             context,
@@ -197,7 +178,6 @@ class EnergySession:
             kernel_timeline=self.kernel_timeline,
             on_adopted=self._adopted,
         )
-        self._stock_decided = False
         self._step_lagged = False  # whether the step running now is timed without a device sync
         self.history: list[StepFigures] = []
         self.host_cost = HostCost()
@@ -272,74 +252,34 @@ class EnergySession:
     @host_timed
     def on_graph_replay(self, captured: CapturedStep) -> None:
         """The step that began replays the captured graph (``runtime.graph_replay``)."""
-        self.graph.begin(captured, self._step, self.runner, self.state.phase_switcher, self._step_boundary)
+        self.graph.begin(
+            captured, self.instructions.step, self.runner, self.state.phase_switcher, self._step_boundary
+        )
 
     def on_unmeasured_step(self, step: int) -> None:
         """Step ``step`` captured the graph: wait for it, then start the next step's energy and cycle anew."""
         self.graph.captured_in_step()
         self.laps.lap()
 
-    def _step(self, kind: str, microbatch: int, chunk: int) -> Step:
-        """The step an instruction event names: a pass, or (kind ``fused``, with the forward's ids) a pair."""
-        instruction = Instruction(self.context.pipeline_rank, chunk, microbatch, kind)
-        if kind != FUSED:
-            return instruction
-        return self._fused_steps[instruction._replace(kind="forward")]
-
     @host_timed
     def on_instruction_begin(self, kind: str, microbatch: int, chunk: int) -> None:
-        """Mark the instruction's boundary and, when a plan runs, ask for its clock at that boundary.
-
-        The clocks of phases inside it go to the phase switcher, anchored to the same boundary marker.
-        """
-        instruction = self._step(kind, microbatch, chunk)
-        # kernel ranges cover single passes only: the kernel optimiser plans no combined 1F1B steps
-        if (
-            self.kernel_timeline is not None
-            and self.kernel_timeline.recording
-            and isinstance(instruction, Instruction)
-        ):
-            self.kernel_timeline.instruction_begin(instruction)
-        boundary = self.timer.begin(instruction)
-        if self.runner is not None:
-            clock = self.runner.clock_at(instruction)
-            if clock is not None:
-                self.controller.request(clock, boundary)
-            if self.state.phase_switcher is not None and self.config.phase_switching != "off":
-                requests = self.runner.inside_requests(instruction)
-                if requests:
-                    self.state.phase_switcher.begin(instruction, boundary, requests)
+        """Mark the instruction's boundary, and request the plan's clocks there (``instruction_events``)."""
+        self.instructions.instruction_begin(kind, microbatch, chunk)
 
     @host_timed
     def on_instruction_end(self, kind: str, microbatch: int, chunk: int) -> None:
         """Mark the instruction's end (the phase switcher drops its requests the GPU passes it by)."""
-        instruction = self._step(kind, microbatch, chunk)
-        marker = self.timer.end(instruction)
-        self.power_cap.instruction_end(instruction)
-        if self.state.phase_switcher is not None:
-            self.state.phase_switcher.end(instruction, marker)
-        if (
-            self.kernel_timeline is not None
-            and self.kernel_timeline.recording
-            and isinstance(instruction, Instruction)
-        ):
-            self.kernel_timeline.instruction_end(instruction)
+        self.instructions.instruction_end(kind, microbatch, chunk)
 
     @host_timed
     def on_outside_begin(self, name: str) -> None:
         """Mark an outside phase's start and, when a plan runs, request the clocks planned at its hook."""
-        boundary = self.timer.phase_begin(name)
-        if self.runner is not None:
-            for clock in self.runner.outside_clocks(name):
-                self.controller.request(clock, boundary)
+        self.instructions.outside_begin(name)
 
     @host_timed
     def on_outside_end(self, name: str) -> None:
         """Mark an outside phase's end (a simulated GPU runs its emulated work); request a planned restore."""
-        self.timer.phase_end(name)
-        if self.runner is not None:
-            for clock in self.runner.outside_clocks(name, end=True):
-                self.controller.request(clock)
+        self.instructions.outside_end(name)
 
     def on_p2p_begin(self, op: str) -> None:
         """Pipeline communication needs no action: it is part of the waiting time between instructions."""
@@ -351,29 +291,13 @@ class EnergySession:
         """Seal the step (:meth:`_seal_step`, host-timed), then close its host-time count."""
         run_phase = self.phase != SessionPhase.PROFILING
         self._seal_step(step)
-        self._check_phase_switcher()
+        self.instructions.check_switcher(replaying=self.graph.replaying)
         self.host_cost.end_step(run_phase)
 
     def _adopted(self, plan: Plan) -> None:
         """Every rank runs the plan: the run guard starts, and the log gives modelled changes its band."""
         self.energy_logger.plan_band = run_band(plan, 0.0)
         self.run_guard.start(plan)
-
-    def _check_phase_switcher(self) -> None:
-        """Turn phase switching off, with a log line, if an error stopped it; the instruction clocks go on."""
-        switcher = self.state.phase_switcher
-        problem = None if switcher is None else switcher.take_error()
-        if switcher is None or problem is None:
-            return
-        switcher.close()
-        self.state.phase_switcher = None
-        if self.graph.replaying:  # every clock of a replayed step went through the switcher
-            self.controller.request(RESET)
-        clocks = "stock clocks" if self.graph.replaying else "the instruction clocks"
-        logger.info(
-            f"[energy] rank {self.context.global_rank}: phase switching turned off "
-            f"({type(problem).__name__}: {problem}); training continues at {clocks}"
-        )
 
     @host_timed
     def _seal_step(self, step: int) -> None:
@@ -421,54 +345,26 @@ class EnergySession:
             logger.info(cost.line(self.context.global_rank))
 
     def _finish(self, sealed: SealedStep, timing: StepTiming) -> None:
-        """One step's figures: the profile or the run-phase policies, then the energy log.
-
-        A profiling step's span is the replica's: the maximum of the stages' spans, one fixed-size max over
-        the pipeline group (a real GPU's timer knows its own stage only; the run phase leaves this to the
-        straggler exchange every K steps).
-        """
+        """One step's figures: the profile (``profiling.profile_steps``) or the run policies, then the log."""
         if sealed.phase == SessionPhase.PROFILING:
-            (span_s,) = self.comms.start_all_reduce([timing.intrinsic_s], "max", "pipeline").wait()
-            timing = dataclasses.replace(timing, intrinsic_s=span_s)
+            timing = self.profile_steps.replica_timing(timing)
         figures = sealed.figures(timing)
         self.history.append(figures)
         self.graph.timed(timing)
         if sealed.phase == SessionPhase.PROFILING:
-            self.collector.add_step(figures)
-            if not self._stock_decided and self.collector.stock_begun == self.collector.stock_iters:
-                self._stock_decided = True  # at the pilot's end, before another step begins
-                period_s = 0.0 if figures.exact else self.spec.energy_counter_period_s
-                agree_stock_steps(self.collector, self.comms, period_s)
+            self.profile_steps.add(figures)
             if self.collector.done:
                 drop_partial_profile(JobFiles(self.cache.folder), self.context.global_rank)
-                self._check_power_cap(sealed.step)
+                check = self.profile_steps.check_power_cap()
+                if check is not None:  # rank 0 appends its record to --energy-log-file
+                    record = PowerCapRecord(sealed.step + 1, check, self.cache.fingerprint)
+                    self.energy_logger.write_record(record)
                 self.planning.begin(sealed.step)
         elif sealed.phase != SessionPhase.PLANNING:  # while planning, at stock clocks: nothing to police
             self.run_guard.after_step(sealed.step, figures, sealed.phase)
         self.energy_logger.add(
             sealed.step, self._label(sealed.phase), figures, sealed.predicted_j, sealed.baseline
         )
-
-    def _check_power_cap(self, step: int) -> None:
-        """At profiling's end: the power-cap check (``runtime.profiling.power_cap_check``) on rank 0.
-
-        The planning replica's samples go to rank 0 in one gather over its pipeline (no other rank takes
-        part). Rank 0 says once where the check could not be made, and, when some instruction was read held
-        at the power cap, prints the check's line and appends its record to ``--energy-log-file``.
-        """
-        samples = self.power_cap.summary(
-            self.collector.rows, self.spec, self.context.global_rank, self.context.compute_mixes(self.spec)
-        )
-        gathered = gather_replica(self.comms, samples)
-        if gathered is None:
-            return
-        unavailable = unavailable_line(gathered)
-        if unavailable is not None:
-            logger.info(unavailable)
-        check = power_cap_check(gathered, self.spec.name, self.power_cap.stock_clock_mhz, self.timer.source)
-        if check is not None:
-            logger.info(check_line(check))
-            self.energy_logger.write_record(PowerCapRecord(step + 1, check, self.cache.fingerprint))
 
     def _flush(self, why: str = "last") -> None:
         """At close (or suspension): the step the timer still holds joins the history and the log window.
@@ -506,11 +402,7 @@ class EnergySession:
         if self.kernel_timeline is not None:
             self.kernel_timeline.close()  # waits for a trace still being written
             self._log_recorded_step()
-        if self.state.phase_switcher is not None:
-            self.state.phase_switcher.close()
-            counts = self.state.phase_switcher.counts
-            if counts.scheduled:
-                logger.info(f"[energy] rank {self.context.global_rank}: {counts.summary()}")
+        self.instructions.close_switcher()
         self.controller.close()
         if self.guard is not None:
             self.guard.close()
@@ -526,18 +418,8 @@ class EnergySession:
             close_while_profiling(
                 self.collector, JobFiles(self.cache.folder), self.context.global_rank, self.profile_source
             )
-        measured_s = self.baseline.iteration_s if self.timer.source == "measured" else None  # no host/model
-        host_line = self.host_cost.summary(self.context.global_rank, measured_s)
-        if host_line is not None:
-            logger.info(host_line)
-        if self.context.global_rank == 0 and self.plan is not None:
-            try:
-                comparison = compare_stock(self.plan, self.baseline)
-            except (ValueError, ZeroDivisionError) as problem:  # a closing line never fails the job
-                logger.info(f"[energy] {TITLE}: not computed ({problem})")
-                return
-            if comparison is not None:
-                logger.info(comparison_line(comparison))
+        measured = self.timer.source == "measured"
+        log_closing_lines(self.context.global_rank, self.host_cost, self.plan, self.baseline, measured)
 
     def suspend(self) -> None:
         """Stand aside from the next step on (``energy_log.overhead_check``): stock clocks, held step read.
