@@ -1,4 +1,4 @@
-"""The power log's work at an interval's end runs on the sampler's thread; the training thread only notes ends."""
+"""The power log's interval work runs on the sampler's thread; the training thread only notes ends."""
 
 from __future__ import annotations
 
