@@ -2,11 +2,14 @@
 
 :class:`PowerSampler` reads a :class:`~megatron_energy.dvfs.power_reader.PowerReader` (averaged power,
 instant-power field, SM clock; read-only) every ``period_s`` and keeps the readings in a bounded ring
-(:data:`RING_SECONDS` of them), from which :meth:`PowerSampler.samples` copies a span. Beside the training
-thread it costs little: between reads it sleeps (``threading.Event.wait``, no GIL held), each read is three
-NVML calls that release the GIL, and it holds the GIL only to store four numbers. It registers as ``power
-sampler`` with :mod:`~megatron_energy.plugin_threads`, so its CPU time is counted with the plugin's other
-threads (``runtime.energy_log.host_cost``).
+(:data:`RING_SECONDS` of them, preallocated), from which :meth:`PowerSampler.samples` copies a span. Beside
+the training thread it costs little: between reads it sleeps (``threading.Event.wait``, no GIL held), each
+read is two NVML calls that release the GIL (their CPU time, in the driver, is most of the thread's: the
+Python around them is ~4 µs a read), and it holds the GIL only to store four numbers. Work handed to it
+(:meth:`PowerSampler.run_beside`: the power log's interval figures) runs after a read, one piece per read,
+so the training thread does none of it. It registers as ``power sampler`` with
+:mod:`~megatron_energy.plugin_threads`, so its CPU time is counted with the plugin's other threads
+(``runtime.energy_log.host_cost``).
 
 The period should not be much shorter than the instant field's refresh (about 100 ms on an H100, measured):
 the default :data:`DEFAULT_PERIOD_S` reads each refresh about twice. Its time stamps come from the same clock

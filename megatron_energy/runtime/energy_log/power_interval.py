@@ -4,7 +4,8 @@ The readings (``dvfs.power_sampler.PowerSamples``) are a step function, each hel
 interval, :func:`interval_power` gives the mean of NVML's averaged power, the instant power's mean, minimum
 and maximum, and the SM clock's median and minimum; over each iteration of the interval (its ends as the
 session saw them on the host) the swing figures of ``power_swing.swing_figures`` on the instant power: peak
-to trough, the largest ramps and the share of fluctuation energy in the grid's band.
+to trough, the largest ramps and the share of fluctuation energy in the grid's band, computed for all the
+iterations in one vectorised pass (``runtime.energy_log.iteration_swings``).
 
 **What the sampling resolves.** Peak, trough and swing are read at the readings' own spacing
 (``resolution_s``: the median time between readings, at least the period asked for), so a trough one reading

@@ -2,16 +2,19 @@
 
 The rank's :class:`~megatron_energy.dvfs.power_sampler.PowerSampler` reads its GPU on a thread of its own;
 the session tells the power log where each iteration ends (:meth:`PowerLog.step_end`, on the host, at the
-step's end hook, stamped with the sampler's clock). At each log interval's last iteration the log takes the
-interval's readings from the sampler's ring and makes its figures
-(``runtime.energy_log.power_interval.interval_power``): rank 0 appends the
-:class:`~megatron_energy.runtime.energy_log.power_record.PowerRecord` to ``--energy-log-file``, a rank with
-metric writers writes its scalars, and with ``--energy-power-trace`` every rank appends its readings and
-iteration ends to its own trace file (``runtime.energy_log.power_trace_file``). Nothing here is a
-collective; the figures are the rank's own GPU's, of a fixed size whatever the job's. The work at an
-interval's end (a copy of the ring's span, a few small FFTs) runs on the training thread, inside the session's
-timed hook; so does one reading when the thread took none in the interval (a simulated GPU's virtual time can
-run far ahead of the wall clock the thread sleeps on), so every interval has one.
+step's end hook, stamped with the sampler's clock). That is all the training thread does, O(1) a step: at a
+log interval's last iteration it hands the interval (its start, its iteration ends) to the sampler's thread
+(:meth:`~megatron_energy.dvfs.power_sampler.PowerSampler.run_beside`), which after its next read takes the
+interval's readings from its ring, makes the figures (``runtime.energy_log.power_interval.interval_power``,
+one vectorised pass) and, with ``--energy-power-trace``, appends the readings and iteration ends to the
+rank's own trace file (``runtime.energy_log.power_trace_file``; the file is the power log's alone). At a
+later step end the training thread writes what the thread finished, in iteration order: rank 0 appends the
+:class:`~megatron_energy.runtime.energy_log.power_record.PowerRecord` to ``--energy-log-file`` (the energy
+logger's writer), a rank with metric writers writes its scalars. At :meth:`PowerLog.close` the intervals
+still pending are finished within :data:`CLOSE_BUDGET_S`; any left are named. Nothing here is a collective;
+the figures are the rank's own GPU's, of a fixed size whatever the job's. The training thread takes one
+reading itself only when the sampler took none in the interval (a simulated GPU's virtual time can run far
+ahead of the wall clock the thread sleeps on), so every interval has one.
 """
 
 from __future__ import annotations
