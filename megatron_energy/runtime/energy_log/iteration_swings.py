@@ -99,13 +99,13 @@ def iteration_swings(
         return []
     ended = np.array([end for _, end in ends], float)
     began = np.concatenate(([start_s], ended[:-1]))
-    starts = np.where(samples.time_s[0] <= began, began, samples.time_s[0])
+    held = _HeldEnergy(samples, float(ended.max()))
+    starts = held.held_start(began)
     durations = ended - starts
     kept = (ended > began) & (samples.time_s[0] < ended) & ~(durations < MIN_BINS * band_resolution_s)
     if not kept.any():
         return []
     ended, began, starts, durations = ended[kept], began[kept], starts[kept], durations[kept]
-    held = _HeldEnergy(samples, float(ended.max()))
     means = np.diff(np.interp(np.stack((starts, ended)), held.knots, held.energy), axis=0)[0] / durations
     band_counts = (durations / band_resolution_s + 1e-9).astype(int)
     band_bins, band_first = held.bins(starts, band_counts, band_resolution_s)
