@@ -17,6 +17,7 @@ from megatron_energy.dvfs.power_sampler import PowerSampler, PowerSamples
 from megatron_energy.energy_dir import JobFiles
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
 from megatron_energy.runtime.context import JobContext
+from megatron_energy.runtime.energy_log import power_trace_file
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, append_record, read_records
 from megatron_energy.runtime.energy_log.power_interval import interval_power
 from megatron_energy.runtime.energy_log.power_log import PowerLog, open_power_log
@@ -127,6 +128,17 @@ def test_a_trace_written_in_two_appends_reads_back_to_the_same_figures(tmp_path,
     assert np.array_equal(trace.samples.instant_w, samples.instant_w)
     assert (trace.samples.source, trace.samples.refresh_s, trace.samples.period_s) == ("measured", 0.1, 0.05)
     assert interval_power(trace.samples, 0.0, list(trace.ends)) == interval_power(samples, 0.0, ENDS)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_trace_written_in_chunks_has_one_header_and_every_row(tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(power_trace_file, "CHUNK_ROWS", 7)
+    samples = square_wave()
+    path = tmp_path / f"trace.{fmt}"
+    PowerTraceWriter(path, fmt, rank=0, gpu=0).append(samples, ENDS)
+    trace = read_power_trace(path)
+    assert np.array_equal(trace.samples.time_s, samples.time_s) and trace.ends == tuple(ENDS)
+    assert path.read_text().count("power trace" if fmt == "jsonl" else "time_s") == 1
 
 
 def test_a_file_that_is_not_a_trace_is_refused_with_its_name(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from megatron_energy.dvfs.backends import open_gpus
 from megatron_energy.dvfs.model import WorkProfile
 from megatron_energy.dvfs.power_reader import (
+    AVERAGE_POWER_FIELD,
     AVERAGE_WINDOW_S,
     INSTANT_FIELD_REFRESH_S,
     INSTANT_POWER_FIELD,
@@ -63,10 +64,15 @@ def test_a_reading_at_the_same_virtual_time_replaces_the_last_one(handle):
 
 @dataclass
 class FakeNvml:
-    """NVML at its boundary: averaged 400 W, a field answer set by the test, SM clock 1980 MHz."""
+    """NVML at its boundary: averaged 400 W, field answers set by the test, SM clock 1980 MHz.
+
+    Field 185 (the averaged power) is unsupported unless ``average_answer`` says otherwise (as on a GA100).
+    """
 
     field_answer: object = None
+    average_answer: object = None
     calls: list[str] = field(default_factory=list)
+    asked: list[list[int]] = field(default_factory=list)
     NVML_CLOCK_SM: int = 1
 
     def nvmlDeviceGetPowerUsage(self, handle):  # noqa: N802
@@ -78,10 +84,14 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle, field_ids):  # noqa: N802
         self.calls.append("field")
-        assert field_ids == [INSTANT_POWER_FIELD]
+        self.asked.append(list(field_ids))
         if isinstance(self.field_answer, Exception):
             raise self.field_answer
-        return [self.field_answer]
+        answers = {
+            AVERAGE_POWER_FIELD: self.average_answer or field_value(0, status=3),
+            INSTANT_POWER_FIELD: self.field_answer,
+        }
+        return [answers[field_id] for field_id in field_ids]
 
 
 def field_value(value: int, value_type: int = 1, status: int = 0) -> SimpleNamespace:
@@ -114,6 +124,27 @@ def test_an_unsupported_instant_field_falls_back_to_the_averaged_power_once_with
     assert reader.instant_source == "averaged power (instant field unsupported)"
     assert reader.refresh_s == AVERAGE_WINDOW_S
     assert nvml.calls.count("field") == 1  # not asked again
+
+
+def test_a_gpu_with_the_averaged_power_field_reads_both_powers_in_one_call():
+    nvml = FakeNvml(field_value(612_500), average_answer=field_value(455_000))
+    reader = PowerReader(nvml, handle=object())
+    first, second = reader.read(), reader.read()
+    assert first == second and (first.average_w, first.instant_w) == (455.0, 612.5)
+    assert nvml.calls == [
+        "field",
+        "field",
+    ]  # no nvmlDeviceGetPowerUsage: two NVML calls a read, with the clock
+    assert nvml.asked == [[AVERAGE_POWER_FIELD, INSTANT_POWER_FIELD]] * 2
+
+
+def test_without_the_averaged_power_field_the_power_usage_call_stands_in_from_the_first_read_on():
+    nvml = FakeNvml(field_value(612_500))
+    reader = PowerReader(nvml, handle=object())
+    first, second = reader.read(), reader.read()
+    assert first == second and (first.average_w, first.instant_w) == (400.0, 612.5)
+    assert nvml.asked == [[AVERAGE_POWER_FIELD, INSTANT_POWER_FIELD], [INSTANT_POWER_FIELD]]
+    assert nvml.calls.count("power") == 2 and reader.instant_note == ""
 
 
 class HandlelessGpus:

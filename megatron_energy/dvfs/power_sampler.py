@@ -2,11 +2,14 @@
 
 :class:`PowerSampler` reads a :class:`~megatron_energy.dvfs.power_reader.PowerReader` (averaged power,
 instant-power field, SM clock; read-only) every ``period_s`` and keeps the readings in a bounded ring
-(:data:`RING_SECONDS` of them), from which :meth:`PowerSampler.samples` copies a span. Beside the training
-thread it costs little: between reads it sleeps (``threading.Event.wait``, no GIL held), each read is three
-NVML calls that release the GIL, and it holds the GIL only to store four numbers. It registers as ``power
-sampler`` with :mod:`~megatron_energy.plugin_threads`, so its CPU time is counted with the plugin's other
-threads (``runtime.energy_log.host_cost``).
+(:data:`RING_SECONDS` of them, preallocated), from which :meth:`PowerSampler.samples` copies a span. Beside
+the training thread it costs little: between reads it sleeps (``threading.Event.wait``, no GIL held), each
+read is two NVML calls that release the GIL (their CPU time, in the driver, is most of the thread's: the
+Python around them is ~4 µs a read), and it holds the GIL only to store four numbers. Work handed to it
+(:meth:`PowerSampler.run_beside`: the power log's interval figures) runs after a read, one piece per read,
+so the training thread does none of it. It registers as ``power sampler`` with
+:mod:`~megatron_energy.plugin_threads`, so its CPU time is counted with the plugin's other threads
+(``runtime.energy_log.host_cost``).
 
 The period should not be much shorter than the instant field's refresh (about 100 ms on an H100, measured):
 the default :data:`DEFAULT_PERIOD_S` reads each refresh about twice. Its time stamps come from the same clock
@@ -18,8 +21,10 @@ says why; the readings so far stay.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -32,6 +37,8 @@ from megatron_energy.plugin_threads import register_current_thread
 
 if TYPE_CHECKING:
     from megatron_energy.dvfs.backends import GpuHandle
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PERIOD_S = 0.05
 """Seconds between reads: about two reads per refresh of the instant field (~100 ms on an H100)."""
@@ -116,6 +123,8 @@ class PowerSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beside: deque[Callable[[], None]] = deque()
+        """Work handed to the thread (:meth:`run_beside`), oldest first."""
 
     @classmethod
     def from_handle(cls, handle: GpuHandle, index: int, period_s: float = DEFAULT_PERIOD_S) -> PowerSampler:
@@ -136,10 +145,29 @@ class PowerSampler:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread and wait for it (the readings stay)."""
+        """Stop the thread and wait for it (the readings stay); work handed to it and not run is dropped."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self._beside.clear()
+
+    def run_beside(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the sampler's thread after one of its next reads (in the order handed over).
+
+        Where the thread does not run (not started, closed, or stopped on an NVML error), ``job`` runs here,
+        at once, after any work handed over before it. A job that raises is reported; the thread reads on.
+        """
+        if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+            self._beside.append(job)
+            return
+        self._beside.append(job)
+        while self._beside:
+            self._run_job(self._beside.popleft())
+
+    def newest_s(self) -> float | None:
+        """When the newest reading was taken (the sampler's clock), or ``None`` before the first."""
+        with self._lock:
+            return float(self._ring[(self._written - 1) % len(self._ring), 0]) if self._written else None
 
     def read_once(self) -> None:
         """Take one reading into the ring (the thread's step; tests call it directly).
@@ -192,8 +220,18 @@ class PowerSampler:
             except Exception as problem:  # an NVML error: stop reading, keep what was read
                 self.error = f"power sampling stopped: {type(problem).__name__}: {problem}"
                 return
+            if self._beside:  # one piece of handed-over work per read: no long hold of the GIL
+                self._run_job(self._beside.popleft())
             due += self.period_s
             now = time.monotonic()
             if due < now:  # a read ran late: skip the missed reads rather than catch up in a burst
                 due = now + self.period_s
             self._stop.wait(due - now)
+
+    @staticmethod
+    def _run_job(job: Callable[[], None]) -> None:
+        """Run one piece of handed-over work; one that raises is reported, never into the caller."""
+        try:
+            job()
+        except Exception:
+            logger.exception("[energy] work handed to the power sampler's thread failed")

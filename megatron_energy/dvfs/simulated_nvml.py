@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from megatron_energy.dvfs.power_reader import INSTANT_POWER_FIELD
+from megatron_energy.dvfs.power_reader import AVERAGE_POWER_FIELD, INSTANT_POWER_FIELD
 
 NVML_CLOCK_SM = 1
 """NVML's ``NVML_CLOCK_SM`` clock type (the only one modelled)."""
@@ -103,12 +103,16 @@ class SimulatedNvml:
         return round(self._gpus.average_power_w(handle) * 1000)
 
     def nvmlDeviceGetFieldValues(self, handle: int, field_ids: list[int]) -> list[FieldValue]:  # noqa: N802
-        """Each field's value: instant power (field 186) in mW; ``NVML_ERROR_NOT_SUPPORTED`` for others."""
+        """Each field's value in mW: the instant power (186), the averaged one (185); others unsupported."""
         state = self._gpus.state(handle)
         stamp = round(state.virtual_time_s * 1e6)
+        modelled = {
+            INSTANT_POWER_FIELD: state.power_w,
+            AVERAGE_POWER_FIELD: self._gpus.average_power_w(handle),
+        }
         return [
-            FieldValue(field_id, stamp, value=FieldUnion(round(state.power_w * 1000)))
-            if field_id == INSTANT_POWER_FIELD
+            FieldValue(field_id, stamp, value=FieldUnion(round(modelled[field_id] * 1000)))
+            if field_id in modelled
             else FieldValue(field_id, stamp, nvmlReturn=NVML_ERROR_NOT_SUPPORTED)
             for field_id in field_ids
         ]

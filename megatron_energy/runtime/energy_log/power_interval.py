@@ -4,7 +4,8 @@ The readings (``dvfs.power_sampler.PowerSamples``) are a step function, each hel
 interval, :func:`interval_power` gives the mean of NVML's averaged power, the instant power's mean, minimum
 and maximum, and the SM clock's median and minimum; over each iteration of the interval (its ends as the
 session saw them on the host) the swing figures of ``power_swing.swing_figures`` on the instant power: peak
-to trough, the largest ramps and the share of fluctuation energy in the grid's band.
+to trough, the largest ramps and the share of fluctuation energy in the grid's band, computed for all the
+iterations in one vectorised pass (``runtime.energy_log.iteration_swings``).
 
 **What the sampling resolves.** Peak, trough and swing are read at the readings' own spacing
 (``resolution_s``: the median time between readings, at least the period asked for), so a trough one reading
@@ -25,36 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from megatron_energy.dvfs.power_sampler import PowerSamples
-from megatron_energy.power_swing import GRID_BAND_HZ, PowerTrace, swing_figures
-
-MIN_BINS = 2
-"""An iteration needs at least this many bins of the resolution for its swing figures."""
-
-
-@dataclass(frozen=True)
-class IterationSwing:
-    """One iteration's instant power, read at the interval's resolution (its source is the interval's)."""
-
-    iteration: int
-    """The iteration, 1-based as in Megatron's log."""
-    duration_s: float
-    """From the previous iteration's end to its own, as the host saw them."""
-    mean_w: float
-    """Its mean instant power."""
-    peak_w: float
-    """The highest bin."""
-    trough_w: float
-    """The lowest bin."""
-    swing_w: float
-    """``peak_w - trough_w``."""
-    ramp_up_w_per_s: float
-    """The largest rise between adjacent bins of the band's resolution, per second, from the bin before the
-    iteration's start (the change into it is its own)."""
-    ramp_down_w_per_s: float
-    """The largest fall between adjacent bins of the band's resolution, per second (positive)."""
-    band_share: float
-    """The share of its fluctuation energy inside the interval's resolvable band (``band_hz`` there), from
-    ``1 / duration_s`` up where that is above the band's low end (one iteration holds no slower wave)."""
+from megatron_energy.power_swing import GRID_BAND_HZ, PowerTrace
+from megatron_energy.runtime.energy_log.iteration_swings import MIN_BINS, IterationSwing, iteration_swings
 
 
 @dataclass(frozen=True)
@@ -137,13 +110,7 @@ def interval_power(
     notes = []
     if samples.overwritten:
         notes.append(f"the ring had dropped older readings: figures from {trace.edges_s[0]:.3f} s on")
-    swings = []
-    previous_s = start_s
-    for iteration, ended_s in ends:
-        swing = _iteration_swing(samples, iteration, (previous_s, ended_s), resolution_s, band_resolution_s)
-        if swing is not None:
-            swings.append(swing)
-        previous_s = ended_s
+    swings = iteration_swings(samples, start_s, ends, resolution_s, band_resolution_s)
     if len(swings) < len(ends):
         notes.append(
             f"{len(ends) - len(swings)} iteration(s) without swing figures (shorter than {MIN_BINS} "
@@ -165,35 +132,4 @@ def interval_power(
         sm_clock_min_mhz=float(clock.min()),
         iterations=tuple(swings),
         note="; ".join(notes),
-    )
-
-
-def _iteration_swing(
-    samples: PowerSamples,
-    iteration: int,
-    span_s: tuple[float, float],
-    resolution_s: float,
-    band_resolution_s: float,
-) -> IterationSwing | None:
-    """One iteration's swing figures, or ``None`` when it is shorter than ``MIN_BINS`` bins or unread."""
-    start_s, end_s = span_s
-    trace = held_trace(samples, samples.instant_w, start_s, end_s)
-    if trace is None or trace.duration_s < MIN_BINS * band_resolution_s:
-        return None
-    band_hz = (max(GRID_BAND_HZ[0], 1.0 / trace.duration_s), min(GRID_BAND_HZ[1], 0.5 / band_resolution_s))
-    band = swing_figures(trace, band_resolution_s, band_hz=band_hz)
-    levels = band if resolution_s == band_resolution_s else swing_figures(trace, resolution_s)
-    # ramps from one bin before the start: the change into the iteration (a step boundary's) is its own
-    ramps = held_trace(samples, samples.instant_w, start_s - band_resolution_s, end_s) or trace
-    changes = swing_figures(ramps, band_resolution_s)
-    return IterationSwing(
-        iteration=iteration,
-        duration_s=trace.duration_s,
-        mean_w=trace.mean_w,
-        peak_w=levels.peak_w,
-        trough_w=levels.trough_w,
-        swing_w=levels.swing_w,
-        ramp_up_w_per_s=changes.ramp_up_w_per_s,
-        ramp_down_w_per_s=changes.ramp_down_w_per_s,
-        band_share=band.band_share,
     )

@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval, IterationSwing
+from megatron_energy.runtime.energy_log.iteration_swings import IterationSwing
+from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval
 
 RECORD = "power"
 """The ``"record"`` value of the record's line."""

@@ -2,7 +2,8 @@
 
 Each rank with ``--energy-power-trace jsonl|csv`` appends its GPU's readings
 (``dvfs.power_sampler``) and the host's iteration ends to ``<energy-dir>/<job>/power_trace.rank<r>.<ext>``
-(``energy_dir.JobFiles.power_trace``) at each log interval and at the end of the run. Times are the
+(``energy_dir.JobFiles.power_trace``) at each log interval (on the sampler's thread, in chunks of
+:data:`CHUNK_ROWS` rows with the GIL let go between them) and at the end of the run. Times are the
 sampler's clock in seconds (``time.monotonic`` on a GPU, which every process of the machine shares; virtual
 time on a simulated GPU). Rows are of two kinds: a reading (``average_w``, ``instant_w``,
 ``sm_clock_mhz``) and an iteration's end (``iteration_end``, 1-based). JSON lines begin with a header
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TextIO
@@ -33,6 +35,9 @@ READING_COLUMNS = ("time_s", "average_w", "instant_w", "sm_clock_mhz")
 CSV_COLUMNS = (*READING_COLUMNS, "iteration_end", "source", "instant_source", "period_s", "refresh_s")
 """A CSV trace's columns (a reading leaves ``iteration_end`` empty, an iteration's end the powers)."""
 Row = tuple[float, dict[str, float | int]]
+CHUNK_ROWS = 250
+"""Rows formatted and written at a time (about 1.5 ms of Python): the sampler's thread, which appends the
+trace, lets go of the GIL between chunks."""
 
 
 @dataclass(frozen=True)
@@ -70,15 +75,10 @@ class PowerTraceWriter:
             OSError: The file cannot be written.
         """
         fresh = samples.time_s > self._last_s
+        columns = (samples.time_s, samples.average_w, samples.instant_w, samples.sm_clock_mhz)
         rows: list[Row] = [
-            (float(t), {"average_w": float(a), "instant_w": float(i), "sm_clock_mhz": float(c)})
-            for t, a, i, c in zip(
-                samples.time_s[fresh],
-                samples.average_w[fresh],
-                samples.instant_w[fresh],
-                samples.sm_clock_mhz[fresh],
-                strict=True,
-            )
+            (t, {"average_w": a, "instant_w": i, "sm_clock_mhz": c})
+            for t, a, i, c in zip(*(column[fresh].tolist() for column in columns), strict=True)
         ]
         rows += [(time_s, {"iteration_end": iteration}) for iteration, time_s in ends]
         rows.sort(key=lambda row: row[0])
@@ -86,11 +86,15 @@ class PowerTraceWriter:
             self._last_s = float(samples.time_s[fresh][-1])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8", newline="") as handle:
-            if self.fmt == "jsonl":
-                self._jsonl(handle, samples, rows)
-            else:
-                self._csv(handle, samples, rows)
-        self._started = True
+            for first in range(0, max(len(rows), 1), CHUNK_ROWS):
+                if first:
+                    time.sleep(0)  # between chunks a waiting thread (the training thread) takes the GIL
+                chunk = rows[first : first + CHUNK_ROWS]
+                if self.fmt == "jsonl":
+                    self._jsonl(handle, samples, chunk)
+                else:
+                    self._csv(handle, samples, chunk)
+                self._started = True
 
     def _jsonl(self, handle: TextIO, samples: PowerSamples, rows: list[Row]) -> None:
         lines = []
