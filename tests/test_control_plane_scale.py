@@ -174,7 +174,7 @@ def test_per_exchange_of_the_energy_line_the_bytes_per_rank_do_not_grow_with_the
 def test_the_planning_replica_alone_sends_its_profile_and_the_plan_comes_down_the_groups(runs, shape):
     collectives = _session_collectives(runs[shape])
     gathers = [record for record in collectives if record.kind in ("gather", "all_gather")]
-    for origin in ("replica_profile", "session"):  # the profile; the power-cap check's reads
+    for origin in ("replica_profile", "profile_steps"):  # the profile; the power-cap check's reads
         mine = [record for record in gathers if record.origin == origin]
         assert {record.group for record in mine} == {"pipeline"}, origin
         assert sorted(record.stage for record in mine) == list(range(shape.pipeline)), origin  # once a stage
