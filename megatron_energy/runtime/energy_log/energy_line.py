@@ -240,6 +240,11 @@ class EnergyRecord:
     """When the record was written (ISO 8601, UTC, seconds); empty in records of older runs."""
 
 
+def written_time(time_utc: str) -> str:
+    """A record's ``time_utc``: as given, or (empty) now, ISO 8601 in UTC to the second."""
+    return time_utc or datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def append_record(path: Path, record: EnergyRecord) -> None:
     """Append ``record`` to the JSON-lines file ``path`` (created with its folder if missing) as strict JSON.
 
@@ -250,7 +255,7 @@ def append_record(path: Path, record: EnergyRecord) -> None:
     data["scalars"] = {
         name: value if math.isfinite(value) else None for name, value in record.scalars.items()
     }
-    data["time_utc"] = record.time_utc or datetime.now(UTC).isoformat(timespec="seconds")
+    data["time_utc"] = written_time(record.time_utc)
     append_json_line(path, data)
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.runtime.energy_log.energy_line import written_time
 from megatron_energy.runtime.profiling.power_cap_check import KindCheck, PowerCapCheck
 
 RECORD = "power-cap check"
@@ -46,7 +46,7 @@ class PowerCapRecord:
             "iteration": self.iteration,
             **asdict(self.check),
             "job": self.job,
-            "time_utc": self.time_utc or datetime.now(UTC).isoformat(timespec="seconds"),
+            "time_utc": written_time(self.time_utc),
         }
 
     @classmethod

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from megatron_energy.runtime.energy_log.energy_line import written_time
 from megatron_energy.runtime.energy_log.iteration_swings import IterationSwing
 from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval
 
@@ -58,7 +58,7 @@ class PowerRecord:
         return {
             "record": RECORD,
             **asdict(self),
-            "time_utc": self.time_utc or datetime.now(UTC).isoformat(timespec="seconds"),
+            "time_utc": written_time(self.time_utc),
         }
 
     @classmethod

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from megatron_energy.runtime.energy_log.energy_line import JobInterval, StockSamples
+from megatron_energy.runtime.energy_log.energy_line import JobInterval, StockSamples, written_time
 from megatron_energy.runtime.energy_log.log_window import block_size
 from megatron_energy.stats import RelativeChange, Source, baseline_drift, block_means, mean_interval
 
@@ -139,7 +138,7 @@ class RunTotals:
     def to_json(self) -> dict[str, Any]:
         """The record's line as a JSON object (the time of writing filled in)."""
         data = asdict(self)
-        data["time_utc"] = self.time_utc or datetime.now(UTC).isoformat(timespec="seconds")
+        data["time_utc"] = written_time(self.time_utc)
         return {"record": RECORD, **data}
 
     @classmethod
