@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from megatron_energy.cli import main
+from megatron_energy.commands import estimate as estimate_command
 from megatron_energy.commands.megatron_command_line import (
     MegatronCommandLineError,
     NodeLayout,
@@ -161,6 +162,10 @@ def _estimate(capfd: pytest.CaptureFixture[str], *options: str) -> tuple[int, st
         (("--gpu-spec", "h100-sxm", "--", *BASE.split()), "give --gpus N"),
         (("--gpu-spec", "h100-sxm", "--gpus", "8"), "no Megatron arguments"),
         (("--gpu-spec", "tpu-v9", "--gpus", "8", "--", *BASE.split()), "tpu-v9"),
+        (
+            ("--gpu-spec", "h100-sxm", "--gpus", "8", "--switch-evaluations", "0", "--", *BASE.split()),
+            "--switch-evaluations",
+        ),
     ],
 )
 def test_command_line_mistakes_get_one_line_naming_the_fix(
@@ -197,3 +202,19 @@ def test_estimate_prints_every_mode_and_target_and_its_iso_time_saving_is_plans(
     assert main(["plan", "--config", str(saved), "--points", "6", "--out", str(tmp_path / "plan.json")]) == 0
     (energy_row,) = [line for line in capfd.readouterr().out.splitlines() if "energy per iteration" in line]
     assert f"{perseus.group(1)} (" in energy_row  # plan's saving of the same job, to the printed digit
+
+
+def test_the_search_budgets_given_reach_the_planners(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, int] = {}
+
+    def planned(config, targets, budget, points, progress, switch_evaluations):  # type: ignore[no-untyped-def]
+        seen.update(trials=budget.trials, points=points, switch_evaluations=switch_evaluations)
+        raise ValueError("planned no further")
+
+    monkeypatch.setattr(estimate_command, "estimate_job", planned)
+    budgets = ("--trials", "3", "--points", "7", "--switch-evaluations", "50")
+    status, _, err = _estimate(capfd, "--gpu-spec", "h100-sxm", "--gpus", "4", *budgets, "--", *BASE.split())
+    assert status == 2 and "planned no further" in err
+    assert seen == {"trials": 3, "points": 7, "switch_evaluations": 50}

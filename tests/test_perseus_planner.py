@@ -6,7 +6,7 @@ import pytest
 
 from megatron_energy.commands import plan_command
 from megatron_energy.dvfs.spec import load_gpu_spec
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS, PlanningJob
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser, plan_point
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.dag import PipelineDag
@@ -283,3 +283,21 @@ def test_a_measured_tail_moves_every_point_by_its_time_and_energy():
         assert with_tail.gap == pytest.approx(without.gap, abs=2e-4)
         simulated = Simulator(PipelineDag.build(orders, tail=tail), profile).run(with_tail.clocks)
         assert [stage.tail_energy_j for stage in simulated.stages] == [9.0, 6.0]
+
+
+def test_the_switch_latency_post_pass_searches_as_long_as_the_planning_job_allows(
+    orders: PipelineOrders,
+) -> None:
+    profile = _profile()
+    base = PlanningJob(
+        orders, FINGERPRINT, parse_target("iso-time"), switch_latency_s=0.02, frontier_points=6
+    )
+    plans = {
+        evaluations: PerseusOptimiser().plan(
+            profile, dataclasses.replace(base, switch_evaluations=evaluations)
+        )
+        for evaluations in (1, SWITCH_EVALUATIONS)
+    }
+    short, full = (plans[evaluations].target_point for evaluations in sorted(plans))
+    assert full.iteration_time_s <= plans[1].baseline.iteration_time_s * (1 + 1e-9)
+    assert full.energy_j < short.energy_j

@@ -28,6 +28,7 @@ from megatron_energy.config import positive_int
 from megatron_energy.dvfs.model import GpuPowerModel
 from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
 from megatron_energy.job import JobConfig, JobConfigError
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.plan_outcome import banded_text, change_text
 from megatron_energy.report.console import output_console
@@ -97,6 +98,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"deadlines in Perseus's frontier sweep (default {DEFAULT_POINTS}, plan's)",
     )
     parser.add_argument(
+        "--switch-evaluations",
+        type=positive_int,
+        default=SWITCH_EVALUATIONS,
+        metavar="N",
+        help="latency-aware simulations the switch-latency post-pass may run per point "
+        f"(default {SWITCH_EVALUATIONS}, plan's)",
+    )
+    parser.add_argument(
         "--save-job", type=output_file, metavar="FILE.yaml", help="write the job as a job YAML"
     )
     parser.add_argument("megatron_args", nargs="*", metavar="-- <Megatron arguments>", help=argparse.SUPPRESS)
@@ -154,7 +163,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"estimate: {line} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
 
     try:
-        estimate = estimate_job(config, targets, SearchBudget(trials=args.trials), args.points, progress)
+        estimate = estimate_job(
+            config,
+            targets,
+            SearchBudget(trials=args.trials),
+            args.points,
+            progress,
+            switch_evaluations=args.switch_evaluations,
+        )
     except (ValueError, OSError) as error:
         return fail("estimate", error)
     progress("done")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from megatron_energy.commands.optimiser_comparison import all_optimiser
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.job import JobConfig
-from megatron_energy.optimisers.interface import PlanningJob
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS, PlanningJob
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.memory_clock import choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
@@ -96,6 +96,7 @@ def estimate_job(
     points: int = DEFAULT_POINTS,
     progress: Callable[[str], None] = lambda _: None,
     workers: int | None = None,
+    switch_evaluations: int = SWITCH_EVALUATIONS,
 ) -> JobEstimate:
     """Plan every mode of ``job`` at every target (module docstring).
 
@@ -108,6 +109,8 @@ def estimate_job(
         workers: Processes planning the targets side by side (forked once the shared frontier is swept, so
             each plans as the sequential loop would); the CPUs this process may use, at most one per target,
             when ``None``; 1 plans them in this process.
+        switch_evaluations: Latency-aware simulations the switch-latency post-pass may run per point
+            (``PlanningJob.switch_evaluations``).
 
     Returns:
         The rows.
@@ -116,9 +119,12 @@ def estimate_job(
     profile = job.synthetic_profile(spec)
     planners = PlannerCache()
     progress("the frontier sweep (Perseus, shared by the targets)")
-    planner = PerseusOptimiser(planners).planner(profile, _planning(job, targets[0], points, spec))
+    first = _planning(job, targets[0], points, spec, switch_evaluations)
+    planner = PerseusOptimiser(planners).planner(profile, first)
     planner.min_energy_point  # noqa: B018 (the sweep and the unconstrained solve, before the targets fan out)
-    task = _TargetTask(job, spec, profile, planners, tuple(targets), budget, points, progress)
+    task = _TargetTask(
+        job, spec, profile, planners, tuple(targets), budget, points, switch_evaluations, progress
+    )
     workers = min(len(targets), workers or _usable_cpus())
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         rows = [task(index) for index in range(len(targets))]
@@ -144,13 +150,14 @@ class _TargetTask:
     targets: tuple[EnergyTarget, ...]
     budget: SearchBudget | None
     points: int
+    switch_evaluations: int
     progress: Callable[[str], None]
 
     def __call__(self, index: int) -> list[ModeEstimate]:
         target, profile = self.targets[index], self.profile
         step = f"[{index + 1}/{len(self.targets)}] {target}"
         self.progress(f"{step}: planning {', '.join(ESTIMATE_MODES)}")
-        planning = _planning(self.job, target, self.points, self.spec)
+        planning = _planning(self.job, target, self.points, self.spec, self.switch_evaluations)
         both, alone = all_optimiser(self.budget, self.planners).plan_with_parts(profile, planning)
         plans = {**alone, "all": both}
         self.progress(f"{step}: memory clocks and saving bands")
@@ -182,6 +189,9 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _planning(job: JobConfig, target: EnergyTarget, points: int, spec: GpuSpec) -> PlanningJob:
+def _planning(
+    job: JobConfig, target: EnergyTarget, points: int, spec: GpuSpec, switch_evaluations: int
+) -> PlanningJob:
     """The job as the optimisers plan it for ``target``, without straggler points (module docstring)."""
-    return dataclasses.replace(job.planning_job(target, points, spec=spec), kept_points=0)
+    planning = job.planning_job(target, points, spec=spec)
+    return dataclasses.replace(planning, kept_points=0, switch_evaluations=switch_evaluations)

@@ -63,6 +63,11 @@ class ProfileRequest:
         )
 
 
+SWITCH_EVALUATIONS = 2000
+"""Latency-aware simulations the switch-latency post-pass's improvement search may run for a point by default
+(``megatron-energy plan``'s and the session's budget)."""
+
+
 @dataclass(frozen=True)
 class PlanningJob:
     """The job an optimiser plans for, as plain data; built by :func:`planning_job` only."""
@@ -91,6 +96,10 @@ class PlanningJob:
 
     kept_points: int = 8
     """Executable frontier points a plan keeps besides the target (for a straggler's pace)."""
+
+    switch_evaluations: int = SWITCH_EVALUATIONS
+    """Latency-aware simulations the switch-latency post-pass's improvement search may run for each point it
+    makes executable (``perseus.switch_latency.make_switch_aware``'s ``max_evaluations``)."""
 
     collectives: CollectiveWorkload | None = None
     """What the job's collectives are built from (shape, parallelism, links); the collective scheduler

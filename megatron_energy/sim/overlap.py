@@ -115,6 +115,23 @@ class OverlapSimulator:
         for u, v in dag.edges_array().tolist():
             self._preds[v].append(u)
         self._overlaps: dict[tuple[Work, int, CommLoad, float], OverlapState] = {}
+        self._works = [node.work if isinstance(node, Instruction) else None for node in dag.nodes]
+        """Each node's work (``None`` for the nodes that are not instructions), computed once."""
+        self._fastest = {work: profile.fastest(work).clock_mhz for work in self._options}
+        """Each work's fastest clock (an instruction's clock where the plan gives none)."""
+        self._tail_steps = [
+            [i for i, node in enumerate(dag.nodes) if isinstance(node, TailStep) and node.stage == stage]
+            for stage in range(dag.num_stages)
+        ]
+        """Each stage's tail steps by node index."""
+        attrs = dag.graph.nodes
+        self._shown: list[tuple[int, str] | None] = [
+            (attrs[node]["stage"], "send" if isinstance(node, Transfer) else attrs[node].get("kind", ""))
+            if attrs[node]["type"] in ("comm", "tail")
+            else None
+            for node in dag.nodes
+        ]
+        """The stage and kind of each transfer's and tail step's timeline slice (``None``: no slice)."""
 
     def run(self, clocks: Mapping[Instruction, int] | None, schedule: OverlapSchedule) -> OverlapResult:
         """Simulate one iteration.
@@ -158,26 +175,41 @@ class OverlapSimulator:
         segments: list[list[tuple[float, float, str, float]]] = [[] for _ in range(dag.num_stages)]
         timeline: list[Slice] = []
         fixed = dag.fixed_durations_s().tolist()
-        attrs = dag.graph.nodes
         last_compute_end = [0.0] * dag.num_stages
         tail_fixed_s = [0.0] * dag.num_stages
         tail_energy = [0.0] * dag.num_stages
+        alone: dict[tuple[Work, int], _Pieces] = {}  # this schedule's pieces of a work at a clock
+        beside: dict[tuple[Work, int, int], OverlapState] = {}  # overlap states by the load's identity
+        no_launches: list[CommLaunch] = []
         for v, node in enumerate(dag.nodes):
-            begin = max((end[u] for u in self._preds[v]), default=0.0)
+            preds = self._preds[v]
+            begin = max(map(end.__getitem__, preds)) if preds else 0.0
             if isinstance(node, Instruction):
+                work = self._works[v]
+                assert work is not None
                 stream = streams[node.stage]
-                begin = max([begin, *(stream.finish(i) for i in waits.get(node, ()))])
-                clock = clocks.get(node) or self.profile.fastest(node.work).clock_mhz
-                pieces = self._pieces(node.work, clock, schedule.inline.get(node.work))
+                if node in waits:
+                    begin = max([begin, *(stream.finish(i) for i in waits[node])])
+                clock = clocks.get(node) or self._fastest[work]
+                pieces = alone.get((work, clock))
+                if pieces is None:
+                    pieces = alone[(work, clock)] = self._pieces(work, clock, schedule.inline.get(work))
                 finish, energy = self._compute(
-                    node, clock, begin, in_node.get(node, []), streams, segments, pieces
+                    node,
+                    work,
+                    clock,
+                    begin,
+                    in_node.get(node, no_launches),
+                    streams,
+                    segments,
+                    pieces,
+                    beside,
                 )
                 start[v], end[v] = begin, finish
                 last_compute_end[node.stage] = max(last_compute_end[node.stage], finish)
                 timeline.append(Slice(node.stage, node, begin, finish, clock, node.kind, energy))
                 continue
             duration = fixed[v]
-            kind = attrs[node].get("kind", "")
             if isinstance(node, Transfer):
                 duration = schedule.transfer_s.get(node.sender.stage, duration)
             elif isinstance(node, TailStep):
@@ -193,19 +225,9 @@ class OverlapSimulator:
                     tail_fixed_s[node.stage] += duration
                     tail_energy[node.stage] += dag.tail.energy_j(node.stage, spec.idle_power_w)
             start[v], end[v] = begin, begin + duration
-            if attrs[node]["type"] in ("comm", "tail"):
-                stage = attrs[node]["stage"]
-                timeline.append(
-                    Slice(
-                        stage,
-                        node,
-                        begin,
-                        begin + duration,
-                        None,
-                        "send" if isinstance(node, Transfer) else kind,
-                        0.0,
-                    )
-                )
+            shown = self._shown[v]
+            if shown is not None:
+                timeline.append(Slice(shown[0], node, begin, begin + duration, None, shown[1], 0.0))
         iteration_s = end[-1]
         for stream in streams:
             stream.drain()
@@ -284,18 +306,22 @@ class OverlapSimulator:
     def _compute(
         self,
         node: Instruction,
+        work: Work,
         clock: int,
         begin: float,
         launches: Sequence[CommLaunch],
         streams: list[CollectiveStream],
         segments: list[list[tuple[float, float, str, float]]],
         pieces: _Pieces,
+        beside: dict[tuple[Work, int, int], OverlapState],
     ) -> tuple[float, float]:
         """Run one instruction from ``begin``, launching ``launches`` as its work passes their fractions.
 
         Its time alone and phases come from ``pieces``; beside a data-parallel collective it progresses at the
         contention rate of its profile option, and the collective at its rate beside compute. The
         stream is settled alone up to ``begin`` first (nothing of this stage ran since its last instruction).
+        ``beside`` keeps this run's overlap states by work, clock and the load's identity (the schedule holds
+        the loads while it runs), so a state is looked up without hashing the load's fields again.
 
         Returns:
             Its end and its energy (all power, static included, over its time).
@@ -311,8 +337,12 @@ class OverlapSimulator:
             if done >= 1.0 - 1e-12:
                 break
             active = stream.head
-            load = None if active is None else stream.launches[active].load
-            state = None if load is None else self.overlap_state(node.work, clock, load)
+            state = None
+            if active is not None:
+                load = stream.launches[active].load
+                state = beside.get((work, clock, id(load)))
+                if state is None:
+                    state = beside[(work, clock, id(load))] = self.overlap_state(work, clock, load)
             rate = 1.0 if state is None else state.rate
             horizon = time_s + stream.left_s(beside=state is not None)
             target = pending[0].fraction if pending else 1.0
@@ -371,7 +401,4 @@ class OverlapSimulator:
 
     def _tail_end(self, stage: int, end: list[float]) -> float:
         """End of the stage's last tail step."""
-        steps = [
-            i for i, node in enumerate(self.dag.nodes) if isinstance(node, TailStep) and node.stage == stage
-        ]
-        return max((end[i] for i in steps), default=0.0)
+        return max((end[i] for i in self._tail_steps[stage]), default=0.0)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from megatron_energy.dvfs.spec import GpuSpec
 from megatron_energy.errors import EnergyValueError
@@ -43,6 +44,9 @@ from megatron_energy.sim.simulator import ProfileLike
 
 CLOCK_STEP_MHZ = 60
 """One step of a class's clock offset."""
+
+_NO_SHIFT = None
+"""A class without a choice in a stage's clock key (it shifts nothing, as a choice of 0 steps would not)."""
 
 ChoiceKey = tuple[int, str]
 """``(stage, class key)``, e.g. ``(0, "dp.reduce_scatter")``."""
@@ -111,6 +115,17 @@ class KareusModel:
         self.collectives = collectives
         self.layers = layers
         self.simulator = OverlapSimulator(dag, profile, spec)
+        self._loads: dict[tuple[int, int | None], CommLoad] = {}
+        """Loads by the collective's identity (``collectives`` holds them) and CTA budget."""
+        self._stage_collectives: dict[int, list[Collective]] = {}
+        for collective in collectives:
+            self._stage_collectives.setdefault(collective.stage, []).append(collective)
+        self._stage_schedules: dict[tuple[int, tuple[ClassChoice, ...]], _StageSchedule] = {}
+        """Each stage's part of a schedule by its classes' choices (a search moves one stage at a time)."""
+        self._stage_clocks: dict[tuple[int, tuple[ClassChoice | None, ...]], list[int]] = {}
+        """Each stage's clocks in its order by its classes' choices, on the base :attr:`_clocks_base`."""
+        self._clocks_base: dict[Instruction, int] = {}
+        """A copy of the base clocks :attr:`_stage_clocks` was computed on (compared by value)."""
         self.class_keys: dict[int, list[str]] = {}
         for collective in collectives:
             keys = self.class_keys.setdefault(collective.stage, [])
@@ -134,8 +149,12 @@ class KareusModel:
         return choices.get((stage, key)) or default_choice(key, self.levers)
 
     def load(self, collective: Collective, max_ctas: int | None) -> CommLoad:
-        """The collective's CTA budget and link as a contention load."""
-        return comm_load(collective, max_ctas, self.spec)
+        """The collective's CTA budget and link as a contention load (made once per collective and budget)."""
+        key = (id(collective), max_ctas)
+        load = self._loads.get(key)
+        if load is None:
+            load = self._loads[key] = comm_load(collective, max_ctas, self.spec)
+        return load
 
     def boundary(self, collective: Collective, choice: ClassChoice) -> Boundary:
         """The launch point ``choice`` gives ``collective``."""
@@ -151,16 +170,33 @@ class KareusModel:
         launches: list[CommLaunch] = []
         transfer_s: dict[int, float] = {}
         inline: dict[Work, InlineComm] = {}
-        for collective in self.collectives:
+        for stage in self._stage_collectives:
+            key = (stage, self._stage_choices(choices, stage))
+            part = self._stage_schedules.get(key)
+            if part is None:
+                part = self._stage_schedules[key] = self._stage_schedule(choices, stage)
+            launches += part.launches
+            transfer_s.update(part.transfer_s)
+            inline.update(part.inline)
+        return OverlapSchedule(tuple(launches), transfer_s, inline)
+
+    def _stage_choices(self, choices: Mapping[ChoiceKey, ClassChoice], stage: int) -> tuple[ClassChoice, ...]:
+        """The choice of every class of ``stage``, in :attr:`class_keys` order."""
+        return tuple(self.choice(choices, stage, key) for key in self.class_keys.get(stage, ()))
+
+    def _stage_schedule(self, choices: Mapping[ChoiceKey, ClassChoice], stage: int) -> _StageSchedule:
+        """The launches, transfer time and inline collectives of ``stage``'s collectives under ``choices``."""
+        part = _StageSchedule([], {}, {})
+        for collective in self._stage_collectives[stage]:
             choice = self.choice(choices, collective.stage, collective.cls.key)
             load = self.load(collective, choice.max_ctas)
             if collective.cls.per_bucket:
-                launches.append(self._launch(collective, self.boundary(collective, choice), load))
+                part.launches.append(self._launch(collective, self.boundary(collective, choice), load))
             elif collective.cls.group == "pp":
-                transfer_s[collective.stage] = load.duration_s(collective.traffic_bytes)
+                part.transfer_s[collective.stage] = load.duration_s(collective.traffic_bytes)
             elif choice.max_ctas is not None or choice.launch != 0:
-                self._add_inline(inline, collective, choice, load)
-        return OverlapSchedule(tuple(launches), transfer_s, inline)
+                self._add_inline(part.inline, collective, choice, load)
+        return part
 
     def _launch(self, collective: Collective, at: Boundary, load: CommLoad) -> CommLaunch:
         if at.phase == AFTER_OPTIMIZER:
@@ -209,22 +245,38 @@ class KareusModel:
     ) -> dict[Instruction, int]:
         """Every instruction's clock: the base plan's (fastest when absent), shifted by the class offsets."""
         base = base or {}
+        if base != self._clocks_base:
+            self._stage_clocks.clear()
+            self._clocks_base = dict(base)
         clocks: dict[Instruction, int] = {}
         for stage in range(self.dag.num_stages):
             order = self.dag.stage_order(stage)
-            shifts = dict.fromkeys(order, 0)
-            for key in self.class_keys.get(stage, []):
-                choice = choices.get((stage, key))
-                if choice is None or choice.clock_steps == 0:
-                    continue
-                for instruction in self._overlapped_instructions(stage, key, choice):
-                    shifts[instruction] += choice.clock_steps
-            for instruction in order:
-                grid = self._clocks[instruction.work]
-                clock = base.get(instruction, grid[-1])
-                if shifts[instruction]:
-                    clock = _snap(grid, clock + shifts[instruction] * CLOCK_STEP_MHZ)
-                clocks[instruction] = clock
+            key = (stage, tuple(choices.get((stage, k)) or _NO_SHIFT for k in self.class_keys.get(stage, ())))
+            stage_clocks = self._stage_clocks.get(key)
+            if stage_clocks is None:
+                stage_clocks = self._stage_clocks[key] = self._shifted(base, choices, stage)
+            clocks.update(zip(order, stage_clocks, strict=True))
+        return clocks
+
+    def _shifted(
+        self, base: Mapping[Instruction, int], choices: Mapping[ChoiceKey, ClassChoice], stage: int
+    ) -> list[int]:
+        """The clocks of ``stage``'s instructions in its order: the base's, shifted by the class offsets."""
+        order = self.dag.stage_order(stage)
+        shifts = dict.fromkeys(order, 0)
+        for key in self.class_keys.get(stage, []):
+            choice = choices.get((stage, key))
+            if choice is None or choice.clock_steps == 0:
+                continue
+            for instruction in self._overlapped_instructions(stage, key, choice):
+                shifts[instruction] += choice.clock_steps
+        clocks = []
+        for instruction in order:
+            grid = self._clocks[instruction.work]
+            clock = base.get(instruction, grid[-1])
+            if shifts[instruction]:
+                clock = _snap(grid, clock + shifts[instruction] * CLOCK_STEP_MHZ)
+            clocks.append(clock)
         return clocks
 
     def _overlapped_instructions(self, stage: int, key: str, choice: ClassChoice) -> set[Instruction]:
@@ -256,6 +308,14 @@ class KareusModel:
                 CollectiveAction(self.boundary(collective, choice), collective.name, choice.max_ctas)
             )
         return actions
+
+
+class _StageSchedule(NamedTuple):
+    """One stage's part of an :class:`OverlapSchedule`."""
+
+    launches: list[CommLaunch]
+    transfer_s: dict[int, float]
+    inline: dict[Work, InlineComm]
 
 
 def comm_load(collective: Collective, max_ctas: int | None, spec: GpuSpec) -> CommLoad:

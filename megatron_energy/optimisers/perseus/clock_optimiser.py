@@ -96,7 +96,11 @@ class PerseusOptimiser:
 
         def build() -> Planner:
             return Planner(
-                job.dag(), fused, num_points=job.frontier_points, switch_latency_s=job.switch_latency_s
+                job.dag(),
+                fused,
+                num_points=job.frontier_points,
+                switch_latency_s=job.switch_latency_s,
+                switch_evaluations=job.switch_evaluations,
             )
 
         return build() if self.planners is None else self.planners.planner(profile, job, build)

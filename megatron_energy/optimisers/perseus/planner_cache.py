@@ -3,8 +3,8 @@
 A :class:`~megatron_energy.optimisers.perseus.target_point.Planner` sweeps the job's frontier once
 (``Planner.frontier``) and picks each target's point from it; planning the same job for several targets
 (``megatron-energy estimate``) with one :class:`PlannerCache` sweeps once. A planner is kept per job
-fingerprint, frontier size, switch latency and profile, so a plan made through the cache is the plan made
-without it.
+fingerprint, frontier size, switch latency, post-pass budget and profile, so a plan made through the cache is
+the plan made without it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from megatron_energy.optimisers.interface import PlanningJob
 from megatron_energy.optimisers.perseus.target_point import Planner
 from megatron_energy.pipeline.profile import Profile
 
-PlannerKey = tuple[str, int, float, int]
-"""Job fingerprint, frontier points, switch latency, and the profile's identity."""
+PlannerKey = tuple[str, int, float, int, int]
+"""Job fingerprint, frontier points, switch latency, the post-pass's budget, and the profile's identity."""
 
 
 class PlannerCache:
@@ -33,7 +33,9 @@ class PlannerCache:
             job: The job; its target plays no part.
             build: Makes the planner when none is kept.
         """
-        key = (job.fingerprint, job.frontier_points, job.switch_latency_s, id(profile))
+        key = (
+            job.fingerprint, job.frontier_points, job.switch_latency_s, job.switch_evaluations, id(profile)
+        )  # fmt: skip
         kept = self._planners.get(key)
         if kept is None:
             kept = self._planners[key] = (profile, build())

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS
 from megatron_energy.optimisers.perseus.switch_improve import improve
 from megatron_energy.optimisers.perseus.switch_quantise import quantise
 from megatron_energy.optimisers.perseus.switch_repair import repair
@@ -107,7 +108,7 @@ def make_switch_aware(
     switch_latency_s: float,
     deadline_s: float,
     powers: StagePowers | None = None,
-    max_evaluations: int = 2000,
+    max_evaluations: int = SWITCH_EVALUATIONS,
 ) -> SwitchAwarePlan:
     """Turn an instant-switch clock plan into one that meets ``deadline_s`` with switch latency.
 

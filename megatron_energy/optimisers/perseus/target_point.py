@@ -16,6 +16,7 @@ import dataclasses
 import math
 from functools import cached_property
 
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS
 from megatron_energy.optimisers.perseus.frontier import Frontier, FrontierPoint, FrontierSolver
 from megatron_energy.optimisers.perseus.power_point import fastest_within_budget
 from megatron_energy.optimisers.perseus.switch_latency import make_switch_aware
@@ -35,6 +36,8 @@ class Planner:
         num_points: Deadlines in the frontier sweep.
         switch_latency_s: The GPU's clock-switch latency; the points this planner hands out are made
             executable under it (``perseus.switch_latency``), with their latency-aware time and energy.
+        switch_evaluations: Latency-aware simulations the improvement search may run for each point made
+            executable.
     """
 
     def __init__(
@@ -44,9 +47,11 @@ class Planner:
         powers: StagePowers | None = None,
         num_points: int = 100,
         switch_latency_s: float = 0.0,
+        switch_evaluations: int = SWITCH_EVALUATIONS,
     ):
         self.dag = dag
         self.switch_latency_s = switch_latency_s
+        self.switch_evaluations = switch_evaluations
         self.profile = profile
         self.num_points = num_points
         self.solver = FrontierSolver(dag, profile, powers)
@@ -72,7 +77,12 @@ class Planner:
             return point
         deadline_s = point.deadline_s if math.isfinite(point.deadline_s) else point.time_s
         adjusted = make_switch_aware(
-            self.dag, self.profile, point.clocks, self.switch_latency_s, max(deadline_s, point.time_s)
+            self.dag,
+            self.profile,
+            point.clocks,
+            self.switch_latency_s,
+            max(deadline_s, point.time_s),
+            max_evaluations=self.switch_evaluations,
         )
         return dataclasses.replace(
             point,
