@@ -1,4 +1,4 @@
-"""`megatron-energy report --csv`: the energy log's iteration records and run totals as CSV tables."""
+"""`megatron-energy report --csv`: the energy log's iteration records, run totals and power records as CSV."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import pytest
 from megatron_energy.cli import main
 from megatron_energy.commands.report import export_csv  # imported here: its import is no test's own time
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, append_record
+from megatron_energy.runtime.energy_log.iteration_swings import IterationSwing
+from megatron_energy.runtime.energy_log.power_interval import GpuPowerInterval
+from megatron_energy.runtime.energy_log.power_record import PowerRecord
 from megatron_energy.runtime.energy_log.run_totals import RunTotals, SavingVsStock
 
 
@@ -34,7 +37,23 @@ def _log(tmp_path: Path) -> Path:
     totals = RunTotals(1, 20, 20, 8, 4.5, "measured", 1000, 4.5, saving, job="job-a", time_utc="t")
     with path.open("a") as handle:
         handle.write(json.dumps(totals.to_json()) + "\n")
+        for gpu, swings in ((0, (210.0, 250.0, 230.0)), (1, ())):
+            record = PowerRecord(20, 11, "planned", gpu, gpu, _power(swings), "job-a", "t")
+            handle.write(json.dumps(record.to_json()) + "\n")
     return path
+
+
+def _power(swings: tuple[float, ...]) -> GpuPowerInterval:
+    """One GPU's interval with an iteration per swing (``()``: none long enough to bin)."""
+    iterations = tuple(
+        IterationSwing(12 + k, 0.5, 450.0, 450.0 + w / 2, 450.0 - w / 2, w, 900.0, 800.0, 0.4)
+        for k, w in enumerate(swings)
+    )
+    note = "" if swings else "9 iteration(s) without swing figures"
+    return GpuPowerInterval(
+        "measured", "field 186", 200, 0.05, 0.1, (0.1, 10.0), 455.0, 452.0, 210.0, 690.0, 1980.0, 1755.0,
+        iterations, note,
+    )  # fmt: skip
 
 
 def _table(text: str) -> list[list[str]]:
@@ -72,14 +91,26 @@ def test_the_iterations_and_totals_go_to_a_file_and_its_totals_sibling(tmp_path:
     row = dict(zip(totals_header, run, strict=True))
     assert row["energy_kwh"] == "4.5" and row["gpus"] == "8" and row["source"] == "measured"
     assert row["saving_kwh"] == "0.5" and row["saving_resolved"] == "1" and row["co2_kg"] == ""
+    power_header, *gpus = _table((tmp_path / "run-power.csv").read_text())
+    first, second = (dict(zip(power_header, gpu, strict=True)) for gpu in gpus)
+    assert first["iteration"] == "20" and first["first_iteration"] == "11" and first["gpu"] == "0"
+    assert (
+        first["source"] == "measured"
+        and first["average_w"] == "455.0"
+        and first["sm_clock_min_mhz"] == "1755.0"
+    )
+    assert first["swing_w_median"] == "230.0" and first["swing_w_max"] == "250.0" and first["note"] == ""
+    assert second["gpu"] == "1" and second["swing_w_median"] == second["swing_w_max"] == ""
+    assert second["note"] == "9 iteration(s) without swing figures"
 
 
-def test_without_a_file_both_tables_go_to_standard_output(
+def test_without_a_file_every_table_goes_to_standard_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["report", "--csv", "--log-file", str(_log(tmp_path))]) == 0
-    iterations, totals = capsys.readouterr().out.split("\n\n")
+    iterations, totals, power = capsys.readouterr().out.split("\n\n")
     assert len(_table(iterations)) == 3 and _table(totals)[0][0] == "first_iteration"
+    assert len(_table(power)) == 3 and _table(power)[0][:2] == ["iteration", "first_iteration"]
 
 
 def test_csv_without_a_log_file_says_what_to_give(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,8 +27,9 @@ from megatron_energy.pipeline.collectives import build_collectives
 from megatron_energy.pipeline.profile import Profile
 from megatron_energy.plan import Baseline, CollectiveAction, Plan, PlanPoint
 from megatron_energy.plan_file import plan_text, read_plan
+from megatron_energy.plan_outcome import plan_saving
 from megatron_energy.target import parse_target
-from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B
+from tests.kareus_jobs import EXAMPLE_7B, EXAMPLE_70B, EXAMPLES
 
 FAST = SearchBudget(trials=3)
 
@@ -217,3 +218,15 @@ def test_simulate_compare_prints_every_mode_as_modelled(
         assert f"│ {mode}" in out
     assert "modelled" in out and "static" in out and "dynamic" in out
     assert f"trace of all's clocks written to {trace}" in out and trace.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_kareus_alone_at_min_energy_may_take_longer_than_stock_clocks() -> None:
+    job = JobConfig.load(EXAMPLES / "gpt3-xl-pp4-h100.yaml")
+    spec = job.spec()
+    planning = job.planning_job(parse_target("min-energy"), 10, spec=spec)
+    plan = KareusOptimiser(budget=SearchBudget(trials=4)).plan(job.synthetic_profile(spec), planning)
+    point = plan.target_point
+    assert plan.optimisers == ("kareus",)
+    assert point.iteration_time_s > plan.baseline.iteration_time_s  # slower: a min-energy target has no bound
+    assert plan_saving(plan) < 0 and point.deadline_s == point.iteration_time_s

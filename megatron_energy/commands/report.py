@@ -49,8 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         const="-",
         default=None,
         metavar="FILE",
-        help="instead of the report, write the --log-file's iteration records as CSV to FILE and its run "
-        "totals to FILE's stem + '-totals.csv' (no FILE: both to standard output)",
+        help="instead of the report, write the --log-file's iteration records as CSV to FILE, its run "
+        "totals to FILE's stem + '-totals.csv' and its power records to FILE's stem + '-power.csv' (no FILE: "
+        "all to standard output)",
     )
     parser.set_defaults(func=run)
 
@@ -89,18 +90,21 @@ def export_csv(log_file: Path | None, target: str) -> int:
         return fail("report", "--csv exports an energy log's records: give the run's --log-file FILE too")
     try:
         tables = energy_tables(log_file)
+        besides = {"totals": tables.totals, "power": tables.power}
         if target == "-":
             write_tables(tables.iterations, sys.stdout)
-            if tables.totals:
-                sys.stdout.write("\n")
-                write_tables(tables.totals, sys.stdout)
+            for rows in besides.values():
+                if rows:
+                    sys.stdout.write("\n")
+                    write_tables(rows, sys.stdout)
             return 0
         path = Path(target)
         with path.open("w", encoding="utf-8", newline="") as out:
             write_tables(tables.iterations, out)
-        if tables.totals:
-            with path.with_name(f"{path.stem}-totals.csv").open("w", encoding="utf-8", newline="") as out:
-                write_tables(tables.totals, out)
+        for name, rows in besides.items():
+            if rows:
+                with path.with_name(f"{path.stem}-{name}.csv").open("w", encoding="utf-8", newline="") as out:
+                    write_tables(rows, out)
     except (ValueError, OSError) as problem:
         return fail("report", f"cannot export {log_file} as CSV: {problem}")
     return 0

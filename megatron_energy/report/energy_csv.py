@@ -1,6 +1,6 @@
 """``megatron-energy report --csv``: an energy log's records as CSV, for spreadsheets and plotting.
 
-Two tables, both with a header row:
+Three tables, each with a header row:
 
 - **iterations**: one row per energy log line's record (``runtime.energy_log.energy_line.EnergyRecord``, one
   per ``--log-interval`` iterations), in the order written. Columns: ``iteration`` (the interval's last,
@@ -10,21 +10,28 @@ Two tables, both with a header row:
   ones). A figure a record does not carry, or that has no finite value, is an empty cell.
 - **totals**: one row per run (``runtime.energy_log.run_totals.RunTotals``): the fields of the record, the
   saving's flattened as ``saving_<field>`` (:data:`RUN_COLUMNS`, :data:`SAVING_COLUMNS`).
+- **power**: one row per GPU and log interval (``runtime.energy_log.power_record.PowerRecord``): where and
+  when (:data:`POWER_RECORD_COLUMNS`), the interval's levels (:data:`POWER_COLUMNS`), and its iterations'
+  power swing, median and largest (``swing_w_median``, ``swing_w_max``; empty where no iteration was long
+  enough to bin).
 
-``--csv FILE`` writes the iterations to ``FILE`` and, when the log holds run totals, the totals beside it to
-``<FILE stem>-totals.csv``; ``--csv`` alone writes both to standard output, the totals after one empty line.
+``--csv FILE`` writes the iterations to ``FILE`` and, when the log holds them, the totals and the power
+records beside it to ``<FILE stem>-totals.csv`` and ``<FILE stem>-power.csv``; ``--csv`` alone writes every
+table to standard output, one empty line between two.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
 from megatron_energy.runtime.energy_log.energy_line import EnergyRecord, read_records
+from megatron_energy.runtime.energy_log.power_record import PowerRecord, read_power_records
 from megatron_energy.runtime.energy_log.run_totals import RunTotals, SavingVsStock, read_run_totals
 
 RECORD_COLUMNS = ("iteration", "phase", "source", "job", "time_utc")
@@ -47,6 +54,22 @@ RUN_COLUMNS: tuple[str, ...] = tuple(item.name for item in fields(RunTotals) if 
 """The totals table's columns from the run's fields (``RunTotals``)."""
 SAVING_COLUMNS: tuple[str, ...] = tuple(item.name for item in fields(SavingVsStock))
 """Then the saving's fields (``SavingVsStock``), each as ``saving_<field>``; empty without a saving."""
+POWER_RECORD_COLUMNS = ("iteration", "first_iteration", "phase", "rank", "gpu", "job", "time_utc")
+"""The power table's first columns: the interval's last and first iteration, the phase, the GPU's rank and
+NVML index, the job and the time the record was written."""
+POWER_COLUMNS = (
+    "source",
+    "instant_source",
+    "readings",
+    "average_w",
+    "instant_mean_w",
+    "instant_min_w",
+    "instant_max_w",
+    "sm_clock_median_mhz",
+    "sm_clock_min_mhz",
+)
+"""Then the interval's figures (``GpuPowerInterval``'s fields: ``source`` says measured or modelled), then
+``swing_w_median``, ``swing_w_max`` and ``note``."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,8 @@ class EnergyTables:
     """The iteration records."""
     totals: list[list[str]]
     """The run totals records (empty when the log holds none)."""
+    power: list[list[str]]
+    """The power records (empty when the log holds none)."""
 
 
 def energy_tables(log_file: Path) -> EnergyTables:
@@ -66,7 +91,11 @@ def energy_tables(log_file: Path) -> EnergyTables:
         ValueError: A line of the file is not a record.
         OSError: The file cannot be read.
     """
-    return EnergyTables(iteration_rows(read_records(log_file)), totals_rows(read_run_totals(log_file)))
+    return EnergyTables(
+        iteration_rows(read_records(log_file)),
+        totals_rows(read_run_totals(log_file)),
+        power_rows(read_power_records(log_file)),
+    )
 
 
 def iteration_rows(records: Sequence[EnergyRecord]) -> list[list[str]]:
@@ -93,6 +122,24 @@ def totals_rows(totals: Sequence[RunTotals]) -> list[list[str]]:
         rows.append(
             [_cell(values[name]) for name in RUN_COLUMNS]
             + [_cell(saving.get(name)) for name in SAVING_COLUMNS]
+        )
+    return rows
+
+
+def power_rows(records: Sequence[PowerRecord]) -> list[list[str]]:
+    """The power table: a header, then one row per GPU interval; empty when there is none."""
+    if not records:
+        return []
+    rows = [[*POWER_RECORD_COLUMNS, *POWER_COLUMNS, "swing_w_median", "swing_w_max", "note"]]
+    for record in records:
+        power = record.power
+        swings = [swing.swing_w for swing in power.iterations]
+        where = (record.iteration, record.first_iteration, record.phase, record.rank, record.gpu, record.job)
+        rows.append(
+            [_cell(value) for value in (*where, record.time_utc)]
+            + [_cell(getattr(power, name)) for name in POWER_COLUMNS]
+            + [_cell(statistics.median(swings) if swings else None), _cell(max(swings, default=None))]
+            + [power.note]
         )
     return rows
 

@@ -38,7 +38,7 @@ def model_vs_measured_lines(folder: Path, plan: Plan, log_file: Path | None) -> 
         The lines, starting with the section's title.
 
     Raises:
-        ForeignLogError: The log file is another job's (``runtime.energy_log.energy_line``).
+        ForeignLogError: The log file holds only other jobs' records (``runtime.energy_log.energy_line``).
         ValueError: ``baseline.json`` or the log file is malformed.
         OSError: A file cannot be read.
     """
@@ -64,7 +64,8 @@ def savings_lines(log_file: Path | None, fingerprint: str) -> list[str]:
 
     The heading names the record's source: ``measured`` savings, or ``modelled`` ones on simulated GPUs.
 
-    The log must be job ``fingerprint``'s (``runtime.energy_log.energy_line.read_job_records``).
+    Only job ``fingerprint``'s records count, wherever other jobs' sit between them
+    (``runtime.energy_log.energy_line.read_job_records``).
     """
     if log_file is None:
         return [

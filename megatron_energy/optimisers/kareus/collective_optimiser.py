@@ -150,16 +150,8 @@ class KareusOptimiser:
             lower_bounds = [math.inf]
             labels = [str(job.target)]
             target_index = 0
-            references = [
-                _point(
-                    model,
-                    labels[0],
-                    defaults,
-                    stock_priced,
-                    job.target.deadline_s(stock_priced.iteration_time_s),
-                    math.inf,
-                )
-            ]
+            point_deadlines = [job.target.deadline_s(stock_priced.iteration_time_s)]  # inf: min-energy
+            references = [_point(model, labels[0], defaults, stock_priced, point_deadlines[0], math.inf)]
         else:
             base_clocks = [_clocks(point) for point in base.points]
             deadlines = [point.deadline_s for point in base.points]
@@ -167,6 +159,12 @@ class KareusOptimiser:
             labels = [point.label for point in base.points]
             target_index = base.target_index
             references = list(base.points)
+            point_deadlines = deadlines
+        # how long each point may take: its deadline, which a min-energy target alone does not bound
+        limits = [
+            max(deadline, reference.iteration_time_s)
+            for deadline, reference in zip(point_deadlines, references, strict=True)
+        ]
         target_default = model.evaluate(base_clocks[target_index], defaults)
         deadline = max(deadlines[target_index], target_default.iteration_time_s)
         start, best = self.joint(model, workload, base_clocks[target_index], deadline, job.fingerprint)
@@ -176,10 +174,10 @@ class KareusOptimiser:
         for index, clocks in enumerate(base_clocks):
             reference = references[index]
             priced = price_point(model, simulator, clocks, best)
-            limit_s = max(reference.deadline_s, reference.iteration_time_s)
+            limit_s = limits[index]
             if priced.iteration_time_s <= limit_s * (1 + 1e-9) and priced.energy_j < reference.energy_j:
                 points.append(
-                    _point(model, labels[index], best, priced, reference.deadline_s, lower_bounds[index])
+                    _point(model, labels[index], best, priced, point_deadlines[index], lower_bounds[index])
                 )
                 improved = True
             else:  # nothing beat the base point (or stock clocks): it stays, with the default collectives

@@ -312,17 +312,19 @@ class ForeignLogError(EnergyValueError):
 def read_job_records(path: Path, fingerprint: str, start_byte: int = 0) -> list[EnergyRecord]:
     """The records of ``path`` from ``start_byte`` on (:func:`read_records`): job ``fingerprint``'s alone.
 
-    Records of older runs, which name no job, are taken as they are.
+    A log that several jobs appended to (``--energy-log-file`` appends) gives this job's records; records of
+    older runs, which name no job, are taken as they are.
 
     Raises:
-        ForeignLogError: A record names another job.
+        ForeignLogError: The log holds records of other jobs and none of this one's.
         ValueError: A line is not a record.
     """
     records = read_records(path, start_byte)
+    own = [record for record in records if not record.job or record.job == fingerprint]
     others = sorted({record.job for record in records if record.job and record.job != fingerprint})
-    if others:
+    if others and not any(record.job == fingerprint for record in own):
         raise ForeignLogError(
             f"{path} is the energy log of job {', '.join(others)}, not of job {fingerprint}: pass the "
             f"--energy-log-file of the run that wrote {fingerprint}, or --job {others[0]} for that job"
         )
-    return records
+    return own
