@@ -1,4 +1,5 @@
-"""A job that ends while profiling keeps each rank's finished clocks in a partial profile (issue 44, item 3).
+"""A job that ends while profiling keeps each rank's finished clocks in a partial profile (issue 44, item 3);
+one that ends while planning in the background keeps its complete profile, and its next run plans from it.
 
 One rank's session on a simulated H100 (``runtime.assembly.build_session``, the parts the launcher builds)
 over a one-stage pipeline, its steps driven here as the hooks drive them; every figure is modelled.
@@ -12,6 +13,7 @@ import pytest
 from log_lines import capture_lines
 
 from megatron_energy.config import EnergyConfig
+from megatron_energy.config.energy_config import Planning
 from megatron_energy.energy_dir import JobFiles
 from megatron_energy.pipeline.profile_csv import read_profile_csv
 from megatron_energy.pipeline.schedule_orders import pipeline_orders
@@ -20,6 +22,7 @@ from megatron_energy.runtime.assembly import build_session
 from megatron_energy.runtime.context import JobContext
 from megatron_energy.runtime.control_plane.comms import LocalComms
 from megatron_energy.runtime.session import EnergySession
+from megatron_energy.runtime.session_phase import SessionPhase
 
 GRID = (1980, 1500, 1005)
 MICROBATCHES = 2
@@ -29,7 +32,7 @@ BLOCK_STEPS = 2
 """Every other clock's: settling, one profile step."""
 
 
-def _session(energy_dir: Path) -> EnergySession:
+def _session(energy_dir: Path, planning: Planning = "auto") -> EnergySession:
     context = JobContext(
         pipeline_rank=0,
         orders=pipeline_orders(1, MICROBATCHES),
@@ -44,13 +47,14 @@ def _session(energy_dir: Path) -> EnergySession:
         dir=energy_dir,
         profile_iters=1,
         freq_grid=GRID,
+        planning=planning,
     )
     return build_session(config, context, LocalComms())
 
 
-def _run(energy_dir: Path, steps: int) -> EnergySession:
+def _run(energy_dir: Path, steps: int, planning: Planning = "auto") -> EnergySession:
     """A job of ``steps`` iterations, closed at its end as the launcher closes it."""
-    session = _session(energy_dir)
+    session = _session(energy_dir, planning)
     for step in range(steps):
         session.on_step_begin(step)
         for kind in ("forward", "backward"):
@@ -98,3 +102,20 @@ def test_a_job_that_finishes_profiling_removes_the_partial_profile_of_a_run_cut_
     assert finished.phase != "profiling" and finished.cache.folder == cut.cache.folder
     assert (finished.cache.folder / "profile.csv").exists()
     assert not _partial(finished).exists()
+
+
+@pytest.mark.slow
+def test_a_job_that_ends_while_planning_keeps_its_profile_and_the_next_run_plans_from_it(tmp_path):
+    lines = capture_lines()
+    profiled = STOCK_BLOCK_STEPS + 2 * BLOCK_STEPS
+    ended = _run(tmp_path, profiled + 1, planning="background")  # the planner process has just started
+    assert ended.phase == SessionPhase.PLANNING
+    folder = ended.cache.folder
+    assert (folder / "profile.csv").exists() and not (folder / "plan.json").exists()
+    (line,) = [line for line in lines if "the job ended while planning" in line]
+    assert f"the profile is cached in {folder}: the next run of this job plans from it" in line
+
+    lines.clear()
+    again = _run(tmp_path, 2, planning="background")
+    assert again.phase == "planned" and (folder / "plan.json").exists()  # planned from the first step
+    assert not any(line.startswith("[energy] energy cache empty") for line in lines)

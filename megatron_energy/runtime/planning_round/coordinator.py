@@ -45,10 +45,12 @@ from megatron_energy.runtime.parts import Controller
 from megatron_energy.runtime.planning_round.adoption import adopt_everywhere
 from megatron_energy.runtime.planning_round.cache import JobCache
 from megatron_energy.runtime.planning_round.planner_input import planner_input
+from megatron_energy.runtime.planning_round.planner_process import PlannerInput
 from megatron_energy.runtime.planning_round.planning import (
     Fallback,
     PlanRelease,
     load_release,
+    profile_artefacts,
     store_release,
 )
 from megatron_energy.runtime.profiling.collector import ProfileCollector, ProfileRow, StepRecord
@@ -260,9 +262,17 @@ class PlanningRound:
             self._take_decision(step)
 
     def close(self) -> None:
-        """Stop what the round still runs: the planner and timeline processes; wait for the cache writer."""
+        """Stop what the round still runs: the planner and timeline processes; wait for the cache writer.
+
+        A job that ends while its planner runs (rank 0) caches its complete profile without a plan.
+        """
         if isinstance(self._planner, ChildProcess):
             self._planner.terminate()
+            task = self._planner.task
+            assert isinstance(task, PlannerInput)
+            artefacts = profile_artefacts(task.profile, task.job, task.baseline, self.optimiser.request)
+            kept = self._keep_profile(artefacts, "the next run of this job plans from it without profiling")
+            logger.info(f"[energy] the job ended while planning; {kept}")
         if self._cache_writer is not None:
             self._cache_writer.join()
         if self._timelines is not None:
@@ -463,19 +473,19 @@ class PlanningRound:
             )
         elif rank == 0:
             artefacts = fallback.profile_artefacts
-            kept = "" if artefacts is None else f"; {self._keep_profile(artefacts)}"
+            kept = ""
+            if artefacts is not None:
+                advice = "run again with another --energy-target and it is planned without profiling"
+                kept = f"; {self._keep_profile(artefacts, advice)}"
             logger.info(
                 "[energy] not optimising, training continues at stock clocks on every rank: "
                 f"{fallback.reason}{kept}"
             )
 
-    def _keep_profile(self, artefacts: dict[str, str]) -> str:
-        """Cache the profile without a plan (rank 0); what the log says of it."""
+    def _keep_profile(self, artefacts: dict[str, str], advice: str) -> str:
+        """Cache the profile without a plan (rank 0); what the log says of it, with ``advice`` if kept."""
         try:
             self.cache.store(artefacts)
         except OSError as problem:
             return f"the profile could not be cached in {self.cache.folder} ({problem})"
-        return (
-            f"the profile is cached in {self.cache.folder}: run again with another --energy-target and it "
-            "is planned without profiling"
-        )
+        return f"the profile is cached in {self.cache.folder}: {advice}"
