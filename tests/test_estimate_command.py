@@ -17,6 +17,7 @@ import yaml
 
 from megatron_energy.cli import main
 from megatron_energy.commands import estimate as estimate_command
+from megatron_energy.commands.estimate_modes import estimate_job
 from megatron_energy.commands.megatron_command_line import (
     MegatronCommandLineError,
     NodeLayout,
@@ -24,6 +25,8 @@ from megatron_energy.commands.megatron_command_line import (
 )
 from megatron_energy.dvfs.spec import available_gpu_specs, load_gpu_spec
 from megatron_energy.job import JobConfig
+from megatron_energy.optimisers.kareus.search import SearchBudget
+from megatron_energy.target import parse_target
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "configs" / "examples"
 
@@ -189,6 +192,8 @@ def test_estimate_prints_every_mode_and_target_and_its_iso_time_saving_is_plans(
     )  # fmt: skip
     assert status == 0, err
     assert "estimate: [1/2] iso-time" in err and "estimate: done" in err  # progress, one line a stage
+    progress = [line for line in err.splitlines() if "estimate:" in line]
+    assert all(line.startswith("estimate: ") and line.endswith(" s)") for line in progress), progress
     rows = {
         tuple(cell.strip() for cell in line.split("│")[1:3]): line for line in out.splitlines() if "│" in line
     }
@@ -218,3 +223,19 @@ def test_the_search_budgets_given_reach_the_planners(
     status, _, err = _estimate(capfd, "--gpu-spec", "h100-sxm", "--gpus", "4", *budgets, "--", *BASE.split())
     assert status == 2 and "planned no further" in err
     assert seen == {"trials": 3, "points": 7, "switch_evaluations": 50}
+
+
+@pytest.mark.slow
+def test_planning_kareus_alone_beside_the_sweep_gives_the_figures_of_one_process() -> None:
+    job = JobConfig.load(EXAMPLES / "gpt3-xl-pp4-h100.yaml")
+    targets = [parse_target("iso-time"), parse_target("min-energy")]
+    budget = SearchBudget(trials=2)
+    figures = [
+        [
+            (row.target, row.mode, row.plan)
+            for row in estimate_job(job, targets, budget, 4, workers=workers).rows
+        ]
+        for workers in (1, 2)
+    ]
+    assert figures[0] == figures[1]
+    assert any(mode == "kareus" and plan is not None for _, mode, plan in figures[1])

@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
 
     def progress(line: str) -> None:
-        print(f"estimate: {line} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+        sys.stderr.write(f"estimate: {line} ({time.perf_counter() - started:.1f} s)\n")  # one write a line:
+        sys.stderr.flush()  # the targets' workers print side by side
 
     try:
         estimate = estimate_job(

@@ -21,10 +21,11 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from megatron_energy.commands.optimiser_comparison import all_optimiser
+from megatron_energy.commands.optimiser_comparison import all_optimiser, kareus_optimiser
 from megatron_energy.dvfs.spec import GpuSpec
+from megatron_energy.errors import EnergyValueError
 from megatron_energy.job import JobConfig
-from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS, PlanningJob
+from megatron_energy.optimisers.interface import SWITCH_EVALUATIONS, Optimiser, PlanningJob
 from megatron_energy.optimisers.kareus.search import SearchBudget
 from megatron_energy.optimisers.memory_clock import choose_memory_clocks
 from megatron_energy.optimisers.perseus.clock_optimiser import PerseusOptimiser
@@ -100,65 +101,103 @@ def estimate_job(
 ) -> JobEstimate:
     """Plan every mode of ``job`` at every target (module docstring).
 
+    With more than one worker, Kareus alone (which needs no Perseus plan) is planned at every target in a
+    process of its own while this one sweeps Perseus's frontier; then the targets are planned side by side,
+    each taking that plan as the composition's Kareus alone. The figures are those of the sequential loop.
+
     Args:
         job: The job.
         targets: The planning targets, in the order the table lists them.
         budget: Kareus's search budget; its default when ``None``.
         points: Deadlines in Perseus's frontier sweep.
         progress: Called with a line as each stage starts (the command prints it).
-        workers: Processes planning the targets side by side (forked once the shared frontier is swept, so
-            each plans as the sequential loop would); the CPUs this process may use, at most one per target,
-            when ``None``; 1 plans them in this process.
+        workers: Processes planning side by side (forked, so each plans as the sequential loop would); the
+            CPUs this process may use, at most one per target, when ``None``; 1 plans everything in this
+            process.
         switch_evaluations: Latency-aware simulations the switch-latency post-pass may run per point
             (``PlanningJob.switch_evaluations``).
 
     Returns:
         The rows.
     """
+    global _TASK  # a forked worker reads the task it inherits: nothing of it is pickled
     spec = job.spec()
     profile = job.synthetic_profile(spec)
-    planners = PlannerCache()
-    progress("the frontier sweep (Perseus, shared by the targets)")
-    first = _planning(job, targets[0], points, spec, switch_evaluations)
-    planner = PerseusOptimiser(planners).planner(profile, first)
-    planner.min_energy_point  # noqa: B018 (the sweep and the unconstrained solve, before the targets fan out)
-    task = _TargetTask(
-        job, spec, profile, planners, tuple(targets), budget, points, switch_evaluations, progress
-    )
+    plannings = tuple(_planning(job, target, points, spec, switch_evaluations) for target in targets)
     workers = min(len(targets), workers or _usable_cpus())
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    forking = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork") if forking else None
+    kareus_alone: list[Plan | None] = [None] * len(targets)
+    beside = None
+    if context is not None:
+        _TASK = _KareusAlone(kareus_optimiser(budget), profile, plannings)
+        beside = context.Pool(1)
+        planned_beside = beside.map_async(_run_alone, range(len(targets)), chunksize=1)
+    try:
+        progress(f"the frontier sweep (Perseus, shared by the targets){_BESIDE if beside else ''}")
+        planners = PlannerCache()
+        planner = PerseusOptimiser(planners).planner(profile, plannings[0])
+        planner.min_energy_point  # noqa: B018 (the sweep and the unconstrained solve, before the targets fan out)
+        if beside is not None:
+            kareus_alone = planned_beside.get()
+    finally:
+        _TASK = None
+        if beside is not None:
+            beside.terminate()  # its plans are in (or no longer wanted)
+            beside.join()
+    task = _TargetTask(profile, planners, tuple(targets), plannings, budget, tuple(kareus_alone), progress)
+    if context is None:
         rows = [task(index) for index in range(len(targets))]
     else:
-        global _TASK  # a forked worker reads the task it inherits: nothing of it is pickled
         _TASK = task
         try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                rows = pool.map(_run_task, range(len(targets)), chunksize=1)
+            with context.Pool(workers) as pool:
+                rows = pool.map(_run_target, range(len(targets)), chunksize=1)
         finally:
             _TASK = None
     return JobEstimate(job, spec, tuple(row for target_rows in rows for row in target_rows))
+
+
+_BESIDE = ", Kareus alone at every target beside it"
+"""What the progress line adds where Kareus alone is planned beside the sweep."""
+
+
+@dataclass(frozen=True)
+class _KareusAlone:
+    """Kareus alone at one target (an index into ``plannings``); ``None`` where it cannot plan alone."""
+
+    kareus: Optimiser
+    profile: Profile
+    plannings: tuple[PlanningJob, ...]
+
+    def __call__(self, index: int) -> Plan | None:
+        try:
+            return self.kareus.plan(self.profile, self.plannings[index])
+        except EnergyValueError:  # the composition then leaves it out, as it does itself
+            return None
 
 
 @dataclass(frozen=True)
 class _TargetTask:
     """Every mode of the job at one target (an index into ``targets``)."""
 
-    job: JobConfig
-    spec: GpuSpec
     profile: Profile
     planners: PlannerCache
     targets: tuple[EnergyTarget, ...]
+    plannings: tuple[PlanningJob, ...]
     budget: SearchBudget | None
-    points: int
-    switch_evaluations: int
+    kareus_alone: tuple[Plan | None, ...]
     progress: Callable[[str], None]
 
     def __call__(self, index: int) -> list[ModeEstimate]:
-        target, profile = self.targets[index], self.profile
+        target, profile, planning = self.targets[index], self.profile, self.plannings[index]
         step = f"[{index + 1}/{len(self.targets)}] {target}"
         self.progress(f"{step}: planning {', '.join(ESTIMATE_MODES)}")
-        planning = _planning(self.job, target, self.points, self.spec, self.switch_evaluations)
-        both, alone = all_optimiser(self.budget, self.planners).plan_with_parts(profile, planning)
+        known = self.kareus_alone[index]
+        planned = None if known is None else {known.optimisers[-1]: known}
+        both, alone = all_optimiser(self.budget, self.planners).plan_with_parts(
+            profile, planning, None, planned
+        )
         plans = {**alone, "all": both}
         self.progress(f"{step}: memory clocks and saving bands")
         rows = []
@@ -173,12 +212,17 @@ class _TargetTask:
         return rows
 
 
-_TASK: _TargetTask | None = None
+_TASK: _TargetTask | _KareusAlone | None = None
 """The task a forked worker runs (set by :func:`estimate_job` while its pool lives)."""
 
 
-def _run_task(index: int) -> list[ModeEstimate]:
-    assert _TASK is not None
+def _run_alone(index: int) -> Plan | None:
+    assert isinstance(_TASK, _KareusAlone)
+    return _TASK(index)
+
+
+def _run_target(index: int) -> list[ModeEstimate]:
+    assert isinstance(_TASK, _TargetTask)
     return _TASK(index)
 
 

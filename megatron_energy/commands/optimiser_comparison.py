@@ -146,8 +146,12 @@ def all_optimiser(
         budget: Kareus's search budget; its default when ``None``.
         planners: Perseus's planners kept across targets of one job (``estimate``); none kept when ``None``.
     """
-    kareus = KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
-    return ComposedOptimiser([PerseusOptimiser(planners), kareus, PhaseOptimiser()])
+    return ComposedOptimiser([PerseusOptimiser(planners), kareus_optimiser(budget), PhaseOptimiser()])
+
+
+def kareus_optimiser(budget: SearchBudget | None = None) -> KareusOptimiser:
+    """Kareus as ``all`` composes it, with its search budget (its default when ``None``)."""
+    return KareusOptimiser(budget=budget) if budget is not None else KareusOptimiser()
 
 
 def compare_optimisers(

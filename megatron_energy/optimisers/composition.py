@@ -29,7 +29,7 @@ A ``smooth:`` target is the first part's alone: its filler is placed on the cloc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from megatron_energy.errors import EnergyValueError, UnknownModeError
@@ -73,9 +73,20 @@ class ComposedOptimiser:
         return self.plan_with_parts(profile, job, base)[0]
 
     def plan_with_parts(
-        self, profile: Profile, job: PlanningJob, base: Plan | None = None
+        self,
+        profile: Profile,
+        job: PlanningJob,
+        base: Plan | None = None,
+        planned_alone: Mapping[str, Plan] | None = None,
     ) -> tuple[Plan, dict[str, Plan]]:
         """:meth:`plan`, with the plans it weighed of each part alone (what ``simulate --compare`` prints).
+
+        Args:
+            profile: The profile.
+            job: The job.
+            base: A plan to refine; ``None`` plans from scratch.
+            planned_alone: Plans of later parts alone for this profile and job, made already (by part name;
+                ``megatron-energy estimate`` makes Kareus's beside the frontier sweep): taken as they are.
 
         Returns:
             The plan, and each part's plan alone by name: without ``base``, the first part's (the start of
@@ -101,7 +112,8 @@ class ComposedOptimiser:
         composed = plan
         for part in self.parts[1:] if base is None and job.target.kind != "smooth" else ():
             try:
-                alone[part.name] = part.plan(profile, job, None)
+                known = (planned_alone or {}).get(part.name)
+                alone[part.name] = known if known is not None else part.plan(profile, job, None)
             except EnergyValueError:  # e.g. no collective to schedule and no base plan: it cannot plan alone
                 continue
             candidate = alone[part.name]
