@@ -163,7 +163,8 @@ def split_command(argv: Sequence[str]) -> tuple[EnergyConfig, str, list[str]]:
     """
     parser = energy_parser()
     if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
+        if process_rank()[0] == 0:  # once per job, not once per rank
+            parser.print_help()
         parser.exit(0 if argv else 2)
     namespace, rest = parser.parse_known_args(list(argv))
     unknown = unknown_energy_flag(rest, [option for flag in ENERGY_FLAGS.values() for option in flag.options])

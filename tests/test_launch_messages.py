@@ -191,3 +191,17 @@ def test_on_the_ranks_of_a_world_a_bad_flag_is_printed_once_and_megatrons_list_s
     assert "arguments ---" not in quiet.output
     assert f"Megatron's argument list and known warnings: in {energy_dir / 'megatron-output'}" in quiet.output
     assert (energy_dir / "megatron-output" / "rank0.log").read_text() == ARGUMENTS
+
+
+@pytest.mark.parametrize(("argv", "status"), [(["--help"], 0), ([], 2)])
+def test_the_launchers_help_is_printed_by_rank_0_only(
+    argv: list[str], status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    printed = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as stop:
+            launch.split_command(argv)
+        assert stop.value.code == status
+        printed[rank] = capsys.readouterr().out
+    assert "--energy-optimise" in printed["0"] and printed["1"] == ""
