@@ -45,8 +45,6 @@ from megatron_energy.sim.simulator import ProfileLike
 CLOCK_STEP_MHZ = 60
 """One step of a class's clock offset."""
 
-_NO_SHIFT = None
-"""A class without a choice in a stage's clock key (it shifts nothing, as a choice of 0 steps would not)."""
 
 ChoiceKey = tuple[int, str]
 """``(stage, class key)``, e.g. ``(0, "dp.reduce_scatter")``."""
@@ -122,7 +120,7 @@ class KareusModel:
             self._stage_collectives.setdefault(collective.stage, []).append(collective)
         self._stage_schedules: dict[tuple[int, tuple[ClassChoice, ...]], _StageSchedule] = {}
         """Each stage's part of a schedule by its classes' choices (a search moves one stage at a time)."""
-        self._stage_clocks: dict[tuple[int, tuple[ClassChoice | None, ...]], list[int]] = {}
+        self._stage_clocks: dict[tuple[int, tuple[ClassChoice, ...]], list[int]] = {}
         """Each stage's clocks in its order by its classes' choices, on the base :attr:`_clocks_base`."""
         self._clocks_base: dict[Instruction, int] = {}
         """A copy of the base clocks :attr:`_stage_clocks` was computed on (compared by value)."""
@@ -251,7 +249,7 @@ class KareusModel:
         clocks: dict[Instruction, int] = {}
         for stage in range(self.dag.num_stages):
             order = self.dag.stage_order(stage)
-            key = (stage, tuple(choices.get((stage, k)) or _NO_SHIFT for k in self.class_keys.get(stage, ())))
+            key = (stage, self._stage_choices(choices, stage))  # a class without a choice shifts nothing
             stage_clocks = self._stage_clocks.get(key)
             if stage_clocks is None:
                 stage_clocks = self._stage_clocks[key] = self._shifted(base, choices, stage)
